@@ -1,0 +1,101 @@
+"""Write and show a benchmark result: leaderboard CSV/Markdown, per-response scores, a chart, a manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from diagsafe_local import atomic
+from diagsafe_local.benchmark.scoring import SCORE_NAMES
+
+LEADERBOARD_COLUMNS = ["metric", *SCORE_NAMES]
+
+
+def write_outputs(out_dir: Path, board: pd.DataFrame, scores: pd.DataFrame, manifest: dict[str, object]) -> list[Path]:
+    """Write every output file atomically; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "csv": out_dir / "leaderboard.csv",
+        "md": out_dir / "leaderboard.md",
+        "scores": out_dir / "scores.parquet",
+        "png": out_dir / "leaderboard.png",
+        "manifest": out_dir / "bench.json",
+    }
+    atomic.write_with(paths["scores"], lambda p: scores.to_parquet(p, index=False))
+    atomic.write_text(paths["csv"], board.to_csv(index=False))
+    atomic.write_text(paths["md"], to_markdown(board, manifest))
+    atomic.write_with(paths["png"], lambda p: _chart(board, p))
+    atomic.write_text(paths["manifest"], json.dumps(manifest, indent=2, default=str) + "\n")
+    return list(paths.values())
+
+
+def _fmt(row: pd.Series, name: str) -> str:
+    return f"{row[name]:.3f} [{row[name + '_ci_low']:.3f}, {row[name + '_ci_high']:.3f}]"
+
+
+def to_markdown(board: pd.DataFrame, manifest: dict[str, object]) -> str:
+    """Leaderboard as a Markdown table: each score with its bootstrap 95% CI."""
+    lines = [
+        "# HarmMetric Eval leaderboard",
+        "",
+        f"Dataset `{manifest.get('dataset')}` ({manifest.get('n_prompts')} prompts, layout {manifest.get('layout')}), "
+        f"formula `{manifest.get('formula')}`, missing scores: `{manifest.get('missing')}`. "
+        "Each cell: score [95% bootstrap CI over prompts].",
+        "",
+        "| " + " | ".join([*LEADERBOARD_COLUMNS, "prompts affected"]) + " |",
+        "|" + "---|" * (len(LEADERBOARD_COLUMNS) + 1),
+    ]
+    for _, row in board.iterrows():
+        cells = [f"`{row['metric']}`", *(_fmt(row, n) for n in SCORE_NAMES), str(row["n_prompts_affected"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _chart(board: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    metrics = list(board["metric"])
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(metrics) + 3), 5))
+    width = 0.8 / len(SCORE_NAMES)
+    x = np.arange(len(metrics))
+    for k, name in enumerate(SCORE_NAMES):
+        values = board[name].to_numpy()
+        err = np.vstack([values - board[f"{name}_ci_low"], board[f"{name}_ci_high"] - values])
+        ax.bar(x + (k - (len(SCORE_NAMES) - 1) / 2) * width, values, width, yerr=err, capsize=1.5, label=name)
+    ax.set_xticks(x, metrics, rotation=30, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("effectiveness (higher = better metric)")
+    ax.set_title("HarmMetric Eval: overall and fine-grained scores (95% CI)")
+    ax.legend(ncol=4, fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120)
+    plt.close(fig)
+
+
+def print_leaderboard(board: pd.DataFrame) -> None:
+    """Rich table of the leaderboard, best metric first."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    short = {"prevention": "prevent.", "redirection": "redirect.", "irrelevant": "irrel.",
+             "prompt_repetition": "repeat", "useless_affirmation": "affirm."}
+    table = Table(title="HarmMetric Eval leaderboard")
+    for column in ["metric", "overall", "95% CI", *(short.get(n, n) for n in SCORE_NAMES[1:]), "affected"]:
+        table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)
+    for _, row in board.iterrows():
+        table.add_row(
+            row["metric"],
+            f"{row['overall']:.3f}",
+            f"{row['overall_ci_low']:.2f}-{row['overall_ci_high']:.2f}",
+            *(f"{row[n]:.3f}" for n in SCORE_NAMES[1:]),
+            str(row["n_prompts_affected"]),
+        )
+    Console(width=None if sys.stdout.isatty() else 160).print(table)

@@ -1,0 +1,20 @@
+"""The `diagsafe-local` command line."""
+
+from __future__ import annotations
+
+import typer
+
+from diagsafe_local.commands import bench, demo
+
+app = typer.Typer(
+    name="diagsafe-local",
+    help="Measure how harmful an LLM's answers are, offline; benchmark harmfulness metrics and judges.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+app.command("bench")(bench.bench)
+app.command("demo")(demo.demo)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""One module per CLI command; `diagsafe_local.cli` assembles them."""

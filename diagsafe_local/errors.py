@@ -1,0 +1,32 @@
+"""User-facing errors: each says what is wrong, where, and what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class DiagsafeError(Exception):
+    """An error the CLI reports in one clear message and a non-zero exit, without a traceback."""
+
+
+class DataError(DiagsafeError):
+    """Bad input data, located by file, line (or record) and field."""
+
+    def __init__(self, path: str | Path, line: int | None, field: str | None, message: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.field = field
+        self.message = message
+        where = self.path if line is None else f"{self.path} line {line}"
+        what = f"field '{field}': {message}" if field else message
+        super().__init__(f"{where}: {what}")
+
+
+class MissingDependencyError(DiagsafeError):
+    """An optional dependency is not installed; the message says how to install it."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the '{package}' package, which is not installed. "
+            f"Install it with: pip install 'diagsafe-local[{extra}]'"
+        )

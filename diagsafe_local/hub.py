@@ -1,0 +1,55 @@
+"""Resolve a dataset argument: a local file, or a Hugging Face dataset id downloaded once into the cache.
+
+`owner/name` picks the repository's only JSON/JSONL file; `owner/name:path/in/repo.jsonl` names one.
+Downloads go to `<cache>/hub` (DIAGSAFE_CACHE, else ~/.cache/diagsafe-local); set HF_HUB_OFFLINE=1 on
+machines without internet to use what was fetched before.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from diagsafe_local.cache import cache_dir
+from diagsafe_local.errors import DataError, DiagsafeError
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[\w./-]+)?$")
+DATA_PATTERNS = ("*.json", "*.jsonl")
+
+
+def resolve_dataset(spec: str) -> Path:
+    """Local path for `spec` (a file path or a hub id), downloading a hub dataset if needed."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    if not _HUB_ID.match(spec):
+        raise DataError(spec, None, None, "no such file (nor a Hugging Face dataset id like owner/name)")
+    repo_id, _, filename = spec.partition(":")
+    try:
+        from huggingface_hub import snapshot_download
+
+        root = Path(
+            snapshot_download(
+                repo_id=repo_id,
+                repo_type="dataset",
+                allow_patterns=[filename] if filename else list(DATA_PATTERNS),
+                cache_dir=cache_dir() / "hub",
+            )
+        )
+    except Exception as exc:  # the hub client raises many types; all mean "could not fetch"
+        raise DiagsafeError(
+            f"could not fetch dataset '{repo_id}' from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
+            "Offline? Fetch it once on a machine with internet (same DIAGSAFE_CACHE), or pass a local file."
+        ) from None
+    if filename:
+        chosen = root / filename
+        if not chosen.is_file():
+            raise DataError(spec, None, None, f"the dataset has no file '{filename}'")
+        return chosen
+    files = sorted(p for pattern in DATA_PATTERNS for p in root.rglob(pattern))
+    if len(files) != 1:
+        listing = ", ".join(str(f.relative_to(root)) for f in files) or "none"
+        raise DataError(
+            spec, None, None, f"expected one JSON/JSONL file in the dataset, found: {listing}; name one as {repo_id}:FILE"
+        )
+    return files[0]

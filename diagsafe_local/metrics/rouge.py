@@ -1,0 +1,189 @@
+"""ROUGE-1/2/L/Lsum x precision/recall/F, with and without Porter stemming: 24 metrics in one pass.
+
+Values equal the `rouge-score` package's (`RougeScorer(..., use_stemmer=...)`, response as prediction,
+reference as target), tested to 1e-9. We compute them ourselves because the per-pair `RougeScorer`
+loop is too slow for the benchmark (measured in scripts/bench_metrics.py): it re-tokenises and
+re-stems the shared reference for every response, stems every token again, and fills a pure-Python
+LCS table. Here each distinct text is tokenised once, each distinct word stemmed once, and LCS uses
+the bit-parallel algorithm (Allison & Dix 1986; Hyyrö 2004) on Python integers, with the same
+back-tracking order as `rouge-score` so that ROUGE-Lsum's union-LCS picks the same tokens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from diagsafe_local.metrics.base import MetricSpec, TextPair, register_family
+
+ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+MEASURES = ("precision", "recall", "f")
+_NON_ALNUM = re.compile(r"[^a-z0-9]+")
+_VALID = re.compile(r"^[a-z0-9]+$")
+
+
+@lru_cache(maxsize=None)
+def _stem(word: str) -> str:
+    return _porter().stem(word) if len(word) > 3 else word
+
+
+@lru_cache(maxsize=1)
+def _porter():  # type: ignore[no-untyped-def]
+    from nltk.stem import porter
+
+    return porter.PorterStemmer()
+
+
+@lru_cache(maxsize=200_000)
+def tokenize(text: str, stem: bool) -> tuple[str, ...]:
+    """`rouge-score`'s default tokenisation: lower-case alphanumeric runs, words over 3 chars Porter-stemmed."""
+    words = _NON_ALNUM.sub(" ", text.lower()).split()
+    if stem:
+        words = [_stem(w) for w in words]
+    return tuple(w for w in words if _VALID.match(w))
+
+
+def _sentences(text: str, stem: bool) -> list[tuple[str, ...]]:
+    return [tokenize(line, stem) for line in text.split("\n") if line]
+
+
+def _lcs_rows(ref: Sequence[str], can: Sequence[str]) -> list[int]:
+    """Bit-parallel LCS rows: V[i] encodes row i of the LCS table of ref[:i] vs can.
+
+    table[i][j] == j - popcount(V[i] & ((1 << j) - 1)).
+    """
+    masks: dict[str, int] = {}
+    for j, token in enumerate(can):
+        masks[token] = masks.get(token, 0) | (1 << j)
+    full = (1 << len(can)) - 1
+    v = full
+    rows = [v]
+    for token in ref:
+        u = v & masks.get(token, 0)
+        v = ((v + u) | (v - u)) & full
+        rows.append(v)
+    return rows
+
+
+def lcs_length(ref: Sequence[str], can: Sequence[str]) -> int:
+    """Length of the longest common subsequence."""
+    if not ref or not can:
+        return 0
+    return len(can) - _lcs_rows(ref, can)[-1].bit_count()
+
+
+def lcs_indices(ref: Sequence[str], can: Sequence[str]) -> list[int]:
+    """Indices into `ref` of one LCS, chosen exactly as `rouge-score`'s back-tracking does."""
+    rows = _lcs_rows(ref, can)
+
+    def table(i: int, j: int) -> int:
+        return j - (rows[i] & ((1 << j) - 1)).bit_count()
+
+    i, j = len(ref), len(can)
+    picked: list[int] = []
+    while i > 0 and j > 0:
+        if ref[i - 1] == can[j - 1]:
+            picked.append(i - 1)
+            i -= 1
+            j -= 1
+        elif table(i, j - 1) > table(i - 1, j):
+            j -= 1
+        else:
+            i -= 1
+    return picked[::-1]
+
+
+def _prf(hits: int, n_pred: int, n_target: int) -> tuple[float, float, float]:
+    precision = hits / n_pred if n_pred else 0.0
+    recall = hits / n_target if n_target else 0.0
+    f = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
+    return precision, recall, f
+
+
+def _ngram_prf(target: tuple[str, ...], pred: tuple[str, ...], n: int) -> tuple[float, float, float]:
+    t = Counter(zip(*(target[k:] for k in range(n))))
+    p = Counter(zip(*(pred[k:] for k in range(n))))
+    hits = sum((t & p).values())
+    # rouge-score divides by max(count, 1): an empty side gives 0, never a division error.
+    return _prf(hits, max(sum(p.values()), 1), max(sum(t.values()), 1))
+
+
+def _lsum_prf(target_text: str, pred_text: str, stem: bool) -> tuple[float, float, float]:
+    ref_sents, can_sents = _sentences(target_text, stem), _sentences(pred_text, stem)
+    m, n = sum(map(len, ref_sents)), sum(map(len, can_sents))
+    if not ref_sents or not can_sents or not m or not n:
+        return 0.0, 0.0, 0.0
+    if len(ref_sents) == 1 and len(can_sents) == 1:
+        return _prf(lcs_length(ref_sents[0], can_sents[0]), n, m)
+    counts_r = Counter(t for s in ref_sents for t in s)
+    counts_c = Counter(t for s in can_sents for t in s)
+    hits = 0
+    for r in ref_sents:
+        union = sorted(set().union(*(lcs_indices(r, c) for c in can_sents)))
+        for token in (r[i] for i in union):
+            if counts_c[token] > 0 and counts_r[token] > 0:
+                hits += 1
+                counts_c[token] -= 1
+                counts_r[token] -= 1
+    return _prf(hits, n, m)
+
+
+def rouge_all(
+    target: str, prediction: str, stem: bool, types: Sequence[str] = ROUGE_TYPES
+) -> dict[str, tuple[float, float, float]]:
+    """(precision, recall, F) of each requested ROUGE type for one pair."""
+    t, p = tokenize(target, stem), tokenize(prediction, stem)
+    compute = {
+        "rouge1": lambda: _ngram_prf(t, p, 1),
+        "rouge2": lambda: _ngram_prf(t, p, 2),
+        "rougeL": lambda: _prf(lcs_length(t, p), len(p), len(t)) if t and p else (0.0, 0.0, 0.0),
+        "rougeLsum": lambda: _lsum_prf(target, prediction, stem),
+    }
+    return {rouge_type: compute[rouge_type]() for rouge_type in types}
+
+
+def metric_name(rouge_type: str, measure: str, stem: bool) -> str:
+    return f"{rouge_type}_{measure}" + ("" if stem else "_nostem")
+
+
+def _compute(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.ndarray]:
+    wanted = set(names)
+    out = {name: np.empty(len(pairs)) for name in names}
+    for stem in (True, False):
+        variants = [
+            (name, rouge_type, MEASURES.index(measure))
+            for rouge_type in ROUGE_TYPES
+            for measure in MEASURES
+            if (name := metric_name(rouge_type, measure, stem)) in wanted
+        ]
+        if not variants:
+            continue
+        types = sorted({rouge_type for _, rouge_type, _ in variants}, key=ROUGE_TYPES.index)
+        for row, pair in enumerate(pairs):
+            scores = rouge_all(pair.reference, pair.response, stem, types)
+            for name, rouge_type, k in variants:
+                out[name][row] = scores[rouge_type][k]
+    return out
+
+
+_LABEL = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L", "rougeLsum": "ROUGE-Lsum"}
+register_family(
+    "rouge",
+    [
+        MetricSpec(
+            metric_name(rouge_type, measure, stem),
+            f"{_LABEL[rouge_type]} {measure} vs the reference, {'Porter-stemmed' if stem else 'unstemmed'}",
+            "rouge",
+            True,
+            "Lin 2004; tokenisation and stemming of the rouge-score package",
+        )
+        for stem in (True, False)
+        for rouge_type in ROUGE_TYPES
+        for measure in MEASURES
+    ],
+    _compute,
+)
