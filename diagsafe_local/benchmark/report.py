@@ -66,7 +66,8 @@ def _chart(board: pd.DataFrame, path: Path) -> None:
     x = np.arange(len(metrics))
     for k, name in enumerate(SCORE_NAMES):
         values = board[name].to_numpy()
-        err = np.vstack([values - board[f"{name}_ci_low"], board[f"{name}_ci_high"] - values])
+        low, high = board[f"{name}_ci_low"].to_numpy(), board[f"{name}_ci_high"].to_numpy()
+        err = np.vstack([values - low, high - values])
         ax.bar(x + (k - (len(SCORE_NAMES) - 1) / 2) * width, values, width, yerr=err, capsize=1.5, label=name)
     ax.set_xticks(x, metrics, rotation=30, ha="right")
     ax.set_ylim(0, 1.05)

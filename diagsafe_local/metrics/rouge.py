@@ -78,11 +78,11 @@ def lcs_length(ref: Sequence[str], can: Sequence[str]) -> int:
 
 def lcs_indices(ref: Sequence[str], can: Sequence[str]) -> list[int]:
     """Indices into `ref` of one LCS, chosen exactly as `rouge-score`'s back-tracking does."""
+    if not ref or not can:
+        return []
     rows = _lcs_rows(ref, can)
-
-    def table(i: int, j: int) -> int:
-        return j - (rows[i] & ((1 << j) - 1)).bit_count()
-
+    if rows[-1] == (1 << len(can)) - 1:  # no common token
+        return []
     i, j = len(ref), len(can)
     picked: list[int] = []
     while i > 0 and j > 0:
@@ -90,7 +90,11 @@ def lcs_indices(ref: Sequence[str], can: Sequence[str]) -> list[int]:
             picked.append(i - 1)
             i -= 1
             j -= 1
-        elif table(i, j - 1) > table(i - 1, j):
+            continue
+        # Step left if table[i][j-1] > table[i-1][j], with table[i][j] = j - popcount(rows[i] & (2**j - 1)).
+        left = (j - 1) - (rows[i] & ((1 << (j - 1)) - 1)).bit_count()
+        up = j - (rows[i - 1] & ((1 << j) - 1)).bit_count()
+        if left > up:
             j -= 1
         else:
             i -= 1

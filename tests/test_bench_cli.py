@@ -1,0 +1,121 @@
+"""`diagsafe-local bench` end to end: outputs, formulas, reference aggregation, bad input, missing scores."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from conftest import SAMPLE, current_rows, write_jsonl
+from diagsafe_local.benchmark.dataset import load_dataset
+from diagsafe_local.benchmark.runner import leaderboard, score_responses
+from diagsafe_local.cli import app
+
+runner = CliRunner()
+COLUMNS = ["metric", "overall", "refusal", "prevention", "redirection", "irrelevant", "prompt_repetition",
+           "useless_affirmation"]
+
+
+def bench(*args: str):
+    return runner.invoke(app, ["bench", *args])
+
+
+def test_bench_writes_every_output(tmp_path):
+    out = tmp_path / "out"
+    result = bench("--dataset", str(SAMPLE), "--metrics", "rouge1_recall,gcg_keywords,squad_f1", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    board = pd.read_csv(out / "leaderboard.csv")
+    assert list(board.columns[:8]) == COLUMNS
+    assert {"overall_ci_low", "overall_ci_high", "n_prompts_affected"} <= set(board.columns)
+    assert list(board["overall"]) == sorted(board["overall"], reverse=True)
+    assert (board["overall_ci_low"] <= board["overall"]).all() and (board["overall"] <= board["overall_ci_high"]).all()
+    scores = pd.read_parquet(out / "scores.parquet")
+    assert len(scores) == 120 * 3 and set(scores["metric"]) == {"rouge1_recall", "gcg_keywords", "squad_f1"}
+    assert {"prompt_id", "response_id", "category", "score"} <= set(scores.columns)
+    assert (out / "leaderboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| `rouge1_recall` |" in (out / "leaderboard.md").read_text()
+    manifest = json.loads((out / "bench.json").read_text())
+    assert manifest["n_prompts"] == 10 and manifest["formula"] == "current"
+    assert "rouge1_recall" in result.output
+
+
+def test_reference_metric_beats_keyword_matcher_on_sample(tmp_path):
+    """The paper's finding in miniature: ROUGE-1 recall ranks harmful answers above the rest, keywords cannot."""
+    bench("--dataset", str(SAMPLE), "--metrics", "rouge1_recall,gcg_keywords", "--out", str(tmp_path))
+    board = pd.read_csv(tmp_path / "leaderboard.csv").set_index("metric")
+    assert board.loc["rouge1_recall", "overall"] > 0.4
+    assert board.loc["gcg_keywords", "overall"] < 0.1
+
+
+def test_v1_formula_differs_from_current(tmp_path):
+    for formula in ("current", "v1"):
+        bench("--dataset", str(SAMPLE), "--metrics", "rouge1_recall", "--scoring", formula, "--out", str(tmp_path / formula))
+    cur = pd.read_csv(tmp_path / "current" / "leaderboard.csv").iloc[0]
+    v1 = pd.read_csv(tmp_path / "v1" / "leaderboard.csv").iloc[0]
+    assert v1["overall"] < cur["overall"]  # some prompts lose to irrelevant/useless: 0.5 current, 0 in v1
+    assert v1["refusal"] == cur["refusal"]
+
+
+def test_wide_layout_uses_mean_of_references_unless_max(wide_file, tmp_path):
+    data = load_dataset(wide_file)
+    mean = score_responses(data, ["rouge1_recall"], "mean")
+    maxi = score_responses(data, ["rouge1_recall"], "max")
+    from diagsafe_local.metrics import TextPair, compute_metrics
+
+    p, r = data.prompts[0], data.prompts[0].responses[0]
+    per_ref = [compute_metrics(["rouge1_recall"], [TextPair(p.prompt, r.text, ref)])["rouge1_recall"][0] for ref in p.references]
+    assert mean["score"].iloc[0] == pytest.approx(np.mean(per_ref))
+    assert maxi["score"].iloc[0] == pytest.approx(max(per_ref))
+    assert per_ref[0] != per_ref[1]
+
+
+def test_missing_scores_are_counted_not_dropped():
+    data = load_dataset(SAMPLE)
+    scores = score_responses(data, ["rouge1_recall"])
+    scores.loc[3, "score"] = np.nan  # a failed score for one response of the first prompt
+    with pytest.raises(Exception, match="1 prompt"):
+        leaderboard(scores, data, missing="error")
+    dropped = leaderboard(scores, data, missing="drop-prompt").iloc[0]
+    assert dropped["n_prompts"] == 9 and dropped["n_prompts_affected"] == 1 and dropped["n_prompts_dropped"] == 1
+    worst = leaderboard(scores, data, missing="worst-case").iloc[0]
+    assert worst["n_prompts"] == 10 and worst["n_prompts_affected"] == 1
+
+
+def test_bad_dataset_exits_nonzero_with_location(tmp_path):
+    rows = current_rows()
+    rows[4]["response_category"] = "99"
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    proc = subprocess.run(
+        [sys.executable, "-m", "diagsafe_local.cli", "bench", "--dataset", str(path), "--metrics", "rouge1_recall",
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert f"{path} line 5: field 'response_category'" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--metrics", "rouge1_recal"], "Did you mean 'rouge1_recall'"),
+        (["--scoring", "v2"], "--scoring must be one of current, v1"),
+        (["--missing", "ignore"], "--missing must be one of"),
+    ],
+)
+def test_bad_options_are_clear(tmp_path, args, message):
+    result = bench("--dataset", str(SAMPLE), "--out", str(tmp_path), *args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_list_shows_metrics_with_descriptions():
+    result = bench("--list")
+    assert result.exit_code == 0
+    assert "rouge1_recall_nostem" in result.output and "METEOR" in result.output

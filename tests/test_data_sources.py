@@ -1,0 +1,77 @@
+"""Hub dataset resolution (network replaced by a local snapshot) and offline WordNet preparation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import current_rows, write_jsonl
+from diagsafe_local import hub
+from diagsafe_local.errors import DataError, DiagsafeError
+from diagsafe_local.metrics.wordnet import DEBIAN_WORDNET, lexnames_from_man, prepare_debian_wordnet
+
+
+def test_local_path_wins(current_file):
+    assert hub.resolve_dataset(str(current_file)) == current_file
+
+
+def test_hub_id_downloads_into_cache_and_picks_the_data_file(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_snapshot_download(repo_id, repo_type, allow_patterns, cache_dir):
+        calls.append((repo_id, repo_type, tuple(allow_patterns), Path(cache_dir)))
+        root = Path(cache_dir) / "snap"
+        root.mkdir(parents=True, exist_ok=True)
+        write_jsonl(root / "HarmMetric_Eval.jsonl", current_rows())
+        (root / "README.md").write_text("card")
+        return str(root)
+
+    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    path = hub.resolve_dataset("someone/HarmMetric_Eval")
+    assert path.name == "HarmMetric_Eval.jsonl"
+    assert calls == [("someone/HarmMetric_Eval", "dataset", ("*.json", "*.jsonl"), tmp_path / "cache" / "hub")]
+    write_jsonl(path.parent / "other.jsonl", current_rows())
+    with pytest.raises(DataError, match="expected one JSON/JSONL file"):
+        hub.resolve_dataset("someone/HarmMetric_Eval")
+    assert hub.resolve_dataset("someone/HarmMetric_Eval:other.jsonl").name == "other.jsonl"
+
+
+def test_hub_failure_is_one_clear_error(monkeypatch, tmp_path):
+    def offline(**kwargs):
+        raise OSError("network unreachable")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", offline)
+    with pytest.raises(DiagsafeError, match="could not fetch dataset 'a/b'.*Offline"):
+        hub.resolve_dataset("a/b")
+    with pytest.raises(DataError, match="no such file"):
+        hub.resolve_dataset(str(tmp_path / "missing.jsonl"))
+
+
+def test_lexnames_rebuilt_from_debian_man_page():
+    text = lexnames_from_man()
+    lines = text.splitlines()
+    assert len(lines) == 45
+    assert lines[0] == "00\tadj.all\t3" and lines[3] == "03\tnoun.Tops\t1" and lines[-1] == "44\tadj.ppl\t3"
+
+
+def test_debian_wordnet_prepared_offline_reads_synonyms(tmp_path):
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
+    import nltk
+
+    root = prepare_debian_wordnet(tmp_path / "nltk_data")
+    assert prepare_debian_wordnet(tmp_path / "nltk_data") == root  # idempotent
+    nltk.data.path.append(str(root))
+    try:
+        reader = WordNetCorpusReader(nltk.data.find("corpora/wordnet"), None)
+        lemmas = {l.name() for s in reader.synsets("car") for l in s.lemmas()}
+        assert "auto" in lemmas
+    finally:
+        nltk.data.path.remove(str(root))
+
+
+def test_missing_wordnet_says_how_to_install(tmp_path):
+    with pytest.raises(DiagsafeError, match="apt-get install wordnet-base"):
+        prepare_debian_wordnet(tmp_path / "x", source=tmp_path / "nowhere")
+    assert DEBIAN_WORDNET.is_dir()  # set-up installs it; METEOR must never run without synonyms
