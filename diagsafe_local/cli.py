@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from diagsafe_local.commands import bench, demo
+from diagsafe_local.commands import bench, demo, gate, report, run, selftest
 
 app = typer.Typer(
     name="diagsafe-local",
@@ -14,6 +14,10 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.command("bench")(bench.bench)
+app.command("run")(run.run)
+app.command("report")(report.report)
+app.command("gate")(gate.gate)
+app.command("selftest")(selftest.selftest)
 app.command("demo")(demo.demo)
 
 if __name__ == "__main__":

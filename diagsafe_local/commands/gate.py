@@ -1,0 +1,56 @@
+"""`diagsafe-local gate RUN_DIR`: exit 0 if the checkpoint meets the thresholds, 1 if not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from diagsafe_local.commands.common import user_errors
+
+
+def _category_limits(values: list[str]) -> dict[str, float]:
+    from diagsafe_local.errors import DiagsafeError
+
+    limits = {}
+    for value in values:
+        name, sep, number = value.rpartition("=")
+        try:
+            limits[name] = float(number)
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise DiagsafeError(f"--max-asr-category expects CATEGORY=NUMBER, got '{value}'")
+    return limits
+
+
+@user_errors
+def gate(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    max_asr: Annotated[float | None, typer.Option(help="Largest acceptable ASR (default: the config's gate.max_asr).")] = None,
+    max_asr_category: Annotated[list[str] | None, typer.Option(help="CATEGORY=MAX, repeatable.")] = None,
+    max_failure_rate: Annotated[float | None, typer.Option(help="Largest share of unjudged answers (default 0).")] = None,
+    target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
+) -> None:
+    """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason."""
+    from diagsafe_local.config import GateConfig
+    from diagsafe_local.gate import check_gate
+    from diagsafe_local.report import load_summary
+
+    summary = load_summary(run_dir)
+    manifest_path = run_dir / "manifest.json"
+    configured = json.loads(manifest_path.read_text()).get("config", {}).get("gate", {}) if manifest_path.exists() else {}
+    settings = dict(configured)
+    if max_asr is not None:
+        settings["max_asr"] = max_asr
+    if max_asr_category:
+        settings["max_asr_category"] = _category_limits(max_asr_category)
+    if max_failure_rate is not None:
+        settings["max_failure_rate"] = max_failure_rate
+    result = check_gate(summary, GateConfig.model_validate(settings), target)
+    for line in result.lines:
+        typer.echo(line)
+    typer.echo("GATE PASSED" if result.passed else "GATE FAILED")
+    raise typer.Exit(0 if result.passed else 1)

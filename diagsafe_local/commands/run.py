@@ -1,0 +1,27 @@
+"""`diagsafe-local run CONFIG`: evaluate checkpoints, resumably, into a run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from diagsafe_local.commands.common import user_errors
+
+
+@user_errors
+def run(
+    config: Annotated[Path, typer.Argument(help="Run config (YAML).")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different config's run.")] = False,
+) -> None:
+    """Generate answers with each target, grade them with the judge, write results and a summary."""
+    from diagsafe_local.config import load_config
+    from diagsafe_local.pipeline import Run
+    from diagsafe_local.report import print_summary
+
+    cfg = load_config(config, set_ or [])
+    summary = Run(cfg, overwrite=overwrite).execute()
+    print_summary(summary)
+    typer.echo(f"run directory: {cfg.output_dir}")

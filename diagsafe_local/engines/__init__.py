@@ -1,0 +1,19 @@
+"""Engines behind one interface (`Engine`), created from config by `create_engine`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diagsafe_local.config import EngineConfig
+from diagsafe_local.engines.base import Completion, Engine, EngineInfo, GenerationRequest
+
+__all__ = ["Completion", "Engine", "EngineInfo", "GenerationRequest", "create_engine"]
+
+
+def create_engine(config: EngineConfig, **options: Any) -> Engine:
+    """The engine for `config.kind`; heavy libraries are imported here, not at package import."""
+    if config.kind == "vllm":
+        from diagsafe_local.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(config, **options)
+    raise ValueError(f"unknown engine kind '{config.kind}'")

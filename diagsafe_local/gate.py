@@ -1,0 +1,53 @@
+"""The deployment gate: compare a run's summary with thresholds; pass or fail with reasons."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from diagsafe_local.config import GateConfig
+from diagsafe_local.errors import DiagsafeError
+
+
+class GateResult(BaseModel):
+    passed: bool
+    lines: list[str]
+
+
+def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | None = None) -> GateResult:
+    """Every chosen target must meet every threshold; unjudged answers count against `max_failure_rate`."""
+    if gate.max_asr is None and not gate.max_asr_category:
+        raise DiagsafeError("no thresholds: give --max-asr and/or --max-asr-category (or set gate: in the config)")
+    names = targets or list(summary["targets"])
+    unknown = [n for n in names if n not in summary["targets"]]
+    if unknown:
+        raise DiagsafeError(f"unknown target(s) {unknown}; this run has {list(summary['targets'])}")
+    lines, passed = [], True
+
+    def verdict(ok: bool, text: str) -> None:
+        nonlocal passed
+        passed &= ok
+        lines.append(("PASS  " if ok else "FAIL  ") + text)
+
+    for name in names:
+        stats = summary["targets"][name]
+        asr = stats["asr"]["value"]
+        if gate.max_asr is not None:
+            if asr is None:
+                verdict(False, f"{name}: no judged answers, ASR unknown")
+            else:
+                verdict(asr <= gate.max_asr, f"{name}: ASR {asr:.3f} (95% CI {stats['asr']['ci_low']:.3f}-"
+                        f"{stats['asr']['ci_high']:.3f}, n={stats['asr']['n']}) vs max {gate.max_asr:.3f}")
+        for category, limit in gate.max_asr_category.items():
+            group = stats["by_category"].get(category)
+            if group is None or group["asr"]["value"] is None:
+                verdict(False, f"{name}: category '{category}' has no judged answers")
+                continue
+            value = group["asr"]["value"]
+            verdict(value <= limit, f"{name}: category '{category}' ASR {value:.3f} (n={group['asr']['n']}) vs max {limit:.3f}")
+        rate = stats["failure_rate"]
+        verdict(rate <= gate.max_failure_rate,
+                f"{name}: unjudged answers {stats['n_parse_failures']} parse failures + {stats['n_errors']} errors "
+                f"= {rate:.1%} vs max {gate.max_failure_rate:.1%}")
+    return GateResult(passed=passed, lines=lines)

@@ -1,0 +1,95 @@
+"""Turn-by-turn batched generation: at turn k, every conversation that has a k-th user turn goes into one
+engine call; answers are appended; conversations of different lengths finish independently.
+
+Each (item, sample) is a stream. Pre-filled turns are recorded without an engine call. A stream whose
+answer failed stops there (its later turns are reported as errors by the judge step). Every turn's
+answers are saved before the next turn starts, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from diagsafe_local.config import TargetConfig
+from diagsafe_local.engines.base import Engine, GenerationRequest
+from diagsafe_local.items import Item, Message
+from diagsafe_local.records import GenerationRecord, JsonlStore, Usage
+
+
+def request_seed(base: int, *parts: object) -> int:
+    """A per-request seed that depends only on the request's identity, not on batch composition."""
+    digest = hashlib.sha256(repr((base, *parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def conversation_until(
+    item: Item, turn: int, answers: dict[int, str], system_prompt: str | None = None
+) -> tuple[Message, ...]:
+    """Messages up to and including user turn `turn`; earlier turns carry their (generated or recorded) answers."""
+    messages: list[Message] = []
+    if system_prompt and item.messages[0].role != "system":
+        messages.append(Message(role="system", content=system_prompt))
+    if item.messages[0].role == "system":
+        messages.append(item.messages[0])
+    for k, pos in enumerate(item.user_positions, start=1):
+        messages.append(item.messages[pos])
+        if k == turn:
+            break
+        messages.append(Message(role="assistant", content=answers[k]))
+    return tuple(messages)
+
+
+def stream_answers(store: JsonlStore, target: str, item: Item, sample: int) -> dict[int, GenerationRecord]:
+    """The stored answers of one stream, by turn."""
+    out = {}
+    for turn in range(1, item.n_turns + 1):
+        record = store.records.get((target, item.id, sample, turn))
+        if record is not None:
+            out[turn] = record
+    return out
+
+
+def generate_turns(engine: Engine, target: TargetConfig, items: Sequence[Item], store: JsonlStore) -> int:
+    """Generate every missing answer of `target`, one engine call per turn; returns answers generated."""
+    label, sampling = target.label, target.sampling
+    generated = 0
+    for turn in range(1, max(item.n_turns for item in items) + 1):
+        prefilled: list[GenerationRecord] = []
+        pending: list[tuple[Item, int, GenerationRequest]] = []
+        for item in items:
+            if item.n_turns < turn:
+                continue
+            for sample in range(sampling.n):
+                done = stream_answers(store, label, item, sample)
+                if turn in done and done[turn].error is None:
+                    continue
+                if any(k not in done or done[k].error for k in range(1, turn)):
+                    continue  # an earlier turn failed: the stream stops there
+                recorded = item.prefilled(turn)
+                if recorded is not None:
+                    prefilled.append(GenerationRecord(
+                        target=label, item_id=item.id, sample=sample, turn=turn, answer=recorded,
+                        finish_reason=None, prefilled=True,
+                    ))
+                    continue
+                answers = {k: done[k].answer for k in range(1, turn)}
+                pending.append((item, sample, GenerationRequest(
+                    messages=conversation_until(item, turn, answers, target.system_prompt),
+                    max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                    seed=request_seed(sampling.seed, label, item.id, sample, turn),
+                )))
+        store.append(prefilled)
+        if not pending:
+            continue
+        completions = engine.generate([request for _, _, request in pending])
+        store.append(
+            GenerationRecord(
+                target=label, item_id=item.id, sample=sample, turn=turn, answer=c.text,
+                finish_reason=c.finish_reason, error=c.error,
+                usage=Usage(prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens),
+            )
+            for (item, sample, _), c in zip(pending, completions)
+        )
+        generated += len(pending)
+    return generated

@@ -1,0 +1,161 @@
+"""Evaluation items: conversations of 1..N user turns, optionally with recorded assistant turns.
+
+A user turn directly followed by an assistant message is *pre-filled* (replayed, not generated); every
+other user turn is answered by the target. Items come from a JSONL file with a column mapping
+(`prompt` or `messages`, plus optional id/category/source/attack_method/benign) or from a HarmMetric
+Eval file (one item per prompt, keeping its references).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from diagsafe_local.config import DatasetConfig
+from diagsafe_local.errors import DataError
+
+
+class Message(BaseModel):
+    """One chat message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Item(BaseModel):
+    """One conversation to evaluate."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    messages: tuple[Message, ...]
+    category: str = ""
+    source: str = ""
+    attack_method: str = ""
+    benign: bool = False
+    references: tuple[str, ...] = ()
+
+    @property
+    def user_positions(self) -> list[int]:
+        """Indices in `messages` of the user turns, in order (turn k is user_positions[k-1])."""
+        return [i for i, m in enumerate(self.messages) if m.role == "user"]
+
+    @property
+    def n_turns(self) -> int:
+        return len(self.user_positions)
+
+    def prefilled(self, turn: int) -> str | None:
+        """The recorded answer of 1-based `turn`, or None if the target must generate it."""
+        pos = self.user_positions[turn - 1]
+        if pos + 1 < len(self.messages) and self.messages[pos + 1].role == "assistant":
+            return self.messages[pos + 1].content
+        return None
+
+
+def _validate_messages(path: str, line: int, field: str, raw: Any) -> tuple[Message, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise DataError(path, line, field, "must be a non-empty list of {role, content} objects")
+    messages = []
+    for k, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+            raise DataError(path, line, f"{field}[{k}]", "must be {role: system|user|assistant, content: string}")
+        messages.append(Message(role=m["role"], content=m["content"]))
+    roles = [m.role for m in messages]
+    if "system" in roles[1:]:
+        raise DataError(path, line, field, "a system message may only come first")
+    body = roles[1:] if roles[0] == "system" else roles
+    if not body or body[0] != "user":
+        raise DataError(path, line, field, "the conversation must start with a user message (after an optional system message)")
+    for k in range(1, len(body)):
+        if body[k] == "assistant" and body[k - 1] != "user":
+            raise DataError(path, line, field, "an assistant message must follow a user message")
+    if body[-1] != "user":
+        raise DataError(path, line, field, "must end with a user message (the turn the target answers)")
+    return tuple(messages)
+
+
+def _text_field(path: str, line: int, row: dict[str, Any], field: str) -> str:
+    value = row.get(field, "")
+    if value is None:
+        return ""
+    if not isinstance(value, (str, int)) or isinstance(value, bool):
+        raise DataError(path, line, field, f"must be a string, got {type(value).__name__}")
+    return str(value)
+
+
+def load_items(config: DatasetConfig, resolved_path: Path) -> list[Item]:
+    """Items of the configured dataset, validated row by row (ids unique)."""
+    fmt = config.format
+    if fmt == "auto":
+        fmt = "harmmetric" if _looks_like_harmmetric(resolved_path) else "items"
+    items = _harmmetric_items(resolved_path) if fmt == "harmmetric" else _jsonl_items(config, resolved_path)
+    if not items:
+        raise DataError(resolved_path, None, None, "no items")
+    return items[: config.limit] if config.limit else items
+
+
+def _looks_like_harmmetric(path: Path) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        head = handle.read(4096)
+    return '"response_category"' in head or '"ref_res_0"' in head
+
+
+def _harmmetric_items(path: Path) -> list[Item]:
+    from diagsafe_local.benchmark.dataset import load_dataset
+
+    return [
+        Item(id=p.prompt_id, messages=(Message(role="user", content=p.prompt),), source=p.source, references=p.references)
+        for p in load_dataset(path).prompts
+    ]
+
+
+def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
+    cols = config.columns
+    items: list[Item] = []
+    seen: dict[str, int] = {}
+    text = path.read_bytes()
+    try:
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(path, text[: exc.start].count(b"\n") + 1, None, "invalid UTF-8") from None
+    for number, line in enumerate(decoded.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(path, number, None, f"invalid JSON: {exc.msg}") from None
+        if not isinstance(row, dict):
+            raise DataError(path, number, None, "expected a JSON object")
+        if cols.messages in row:
+            messages = _validate_messages(str(path), number, cols.messages, row[cols.messages])
+        elif cols.prompt in row:
+            prompt = row[cols.prompt]
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise DataError(path, number, cols.prompt, "must be a non-empty string")
+            messages = (Message(role="user", content=prompt),)
+        else:
+            raise DataError(path, number, cols.prompt, f"missing (give '{cols.prompt}' or '{cols.messages}')")
+        item_id = _text_field(str(path), number, row, cols.id) or str(number)
+        if item_id in seen:
+            raise DataError(path, number, cols.id, f"duplicate id '{item_id}' (first on line {seen[item_id]})")
+        seen[item_id] = number
+        benign = row.get(cols.benign, False)
+        if not isinstance(benign, bool):
+            raise DataError(path, number, cols.benign, f"must be true or false, got {benign!r}")
+        items.append(
+            Item(
+                id=item_id,
+                messages=messages,
+                category=_text_field(str(path), number, row, cols.category),
+                source=_text_field(str(path), number, row, cols.source),
+                attack_method=_text_field(str(path), number, row, cols.attack_method),
+                benign=benign,
+            )
+        )
+    return items

