@@ -156,8 +156,8 @@ class RunConfig(StrictModel):
         return self
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines the results (not the output directory or the gate)."""
-        payload = self.model_dump(mode="json", exclude={"output_dir", "gate", "baseline"})
+        """Hash of everything that determines the results (not where they go, placement, or the gate)."""
+        payload = self.model_dump(mode="json", exclude={"output_dir", "gate", "baseline", "placement"})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -60,3 +60,19 @@ def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def build_tiny_lora(base_dir: str | Path, out_dir: str | Path, seed: int = 0, rank: int = 8) -> Path:
+    """A random (non-zero) LoRA adapter on every projection of a tiny model, so it changes the outputs."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, init_lora_weights=False,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
+    get_peft_model(model, config).save_pretrained(out_dir)
+    return Path(out_dir)

@@ -74,3 +74,65 @@ def current_file(tmp_path: Path) -> Path:
 @pytest.fixture
 def wide_file(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "bench_v1.jsonl", wide_rows())
+
+
+# -- the real vLLM engine, shared across tests (each start costs ~45 s on this machine) --------------
+
+class _Handout:
+    """One Run's view of a shared engine: counts its own calls; close() leaves the engine loaded."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.info = engine.info
+        self.calls = 0
+
+    def generate(self, requests):
+        self.calls += 1
+        return self._engine.generate(requests)
+
+    def close(self) -> None:
+        pass
+
+
+class SharedVLLMFactory:
+    """An engine factory that loads each (model, adapter, backend) once per test session."""
+
+    def __init__(self) -> None:
+        self.engines = {}
+        self.loads = 0
+
+    def __call__(self, config, **options):
+        from diagsafe_local.engines.vllm_engine import VLLMEngine
+
+        key = (config.model, getattr(config, "lora", None), options.get("structured_backend"))
+        if key not in self.engines:
+            self.loads += 1
+            self.engines[key] = VLLMEngine(config, structured_backend=options.get("structured_backend"))
+        return _Handout(self.engines[key])
+
+    def close(self) -> None:
+        for engine in self.engines.values():
+            engine.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Tiny random-weight target and judge chat models, and a LoRA adapter for the target."""
+    from diagsafe_local.tiny_models import build_tiny_chat_model, build_tiny_lora
+
+    root = tmp_path_factory.mktemp("models")
+    target = build_tiny_chat_model(root / "target", seed=1)
+    return {"target": target, "judge": build_tiny_chat_model(root / "judge", seed=2),
+            "lora": build_tiny_lora(target, root / "lora", seed=3)}
+
+
+@pytest.fixture(scope="session")
+def vllm_engines():
+    factory = SharedVLLMFactory()
+    yield factory
+    factory.close()
+
+
+def tiny_engine(model, **extra) -> dict:
+    """Engine settings every tiny test model uses."""
+    return {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True, **extra}

