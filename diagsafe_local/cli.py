@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from diagsafe_local.commands import bench, demo, gate, report, run, selftest
+from diagsafe_local.commands import bench, demo, gate, report, run, runs, selftest, submit
 
 app = typer.Typer(
     name="diagsafe-local",
@@ -17,6 +17,9 @@ app.command("bench")(bench.bench)
 app.command("run")(run.run)
 app.command("report")(report.report)
 app.command("gate")(gate.gate)
+app.command("merge")(runs.merge)
+app.command("compare")(runs.compare)
+app.command("submit")(submit.submit)
 app.command("selftest")(selftest.selftest)
 app.command("demo")(demo.demo)
 

@@ -34,8 +34,11 @@ class SamplingConfig(StrictModel):
 class EngineConfig(StrictModel):
     """Where and how a model runs. `kind: vllm` is the offline engine on this node."""
 
-    kind: Literal["vllm"] = Field("vllm", description="Engine implementation.")
-    model: str = Field(..., description="Local model directory or hub id (downloaded by vLLM where online).")
+    kind: Literal["vllm", "openai", "transformers"] = Field(
+        "vllm", description="vllm: offline on this node; openai: an OpenAI-compatible endpoint; "
+        "transformers: Hugging Face transformers + outlines (no vLLM needed).",
+    )
+    model: str = Field(..., description="Local model directory or hub id; for `openai`, the served model name.")
     revision: str | None = Field(None, description="Hub revision (commit, tag or branch); None for local paths.")
     dtype: str = Field("auto", description="auto, bfloat16, float16 or float32.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs to shard the model over.")
@@ -47,6 +50,20 @@ class EngineConfig(StrictModel):
     trust_remote_code: bool = Field(False, description="Run code shipped with the model. Off unless set explicitly.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs (faster start-up, slower decoding).")
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for vllm.LLM.")
+    base_url: str | None = Field(None, description="openai: endpoint, e.g. http://127.0.0.1:8000/v1.")
+    api_key_env: str | None = Field(None, description="openai: name of the environment variable holding the key (never the key).")
+    concurrency: int = Field(16, ge=1, le=1024, description="openai: requests in flight.")
+    timeout: float = Field(120.0, gt=0, description="openai: seconds per request.")
+    max_retries: int = Field(6, ge=0, le=20, description="openai: retries of 429/5xx/time-outs/connection errors.")
+    backoff_base: float = Field(1.0, ge=0, description="openai: first backoff ceiling in seconds (doubles per retry, full jitter).")
+    backoff_max: float = Field(60.0, ge=0, description="openai: largest backoff in seconds.")
+    logprobs: bool = Field(False, description="openai: ask for and record token logprobs where the server gives them.")
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> EngineConfig:
+        if self.kind == "openai" and not self.base_url:
+            raise ValueError("kind 'openai' needs base_url")
+        return self
 
 
 class TargetConfig(EngineConfig):

@@ -54,7 +54,7 @@ def generate_turns(engine: Engine, target: TargetConfig, items: Sequence[Item], 
     """Generate every missing answer of `target`, one engine call per turn; returns answers generated."""
     label, sampling = target.label, target.sampling
     generated = 0
-    for turn in range(1, max(item.n_turns for item in items) + 1):
+    for turn in range(1, max((item.n_turns for item in items), default=0) + 1):
         prefilled: list[GenerationRecord] = []
         pending: list[tuple[Item, int, GenerationRequest]] = []
         for item in items:

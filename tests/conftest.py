@@ -95,7 +95,8 @@ class _Handout:
 
 
 class SharedVLLMFactory:
-    """An engine factory that loads each (model, adapter, backend) once per test session."""
+    """An engine factory that loads each (model, adapter) once per test session, with the judge's
+    structured-output backend (requests without a schema are unaffected by it)."""
 
     def __init__(self) -> None:
         self.engines = {}
@@ -104,10 +105,10 @@ class SharedVLLMFactory:
     def __call__(self, config, **options):
         from diagsafe_local.engines.vllm_engine import VLLMEngine
 
-        key = (config.model, getattr(config, "lora", None), options.get("structured_backend"))
+        key = (config.model, getattr(config, "lora", None))
         if key not in self.engines:
             self.loads += 1
-            self.engines[key] = VLLMEngine(config, structured_backend=options.get("structured_backend"))
+            self.engines[key] = VLLMEngine(config, structured_backend="xgrammar")
         return _Handout(self.engines[key])
 
     def close(self) -> None:

@@ -15,13 +15,18 @@ def run(
     config: Annotated[Path, typer.Argument(help="Run config (YAML).")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different config's run.")] = False,
+    shard: Annotated[str | None, typer.Option(help="Run only shard i of N (i/N, 0-based) into output_dir/shards/.")] = None,
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
     from diagsafe_local.config import load_config
     from diagsafe_local.pipeline import Run
-    from diagsafe_local.report import print_summary
+    from diagsafe_local.report import print_summary, write_report
+
+    from diagsafe_local.sharding import Shard
 
     cfg = load_config(config, set_ or [])
-    summary = Run(cfg, overwrite=overwrite).execute()
-    print_summary(summary)
-    typer.echo(f"run directory: {cfg.output_dir}")
+    part = Shard.parse(shard) if shard else None
+    run = Run(cfg, overwrite=overwrite, shard=part)
+    print_summary(run.execute())
+    write_report(run.dir.root)
+    typer.echo(f"run directory: {run.dir.root} (report.md, report.html)")

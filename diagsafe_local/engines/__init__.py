@@ -16,4 +16,12 @@ def create_engine(config: EngineConfig, **options: Any) -> Engine:
         from diagsafe_local.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(config, **options)
+    if config.kind == "openai":
+        from diagsafe_local.engines.openai_engine import OpenAIEngine
+
+        return OpenAIEngine(config)
+    if config.kind == "transformers":
+        from diagsafe_local.engines.transformers_engine import TransformersEngine
+
+        return TransformersEngine(config)
     raise ValueError(f"unknown engine kind '{config.kind}'")

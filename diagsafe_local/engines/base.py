@@ -37,6 +37,7 @@ class Completion(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: list[float] | None = None
     error: str | None = None
 
 

@@ -127,4 +127,5 @@ def _record(
         attempts=attempts, error=completion.error or parsed.error,
         judge_usage=Usage(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
                           cached_tokens=completion.cached_tokens),
+        judge_logprobs=completion.logprobs,
     )

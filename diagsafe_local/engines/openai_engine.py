@@ -1,0 +1,140 @@
+"""The API engine: OpenAI-compatible chat completions (a vLLM server, a hosted judge, a commercial API).
+
+Requests go out concurrently (`concurrency` in flight). 429, 5xx, time-outs, connection errors and
+malformed bodies are retried with exponential backoff and full jitter, honouring `Retry-After`; a request
+that still fails comes back as an error completion and the run goes on (a rerun retries it). A rejected
+API key or an unknown model stops the run at once with one clear error. Judge replies are constrained
+with `response_format` json_schema (servers may ignore it silently, so the rubric validates every reply).
+The key is read from the environment variable named in the config and never written anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from diagsafe_local.config import EngineConfig
+from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
+from diagsafe_local.engines.vllm_engine import package_versions
+from diagsafe_local.errors import DiagsafeError, MissingDependencyError
+
+
+class FatalAPIError(DiagsafeError):
+    """The endpoint refuses every request (bad key, no such model): retrying cannot help."""
+
+
+def _retry_after(exc: Exception) -> float | None:
+    response = getattr(exc, "response", None)
+    value = response.headers.get("retry-after") if response is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+class OpenAIEngine:
+    """OpenAI-compatible chat completions behind the Engine interface."""
+
+    def __init__(self, config: EngineConfig, **_: Any) -> None:
+        try:
+            import openai  # noqa: F401
+        except ImportError:
+            raise MissingDependencyError("openai", "api", "The API engine") from None
+        if not config.base_url:
+            raise DiagsafeError(f"engine '{config.model}': kind 'openai' needs base_url")
+        key = os.environ.get(config.api_key_env) if config.api_key_env else None
+        if config.api_key_env and not key:
+            raise DiagsafeError(f"engine '{config.model}': environment variable {config.api_key_env} is not set")
+        self._key = key or "EMPTY"
+        self.config = config
+        self.calls = 0
+        self.info = EngineInfo(
+            kind="openai", model=config.model,
+            versions=package_versions("openai", "httpx"),
+            details={"base_url": config.base_url, "concurrency": config.concurrency, "api_key_env": config.api_key_env},
+        )
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """All requests concurrently; results in request order."""
+        if not requests:
+            return []
+        self.calls += 1
+        return asyncio.run(self._all(requests))
+
+    async def _all(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        from openai import AsyncOpenAI
+
+        gate = asyncio.Semaphore(self.config.concurrency)
+        async with AsyncOpenAI(base_url=self.config.base_url, api_key=self._key, max_retries=0,
+                               timeout=self.config.timeout) as client:
+            try:
+                async with asyncio.TaskGroup() as group:  # a fatal error cancels the rest
+                    tasks = [group.create_task(self._one(client, gate, r)) for r in requests]
+            except* FatalAPIError as errors:
+                raise errors.exceptions[0] from None
+        return [t.result() for t in tasks]
+
+    async def _one(self, client: Any, gate: asyncio.Semaphore, request: GenerationRequest) -> Completion:
+        import openai
+
+        params: dict[str, Any] = dict(
+            model=self.config.model,
+            messages=[m.model_dump() for m in request.messages],
+            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
+        )
+        if request.seed is not None:
+            params["seed"] = request.seed
+        if request.json_schema is not None:
+            params["response_format"] = {"type": "json_schema",
+                                         "json_schema": {"name": "verdict", "schema": request.json_schema, "strict": True}}
+        if self.config.logprobs:
+            params["logprobs"] = True
+        last_error = ""
+        for attempt in range(self.config.max_retries + 1):
+            wait: float | None = None
+            async with gate:
+                try:
+                    reply = await client.chat.completions.create(**params)
+                    return self._completion(reply)
+                except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
+                    raise FatalAPIError(
+                        f"{self.config.base_url} refused the request ({exc.status_code}): {exc.message}. "
+                        f"Check the model name and the key in ${self.config.api_key_env or 'the api_key_env variable'}."
+                    ) from None
+                except openai.BadRequestError as exc:
+                    return error_completion(f"HTTP 400: {exc.message}")
+                except (openai.RateLimitError, openai.InternalServerError, openai.APIStatusError,
+                        openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
+                        ValueError) as exc:
+                    last_error = f"{type(exc).__name__}: {exc}"
+                    wait = _retry_after(exc)
+            if attempt == self.config.max_retries:
+                break
+            if wait is None:
+                wait = random.uniform(0, min(self.config.backoff_max, self.config.backoff_base * 2**attempt))
+            await asyncio.sleep(wait)
+        return error_completion(f"gave up after {self.config.max_retries + 1} attempts: {last_error}")
+
+    def _completion(self, reply: Any) -> Completion:
+        if not getattr(reply, "choices", None):
+            raise ValueError("reply without choices")
+        choice = reply.choices[0]
+        usage = reply.usage
+        details = getattr(usage, "prompt_tokens_details", None) if usage else None
+        logprobs = None
+        if choice.logprobs is not None and choice.logprobs.content:
+            logprobs = [float(t.logprob) for t in choice.logprobs.content]
+        return Completion(
+            text=choice.message.content or "",
+            finish_reason=choice.finish_reason,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            cached_tokens=(getattr(details, "cached_tokens", None) or 0) if details else 0,
+            logprobs=logprobs,
+        )
+
+    def close(self) -> None:
+        """Nothing to free: each batch opens and closes its own HTTP client."""

@@ -1,0 +1,122 @@
+"""The fallback engine for machines without vLLM: Hugging Face transformers, with outlines enforcing the
+judge's JSON schema. Same interface and records as the other engines; much slower (one request at a
+time, no paged attention), so use it for small runs, laptops and nodes where vLLM does not install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from diagsafe_local.config import EngineConfig
+from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
+from diagsafe_local.engines.vllm_engine import model_fingerprint, package_versions
+from diagsafe_local.errors import DiagsafeError, MissingDependencyError
+
+# outlines' default JSON grammar allows unbounded whitespace, the same loop vLLM avoids with
+# disable_any_whitespace; at most one space between tokens keeps replies compact and finite.
+COMPACT_WHITESPACE = r"[ ]?"
+
+
+class TransformersEngine:
+    """transformers `generate` (plain) and outlines (schema-constrained) behind the Engine interface."""
+
+    def __init__(self, config: EngineConfig, **_: Any) -> None:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError:
+            raise MissingDependencyError("transformers", "hf", "The transformers engine") from None
+        dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(config.dtype)
+        if dtype is None:
+            raise DiagsafeError(f"engine '{config.model}': unsupported dtype '{config.dtype}'")
+        self._tokenizer = AutoTokenizer.from_pretrained(config.model, revision=config.revision,
+                                                        trust_remote_code=config.trust_remote_code)
+        self._model = AutoModelForCausalLM.from_pretrained(
+            config.model, revision=config.revision, torch_dtype=dtype, trust_remote_code=config.trust_remote_code
+        ).eval()
+        if getattr(config, "lora", None):
+            from peft import PeftModel
+
+            self._model = PeftModel.from_pretrained(self._model, config.lora).eval()  # type: ignore[attr-defined]
+        template = Path(config.chat_template).read_text() if config.chat_template else None
+        self._template = template
+        self._outlines_model: Any = None
+        self._generators: dict[str, Any] = {}
+        import hashlib
+
+        self.calls = 0
+        self.info = EngineInfo(
+            kind="transformers", model=config.model, revision=config.revision, lora=getattr(config, "lora", None),
+            model_hash=model_fingerprint(config.model),
+            chat_template_hash="sha256:" + hashlib.sha256((template or self._tokenizer.chat_template or "").encode()).hexdigest(),
+            versions=package_versions("transformers", "torch", "outlines"),
+        )
+
+    def _prompt(self, request: GenerationRequest) -> str:
+        return self._tokenizer.apply_chat_template(
+            [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True,
+            chat_template=self._template,
+        )
+
+    def _constrained(self, schema: dict[str, Any]) -> Any:
+        import json
+
+        key = json.dumps(schema, sort_keys=True)
+        if key not in self._generators:
+            import outlines
+            from outlines.types import JsonSchema
+
+            if self._outlines_model is None:
+                self._outlines_model = outlines.from_transformers(self._model, self._tokenizer)
+            self._generators[key] = outlines.Generator(
+                self._outlines_model, JsonSchema(schema, whitespace_pattern=COMPACT_WHITESPACE)
+            )
+        return self._generators[key]
+
+    def _one(self, request: GenerationRequest) -> Completion:
+        import torch
+
+        prompt = self._prompt(request)
+        prompt_ids = self._tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        sampling: dict[str, Any] = {"max_new_tokens": request.max_tokens}
+        if request.temperature > 0:
+            sampling.update(do_sample=True, temperature=request.temperature, top_p=request.top_p)
+            if request.seed is not None:
+                torch.manual_seed(request.seed)
+        else:
+            sampling["do_sample"] = False
+        if request.json_schema is not None:
+            text = self._constrained(request.json_schema)(prompt, **sampling)
+            n_new = len(self._tokenizer(text, add_special_tokens=False).input_ids)
+            finish = "length" if n_new >= request.max_tokens else "stop"
+        else:
+            with torch.inference_mode():
+                out = self._model.generate(prompt_ids, pad_token_id=self._tokenizer.pad_token_id, **sampling)[0]
+            new = out[prompt_ids.shape[1]:]
+            eos = self._tokenizer.eos_token_id
+            stopped = len(new) > 0 and int(new[-1]) == eos
+            n_new = len(new)
+            text = self._tokenizer.decode(new, skip_special_tokens=True)
+            finish = "stop" if stopped or n_new < request.max_tokens else "length"
+        return Completion(text=text, finish_reason=finish, prompt_tokens=int(prompt_ids.shape[1]), completion_tokens=n_new)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Each request in turn; a failure becomes that request's error completion."""
+        self.calls += 1
+        results = []
+        for request in requests:
+            try:
+                results.append(self._one(request))
+            except Exception as exc:  # one bad request must not lose the batch
+                results.append(error_completion(f"{type(exc).__name__}: {exc}"))
+        return results
+
+    def close(self) -> None:
+        self._generators.clear()
+        self._outlines_model = None
+        del self._model
+        import gc
+
+        gc.collect()

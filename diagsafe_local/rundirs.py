@@ -1,0 +1,137 @@
+"""Working with finished run directories: merge several into one, compare two item by item."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from diagsafe_local import atomic
+from diagsafe_local.config import RunConfig
+from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.records import SCHEMA_VERSION, GenerationRecord, JsonlStore, ResultRecord, read_results
+from diagsafe_local.sharding import Shard
+from diagsafe_local.summary import summarize
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "manifest.json"
+    if not path.is_file():
+        raise DiagsafeError(f"{run_dir}: not a run directory (no manifest.json)")
+    manifest = json.loads(path.read_text())
+    if manifest.get("status") != "complete":
+        raise DiagsafeError(f"{run_dir}: the run is not complete (status '{manifest.get('status')}'); finish or resume it first")
+    return manifest
+
+
+def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> dict[str, Any]:
+    """Merge complete runs of the same dataset into `out`; refuse duplicates and schema mismatches."""
+    if not run_dirs:
+        raise DiagsafeError("merge needs run directories")
+    manifests = [read_manifest(d) for d in run_dirs]
+    datasets = {m["dataset"]["sha256"] for m in manifests}
+    if len(datasets) > 1:
+        listing = ", ".join(f"{d} ({m['dataset']['sha256'][:12]})" for d, m in zip(run_dirs, manifests))
+        raise DiagsafeError(f"the runs evaluate different datasets: {listing}")
+    results: dict[tuple, tuple[Path, ResultRecord]] = {}
+    generations: dict[tuple, GenerationRecord] = {}
+    for run_dir in run_dirs:
+        for record in read_results(run_dir / "results.jsonl"):
+            if record.schema_version != SCHEMA_VERSION:
+                raise DiagsafeError(f"{run_dir}: result schema version {record.schema_version}, expected {SCHEMA_VERSION}")
+            if record.key in results:
+                raise DiagsafeError(
+                    f"duplicate result {record.key} (target, item, sample, turn) in {results[record.key][0]} and {run_dir}"
+                )
+            results[record.key] = (run_dir, record)
+        store = JsonlStore(run_dir / "generations.jsonl", GenerationRecord)
+        generations.update(store.records)
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "results.jsonl").exists() and not replace:
+        raise DiagsafeError(f"{out} already holds results; choose an empty directory")
+    ordered = sorted((r for _, r in results.values()), key=lambda r: (r.target, r.item_id, r.sample, r.turn))
+    atomic.write_text(out / "results.jsonl", "".join(r.model_dump_json() + "\n" for r in ordered))
+    atomic.write_text(out / "generations.jsonl", "".join(
+        g.model_dump_json() + "\n" for g in sorted(generations.values(), key=lambda g: g.key)))
+    summary = summarize(ordered)
+    summary["run_id"] = "merged:" + "+".join(m["run_id"] for m in manifests)
+    atomic.write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    manifest = {
+        "schema_version": 1, "run_id": summary["run_id"], "status": "complete", "merged_from": [str(d) for d in run_dirs],
+        "dataset": manifests[0]["dataset"], "config": manifests[0]["config"],
+        "sources": [{"run_dir": str(d), "run_id": m["run_id"], "engines": m.get("engines", {})} for d, m in zip(run_dirs, manifests)],
+    }
+    atomic.write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    return summary
+
+
+def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> dict[str, Any]:
+    """Check that all `count` shards of `config` are present and complete, then merge them.
+
+    The merged run goes to `out` (default: the config's output_dir). Errors say exactly which shard
+    is missing, incomplete, or from another config.
+    """
+    dirs, problems = [], []
+    for index in range(count):
+        shard = Shard(index=index, count=count)
+        path = shard.directory(config.output_dir)
+        manifest_path = path / "manifest.json"
+        if not manifest_path.is_file():
+            problems.append(f"shard {index} of {count} is missing (no {manifest_path})")
+            continue
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("run_id") != config.fingerprint():
+            problems.append(f"shard {index} of {count} ran another config (run id {manifest.get('run_id')}, expected {config.fingerprint()})")
+        elif manifest.get("status") != "complete":
+            problems.append(f"shard {index} of {count} is incomplete (status '{manifest.get('status')}'; resubmit it)")
+        dirs.append(path)
+    if problems:
+        raise DiagsafeError("cannot merge:\n  " + "\n  ".join(problems))
+    return merge_runs(dirs, out or Path(config.output_dir), replace=True)
+
+
+def incomplete_shards(config: RunConfig, count: int) -> list[int]:
+    """Indices of shards that have no complete run directory for this config."""
+    missing = []
+    for index in range(count):
+        path = Shard(index=index, count=count).directory(config.output_dir) / "manifest.json"
+        manifest = json.loads(path.read_text()) if path.is_file() else {}
+        if manifest.get("status") != "complete" or manifest.get("run_id") != config.fingerprint():
+            missing.append(index)
+    return missing
+
+
+def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
+    """Per-item agreement of verdicts and scores between two runs, with Cohen's kappa on the labels."""
+    a, b = read_results(run_a / "results.jsonl"), read_results(run_b / "results.jsonl")
+    targets_a, targets_b = {r.target for r in a}, {r.target for r in b}
+    by_target = not (len(targets_a) == len(targets_b) == 1 and targets_a != targets_b)
+
+    def key(r: ResultRecord) -> tuple:
+        return (r.target if by_target else "", r.item_id, r.sample, r.turn)
+
+    left, right = {key(r): r for r in a}, {key(r): r for r in b}
+    shared = sorted(set(left) & set(right))
+    both_scored = [k for k in shared if left[k].score is not None and right[k].score is not None]
+    labels_a = [str(left[k].verdict.get("label")) for k in both_scored]  # type: ignore[union-attr]
+    labels_b = [str(right[k].verdict.get("label")) for k in both_scored]  # type: ignore[union-attr]
+    agree = sum(x == y for x, y in zip(labels_a, labels_b))
+    kappa = None
+    if both_scored:
+        from sklearn.metrics import cohen_kappa_score
+
+        kappa = 1.0 if len(set(labels_a) | set(labels_b)) == 1 else float(cohen_kappa_score(labels_a, labels_b))
+    disagreements = [
+        {"key": list(k), "a": left[k].verdict.get("label"), "b": right[k].verdict.get("label"),  # type: ignore[union-attr]
+         "score_a": left[k].score, "score_b": right[k].score}
+        for k, x, y in zip(both_scored, labels_a, labels_b) if x != y
+    ]
+    return {
+        "only_in_a": len(set(left) - set(right)), "only_in_b": len(set(right) - set(left)), "shared": len(shared),
+        "both_scored": len(both_scored), "label_agreement": agree / len(both_scored) if both_scored else None,
+        "score_mean_abs_diff": (sum(abs(left[k].score - right[k].score) for k in both_scored) / len(both_scored))  # type: ignore[operator]
+        if both_scored else None,
+        "identical_answers": sum(left[k].answer == right[k].answer for k in shared),
+        "cohen_kappa": kappa, "disagreements": disagreements,
+    }

@@ -1,0 +1,124 @@
+"""SLURM on a real single-node cluster started by the test suite: the sbatch scripts, the sharded array
+job with its merge job (vLLM CPU engine, tiny models), a failed shard reported and resubmitted alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from conftest import REPO, tiny_engine
+from diagsafe_local.cli import app
+from diagsafe_local.config import RunConfig
+from diagsafe_local.pipeline import Run
+from diagsafe_local.selftest import synthetic_items
+from diagsafe_local.sharding import Shard, shard_of
+from slurm_cluster import LocalSlurm
+
+pytestmark = pytest.mark.vllm
+SMALL = ["--gpus=0", "--cpus-per-task=1", "--mem=1G", "--time=00:10:00"]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm")).start()  # raises, never skips, if SLURM cannot start
+    previous = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    yield cluster
+    if previous is None:
+        os.environ.pop("SLURM_CONF", None)
+    else:
+        os.environ["SLURM_CONF"] = previous
+    cluster.stop()
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (REPO / "slurm").glob("*.sbatch")))
+def test_sbatch_scripts_pass_bash_n_and_test_only(slurm, script, tmp_path):
+    path = REPO / "slurm" / script
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    extra = ["--array=0-1"] if script == "array.sbatch" else []
+    if script == "ray_multinode.sbatch":
+        extra = ["--nodes=1", "--gpus-per-node=0"]
+    proc = subprocess.run(["sbatch", "--test-only", *SMALL, *extra, str(path), "config.yaml", "2"],
+                          capture_output=True, text=True, env=slurm.env, cwd=tmp_path)
+    assert proc.returncode == 0 and "to start" in proc.stderr, proc.stderr
+
+
+def test_sharding_is_deterministic_and_complete():
+    ids = [f"item-{k}" for k in range(200)]
+    parts = [[i for i in ids if Shard(index=s, count=4).owns(i)] for s in range(4)]
+    assert sorted(sum(parts, [])) == sorted(ids) and all(parts)
+    assert [shard_of(i, 4) for i in ids] == [shard_of(i, 4) for i in ids]
+    assert shard_of("item-7", 4) == 1  # a fixed hash, stable across machines and Python processes
+    with pytest.raises(Exception, match="0 <= i < N"):
+        Shard.parse("4/4")
+
+
+def _job_ids(output: str) -> tuple[str | None, str]:
+    array = re.search(r"array job (\d+)", output)
+    merge = re.search(r"merge job (\d+)", output)
+    return (array[1] if array else None), merge[1]
+
+
+def test_array_and_merge_match_an_unsharded_run_and_a_failed_shard_is_resubmitted(slurm, tiny_models, vllm_engines, tmp_path):
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps(i) + "\n" for i in synthetic_items(8)))
+    out = tmp_path / "run"
+    data = {
+        "dataset": {"path": str(items)},
+        "target": {**tiny_engine(tiny_models["target"]), "name": "tiny", "sampling": {"max_tokens": 16}},
+        "judge": {**tiny_engine(tiny_models["judge"]), "turns": "every", "sampling": {"max_tokens": 400}},
+        "output_dir": str(out),
+    }
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(data))
+    blocker = Shard(index=1, count=2).directory(out)
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("a file where shard 1's run directory should go: the shard job fails")
+    args = ["submit", str(config), "--shards", "2", "--gpus-per-task", "0", "--cpus-per-task", "1", "--mem", "3G",
+            "--time", "00:30:00"]
+    runner = CliRunner()
+
+    dry = runner.invoke(app, [*args, "--dry-run"])
+    assert dry.exit_code == 0 and "--array=0,1" in dry.output and "afterok:<array job id>" in dry.output
+
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    array_id, merge_id = _job_ids(first.output)
+    slurm.wait([array_id, merge_id])
+    assert slurm.job_state(f"{array_id}_0") == "COMPLETED"
+    assert slurm.job_state(f"{array_id}_1") == "FAILED"
+    assert slurm.job_state(merge_id) == "CANCELLED"  # afterok on a failed array never runs
+    report = runner.invoke(app, ["merge", "--config", str(config), "--shards", "2"])
+    assert report.exit_code == 2 and "shard 1 of 2 is missing" in " ".join(report.output.split())
+
+    blocker.unlink()
+    second = runner.invoke(app, args)
+    assert second.exit_code == 0 and "shards 1 of 2 (1 already complete, skipped)" in second.output, second.output
+    array_id, merge_id = _job_ids(second.output)
+    slurm.wait([array_id, merge_id])
+    assert slurm.job_state(merge_id) == "COMPLETED", (out / "slurm-logs").glob("*")
+    manifest = json.loads((Shard(index=1, count=2).directory(out) / "manifest.json").read_text())
+    assert manifest["host"]["slurm"]["SLURM_ARRAY_TASK_ID"] == "1" and manifest["shard"] == {"index": 1, "count": 2}
+
+    data["output_dir"] = str(tmp_path / "unsharded")
+    Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+
+    def by_key(path: Path) -> dict:
+        rows = {}
+        for line in path.read_text().splitlines():
+            r = json.loads(line)
+            r["target_usage"].pop("cached_tokens")
+            r["judge_usage"].pop("cached_tokens")
+            rows[(r["item_id"], r["sample"], r["turn"])] = r
+        return rows
+
+    merged, unsharded = by_key(out / "results.jsonl"), by_key(tmp_path / "unsharded" / "results.jsonl")
+    assert merged == unsharded and len(merged) == 14
+    assert (out / "report.md").exists() and json.loads((out / "summary.json").read_text())["targets"]["tiny"]["n_judged"] == 14
