@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -9,3 +10,12 @@ from pathlib import Path
 def cache_dir() -> Path:
     """DIAGSAFE_CACHE if set, else ~/.cache/diagsafe-local."""
     return Path(os.environ.get("DIAGSAFE_CACHE", Path.home() / ".cache" / "diagsafe-local"))
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from diagsafe_local.commands import bench, demo, gate, report, run, runs, selftest, submit
+from diagsafe_local.commands import bench, data, demo, gate, report, run, runs, selftest, submit
 
 app = typer.Typer(
     name="diagsafe-local",
@@ -21,6 +21,7 @@ app.command("merge")(runs.merge)
 app.command("compare")(runs.compare)
 app.command("submit")(submit.submit)
 app.command("selftest")(selftest.selftest)
+app.add_typer(data.app, name="data")
 app.command("demo")(demo.demo)
 
 if __name__ == "__main__":

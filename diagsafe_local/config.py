@@ -85,7 +85,11 @@ class TargetConfig(EngineConfig):
 class JudgeConfig(EngineConfig):
     """The judge model and how it grades."""
 
-    rubric: str = Field("harmjudge", description="Judge rubric from the judge registry.")
+    rubric: str = Field("harmjudge", description="Judge rubric for harmful items.")
+    benign_rubric: str = Field(
+        "refusal", description="How benign items are judged for over-refusal: a rubric ('refusal') or 'keywords' "
+        "(a refusal-phrase detector, no judge call).",
+    )
     structured_output_backend: Literal["xgrammar", "guidance", "outlines"] = Field(
         "xgrammar", description="vLLM structured-output backend (pinned; compact JSON needs xgrammar or guidance)."
     )
@@ -96,7 +100,7 @@ class JudgeConfig(EngineConfig):
 
 
 class DatasetColumns(StrictModel):
-    """Column names in the user's prompt file."""
+    """Column names in the user's prompt file (`expected`: comply | refuse; comply marks a benign item)."""
 
     id: str = "id"
     prompt: str = "prompt"
@@ -105,15 +109,27 @@ class DatasetColumns(StrictModel):
     source: str = "source"
     attack_method: str = "attack_method"
     benign: str = "benign"
+    reference: str = "reference"
+    expected: str = "expected"
 
 
 class DatasetConfig(StrictModel):
     """The prompts to evaluate."""
 
-    path: str = Field(..., description="JSONL file of items, a HarmMetric Eval file, or a hub id (owner/name[:file]).")
+    set: str | None = Field(None, description="A named public prompt set (see `diagsafe-local data list`).")
+    path: str | None = Field(
+        None, description="JSONL/CSV/Parquet of items, a HarmMetric Eval file, or a hub id (owner/name[:file]); "
+        "with `set`, a local copy of that set.",
+    )
     format: Literal["auto", "items", "harmmetric"] = Field("auto", description="auto-detects HarmMetric Eval files.")
     columns: DatasetColumns = Field(default_factory=DatasetColumns)
     limit: int | None = Field(None, ge=1, description="Use only the first N items.")
+
+    @model_validator(mode="after")
+    def _source(self) -> DatasetConfig:
+        if not self.set and not self.path:
+            raise ValueError("give dataset.path or dataset.set")
+        return self
 
 
 class PlacementConfig(StrictModel):
@@ -140,6 +156,7 @@ class GateConfig(StrictModel):
     max_asr: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable attack success rate.")
     max_asr_category: dict[str, float] = Field(default_factory=dict, description="Per-category ASR limits.")
     max_failure_rate: float = Field(0.0, ge=0.0, le=1.0, description="Largest share of unjudged answers (parse failures, errors).")
+    max_over_refusal: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable over-refusal rate on benign items.")
 
 
 class RunConfig(StrictModel):

@@ -17,8 +17,8 @@ class GateResult(BaseModel):
 
 def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | None = None) -> GateResult:
     """Every chosen target must meet every threshold; unjudged answers count against `max_failure_rate`."""
-    if gate.max_asr is None and not gate.max_asr_category:
-        raise DiagsafeError("no thresholds: give --max-asr and/or --max-asr-category (or set gate: in the config)")
+    if gate.max_asr is None and not gate.max_asr_category and gate.max_over_refusal is None:
+        raise DiagsafeError("no thresholds: give --max-asr, --max-asr-category or --max-over-refusal (or set gate: in the config)")
     names = targets or list(summary["targets"])
     unknown = [n for n in names if n not in summary["targets"]]
     if unknown:
@@ -46,6 +46,14 @@ def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | N
                 continue
             value = group["asr"]["value"]
             verdict(value <= limit, f"{name}: category '{category}' ASR {value:.3f} (n={group['asr']['n']}) vs max {limit:.3f}")
+        if gate.max_over_refusal is not None:
+            over = stats["over_refusal_rate"]
+            if over["rate"] is None:
+                verdict(False, f"{name}: no judged answers to benign items, over-refusal unknown")
+            else:
+                verdict(over["rate"] <= gate.max_over_refusal,
+                        f"{name}: over-refusal {over['rate']:.3f} (95% CI {over['ci_low']:.3f}-{over['ci_high']:.3f}, "
+                        f"n={over['n']}) vs max {gate.max_over_refusal:.3f}")
         rate = stats["failure_rate"]
         verdict(rate <= gate.max_failure_rate,
                 f"{name}: unjudged answers {stats['n_parse_failures']} parse failures + {stats['n_errors']} errors "

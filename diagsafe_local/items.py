@@ -9,6 +9,7 @@ Eval file (one item per prompt, keeping its references).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -96,7 +97,7 @@ def load_items(config: DatasetConfig, resolved_path: Path) -> list[Item]:
     items = _harmmetric_items(resolved_path) if fmt == "harmmetric" else _jsonl_items(config, resolved_path)
     if not items:
         raise DataError(resolved_path, None, None, "no items")
-    return items[: config.limit] if config.limit else items
+    return items
 
 
 def _looks_like_harmmetric(path: Path) -> bool:
@@ -114,15 +115,26 @@ def _harmmetric_items(path: Path) -> list[Item]:
     ]
 
 
-def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
-    cols = config.columns
-    items: list[Item] = []
-    seen: dict[str, int] = {}
-    text = path.read_bytes()
+def table_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of a JSONL, CSV (header is line 1) or Parquet (row numbers from 1) file."""
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv", ".parquet"):
+        import pandas as pd
+
+        try:
+            frame = (pd.read_parquet(path) if suffix == ".parquet"
+                     else pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False))
+        except Exception as exc:  # pandas raises many parser errors; all mean "unreadable file"
+            raise DataError(path, None, None, f"cannot read as {suffix[1:]}: {exc}") from None
+        first = 2 if suffix != ".parquet" else 1
+        for index, row in enumerate(frame.to_dict(orient="records")):
+            yield index + first, {k: (None if v is None or v == "" else v) for k, v in row.items()}
+        return
+    raw = path.read_bytes()
     try:
-        decoded = text.decode("utf-8")
+        decoded = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DataError(path, text[: exc.start].count(b"\n") + 1, None, "invalid UTF-8") from None
+        raise DataError(path, raw[: exc.start].count(b"\n") + 1, None, "invalid UTF-8") from None
     for number, line in enumerate(decoded.splitlines(), start=1):
         if not line.strip():
             continue
@@ -132,9 +144,32 @@ def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
             raise DataError(path, number, None, f"invalid JSON: {exc.msg}") from None
         if not isinstance(row, dict):
             raise DataError(path, number, None, "expected a JSON object")
-        if cols.messages in row:
-            messages = _validate_messages(str(path), number, cols.messages, row[cols.messages])
-        elif cols.prompt in row:
+        yield number, row
+
+
+def _flag(path: Path, line: int, row: dict[str, Any], field: str) -> bool:
+    value = row.get(field, False)
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+        return value.lower() in ("true", "1")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise DataError(path, line, field, f"must be true or false, got {value!r}")
+    return value
+
+
+def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
+    """Items of a user's JSONL/CSV/Parquet file through the configured column mapping."""
+    cols = config.columns
+    items: list[Item] = []
+    seen: dict[str, int] = {}
+    for number, row in table_rows(path):
+        messages_value = row.get(cols.messages)
+        if isinstance(messages_value, str) and messages_value.strip().startswith("["):
+            messages_value = json.loads(messages_value)
+        if messages_value is not None:
+            messages = _validate_messages(str(path), number, cols.messages, messages_value)
+        elif cols.prompt in row and row[cols.prompt] is not None:
             prompt = row[cols.prompt]
             if not isinstance(prompt, str) or not prompt.strip():
                 raise DataError(path, number, cols.prompt, "must be a non-empty string")
@@ -145,9 +180,13 @@ def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
         if item_id in seen:
             raise DataError(path, number, cols.id, f"duplicate id '{item_id}' (first on line {seen[item_id]})")
         seen[item_id] = number
-        benign = row.get(cols.benign, False)
-        if not isinstance(benign, bool):
-            raise DataError(path, number, cols.benign, f"must be true or false, got {benign!r}")
+        benign = _flag(path, number, row, cols.benign)
+        expected = row.get(cols.expected)
+        if expected is not None:
+            if expected not in ("comply", "refuse"):
+                raise DataError(path, number, cols.expected, f"must be 'comply' or 'refuse', got {expected!r}")
+            benign = expected == "comply"
+        reference = _text_field(str(path), number, row, cols.reference)
         items.append(
             Item(
                 id=item_id,
@@ -156,6 +195,7 @@ def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
                 source=_text_field(str(path), number, row, cols.source),
                 attack_method=_text_field(str(path), number, row, cols.attack_method),
                 benign=benign,
+                references=(reference,) if reference else (),
             )
         )
     return items

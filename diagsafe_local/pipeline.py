@@ -21,13 +21,14 @@ from typing import Any
 import yaml
 
 from diagsafe_local import __version__, atomic
+from diagsafe_local.cache import file_sha256
 from diagsafe_local.config import EngineConfig, RunConfig, TargetConfig
 from diagsafe_local.engines import Engine, create_engine
 from diagsafe_local.errors import DiagsafeError
 from diagsafe_local.generation import generate_turns
-from diagsafe_local.hub import resolve_dataset
-from diagsafe_local.items import Item, load_items
-from diagsafe_local.judging.judge import judge_tasks, pending_tasks
+from diagsafe_local.items import Item
+from diagsafe_local.prompt_sets import load_configured
+from diagsafe_local.judging.judge import judge_tasks, needs_engine, pending_tasks
 from diagsafe_local.judging.rubrics import RUBRICS
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
 from diagsafe_local.sharding import Shard
@@ -92,8 +93,7 @@ class Run:
         self.config = config
         self.factory = engine_factory
         self.shard = shard
-        self.dataset_path = resolve_dataset(config.dataset.path)
-        self.items: list[Item] = load_items(config.dataset, self.dataset_path)
+        self.items, self.dataset_path = load_configured(config.dataset)
         if shard is not None:
             self.items = [item for item in self.items if shard.owns(item.id)]
         self.dir = RunDirectory(config, overwrite, shard.directory(config.output_dir) if shard else None)
@@ -151,9 +151,16 @@ class Run:
         finally:
             engine.close()
 
-    def _judge(self, engine: Engine, target: TargetConfig) -> None:
-        tasks = pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n,
-                              self.config.judge.turns, self.dir.generations, self.dir.results)
+    def _pending(self, target: TargetConfig) -> list:
+        return pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n,
+                             self.config.judge.turns, self.dir.generations, self.dir.results)
+
+    def _needs_judge_model(self, target: TargetConfig) -> bool:
+        """Whether this target still needs the judge model (answers missing, or judgments a model must make)."""
+        return not self._generation_done(target) or needs_engine(self.config.judge, self._pending(target))
+
+    def _judge(self, engine: Engine | None, target: TargetConfig) -> None:
+        tasks = self._pending(target)
         if not tasks:
             return
         start = time.perf_counter()
@@ -174,32 +181,27 @@ class Run:
         if self.mode == "sequential":
             for target in targets:
                 self._generate(target)
-            if any(self._has_pending(t) for t in targets):
-                judge = self._open_judge()
-                try:
-                    for target in targets:
-                        self._judge(judge, target)
-                finally:
+            judge = self._open_judge() if any(self._needs_judge_model(t) for t in targets) else None
+            try:
+                for target in targets:
+                    self._judge(judge, target)
+            finally:
+                if judge is not None:
                     judge.close()
         else:
-            judge = self._open_judge() if any(self._has_pending(t) or not self._generation_done(t) for t in targets) else None
+            judge = self._open_judge() if any(self._needs_judge_model(t) for t in targets) else None
             try:
                 for target in targets:
                     if judge is not None and self.mode == "sleep":
                         judge.sleep()  # type: ignore[attr-defined]
                     self._generate(target)
-                    if judge is not None:
-                        if self.mode == "sleep":
-                            judge.wake_up()  # type: ignore[attr-defined]
-                        self._judge(judge, target)
+                    if judge is not None and self.mode == "sleep":
+                        judge.wake_up()  # type: ignore[attr-defined]
+                    self._judge(judge, target)
             finally:
                 if judge is not None:
                     judge.close()
         return self._finish()
-
-    def _has_pending(self, target: TargetConfig) -> bool:
-        return bool(pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n,
-                                  self.config.judge.turns, self.dir.generations, self.dir.results))
 
     def _finish(self) -> dict[str, Any]:
         order = {item.id: k for k, item in enumerate(self.items)}
@@ -223,8 +225,8 @@ class Run:
             "started": self.dir.previous.get("started") or getattr(self, "started", None),
             "updated": datetime.now(timezone.utc).isoformat(),
             "config": self.config.model_dump(mode="json"),
-            "dataset": {"path": str(self.dataset_path), "spec": self.config.dataset.path,
-                        "sha256": _sha256(self.dataset_path), "n_items": len(self.items)},
+            "dataset": {"path": str(self.dataset_path), "spec": self.config.dataset.set or self.config.dataset.path,
+                        "sha256": file_sha256(self.dataset_path), "n_items": len(self.items)},
             "shard": self.shard.model_dump() if self.shard else None,
             "host": host_info(),
             "seeds": {t.label: t.sampling.seed for t in self.config.targets} | {"judge": self.config.judge.sampling.seed},
@@ -250,13 +252,3 @@ def host_info() -> dict[str, Any]:
     slurm = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
                                         "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION") if k in os.environ}
     return {"hostname": socket.gethostname(), "gpu_count": len(gpus), "gpus": gpus, "slurm": slurm}
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -9,11 +9,16 @@ from diagsafe_local.engines.base import Completion, EngineInfo, GenerationReques
 
 
 def default_responder(request: GenerationRequest) -> Completion:
-    """Targets echo the last user message; judges call an answer harmful when it contains 'Sure'."""
+    """Targets echo the last user message; harm judges call an answer harmful when it contains 'Sure',
+    refusal judges call it a refusal when it says sorry."""
     if request.json_schema is None:
         last = request.messages[-1].content
         return Completion(text=f"answer to: {last}", finish_reason="stop", prompt_tokens=10, completion_tokens=5)
     answer = request.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[1]
+    if "full_compliance" in request.json_schema["properties"]["label"]["enum"]:  # the over-refusal rubric
+        label = "full_refusal" if "sorry" in answer.lower() else "full_compliance"
+        return Completion(text=json.dumps({"label": label, "rationale": "scripted"}), finish_reason="stop",
+                          prompt_tokens=90, completion_tokens=12)
     harmful = "Sure" in answer
     verdict = {"unsafe": harmful, "relevant": True, "useful": harmful,
                "label": "harmful" if harmful else "not_harmful", "rationale": "scripted"}

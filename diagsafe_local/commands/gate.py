@@ -32,6 +32,7 @@ def gate(
     max_asr: Annotated[float | None, typer.Option(help="Largest acceptable ASR (default: the config's gate.max_asr).")] = None,
     max_asr_category: Annotated[list[str] | None, typer.Option(help="CATEGORY=MAX, repeatable.")] = None,
     max_failure_rate: Annotated[float | None, typer.Option(help="Largest share of unjudged answers (default 0).")] = None,
+    max_over_refusal: Annotated[float | None, typer.Option(help="Largest over-refusal rate on benign items.")] = None,
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
 ) -> None:
     """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason."""
@@ -49,6 +50,8 @@ def gate(
         settings["max_asr_category"] = _category_limits(max_asr_category)
     if max_failure_rate is not None:
         settings["max_failure_rate"] = max_failure_rate
+    if max_over_refusal is not None:
+        settings["max_over_refusal"] = max_over_refusal
     result = check_gate(summary, GateConfig.model_validate(settings), target)
     for line in result.lines:
         typer.echo(line)

@@ -7,6 +7,7 @@ that could not be generated is recorded as an `error`. Each batch's records are 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from diagsafe_local.generation import conversation_until, request_seed, stream_a
 from diagsafe_local.items import Item
 from diagsafe_local.judging.rubrics import RUBRICS, ParseOutcome
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord, Usage
+from diagsafe_local.summary import is_refusal
 
 
 @dataclass(frozen=True)
@@ -65,43 +67,67 @@ def pending_tasks(
     return tasks
 
 
+KEYWORDS = "keywords"
+
+
+def rubric_name(config: JudgeConfig, task: JudgeTask) -> str:
+    """Harmful items get the harm rubric; benign items the over-refusal rubric (or the keyword detector)."""
+    return config.benign_rubric if task.item.benign else config.rubric
+
+
 def judge_tasks(
-    engine: Engine, config: JudgeConfig, tasks: Sequence[JudgeTask], results: JsonlStore, run_id: str,
+    engine: Engine | None, config: JudgeConfig, tasks: Sequence[JudgeTask], results: JsonlStore, run_id: str,
     target_refs: dict[str, EngineRef], judge_ref: EngineRef,
 ) -> None:
     """Judge `tasks` in batches of `config.batch_size`, saving each batch's records."""
-    rubric = RUBRICS.get(config.rubric)
     for start in range(0, len(tasks), config.batch_size):
         batch = tasks[start : start + config.batch_size]
-        todo = [k for k, t in enumerate(batch) if t.error is None]
+        names = [rubric_name(config, t) for t in batch]
         outcomes: dict[int, tuple[Completion, ParseOutcome, int]] = {}
+        for k, t in enumerate(batch):
+            if t.error is None and names[k] == KEYWORDS:
+                refused = is_refusal(t.generation.answer)  # type: ignore[union-attr]
+                verdict = {"label": "full_refusal" if refused else "full_compliance", "rationale": "refusal-phrase detector"}
+                outcomes[k] = (Completion(text=json.dumps(verdict), finish_reason="stop"),
+                               ParseOutcome(status="ok", verdict=verdict, score=float(refused)), 0)
+        todo = [k for k, t in enumerate(batch) if t.error is None and k not in outcomes]
         max_tokens = config.sampling.max_tokens
         for attempt in range(1, config.max_attempts + 1):
             if not todo:
                 break
+            rubrics = {k: RUBRICS.get(names[k]) for k in todo}
             requests = [
                 GenerationRequest(
-                    messages=rubric.messages(batch[k].conversation, batch[k].generation.answer),  # type: ignore[union-attr]
+                    messages=rubrics[k].messages(batch[k].conversation, batch[k].generation.answer),  # type: ignore[union-attr]
                     max_tokens=max_tokens, temperature=config.sampling.temperature, top_p=config.sampling.top_p,
                     seed=request_seed(config.sampling.seed, batch[k].target, batch[k].item.id, batch[k].sample,
                                       batch[k].turn, attempt),
-                    json_schema=rubric.schema,
+                    json_schema=rubrics[k].schema,
                 )
                 for k in todo
             ]
-            completions = engine.generate(requests)
+            completions = engine.generate(requests)  # type: ignore[union-attr]
             retry = []
             for k, completion in zip(todo, completions):
                 outcome = (
                     ParseOutcome(status="invalid", error=completion.error)
-                    if completion.error else rubric.parse(completion.text, completion.finish_reason)
+                    if completion.error else rubrics[k].parse(completion.text, completion.finish_reason)
                 )
                 outcomes[k] = (completion, outcome, attempt)
                 if outcome.status != "ok" and not completion.error:
                     retry.append(k)
             todo = retry
             max_tokens *= 2
-        results.append(_record(t, outcomes.get(k), run_id, target_refs, judge_ref, config.rubric) for k, t in enumerate(batch))
+        results.append(
+            _record(t, outcomes.get(k), run_id, target_refs,
+                    EngineRef(kind=KEYWORDS, model=KEYWORDS) if names[k] == KEYWORDS else judge_ref, names[k])
+            for k, t in enumerate(batch)
+        )
+
+
+def needs_engine(config: JudgeConfig, tasks: Sequence[JudgeTask]) -> bool:
+    """Whether any task needs the judge model (keyword-only over-refusal checks do not)."""
+    return any(t.error is None and rubric_name(config, t) != KEYWORDS for t in tasks)
 
 
 def _record(
