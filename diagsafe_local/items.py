@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.config import DatasetConfig
 from diagsafe_local.errors import DataError
+from diagsafe_local.jsonrows import json_rows
 
 
 class Message(BaseModel):
@@ -94,7 +95,7 @@ def load_items(config: DatasetConfig, resolved_path: Path) -> list[Item]:
     fmt = config.format
     if fmt == "auto":
         fmt = "harmmetric" if _looks_like_harmmetric(resolved_path) else "items"
-    items = _harmmetric_items(resolved_path) if fmt == "harmmetric" else _jsonl_items(config, resolved_path)
+    items = harmmetric_items(resolved_path) if fmt == "harmmetric" else _jsonl_items(config, resolved_path)
     if not items:
         raise DataError(resolved_path, None, None, "no items")
     return items
@@ -106,7 +107,7 @@ def _looks_like_harmmetric(path: Path) -> bool:
     return '"response_category"' in head or '"ref_res_0"' in head
 
 
-def _harmmetric_items(path: Path) -> list[Item]:
+def harmmetric_items(path: Path) -> list[Item]:
     from diagsafe_local.benchmark.dataset import load_dataset
 
     return [
@@ -130,21 +131,7 @@ def table_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         for index, row in enumerate(frame.to_dict(orient="records")):
             yield index + first, {k: (None if v is None or v == "" else v) for k, v in row.items()}
         return
-    raw = path.read_bytes()
-    try:
-        decoded = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(path, raw[: exc.start].count(b"\n") + 1, None, "invalid UTF-8") from None
-    for number, line in enumerate(decoded.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(path, number, None, f"invalid JSON: {exc.msg}") from None
-        if not isinstance(row, dict):
-            raise DataError(path, number, None, "expected a JSON object")
-        yield number, row
+    yield from json_rows(path)
 
 
 def _flag(path: Path, line: int, row: dict[str, Any], field: str) -> bool:

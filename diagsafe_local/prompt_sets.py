@@ -19,7 +19,7 @@ from typing import Any
 from diagsafe_local.cache import cache_dir
 from diagsafe_local.config import DatasetConfig
 from diagsafe_local.errors import DataError, DiagsafeError
-from diagsafe_local.items import Item, Message, load_items, table_rows
+from diagsafe_local.items import Item, Message, harmmetric_items, load_items, table_rows
 from diagsafe_local.registry import Registry
 
 
@@ -134,9 +134,7 @@ def _mhj(path: Path) -> list[Item]:
 
 
 def _harmmetric(path: Path) -> list[Item]:
-    from diagsafe_local.items import _harmmetric_items
-
-    return _harmmetric_items(path)
+    return harmmetric_items(path)
 
 
 _HARMBENCH_URL = "https://raw.githubusercontent.com/centerforaisafety/HarmBench/main/data/behavior_datasets/harmbench_behaviors_text_all.csv"

@@ -31,6 +31,7 @@ def main() -> None:
     from servers import VLLMServer
 
     from diagsafe_local.config import JudgeConfig, RunConfig
+    from diagsafe_local.engines.base import BorrowedEngine
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.pipeline import Run
     from diagsafe_local.tiny_models import build_tiny_chat_model
@@ -59,17 +60,9 @@ def main() -> None:
     local = {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
     offline_engine = VLLMEngine(JudgeConfig(**local), structured_backend="xgrammar")
 
-    class Handout:
-        info, calls = offline_engine.info, 0
 
-        def generate(self, requests):  # type: ignore[no-untyped-def]
-            return offline_engine.generate(requests)
-
-        def close(self) -> None:
-            pass
-
-    run(local, 8, "warm", lambda *a, **k: Handout())
-    offline = run(local, args.n, "offline", lambda *a, **k: Handout())
+    run(local, 8, "warm", lambda *a, **k: BorrowedEngine(offline_engine))
+    offline = run(local, args.n, "offline", lambda *a, **k: BorrowedEngine(offline_engine))
     offline_engine.close()
 
     server = VLLMServer(model).start()

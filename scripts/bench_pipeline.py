@@ -34,6 +34,7 @@ def main() -> None:
     from vllm.sampling_params import StructuredOutputsParams
 
     from diagsafe_local.config import JudgeConfig, RunConfig
+    from diagsafe_local.engines.base import BorrowedEngine
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.items import Message
     from diagsafe_local.judging.rubrics import RUBRICS
@@ -53,14 +54,6 @@ def main() -> None:
     target_tokens, judge_tokens = 48, 400
     rubric = RUBRICS.get("harmjudge")
 
-    class Handout:
-        info, calls = engine.info, 0
-
-        def generate(self, requests):  # type: ignore[no-untyped-def]
-            return engine.generate(requests)
-
-        def close(self) -> None:
-            pass
 
     def pipeline(out: Path) -> float:
         config = RunConfig.model_validate({
@@ -72,7 +65,7 @@ def main() -> None:
         })
         llm.reset_prefix_cache()
         start = time.perf_counter()
-        Run(config, engine_factory=lambda *a, **k: Handout()).execute()
+        Run(config, engine_factory=lambda *a, **k: BorrowedEngine(engine)).execute()
         return time.perf_counter() - start
 
     plain = SamplingParams(max_tokens=target_tokens, temperature=0.0)

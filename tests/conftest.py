@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from diagsafe_local.engines.base import BorrowedEngine
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample_harmmetric.jsonl"
 
@@ -78,22 +80,6 @@ def wide_file(tmp_path: Path) -> Path:
 
 # -- the real vLLM engine, shared across tests (each start costs ~45 s on this machine) --------------
 
-class _Handout:
-    """One Run's view of a shared engine: counts its own calls; close() leaves the engine loaded."""
-
-    def __init__(self, engine) -> None:
-        self._engine = engine
-        self.info = engine.info
-        self.calls = 0
-
-    def generate(self, requests):
-        self.calls += 1
-        return self._engine.generate(requests)
-
-    def close(self) -> None:
-        pass
-
-
 class SharedVLLMFactory:
     """An engine factory that loads each (model, adapter) once per test session, with the judge's
     structured-output backend (requests without a schema are unaffected by it)."""
@@ -109,7 +95,7 @@ class SharedVLLMFactory:
         if key not in self.engines:
             self.loads += 1
             self.engines[key] = VLLMEngine(config, structured_backend="xgrammar")
-        return _Handout(self.engines[key])
+        return BorrowedEngine(self.engines[key])
 
     def close(self) -> None:
         for engine in self.engines.values():

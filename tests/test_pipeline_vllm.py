@@ -160,3 +160,22 @@ def test_selftest_command_passes_and_writes_a_run_directory(tmp_path):
     run_dir = tmp_path / "st" / "run"
     assert (run_dir / "config.yaml").exists() and (run_dir / "results.jsonl").exists()
     assert (tmp_path / "st" / "config.yaml").exists()
+
+
+def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_gate(tiny_models, vllm_engines, tmp_path):
+    from conftest import REPO
+
+    data = config_dict(tiny_models, REPO / "data" / "sample_items.jsonl", tmp_path / "mixed", turns="last")
+    summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+    stats = summary["targets"]["tiny"]
+    assert stats["n_harmful_items"] == 4 and stats["n_benign_items"] == 2
+    assert stats["asr"]["value"] is not None and stats["over_refusal_rate"]["rate"] is not None
+    records = read_results(tmp_path / "mixed" / "results.jsonl")
+    assert {r.judge_rubric for r in records if r.benign} == {"refusal"} and all(r.parse_status == "ok" for r in records)
+    observed = stats["over_refusal_rate"]["rate"]
+    assert observed > 0  # the tiny random judge calls these answers refusals: the gate must see it
+    runner = CliRunner()
+    tripped = runner.invoke(app, ["gate", str(tmp_path / "mixed"), "--max-asr", "1", "--max-over-refusal", str(observed / 2)])
+    assert tripped.exit_code == 1 and "FAIL  tiny: over-refusal" in tripped.output and "GATE FAILED" in tripped.output
+    passed = runner.invoke(app, ["gate", str(tmp_path / "mixed"), "--max-asr", "1", "--max-over-refusal", str(observed)])
+    assert passed.exit_code == 0

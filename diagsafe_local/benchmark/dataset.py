@@ -17,8 +17,6 @@ metrics combine them. The earlier layout's published figures use the mean of its
 from __future__ import annotations
 
 import hashlib
-import json
-from collections.abc import Iterator
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
@@ -26,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.errors import DataError
+from diagsafe_local.jsonrows import json_rows
 
 ReferenceAgg = Literal["mean", "max"]
 
@@ -121,7 +120,7 @@ def load_dataset(path: str | Path) -> BenchDataset:
     if not path.is_file():
         raise DataError(path, None, None, "no such file")
     raw = path.read_bytes()
-    rows = list(_json_rows(path, raw))
+    rows = list(json_rows(path, raw))
     if not rows:
         raise DataError(path, None, None, "the file holds no records")
     first_line, first = rows[0]
@@ -135,38 +134,6 @@ def load_dataset(path: str | Path) -> BenchDataset:
             "unknown layout: expected 'response_category' (current layout) or 'ref_res_0' (earlier layout)",
         )
     return BenchDataset(path=str(path), layout=layout, sha256=hashlib.sha256(raw).hexdigest(), prompts=prompts)
-
-
-def _json_rows(path: Path, raw: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for a JSONL file, or for a JSON array (numbered by record, from 1)."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(path, line, None, f"invalid UTF-8 at byte {exc.start}") from None
-    stripped = text.lstrip("\ufeff").lstrip()
-    if stripped.startswith("["):
-        try:
-            items = json.loads(stripped)
-        except json.JSONDecodeError as exc:
-            raise DataError(path, exc.lineno, None, f"invalid JSON: {exc.msg}") from None
-        for index, item in enumerate(items, start=1):
-            yield index, _as_object(path, index, item)
-        return
-    for number, line in enumerate(text.lstrip("\ufeff").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(path, number, None, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-        yield number, _as_object(path, number, item)
-
-
-def _as_object(path: Path, line: int, item: Any) -> dict[str, Any]:
-    if not isinstance(item, dict):
-        raise DataError(path, line, None, f"expected a JSON object, got {type(item).__name__}")
-    return item
 
 
 def _text(path: Path, line: int, row: dict[str, Any], field: str, *, required: bool = True) -> str:

@@ -73,3 +73,19 @@ class Engine(Protocol):
 
 def error_completion(message: str) -> Completion:
     return Completion(text="", finish_reason="error", error=message)
+
+
+class BorrowedEngine:
+    """A view of an engine shared by several runs: counts its own calls; close() leaves the engine loaded."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.info = engine.info
+        self.calls = 0
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        self.calls += 1
+        return self._engine.generate(requests)
+
+    def close(self) -> None:
+        """Leave the shared engine to its owner."""
