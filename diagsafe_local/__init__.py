@@ -1,3 +1,35 @@
-"""diagsafe-local: offline harmfulness evaluation of LLM checkpoints, and the HarmMetric Eval benchmark."""
+"""diagsafe-local: offline harmfulness evaluation of LLM checkpoints, and the HarmMetric Eval benchmark.
+
+The Python API mirrors the CLI::
+
+    from diagsafe_local import Run, load_config
+    summary = Run(load_config("configs/checkpoint_7b_qwen_judge.yaml")).execute()
+
+Names load on first use, so importing the package stays fast.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "RunConfig": "diagsafe_local.config",
+    "load_config": "diagsafe_local.config",
+    "Run": "diagsafe_local.pipeline",
+    "create_engine": "diagsafe_local.engines",
+    "RUBRICS": "diagsafe_local.judging.rubrics",
+    "METRICS": "diagsafe_local.metrics",
+    "PROMPT_SETS": "diagsafe_local.prompt_sets",
+    "load_dataset": "diagsafe_local.benchmark.dataset",
+    "effectiveness": "diagsafe_local.benchmark.scoring",
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'diagsafe_local' has no attribute '{name}'")

@@ -80,7 +80,7 @@ class LocalSlurm:
         shutil.chown("/run/munge", "munge", "munge")
         if not Path("/etc/munge/munge.key").exists():
             _run("runuser", "-u", "munge", "--", "mungekey", "--create")
-        self.procs.append(subprocess.Popen(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "-F"],
+        self.procs.append(subprocess.Popen(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "-F", "--force"],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
         for _ in range(100):
             if socket_path.exists():

@@ -8,12 +8,15 @@ from pathlib import Path
 import pandas as pd
 
 from diagsafe_local import atomic
+from diagsafe_local.benchmark.dataset import BenchDataset
 from diagsafe_local.benchmark.scoring import SCORE_NAMES
 
 LEADERBOARD_COLUMNS = ["metric", *SCORE_NAMES]
 
 
-def write_outputs(out_dir: Path, board: pd.DataFrame, scores: pd.DataFrame, manifest: dict[str, object]) -> list[Path]:
+def write_outputs(
+    out_dir: Path, board: pd.DataFrame, scores: pd.DataFrame, manifest: dict[str, object], dataset: BenchDataset
+) -> list[Path]:
     """Write every output file atomically; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -28,6 +31,13 @@ def write_outputs(out_dir: Path, board: pd.DataFrame, scores: pd.DataFrame, mani
     atomic.write_text(paths["md"], to_markdown(board, manifest))
     atomic.write_with(paths["png"], lambda p: _chart(board, p))
     atomic.write_text(paths["manifest"], json.dumps(manifest, indent=2, default=str) + "\n")
+    from diagsafe_local.benchmark.failures import failure_analysis, failures_markdown
+
+    shares, by_category, examples = failure_analysis(scores, dataset)
+    paths["failures"] = out_dir / "failure_analysis.md"
+    atomic.write_text(paths["failures"], failures_markdown(shares, by_category, examples))
+    atomic.write_text(out_dir / "failure_analysis.csv", shares.to_csv(index=False))
+    atomic.write_text(out_dir / "category_scores.csv", by_category.to_csv(index=False))
     return list(paths.values())
 
 

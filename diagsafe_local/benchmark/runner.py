@@ -40,7 +40,7 @@ def score_responses(
             scores = _aggregate(raw, owner, use_max, len(responses))
         else:
             scores = compute_metrics([spec.name], plain)[spec.name]
-        frames.append(_frame(dataset, responses, spec.name, scores))
+        frames.append(response_frame(responses, spec.name, scores))
         if on_metric:
             on_metric(spec.name)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCORE_COLUMNS)
@@ -55,7 +55,8 @@ def _aggregate(raw: np.ndarray, owner: np.ndarray, use_max: np.ndarray, n: int) 
     return np.where(use_max, maxima, sums / counts)
 
 
-def _frame(dataset: BenchDataset, responses: list, metric: str, scores: np.ndarray) -> pd.DataFrame:
+def response_frame(responses: list, metric: str, scores: np.ndarray) -> pd.DataFrame:
+    """Rows of SCORE_COLUMNS for (prompt, response) pairs scored by one metric."""
     return pd.DataFrame(
         {
             "prompt_id": [p.prompt_id for p, _ in responses],

@@ -33,7 +33,7 @@ def list_metrics() -> None:
 @user_errors
 def bench(
     dataset: Annotated[str, typer.Option(help="Benchmark file (either layout) or Hugging Face dataset id.")] = DEFAULT_DATASET,
-    metrics: Annotated[str, typer.Option(help="Comma-separated metric names, or 'all'. See --list.")] = "all",
+    metrics: Annotated[str | None, typer.Option(help="Comma-separated metric names, or 'all' (the default without --judge). See --list.")] = None,
     scoring: Annotated[str, typer.Option(help="Effectiveness formula: 'current' or 'v1' (the earlier paper version).")] = "current",
     missing: Annotated[str, typer.Option(help="Missing scores: 'error', 'drop-prompt' or 'worst-case'.")] = "error",
     reference_agg: Annotated[str, typer.Option(help="Combine several references by 'mean' or 'max' (rows may override).")] = "mean",
@@ -41,16 +41,65 @@ def bench(
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/bench"),
     list_: Annotated[bool, typer.Option("--list", help="List the available metrics and exit.")] = False,
+    judge: Annotated[str | None, typer.Option(help="Also rank a judge: a rubric name (e.g. harmjudge).")] = None,
+    judge_model: Annotated[str | None, typer.Option(help="The judge's model: a local directory or hub id (or the served name).")] = None,
+    engine: Annotated[str, typer.Option(help="Judge engine: 'local' (vLLM on this node) or 'api' (OpenAI-compatible).")] = "local",
+    base_url: Annotated[str | None, typer.Option(help="API endpoint for --engine api.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="Environment variable holding the API key.")] = None,
+    samples: Annotated[int, typer.Option(help="Sampled verdicts averaged per response (the paper used 3).", min=1)] = 1,
+    judge_temperature: Annotated[float | None, typer.Option(help="Judge temperature (default 0, or 0.7 with --samples > 1).")] = None,
+    judge_dtype: Annotated[str, typer.Option(help="Judge dtype (local engine).")] = "auto",
+    judge_max_model_len: Annotated[int | None, typer.Option(help="Judge context length (local engine).")] = None,
 ) -> None:
-    """Score every benchmark response with each metric and rank the metrics (HarmMetric Eval)."""
+    """Score every benchmark response with each metric (and optionally a judge) and rank them (HarmMetric Eval)."""
     if list_:
         list_metrics()
         return
-    run_bench(dataset, metrics, scoring, missing, reference_agg, bootstrap, seed, out)
+    judge_settings = None
+    if judge:
+        from diagsafe_local.errors import DiagsafeError
+
+        if not judge_model:
+            raise DiagsafeError("--judge needs --judge-model")
+        if engine not in ("local", "api"):
+            raise DiagsafeError(f"--engine must be local or api, got '{engine}'")
+        if engine == "api" and not base_url:
+            raise DiagsafeError("--engine api needs --base-url")
+        judge_settings = {
+            "rubric": judge, "samples": samples,
+            "temperature": judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0),
+            "engine": {"kind": "openai", "model": judge_model, "base_url": base_url, "api_key_env": api_key_env}
+            if engine == "api" else {"kind": "vllm", "model": judge_model, "dtype": judge_dtype,
+                                     "max_model_len": judge_max_model_len},
+        }
+    run_bench(dataset, metrics or ("" if judge else "all"), scoring, missing, reference_agg, bootstrap, seed, out,
+              judge_settings)
+
+
+def _judge_scores(data, judge: dict, out: Path, seed: int):  # type: ignore[no-untyped-def]
+    """Score the benchmark with a judge through an engine (loaded here, closed after)."""
+    from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
+    from diagsafe_local.config import JudgeConfig
+    from diagsafe_local.engines import create_engine
+    from diagsafe_local.judging.rubrics import RUBRICS
+
+    RUBRICS.get(judge["rubric"])
+    config = JudgeConfig(**{k: v for k, v in judge["engine"].items() if v is not None})
+    metric = judge_metric_name(judge["rubric"], config.model)
+    engine = create_engine(config, structured_backend="xgrammar")
+    try:
+        def on_batch(finished: int, total: int) -> None:
+            typer.echo(f"{metric}: judged {finished}/{total}", err=True)
+
+        return judge_benchmark(data, engine, judge["rubric"], metric, out / "judgments.jsonl", judge["samples"],
+                               judge["temperature"], seed=seed, on_batch=on_batch)
+    finally:
+        engine.close()
 
 
 def run_bench(
-    dataset: str, metrics: str, scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int, out: Path
+    dataset: str, metrics: str, scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int, out: Path,
+    judge: dict | None = None,
 ) -> None:
     """The bench command's work, shared with the demo."""
     from diagsafe_local.benchmark.dataset import load_dataset
@@ -70,9 +119,17 @@ def run_bench(
     names = METRICS.names() if metrics == "all" else split_list(metrics)
     for name in names:
         METRICS.get(name)
+    if not names and not judge:
+        raise DiagsafeError("nothing to rank: give --metrics and/or --judge")
     data = load_dataset(resolve_dataset(dataset))
     with progress("scoring", len(names)) as advance:
         scores = score_responses(data, names, reference_agg, on_metric=advance)  # type: ignore[arg-type]
+    if judge:
+        import pandas as pd
+
+        out.mkdir(parents=True, exist_ok=True)
+        scores = pd.concat([scores, _judge_scores(data, judge, out, seed)], ignore_index=True)
+        names = [*names, scores["metric"].iloc[-1]]
     board = leaderboard(scores, data, scoring, missing, bootstrap, seed)  # type: ignore[arg-type]
     manifest = {
         "tool": f"diagsafe-local {__version__}",
@@ -84,12 +141,13 @@ def run_bench(
         "n_prompts": len(data.prompts),
         "n_responses": data.n_responses,
         "metrics": names,
+        "judge": judge,
         "formula": scoring,
         "missing": missing,
         "reference_agg": reference_agg,
         "bootstrap": bootstrap,
         "seed": seed,
     }
-    paths = write_outputs(out, board, scores, manifest)
+    paths = write_outputs(out, board, scores, manifest, data)
     print_leaderboard(board)
     typer.echo("wrote " + ", ".join(str(p) for p in paths))

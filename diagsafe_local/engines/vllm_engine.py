@@ -140,7 +140,8 @@ class VLLMEngine:
         structured = StructuredOutputsParams(json=request.json_schema) if request.json_schema else None
         return SamplingParams(
             max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
-            seed=request.seed, structured_outputs=structured,
+            # Greedy decoding ignores the seed, and seeded requests take vLLM's slower per-request sampler path.
+            seed=request.seed if request.temperature > 0 else None, structured_outputs=structured,
         )
 
     def _chat(self, requests: Sequence[GenerationRequest]) -> list[Completion]:

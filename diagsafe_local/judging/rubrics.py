@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -64,8 +65,9 @@ class Rubric:
     verdict_model: type[BaseModel]
     to_score: Callable[[BaseModel], float]
 
-    @property
+    @cached_property
     def schema(self) -> dict[str, Any]:
+        """The verdict model's JSON Schema (built once: pydantic's schema generation is slow per request)."""
         return self.verdict_model.model_json_schema()
 
     def messages(self, conversation: Sequence[Message], answer: str) -> tuple[Message, ...]:

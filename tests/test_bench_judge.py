@@ -1,0 +1,89 @@
+"""A judge on the HarmMetric Eval leaderboard: sampled verdicts averaged, resume, parse failures as
+missing scores, the failure analysis; end to end with a tiny judge on the real vLLM engine."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from conftest import SAMPLE
+from diagsafe_local.benchmark.dataset import load_dataset
+from diagsafe_local.benchmark.judge_scores import judge_benchmark
+from diagsafe_local.benchmark.runner import leaderboard
+from diagsafe_local.cli import app
+from diagsafe_local.engines.base import Completion
+from fakes import ScriptedEngine, default_responder
+
+
+def test_samples_are_averaged_resumed_and_failures_are_missing(tmp_path):
+    data = load_dataset(SAMPLE)
+    seen = []
+
+    def judge(request):
+        seen.append(request.seed)
+        answer = request.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[1]
+        if "jury duty" in answer and "Sure, here is how" in answer:
+            return Completion(text="{", finish_reason="length")  # prompt 9's affirmation never parses
+        label = "harmful" if ("Sure" in answer or seen[-1] % 2) else "not_harmful"
+        return Completion(text=json.dumps({"unsafe": True, "relevant": True, "useful": True, "label": label,
+                                           "rationale": "r"}), finish_reason="stop")
+
+    engine = ScriptedEngine(judge)
+    store = tmp_path / "judgments.jsonl"
+    scores = judge_benchmark(data, engine, "harmjudge", "judge:test", store, samples=3, temperature=0.7, max_attempts=2)
+    assert len(scores) == 120 and set(scores["metric"]) == {"judge:test"}
+    assert set(np.round(scores["score"].dropna() * 3)) <= {0, 1, 2, 3}  # means of three 0/1 verdicts
+    assert scores["score"].isna().sum() == 1
+    assert len(set(seen)) > 300  # each sample and attempt has its own seed
+    lines = store.read_text().splitlines()
+    assert len(lines) == 360 and sum(json.loads(l)["status"] != "ok" for l in lines) == 3
+    calls = engine.calls
+    again = judge_benchmark(data, engine, "harmjudge", "judge:test", store, samples=3, temperature=0.7)
+    assert engine.calls == calls and again.equals(scores)  # resumed: nothing judged twice
+    with pytest.raises(Exception, match="1 prompt"):
+        leaderboard(scores, data, missing="error")
+    assert leaderboard(scores, data, missing="drop-prompt").iloc[0]["n_prompts"] == 9
+
+
+def test_bench_writes_failure_analysis_for_every_metric(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--metrics", "rouge1_recall,gcg_keywords",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    shares = pd.read_csv(tmp_path / "failure_analysis.csv")
+    gcg = shares[shares["metric"] == "gcg_keywords"].set_index("mode")["share"]
+    assert gcg["useless_affirmation"] == 1.0  # "Sure, here is…" never has a refusal phrase: always ties
+    assert set(shares["mode"]) == {"useless_affirmation", "prompt_repetition", "irrelevant", "safe"}
+    markdown = (tmp_path / "failure_analysis.md").read_text()
+    assert "## Examples" in markdown and "useless_affirmation" in markdown
+    categories = pd.read_csv(tmp_path / "category_scores.csv").set_index("metric")
+    assert categories.loc["rouge1_recall", "harmful_1"] > categories.loc["rouge1_recall", "refusal"]
+
+
+def test_judge_options_are_checked():
+    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--judge", "harmjudge"])
+    assert result.exit_code == 2 and "--judge needs --judge-model" in result.output
+    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--judge", "harmjudge", "--judge-model", "x",
+                                      "--engine", "api"])
+    assert result.exit_code == 2 and "needs --base-url" in result.output
+
+
+@pytest.mark.vllm
+def test_bench_judge_end_to_end_with_a_tiny_judge(tiny_models, tmp_path):
+    result = CliRunner().invoke(app, [
+        "bench", "--dataset", str(SAMPLE), "--judge", "harmjudge", "--judge-model", str(tiny_models["judge"]),
+        "--judge-dtype", "float32", "--judge-max-model-len", "2048", "--metrics", "rouge1_recall",
+        "--missing", "worst-case", "--out", str(tmp_path),
+    ])
+    assert result.exit_code == 0, result.output
+    board = pd.read_csv(tmp_path / "leaderboard.csv")
+    name = f"judge:harmjudge@{tiny_models['judge'].name}"
+    assert set(board["metric"]) == {"rouge1_recall", name}
+    row = board.set_index("metric").loc[name]
+    assert row["n_prompts"] == 10 and 0.0 <= row["overall"] <= 1.0
+    judgments = [json.loads(l) for l in (tmp_path / "judgments.jsonl").read_text().splitlines()]
+    assert len(judgments) == 120 and all(j["status"] == "ok" for j in judgments)
+    assert name in set(pd.read_csv(tmp_path / "failure_analysis.csv")["metric"])
