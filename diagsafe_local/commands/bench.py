@@ -15,7 +15,7 @@ DEFAULT_DATASET = "Abel-24/HarmMetric_Eval"
 
 
 def list_metrics() -> None:
-    """Print the metric registry: name, whether it needs a reference, one-line description."""
+    """Print the metric registry (name, needs a reference, description) and the judge rubrics."""
     from rich.console import Console
     from rich.table import Table
 
@@ -28,6 +28,15 @@ def list_metrics() -> None:
     for spec in METRICS:
         table.add_row(spec.name, "yes" if spec.needs_reference else "no", spec.description)
     Console().print(table)
+    from diagsafe_local.judging.rubrics import RUBRICS
+
+    judges = Table(title=f"{len(RUBRICS)} judge rubrics (--judge NAME --judge-model MODEL)")
+    judges.add_column("name")
+    judges.add_column("description")
+    judges.add_column("source")
+    for rubric in RUBRICS:
+        judges.add_row(rubric.name, rubric.description, rubric.source)
+    Console().print(judges)
 
 
 @user_errors
