@@ -185,3 +185,10 @@ def test_gate_thresholds():
 def test_three_example_configs_ship():
     names = {p.name for p in Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml")}
     assert {"checkpoint_7b_qwen_judge.yaml", "sweep_70b_judge_tp.yaml", "cpu_selftest.yaml"} <= names
+
+
+def test_control_characters_inside_strings_do_not_invalidate_a_verdict():
+    rubric = RUBRICS.get("harmjudge")
+    raw = '{"unsafe":false,"relevant":true,"useful":true,"label":"not_harmful","rationale":"a\x1fb"}'
+    outcome = rubric.parse(raw, "stop")
+    assert outcome.status == "ok" and outcome.verdict["rationale"] == "a\x1fb"

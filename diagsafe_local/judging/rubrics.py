@@ -82,7 +82,9 @@ class Rubric:
         if finish_reason != "stop":
             return ParseOutcome(status="truncated", error=f"finish_reason={finish_reason}")
         try:
-            verdict = self.verdict_model.model_validate(json.loads(text))
+            # strict=False admits raw control characters inside strings: xgrammar's JSON grammar lets a model
+            # emit them (seen: U+001F in a rationale), and Python's strict parser would reject a sound verdict.
+            verdict = self.verdict_model.model_validate(json.loads(text, strict=False))
         except (json.JSONDecodeError, ValidationError) as exc:
             return ParseOutcome(status="invalid", error=str(exc).splitlines()[0][:300])
         return ParseOutcome(status="ok", verdict=verdict.model_dump(mode="json"), score=self.to_score(verdict))
