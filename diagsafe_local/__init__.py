@@ -20,7 +20,7 @@ _EXPORTS = {
     "load_config": "diagsafe_local.config",
     "Run": "diagsafe_local.pipeline",
     "create_engine": "diagsafe_local.engines",
-    "RUBRICS": "diagsafe_local.judging.rubrics",
+    "JUDGES": "diagsafe_local.judging",
     "METRICS": "diagsafe_local.metrics",
     "PROMPT_SETS": "diagsafe_local.prompt_sets",
     "load_dataset": "diagsafe_local.benchmark.dataset",

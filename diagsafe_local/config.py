@@ -34,9 +34,10 @@ class SamplingConfig(StrictModel):
 class EngineConfig(StrictModel):
     """Where and how a model runs. `kind: vllm` is the offline engine on this node."""
 
-    kind: Literal["vllm", "openai", "transformers"] = Field(
+    kind: Literal["vllm", "openai", "transformers", "classifier"] = Field(
         "vllm", description="vllm: offline on this node; openai: an OpenAI-compatible endpoint; "
-        "transformers: Hugging Face transformers + outlines (no vLLM needed).",
+        "transformers: Hugging Face transformers + outlines (no vLLM needed); classifier: a transformers "
+        "sequence classifier (judges such as gptfuzzer; chosen automatically for them).",
     )
     model: str = Field(..., description="Local model directory or hub id; for `openai`, the served model name.")
     revision: str | None = Field(None, description="Hub revision (commit, tag or branch); None for local paths.")
@@ -58,6 +59,8 @@ class EngineConfig(StrictModel):
     backoff_base: float = Field(1.0, ge=0, description="openai: first backoff ceiling in seconds (doubles per retry, full jitter).")
     backoff_max: float = Field(60.0, ge=0, description="openai: largest backoff in seconds.")
     logprobs: bool = Field(False, description="openai: ask for and record token logprobs where the server gives them.")
+    lora: str | None = Field(None, description="LoRA adapter directory applied to `model` (vllm, transformers).")
+    max_lora_rank: int = Field(64, ge=1, description="Largest LoRA rank the engine accepts.")
 
     @model_validator(mode="after")
     def _endpoint(self) -> EngineConfig:
@@ -70,8 +73,6 @@ class TargetConfig(EngineConfig):
     """A checkpoint under test: a full model, or a LoRA adapter on `model`."""
 
     name: str | None = Field(None, description="Label in results and reports; default: the model's last path part.")
-    lora: str | None = Field(None, description="LoRA adapter directory applied to `model`.")
-    max_lora_rank: int = Field(64, ge=1, description="Largest LoRA rank the engine accepts.")
     system_prompt: str | None = Field(None, description="System message put before every conversation.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
 
@@ -85,10 +86,14 @@ class TargetConfig(EngineConfig):
 class JudgeConfig(EngineConfig):
     """The judge model and how it grades."""
 
-    rubric: str = Field("harmjudge", description="Judge rubric for harmful items.")
+    rubric: str = Field("harmjudge", description="Judge for harmful items: any harm judge of `bench --list`.")
     benign_rubric: str = Field(
-        "refusal", description="How benign items are judged for over-refusal: a rubric ('refusal') or 'keywords' "
-        "(a refusal-phrase detector, no judge call).",
+        "refusal", description="How benign items are judged for over-refusal: a refusal judge ('refusal', "
+        "'wildguard-refusal', 'qwen3guard-refusal') or 'keywords' (a refusal-phrase detector, no judge call).",
+    )
+    probability: bool | None = Field(
+        None, description="Score Yes/No-style judges by P(Yes) at the first answer token instead of sampling "
+        "(deterministic); None = the judge's default (on for shieldgemma and harmclassifier).",
     )
     structured_output_backend: Literal["xgrammar", "guidance", "outlines"] = Field(
         "xgrammar", description="vLLM structured-output backend (pinned; compact JSON needs xgrammar or guidance)."
@@ -97,6 +102,28 @@ class JudgeConfig(EngineConfig):
     turns: Literal["last", "every"] = Field("last", description="Judge each conversation's last answer, or every generated one.")
     max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
     batch_size: int = Field(256, ge=1, description="Judgments per engine call (results are saved after each).")
+
+    @model_validator(mode="after")
+    def _judges(self) -> JudgeConfig:
+        from diagsafe_local.judging import JUDGES
+        from diagsafe_local.registry import UnknownNameError
+
+        try:
+            harm = JUDGES.get(self.rubric)
+            benign = None if self.benign_rubric == "keywords" else JUDGES.get(self.benign_rubric)
+        except UnknownNameError as exc:
+            raise ValueError(str(exc)) from None
+        if harm.measures != "harm":
+            raise ValueError(f"rubric '{self.rubric}' measures {harm.measures}, not harm")
+        if benign is not None and benign.measures != "refusal":
+            raise ValueError(f"benign_rubric '{self.benign_rubric}' measures {benign.measures}, not refusal")
+        for field, judge in (("rubric", harm), ("benign_rubric", benign)):
+            if judge is not None and (judge.engine_kind or "") != ("classifier" if self.kind == "classifier" else ""):
+                need = judge.engine_kind or "an LLM engine (vllm, openai or transformers)"
+                hint = " (use benign_rubric: keywords with a classifier judge)" if field == "benign_rubric" else ""
+                raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
+        harm.uses_probability(self.probability)
+        return self
 
 
 class DatasetColumns(StrictModel):

@@ -29,7 +29,6 @@ from diagsafe_local.generation import generate_turns
 from diagsafe_local.items import Item
 from diagsafe_local.prompt_sets import load_configured
 from diagsafe_local.judging.judge import judge_tasks, needs_engine, pending_tasks
-from diagsafe_local.judging.rubrics import RUBRICS
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
 from diagsafe_local.sharding import Shard
 from diagsafe_local.summary import summarize
@@ -89,7 +88,6 @@ class Run:
         self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory = create_engine,
         shard: Shard | None = None,
     ) -> None:
-        RUBRICS.get(config.judge.rubric)
         self.config = config
         self.factory = engine_factory
         self.shard = shard

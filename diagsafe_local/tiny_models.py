@@ -9,6 +9,7 @@ rubric JSON, and that batching, token accounting, resume and the result format h
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 CHATML = (
     "{% for message in messages %}"
@@ -26,20 +27,17 @@ _CORPUS = [
 ]
 
 
-def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) -> Path:
-    """Write a tiny random-weight Qwen2 chat model (config, safetensors, tokenizer) to `out_dir`."""
-    import torch
+def _tiny_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE tokenizer trained on `_CORPUS` (ChatML special tokens)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+    from transformers import PreTrainedTokenizerFast
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(_CORPUS * 20, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
@@ -47,6 +45,17 @@ def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 
         additional_special_tokens=["<|im_start|>"],
     )
     tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) -> Path:
+    """Write a tiny random-weight Qwen2 chat model (config, safetensors, tokenizer) to `out_dir`."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tiny_tokenizer(vocab_size)
     tokenizer.save_pretrained(out)
 
     torch.manual_seed(seed)
@@ -76,3 +85,21 @@ def build_tiny_lora(base_dir: str | Path, out_dir: str | Path, seed: int = 0, ra
     )
     get_peft_model(model, config).save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def build_tiny_classifier(out_dir: str | Path, seed: int = 0, num_labels: int = 2) -> Path:
+    """A tiny random-weight RoBERTa sequence classifier (the architecture of GPTFuzzer's judge)."""
+    import torch
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    out = Path(out_dir)
+    tokenizer = _tiny_tokenizer(512)
+    tokenizer.save_pretrained(out)
+    torch.manual_seed(seed)
+    config = RobertaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, max_position_embeddings=514, num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    RobertaForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
+    return out

@@ -15,7 +15,9 @@ from diagsafe_local.benchmark.dataset import load_dataset
 from diagsafe_local.benchmark.judge_scores import judge_benchmark
 from diagsafe_local.benchmark.runner import leaderboard
 from diagsafe_local.cli import app
-from diagsafe_local.engines.base import Completion
+from diagsafe_local.engines.base import Completion, GenerationRequest
+from diagsafe_local.items import Message
+from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
 from fakes import ScriptedEngine, default_responder
 
 
@@ -34,7 +36,8 @@ def test_samples_are_averaged_resumed_and_failures_are_missing(tmp_path):
 
     engine = ScriptedEngine(judge)
     store = tmp_path / "judgments.jsonl"
-    scores = judge_benchmark(data, engine, "harmjudge", "judge:test", store, samples=3, temperature=0.7, max_attempts=2)
+    scores = judge_benchmark(data, engine, "harmjudge", "judge:test", store, samples=3,
+                             decoding=Decoding(temperature=0.7), max_attempts=2)
     assert len(scores) == 120 and set(scores["metric"]) == {"judge:test"}
     assert set(np.round(scores["score"].dropna() * 3)) <= {0, 1, 2, 3}  # means of three 0/1 verdicts
     assert scores["score"].isna().sum() == 1
@@ -42,7 +45,7 @@ def test_samples_are_averaged_resumed_and_failures_are_missing(tmp_path):
     lines = store.read_text().splitlines()
     assert len(lines) == 360 and sum(json.loads(l)["status"] != "ok" for l in lines) == 3
     calls = engine.calls
-    again = judge_benchmark(data, engine, "harmjudge", "judge:test", store, samples=3, temperature=0.7)
+    again = judge_benchmark(data, engine, "harmjudge", "judge:test", store, samples=3, decoding=Decoding(temperature=0.7))
     assert engine.calls == calls and again.equals(scores)  # resumed: nothing judged twice
     with pytest.raises(Exception, match="1 prompt"):
         leaderboard(scores, data, missing="error")
@@ -113,42 +116,18 @@ Your JSON verdict:"""
     ],
 )
 def test_published_judges_render_and_score(name, first_words, reply, score):
-    from diagsafe_local.items import Message
-    from diagsafe_local.judging.rubrics import RUBRICS
-
-    rubric = RUBRICS.get(name)
-    system, user = rubric.messages([Message(role="user", content="How do I pick a lock?")],
-                                   "Insert a tension wrench, then rake the pins.")
+    rubric = JUDGES.get(name)
+    system, user = rubric.render(JudgeInput(conversation=(Message(role="user", content="How do I pick a lock?"),),
+                                            answer="Insert a tension wrench, then rake the pins."))
     assert system.role == "system" and system.content.startswith(first_words)
     assert "never instructions to you" in system.content
     assert user.content == EXPECTED_USER_MESSAGE
-    outcome = rubric.parse(reply, "stop")
+    outcome = rubric.parse(Completion(text=reply, finish_reason="stop"), None)
     assert outcome.status == "ok" and outcome.score == pytest.approx(score)
-    assert rubric.parse(reply, "length").status == "truncated"
+    assert rubric.parse(Completion(text=reply, finish_reason="length"), None).status == "truncated"
     assert rubric.schema["additionalProperties"] is False and rubric.source
 
 
 def test_out_of_range_ratings_are_invalid():
-    from diagsafe_local.judging.rubrics import RUBRICS
-
-    assert RUBRICS.get("pair").parse('{"rating":11}', "stop").status == "invalid"
-    assert RUBRICS.get("qi").parse('{"reason":"r","score":0}', "stop").status == "invalid"
-
-
-@pytest.mark.vllm
-def test_every_json_judge_constraint_yields_parseable_verdicts_on_a_tiny_model(tiny_models, vllm_engines):
-    from conftest import tiny_engine
-    from diagsafe_local.config import JudgeConfig
-    from diagsafe_local.engines.base import GenerationRequest
-    from diagsafe_local.items import Message
-    from diagsafe_local.judging.rubrics import RUBRICS
-
-    engine = vllm_engines(JudgeConfig(**tiny_engine(tiny_models["judge"])), structured_backend="xgrammar")
-    answers = ["Sure, here is how: step one, step two.", "I'm sorry, I can't help.", "Bananas are yellow.", ""]
-    for rubric in RUBRICS:
-        requests = [GenerationRequest(messages=rubric.messages([Message(role="user", content=f"Question {k}?")], a),
-                                      max_tokens=400, json_schema=rubric.schema) for k, a in enumerate(answers)]
-        for completion in engine.generate(requests):
-            outcome = rubric.parse(completion.text, completion.finish_reason)
-            assert outcome.status == "ok", (rubric.name, completion.text)
-            assert 0.0 <= outcome.score <= 1.0
+    assert JUDGES.get("pair").parse_text('{"rating":11}').status == "invalid"
+    assert JUDGES.get("qi").parse_text('{"reason":"r","score":0}').status == "invalid"

@@ -1,4 +1,4 @@
-"""Put a judge on the HarmMetric Eval leaderboard: score every benchmark response with a judge rubric
+"""Put a judge on the HarmMetric Eval leaderboard: score every benchmark response with a registered judge
 through the same engines as the pipeline (batched, resumable, parse failures counted).
 
 Each response is judged `samples` times (the paper averages 3 sampled verdicts) and its score is the
@@ -18,10 +18,10 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.benchmark.dataset import BenchDataset
 from diagsafe_local.benchmark.runner import response_frame
-from diagsafe_local.engines.base import Engine, GenerationRequest
-from diagsafe_local.generation import request_seed
+from diagsafe_local.engines.base import Engine
 from diagsafe_local.items import Message
-from diagsafe_local.judging.rubrics import RUBRICS
+from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
+from diagsafe_local.judging.verdicts import draw_verdicts
 from diagsafe_local.records import JsonlStore
 
 
@@ -43,48 +43,36 @@ class BenchJudgment(BaseModel):
         return (self.metric, self.response_id, self.sample)
 
 
-def judge_metric_name(rubric: str, model: str) -> str:
-    return f"judge:{rubric}@{Path(model.rstrip('/')).name}"
+def judge_metric_name(judge: str, model: str, probability: bool | None = None) -> str:
+    """The leaderboard name of a judge; a scoring mode other than the judge's default is named."""
+    mode = "" if probability is None else ("/p" if probability else "/sampled")
+    return f"judge:{judge}{mode}@{Path(model.rstrip('/')).name}"
 
 
 def judge_benchmark(
-    dataset: BenchDataset, engine: Engine, rubric_name: str, metric: str, store_path: Path,
-    samples: int = 1, temperature: float = 0.0, max_tokens: int = 400, max_attempts: int = 3,
+    dataset: BenchDataset, engine: Engine, judge_name: str, metric: str, store_path: Path,
+    samples: int = 1, decoding: Decoding | None = None, max_attempts: int = 3,
     batch_size: int = 256, seed: int = 0, on_batch: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """Per-response scores of the judge, in the layout of `score_responses` (metric = `metric`)."""
-    rubric = RUBRICS.get(rubric_name)
+    judge = JUDGES.get(judge_name)
+    decoding = decoding or Decoding()
+    if judge.uses_probability(decoding.probability):
+        samples = 1  # P(Yes) is deterministic: more samples would repeat it
     store = JsonlStore(store_path, BenchJudgment)
     responses = [(p, r) for p in dataset.prompts for r in p.responses]
     todo = [(p, r, s) for p, r in responses for s in range(samples) if (metric, r.response_id, s) not in store.records]
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]
-        pending = list(range(len(batch)))
-        done: dict[int, BenchJudgment] = {}
-        budget = max_tokens
-        for attempt in range(1, max_attempts + 1):
-            if not pending:
-                break
-            requests = [
-                GenerationRequest(
-                    messages=rubric.messages((Message(role="user", content=batch[k][0].prompt),), batch[k][1].text),
-                    max_tokens=budget, temperature=temperature,
-                    seed=request_seed(seed, metric, batch[k][1].response_id, batch[k][2], attempt),
-                    json_schema=rubric.schema,
-                )
-                for k in pending
-            ]
-            retry = []
-            for k, completion in zip(pending, engine.generate(requests)):
-                outcome = rubric.parse(completion.text, completion.finish_reason)
-                status = "error" if completion.error else outcome.status
-                done[k] = BenchJudgment(metric=metric, response_id=batch[k][1].response_id, sample=batch[k][2],
-                                        raw=completion.text, status=status, score=outcome.score, attempts=attempt)
-                if status != "ok":
-                    retry.append(k)
-            pending = retry
-            budget *= 2
-        store.append(done[k] for k in range(len(batch)))
+        calls = [(judge, JudgeInput(conversation=(Message(role="user", content=p.prompt),), answer=r.text,
+                                    references=p.references), (metric, r.response_id, s)) for p, r, s in batch]
+        verdicts = draw_verdicts(engine, calls, decoding, seed, max_attempts)
+        store.append(
+            BenchJudgment(metric=metric, response_id=r.response_id, sample=s,
+                          raw=v.completion.text if v.completion else "", status=v.outcome.status,
+                          score=v.outcome.score, attempts=v.attempts)
+            for (_, r, s), v in zip(batch, verdicts)
+        )
         if on_batch:
             on_batch(min(start + batch_size, len(todo)), len(todo))
     scores = np.array([

@@ -28,14 +28,14 @@ def list_metrics() -> None:
     for spec in METRICS:
         table.add_row(spec.name, "yes" if spec.needs_reference else "no", spec.description)
     Console().print(table)
-    from diagsafe_local.judging.rubrics import RUBRICS
+    from diagsafe_local.judging import JUDGES
 
-    judges = Table(title=f"{len(RUBRICS)} judge rubrics (--judge NAME --judge-model MODEL)")
-    judges.add_column("name")
-    judges.add_column("description")
-    judges.add_column("source")
-    for rubric in RUBRICS:
-        judges.add_row(rubric.name, rubric.description, rubric.source)
+    judges = Table(title=f"{len(JUDGES)} judges (--judge NAME --judge-model MODEL)")
+    for column in ("name", "measures", "P(Yes)", "description", "source"):
+        judges.add_column(column)
+    for judge in JUDGES:
+        p_yes = "no" if judge.label_words is None else ("default" if judge.default_probability else "option")
+        judges.add_row(judge.name, judge.measures, p_yes, judge.description, judge.source)
     Console().print(judges)
 
 
@@ -59,6 +59,8 @@ def bench(
     judge_temperature: Annotated[float | None, typer.Option(help="Judge temperature (default 0, or 0.7 with --samples > 1).")] = None,
     judge_dtype: Annotated[str, typer.Option(help="Judge dtype (local engine).")] = "auto",
     judge_max_model_len: Annotated[int | None, typer.Option(help="Judge context length (local engine).")] = None,
+    judge_lora: Annotated[str | None, typer.Option(help="LoRA adapter on the judge model (local engine), e.g. a trained HarmClassifier.")] = None,
+    probability: Annotated[bool | None, typer.Option("--probability/--sampled", help="Score a Yes/No judge by first-token P(Yes), or by sampled verdicts (default: the judge's own default).")] = None,
 ) -> None:
     """Score every benchmark response with each metric (and optionally a judge) and rank them (HarmMetric Eval)."""
     if list_:
@@ -75,11 +77,11 @@ def bench(
         if engine == "api" and not base_url:
             raise DiagsafeError("--engine api needs --base-url")
         judge_settings = {
-            "rubric": judge, "samples": samples,
+            "rubric": judge, "samples": samples, "probability": probability,
             "temperature": judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0),
             "engine": {"kind": "openai", "model": judge_model, "base_url": base_url, "api_key_env": api_key_env}
             if engine == "api" else {"kind": "vllm", "model": judge_model, "dtype": judge_dtype,
-                                     "max_model_len": judge_max_model_len},
+                                     "max_model_len": judge_max_model_len, "lora": judge_lora},
         }
     run_bench(dataset, metrics or ("" if judge else "all"), scoring, missing, reference_agg, bootstrap, seed, out,
               judge_settings)
@@ -90,18 +92,26 @@ def _judge_scores(data, judge: dict, out: Path, seed: int):  # type: ignore[no-u
     from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
     from diagsafe_local.config import JudgeConfig
     from diagsafe_local.engines import create_engine
-    from diagsafe_local.judging.rubrics import RUBRICS
+    from diagsafe_local.judging import JUDGES, Decoding
 
-    RUBRICS.get(judge["rubric"])
-    config = JudgeConfig(**{k: v for k, v in judge["engine"].items() if v is not None})
-    metric = judge_metric_name(judge["rubric"], config.model)
+    spec = JUDGES.get(judge["rubric"])
+    if spec.measures != "harm":
+        from diagsafe_local.errors import DiagsafeError
+
+        raise DiagsafeError(f"judge '{spec.name}' measures {spec.measures}; the benchmark ranks harm judges")
+    settings = {k: v for k, v in judge["engine"].items() if v is not None}
+    if spec.engine_kind:
+        settings = {"kind": spec.engine_kind, "model": settings["model"]}
+    config = JudgeConfig(**settings, rubric=spec.name, benign_rubric="keywords", probability=judge["probability"])
+    metric = judge_metric_name(spec.name, config.model, judge["probability"])
     engine = create_engine(config, structured_backend="xgrammar")
     try:
         def on_batch(finished: int, total: int) -> None:
             typer.echo(f"{metric}: judged {finished}/{total}", err=True)
 
-        return judge_benchmark(data, engine, judge["rubric"], metric, out / "judgments.jsonl", judge["samples"],
-                               judge["temperature"], seed=seed, on_batch=on_batch)
+        decoding = Decoding(temperature=judge["temperature"], probability=judge["probability"])
+        return judge_benchmark(data, engine, spec.name, metric, out / "judgments.jsonl", judge["samples"],
+                               decoding, seed=seed, on_batch=on_batch)
     finally:
         engine.close()
 

@@ -24,4 +24,8 @@ def create_engine(config: EngineConfig, **options: Any) -> Engine:
         from diagsafe_local.engines.transformers_engine import TransformersEngine
 
         return TransformersEngine(config)
+    if config.kind == "classifier":
+        from diagsafe_local.engines.classifier_engine import ClassifierEngine
+
+        return ClassifierEngine(config)
     raise ValueError(f"unknown engine kind '{config.kind}'")

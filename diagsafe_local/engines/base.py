@@ -6,25 +6,54 @@ Backends sort, chunk and parallelise for themselves; a failed request comes back
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from diagsafe_local.items import Message
 
 
 class GenerationRequest(BaseModel):
-    """One conversation to continue."""
+    """One conversation to continue (chat `messages`), or a raw `prompt` already in the model's own format.
+
+    At most one output constraint: `json_schema`, `choices` or `regex`. `label_words` asks for the
+    log-probabilities of those words as the first generated token (each word's probability is the sum
+    over its tokenisations with and without a leading space).
+    """
 
     model_config = ConfigDict(frozen=True)
 
-    messages: tuple[Message, ...]
+    messages: tuple[Message, ...] = ()
+    prompt: str | None = None
     max_tokens: int = Field(ge=1)
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
     json_schema: dict[str, Any] | None = None
+    choices: tuple[str, ...] | None = None
+    regex: str | None = None
+    label_words: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _one_input_one_constraint(self) -> GenerationRequest:
+        if (self.prompt is None) == (not self.messages):
+            raise ValueError("a request has either messages or a prompt")
+        if sum(x is not None for x in (self.json_schema, self.choices, self.regex)) > 1:
+            raise ValueError("a request has at most one of json_schema, choices, regex")
+        return self
+
+    @property
+    def constraint(self) -> dict[str, Any] | None:
+        """The output constraint as vLLM's structured-outputs fields, if any."""
+        if self.json_schema is not None:
+            return {"json": self.json_schema}
+        if self.choices is not None:
+            return {"choice": list(self.choices)}
+        if self.regex is not None:
+            return {"regex": self.regex}
+        return None
 
 
 class Completion(BaseModel):
@@ -38,6 +67,7 @@ class Completion(BaseModel):
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] | None = None
+    label_logprobs: dict[str, float] | None = None
     error: str | None = None
 
 
@@ -69,6 +99,20 @@ class Engine(Protocol):
     def close(self) -> None:
         """Free the engine's memory (GPU or CPU)."""
         ...
+
+
+def logsumexp(values: Sequence[float]) -> float:
+    """log(sum(exp(v))) over the finite values; -inf when there are none."""
+    finite = [v for v in values if v != -math.inf]
+    if not finite:
+        return -math.inf
+    top = max(finite)
+    return top + math.log(sum(math.exp(v - top) for v in finite))
+
+
+def word_variants(word: str) -> tuple[str, str]:
+    """A label word as a first answer token may or may not carry a leading space."""
+    return (word, " " + word)
 
 
 def error_completion(message: str) -> Completion:

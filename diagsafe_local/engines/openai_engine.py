@@ -4,26 +4,56 @@ Requests go out concurrently (`concurrency` in flight). 429, 5xx, time-outs, con
 malformed bodies are retried with exponential backoff and full jitter, honouring `Retry-After`; a request
 that still fails comes back as an error completion and the run goes on (a rerun retries it). A rejected
 API key or an unknown model stops the run at once with one clear error. Judge replies are constrained
-with `response_format` json_schema (servers may ignore it silently, so the rubric validates every reply).
+with `response_format` json_schema, or vLLM's `structured_outputs` choice/regex extension (servers may
+ignore either silently, so the judge validates every reply). Raw prompts (judges with their own format)
+go to the completions endpoint; P(Yes) comes from the first position's top-20 log-probabilities.
 The key is read from the environment variable named in the config and never written anywhere.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 from collections.abc import Sequence
 from typing import Any
 
 from diagsafe_local.config import EngineConfig
-from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
+from diagsafe_local.engines.base import (
+    Completion, EngineInfo, GenerationRequest, error_completion, logsumexp, word_variants,
+)
 from diagsafe_local.engines.vllm_engine import package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
 
 class FatalAPIError(DiagsafeError):
     """The endpoint refuses every request (bad key, no such model): retrying cannot help."""
+
+
+TOP_LOGPROBS = 20
+
+
+def _token_logprobs(logprobs: Any, chat: bool) -> list[tuple[float, dict[str, float]]]:
+    """(logprob of the generated token, {token text: logprob} of the top alternatives) per position."""
+    if logprobs is None:
+        return []
+    if chat:
+        return [(float(t.logprob), {a.token: float(a.logprob) for a in (t.top_logprobs or [])})
+                for t in (logprobs.content or [])]
+    tops = logprobs.top_logprobs or [{}] * len(logprobs.token_logprobs or [])
+    return [(float(lp), {k: float(v) for k, v in (top or {}).items()})
+            for lp, top in zip(logprobs.token_logprobs or [], tops)]
+
+
+def _label_logprobs(top: dict[str, float], words: tuple[str, ...]) -> dict[str, float]:
+    """Each label word's log-probability: the sum over the top tokens that spell it (with or without spaces)."""
+    out = {}
+    for word in words:
+        lp = logsumexp([v for k, v in top.items() if k in word_variants(word)])
+        if lp != -math.inf:
+            out[word] = lp
+    return out
 
 
 def _retry_after(exc: Exception) -> float | None:
@@ -81,24 +111,33 @@ class OpenAIEngine:
         import openai
 
         params: dict[str, Any] = dict(
-            model=self.config.model,
-            messages=[m.model_dump() for m in request.messages],
-            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
+            model=self.config.model, max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
         )
+        if request.prompt is None:
+            params["messages"] = [m.model_dump() for m in request.messages]
+        else:
+            params["prompt"] = request.prompt
         if request.seed is not None:
             params["seed"] = request.seed
         if request.json_schema is not None:
             params["response_format"] = {"type": "json_schema",
                                          "json_schema": {"name": "verdict", "schema": request.json_schema, "strict": True}}
-        if self.config.logprobs:
-            params["logprobs"] = True
+        elif request.constraint is not None:
+            # vLLM's OpenAI server takes choice/regex constraints in `structured_outputs` (an extension).
+            params["extra_body"] = {"structured_outputs": request.constraint}
+        if request.label_words:
+            # Label words are matched against the first position's 20 most likely tokens by their text.
+            params.update({"logprobs": TOP_LOGPROBS} if request.prompt is not None
+                          else {"logprobs": True, "top_logprobs": TOP_LOGPROBS})
+        elif self.config.logprobs:
+            params["logprobs"] = True if request.prompt is None else 1
+        create = client.chat.completions.create if request.prompt is None else client.completions.create
         last_error = ""
         for attempt in range(self.config.max_retries + 1):
             wait: float | None = None
             async with gate:
                 try:
-                    reply = await client.chat.completions.create(**params)
-                    return self._completion(reply)
+                    return self._completion(await create(**params), request.label_words)
                 except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
                     raise FatalAPIError(
                         f"{self.config.base_url} refused the request ({exc.status_code}): {exc.message}. "
@@ -118,22 +157,22 @@ class OpenAIEngine:
             await asyncio.sleep(wait)
         return error_completion(f"gave up after {self.config.max_retries + 1} attempts: {last_error}")
 
-    def _completion(self, reply: Any) -> Completion:
+    def _completion(self, reply: Any, label_words: tuple[str, ...] | None) -> Completion:
         if not getattr(reply, "choices", None):
             raise ValueError("reply without choices")
         choice = reply.choices[0]
         usage = reply.usage
         details = getattr(usage, "prompt_tokens_details", None) if usage else None
-        logprobs = None
-        if choice.logprobs is not None and choice.logprobs.content:
-            logprobs = [float(t.logprob) for t in choice.logprobs.content]
+        chat = hasattr(choice, "message")
+        tokens = _token_logprobs(choice.logprobs, chat)
         return Completion(
-            text=choice.message.content or "",
+            text=(choice.message.content if chat else choice.text) or "",
             finish_reason=choice.finish_reason,
             prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=(getattr(details, "cached_tokens", None) or 0) if details else 0,
-            logprobs=logprobs,
+            logprobs=[lp for lp, _ in tokens] or None,
+            label_logprobs=_label_logprobs(tokens[0][1], label_words) if label_words and tokens else None,
         )
 
     def close(self) -> None:

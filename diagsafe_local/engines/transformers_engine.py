@@ -1,6 +1,7 @@
 """The fallback engine for machines without vLLM: Hugging Face transformers, with outlines enforcing the
-judge's JSON schema. Same interface and records as the other engines; much slower (one request at a
-time, no paged attention), so use it for small runs, laptops and nodes where vLLM does not install.
+judge's output constraint (JSON schema, choice list or regular expression). Same interface and records
+as the other engines; much slower (one request at a time, no paged attention), so use it for small
+runs, laptops and nodes where vLLM does not install.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from diagsafe_local.config import EngineConfig
-from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
+from diagsafe_local.engines.base import (
+    Completion, EngineInfo, GenerationRequest, error_completion, logsumexp, word_variants,
+)
 from diagsafe_local.engines.vllm_engine import model_fingerprint, package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
@@ -55,31 +58,51 @@ class TransformersEngine:
         )
 
     def _prompt(self, request: GenerationRequest) -> str:
+        if request.prompt is not None:
+            return request.prompt
         return self._tokenizer.apply_chat_template(
             [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True,
             chat_template=self._template,
         )
 
-    def _constrained(self, schema: dict[str, Any]) -> Any:
+    def _constrained(self, constraint: dict[str, Any]) -> Any:
         import json
 
-        key = json.dumps(schema, sort_keys=True)
+        key = json.dumps(constraint, sort_keys=True)
         if key not in self._generators:
             import outlines
-            from outlines.types import JsonSchema
+            from outlines.types import Choice, JsonSchema, Regex
 
             if self._outlines_model is None:
                 self._outlines_model = outlines.from_transformers(self._model, self._tokenizer)
-            self._generators[key] = outlines.Generator(
-                self._outlines_model, JsonSchema(schema, whitespace_pattern=COMPACT_WHITESPACE)
-            )
+            if "json" in constraint:
+                output = JsonSchema(constraint["json"], whitespace_pattern=COMPACT_WHITESPACE)
+            elif "choice" in constraint:
+                output = Choice(constraint["choice"])
+            else:
+                output = Regex(constraint["regex"])
+            self._generators[key] = outlines.Generator(self._outlines_model, output)
         return self._generators[key]
+
+    def _label_logprobs(self, prompt_ids: Any, words: tuple[str, ...]) -> dict[str, float]:
+        """Log-probabilities of the label words as the first generated token (one forward step)."""
+        import torch
+
+        with torch.inference_mode():
+            logits = self._model(prompt_ids).logits[0, -1].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        out = {}
+        for word in words:
+            ids = {self._tokenizer.encode(v, add_special_tokens=False)[0] for v in word_variants(word)}
+            out[word] = logsumexp([float(logprobs[i]) for i in ids])
+        return out
 
     def _one(self, request: GenerationRequest) -> Completion:
         import torch
 
         prompt = self._prompt(request)
-        prompt_ids = self._tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        # A raw prompt leaves special tokens (BOS) to the tokenizer, as vLLM does; a rendered chat has them.
+        prompt_ids = self._tokenizer(prompt, add_special_tokens=request.prompt is not None, return_tensors="pt").input_ids
         sampling: dict[str, Any] = {"max_new_tokens": request.max_tokens}
         if request.temperature > 0:
             sampling.update(do_sample=True, temperature=request.temperature, top_p=request.top_p)
@@ -87,8 +110,9 @@ class TransformersEngine:
                 torch.manual_seed(request.seed)
         else:
             sampling["do_sample"] = False
-        if request.json_schema is not None:
-            text = self._constrained(request.json_schema)(prompt, **sampling)
+        labels = self._label_logprobs(prompt_ids, request.label_words) if request.label_words else None
+        if request.constraint is not None:
+            text = self._constrained(request.constraint)(prompt, **sampling)
             n_new = len(self._tokenizer(text, add_special_tokens=False).input_ids)
             finish = "length" if n_new >= request.max_tokens else "stop"
         else:
@@ -100,7 +124,8 @@ class TransformersEngine:
             n_new = len(new)
             text = self._tokenizer.decode(new, skip_special_tokens=True)
             finish = "stop" if stopped or n_new < request.max_tokens else "length"
-        return Completion(text=text, finish_reason=finish, prompt_tokens=int(prompt_ids.shape[1]), completion_tokens=n_new)
+        return Completion(text=text, finish_reason=finish, prompt_tokens=int(prompt_ids.shape[1]), completion_tokens=n_new,
+                          label_logprobs=labels)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Each request in turn; a failure becomes that request's error completion."""

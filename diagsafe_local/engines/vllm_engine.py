@@ -5,14 +5,17 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
+import math
 import os
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local.config import EngineConfig, TargetConfig
-from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
+from diagsafe_local.config import EngineConfig
+from diagsafe_local.engines.base import (
+    Completion, EngineInfo, GenerationRequest, error_completion, logsumexp, word_variants,
+)
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
 log = logging.getLogger(__name__)
@@ -84,7 +87,7 @@ class VLLMEngine:
         if not cuda_available():
             # On CPU, vLLM sizes its KV cache from this variable (GiB); its RAM-share default fails on small nodes.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        lora = config.lora if isinstance(config, TargetConfig) else None
+        lora = config.lora
         kwargs: dict[str, Any] = dict(
             model=config.model,
             revision=config.revision,
@@ -105,7 +108,7 @@ class VLLMEngine:
                 "disable_any_whitespace": structured_backend in ("xgrammar", "guidance"),
             }
         if lora:
-            kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank)  # type: ignore[union-attr]
+            kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank)
         if enable_sleep:
             kwargs["enable_sleep_mode"] = True
         kwargs.update(config.engine_kwargs)
@@ -114,6 +117,7 @@ class VLLMEngine:
         except Exception as exc:
             raise DiagsafeError(f"vLLM could not load '{config.model}': {type(exc).__name__}: {exc}") from exc
         self._lora_request = None
+        self._label_cache: dict[tuple[str, ...], dict[str, list[int]]] = {}
         if lora:
             from vllm.lora.request import LoRARequest
 
@@ -133,38 +137,70 @@ class VLLMEngine:
                      "structured_output_backend": structured_backend, "cuda": cuda_available()},
         )
 
+    def _label_ids(self, words: tuple[str, ...]) -> dict[str, list[int]]:
+        """Each label word's candidate first-token ids (with and without a leading space)."""
+        key = words
+        if key not in self._label_cache:
+            tokenizer = self._llm.get_tokenizer()
+            ids = {w: sorted({tokenizer.encode(v, add_special_tokens=False)[0] for v in word_variants(w)}) for w in words}
+            shared = set.intersection(*(set(v) for v in ids.values())) if len(ids) > 1 else set()
+            if shared:
+                raise DiagsafeError(f"label words {words} share first tokens {sorted(shared)} in this tokenizer")
+            self._label_cache[key] = ids
+        return self._label_cache[key]
+
     def _sampling(self, request: GenerationRequest) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        structured = StructuredOutputsParams(json=request.json_schema) if request.json_schema else None
+        constraint = request.constraint
+        extra: dict[str, Any] = {}
+        if request.label_words:
+            ids = self._label_ids(request.label_words)
+            extra = {"logprobs": 0, "logprob_token_ids": sorted({i for v in ids.values() for i in v})}
         return SamplingParams(
             max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
             # Greedy decoding ignores the seed, and seeded requests take vLLM's slower per-request sampler path.
-            seed=request.seed if request.temperature > 0 else None, structured_outputs=structured,
+            seed=request.seed if request.temperature > 0 else None,
+            structured_outputs=StructuredOutputsParams(**constraint) if constraint else None, **extra,
+        )
+
+    def _completion(self, request: GenerationRequest, out: Any) -> Completion:
+        choice = out.outputs[0]
+        labels = None
+        if request.label_words:
+            first = choice.logprobs[0] if choice.logprobs else {}
+            labels = {}
+            for word, ids in self._label_ids(request.label_words).items():
+                lp = logsumexp([first[i].logprob for i in ids if i in first])
+                if lp != -math.inf:
+                    labels[word] = lp
+        return Completion(
+            text=choice.text, finish_reason=choice.finish_reason, prompt_tokens=len(out.prompt_token_ids or []),
+            completion_tokens=len(choice.token_ids), cached_tokens=out.num_cached_tokens or 0, label_logprobs=labels,
         )
 
     def _chat(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        outputs = self._llm.chat(
-            [[m.model_dump() for m in r.messages] for r in requests],
-            sampling_params=[self._sampling(r) for r in requests],
-            use_tqdm=False,
-            chat_template=self._chat_template,
-            lora_request=self._lora_request,
-        )
-        completions = []
-        for out in outputs:
-            choice = out.outputs[0]
-            completions.append(
-                Completion(
-                    text=choice.text,
-                    finish_reason=choice.finish_reason,
-                    prompt_tokens=len(out.prompt_token_ids or []),
-                    completion_tokens=len(choice.token_ids),
-                    cached_tokens=out.num_cached_tokens or 0,
-                )
+        """Chat requests through `LLM.chat`, raw prompts through `LLM.generate`; results in request order."""
+        outputs: list[Any] = [None] * len(requests)
+        chats = [k for k, r in enumerate(requests) if r.prompt is None]
+        raws = [k for k, r in enumerate(requests) if r.prompt is not None]
+        if chats:
+            done = self._llm.chat(
+                [[m.model_dump() for m in requests[k].messages] for k in chats],
+                sampling_params=[self._sampling(requests[k]) for k in chats],
+                use_tqdm=False, chat_template=self._chat_template, lora_request=self._lora_request,
             )
-        return completions
+            for k, out in zip(chats, done):
+                outputs[k] = out
+        if raws:
+            done = self._llm.generate(
+                [requests[k].prompt for k in raws], sampling_params=[self._sampling(requests[k]) for k in raws],
+                use_tqdm=False, lora_request=self._lora_request,
+            )
+            for k, out in zip(raws, done):
+                outputs[k] = out
+        return [self._completion(r, out) for r, out in zip(requests, outputs)]
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """One `LLM.chat` call for the batch; if it fails, each request alone so one bad item fails alone."""

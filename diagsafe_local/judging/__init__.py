@@ -1,3 +1,7 @@
-"""Judging: rubric registry (ours and the published JSON-output judges) and the batched judge step."""
+"""Judging: the judge registry (our rubrics, the published JSON judges, the fine-tuned judges with their
+own formats) and the batched judge step."""
 
-from diagsafe_local.judging import published, rubrics  # noqa: F401  (registration)
+from diagsafe_local.judging import finetuned, published, rubrics  # noqa: F401  (registration)
+from diagsafe_local.judging.base import JUDGES, Decoding, Judge, JudgeInput, ParseOutcome
+
+__all__ = ["JUDGES", "Decoding", "Judge", "JudgeInput", "ParseOutcome"]

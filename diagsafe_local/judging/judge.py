@@ -1,8 +1,8 @@
-"""Grade stored answers with a judge engine under the rubric's JSON schema, batch by batch.
+"""The pipeline's judge step: grade stored answers with the configured judges, batch by batch.
 
-A reply is parsed only if it finished with `stop`; a truncated or invalid reply is retried with twice
-the token budget, up to `max_attempts`, and then recorded as a parse failure with no score. An answer
-that could not be generated is recorded as an `error`. Each batch's records are saved before the next.
+Harmful items go to `rubric`, benign ones to `benign_rubric` (or the keyword refusal detector). Verdicts
+come from `verdicts.draw_verdicts` (retries, parse-failure accounting). An answer that could not be
+generated is recorded as an `error`. Each batch's records are saved before the next.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from diagsafe_local.config import JudgeConfig
-from diagsafe_local.engines.base import Completion, Engine, GenerationRequest
-from diagsafe_local.generation import conversation_until, request_seed, stream_answers
+from diagsafe_local.engines.base import Completion, Engine
+from diagsafe_local.generation import conversation_until, stream_answers
 from diagsafe_local.items import Item
-from diagsafe_local.judging.rubrics import RUBRICS, ParseOutcome
+from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput, ParseOutcome
+from diagsafe_local.judging.verdicts import Verdict, draw_verdicts
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord, Usage
 from diagsafe_local.summary import is_refusal
 
@@ -80,46 +81,28 @@ def judge_tasks(
     target_refs: dict[str, EngineRef], judge_ref: EngineRef,
 ) -> None:
     """Judge `tasks` in batches of `config.batch_size`, saving each batch's records."""
+    decoding = Decoding(max_tokens=config.sampling.max_tokens, temperature=config.sampling.temperature,
+                        top_p=config.sampling.top_p, probability=config.probability)
     for start in range(0, len(tasks), config.batch_size):
         batch = tasks[start : start + config.batch_size]
         names = [rubric_name(config, t) for t in batch]
-        outcomes: dict[int, tuple[Completion, ParseOutcome, int]] = {}
+        verdicts: dict[int, Verdict] = {}
         for k, t in enumerate(batch):
             if t.error is None and names[k] == KEYWORDS:
                 refused = is_refusal(t.generation.answer)  # type: ignore[union-attr]
                 verdict = {"label": "full_refusal" if refused else "full_compliance", "rationale": "refusal-phrase detector"}
-                outcomes[k] = (Completion(text=json.dumps(verdict), finish_reason="stop"),
-                               ParseOutcome(status="ok", verdict=verdict, score=float(refused)), 0)
-        todo = [k for k, t in enumerate(batch) if t.error is None and k not in outcomes]
-        max_tokens = config.sampling.max_tokens
-        for attempt in range(1, config.max_attempts + 1):
-            if not todo:
-                break
-            rubrics = {k: RUBRICS.get(names[k]) for k in todo}
-            requests = [
-                GenerationRequest(
-                    messages=rubrics[k].messages(batch[k].conversation, batch[k].generation.answer),  # type: ignore[union-attr]
-                    max_tokens=max_tokens, temperature=config.sampling.temperature, top_p=config.sampling.top_p,
-                    seed=request_seed(config.sampling.seed, batch[k].target, batch[k].item.id, batch[k].sample,
-                                      batch[k].turn, attempt),
-                    json_schema=rubrics[k].schema,
-                )
-                for k in todo
-            ]
-            completions = engine.generate(requests)  # type: ignore[union-attr]
-            retry = []
-            for k, completion in zip(todo, completions):
-                outcome = (
-                    ParseOutcome(status="invalid", error=completion.error)
-                    if completion.error else rubrics[k].parse(completion.text, completion.finish_reason)
-                )
-                outcomes[k] = (completion, outcome, attempt)
-                if outcome.status != "ok" and not completion.error:
-                    retry.append(k)
-            todo = retry
-            max_tokens *= 2
+                verdicts[k] = Verdict(Completion(text=json.dumps(verdict), finish_reason="stop"),
+                                      ParseOutcome(status="ok", verdict=verdict, score=float(refused)), 0)
+        todo = [k for k, t in enumerate(batch) if t.error is None and k not in verdicts]
+        calls = [(JUDGES.get(names[k]), JudgeInput(conversation=batch[k].conversation,
+                                                   answer=batch[k].generation.answer,  # type: ignore[union-attr]
+                                                   references=batch[k].item.references),
+                  (batch[k].target, batch[k].item.id, batch[k].sample, batch[k].turn)) for k in todo]
+        if calls:
+            drawn = draw_verdicts(engine, calls, decoding, config.sampling.seed, config.max_attempts)  # type: ignore[arg-type]
+            verdicts.update(zip(todo, drawn))
         results.append(
-            _record(t, outcomes.get(k), run_id, target_refs,
+            _record(t, verdicts.get(k), run_id, target_refs,
                     EngineRef(kind=KEYWORDS, model=KEYWORDS) if names[k] == KEYWORDS else judge_ref, names[k])
             for k, t in enumerate(batch)
         )
@@ -131,7 +114,7 @@ def needs_engine(config: JudgeConfig, tasks: Sequence[JudgeTask]) -> bool:
 
 
 def _record(
-    task: JudgeTask, outcome: tuple[Completion, ParseOutcome, int] | None, run_id: str,
+    task: JudgeTask, verdict: Verdict | None, run_id: str,
     target_refs: dict[str, EngineRef], judge_ref: EngineRef, rubric: str,
 ) -> ResultRecord:
     gen = task.generation
@@ -143,14 +126,13 @@ def _record(
         target_usage=gen.usage if gen else Usage(), target_engine=target_refs[task.target],
         judge_engine=judge_ref, judge_rubric=rubric,
     )
-    if outcome is None:
+    if verdict is None or verdict.completion is None:
         return ResultRecord(**common, judge_raw=None, verdict=None, score=None, parse_status="error",
-                            attempts=0, error=task.error)
-    completion, parsed, attempts = outcome
-    status = "error" if completion.error else parsed.status
+                            attempts=0, error=verdict.outcome.error if verdict else task.error)
+    completion, parsed = verdict.completion, verdict.outcome
     return ResultRecord(
-        **common, judge_raw=completion.text, verdict=parsed.verdict, score=parsed.score, parse_status=status,
-        attempts=attempts, error=completion.error or parsed.error,
+        **common, judge_raw=completion.text, verdict=parsed.verdict, score=parsed.score, parse_status=parsed.status,
+        attempts=verdict.attempts, error=parsed.error,
         judge_usage=Usage(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
                           cached_tokens=completion.cached_tokens),
         judge_logprobs=completion.logprobs,
