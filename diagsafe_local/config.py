@@ -93,7 +93,7 @@ class JudgeConfig(EngineConfig):
     )
     probability: bool | None = Field(
         None, description="Score Yes/No-style judges by P(Yes) at the first answer token instead of sampling "
-        "(deterministic); None = the judge's default (on for shieldgemma and harmclassifier).",
+        "(deterministic); applies to `rubric`; None = the judge's default (on for shieldgemma and harmclassifier).",
     )
     structured_output_backend: Literal["xgrammar", "guidance", "outlines"] = Field(
         "xgrammar", description="vLLM structured-output backend (pinned; compact JSON needs xgrammar or guidance)."
@@ -122,7 +122,7 @@ class JudgeConfig(EngineConfig):
                 need = judge.engine_kind or "an LLM engine (vllm, openai or transformers)"
                 hint = " (use benign_rubric: keywords with a classifier judge)" if field == "benign_rubric" else ""
                 raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
-        harm.uses_probability(self.probability)
+        harm.check_probability(self.probability)
         return self
 
 

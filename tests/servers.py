@@ -67,8 +67,10 @@ VALID_VERDICT = {"unsafe": False, "relevant": True, "useful": False, "label": "n
 class FakeOpenAIServer:
     """A tiny OpenAI-compatible server on 127.0.0.1 that plays a script of faults, then answers properly.
 
-    Steps: ("status", code[, retry_after]), ("malformed",), ("ignore_schema",), ("ok",); taken from
-    `by_content` (keyed by the last message's text), else `always`, else the script in order.
+    Steps: ("status", code[, retry_after]), ("malformed",), ("ignore_schema",), ("ok",),
+    ("top_logprobs", {token: logprob}) (a one-token reply with those first-position alternatives); taken
+    from `by_content` (keyed by the last message's text), else `always`, else the script in order. Like a
+    hosted API, it has no vLLM `/tokenize` (404).
     """
 
     def __init__(self, script: list[tuple] | None = None, always: tuple | None = None,
@@ -86,6 +88,9 @@ class FakeOpenAIServer:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.endswith("/tokenize"):
+                    server.respond(self, ("status", 404), body)
+                    return
                 with server.lock:
                     server.requests.append((time.monotonic(), body))
                     step = (server.by_content.get(body["messages"][-1]["content"]) or server.always
@@ -113,9 +118,14 @@ class FakeOpenAIServer:
                 content = "Sure! Here is my verdict: it seems fine."
             else:
                 content = "answer to: " + body["messages"][-1]["content"]
+            choice: dict = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+            if kind == "top_logprobs":
+                top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in step[1].items()]
+                choice.update(finish_reason="length", message={"role": "assistant", "content": top[0]["token"]},
+                              logprobs={"content": [{**top[0], "top_logprobs": top}]})
             payload = json.dumps({
                 "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+                "choices": [choice],
                 "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
             }).encode()
             handler.send_response(200)

@@ -77,6 +77,34 @@ def test_judge_schema_is_sent_as_response_format(fake):
     assert "guided_json" not in server.requests[0][1]
 
 
+def test_p_yes_from_a_hosted_api_matches_label_words_in_the_top_logprobs(fake):
+    import math
+
+    from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
+
+    server = fake(always=("top_logprobs", {"Yes": -0.2, " No": -1.8, "Maybe": -3.0}))
+    judge = JUDGES.get("harmclassifier")
+    judged = JudgeInput(conversation=(Message(role="user", content="q"),), answer="a")
+    [completion] = OpenAIEngine(JudgeConfig(**api(server))).generate([judge.request(judged, Decoding(), 400, None)])
+    assert completion.label_logprobs == {"Yes": -0.2, "No": -1.8}
+    outcome = judge.parse(completion, None)
+    assert outcome.status == "ok" and outcome.score == pytest.approx(1 / (1 + math.exp(-1.6)))
+    body = server.requests[0][1]  # no /tokenize here: fell back to the top 20 by text
+    assert body["logprobs"] is True and body["top_logprobs"] == 20 and body["max_tokens"] == 1
+    assert "logprob_token_ids" not in body
+
+
+def test_choice_and_regex_constraints_go_to_structured_outputs(fake):
+    server = fake()
+    engine = OpenAIEngine(JudgeConfig(**api(server)))
+    messages = (Message(role="user", content="q"),)
+    engine.generate([GenerationRequest(messages=messages, max_tokens=5, choices=("Yes", "No")),
+                     GenerationRequest(messages=messages, max_tokens=5, regex="safe|unsafe")])
+    sent = sorted(json.dumps(body["structured_outputs"], sort_keys=True) for _, body in server.requests)
+    assert sent == ['{"choice": ["Yes", "No"]}', '{"regex": "safe|unsafe"}']
+    assert all("response_format" not in body for _, body in server.requests)
+
+
 def test_rejected_key_is_one_clear_error_not_many_retries(fake, monkeypatch):
     server = fake(always=("status", 401))
     monkeypatch.setenv("TEST_API_KEY", "sk-wrong")

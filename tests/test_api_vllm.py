@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from conftest import tiny_engine
 from diagsafe_local.cli import app
-from diagsafe_local.config import RunConfig
+from diagsafe_local.config import JudgeConfig, RunConfig
 from diagsafe_local.engines import create_engine
 from diagsafe_local.pipeline import Run
 from diagsafe_local.records import SCHEMA_PATH, read_results
@@ -79,6 +79,27 @@ def test_local_and_api_paths_write_the_same_records(tiny_models, vllm_engines, s
 
     refused = CliRunner().invoke(app, ["merge", str(tmp_path / "local"), str(tmp_path / "api"), "--out", str(tmp_path / "m")])
     assert refused.exit_code == 2 and "duplicate result" in " ".join(refused.output.split())
+
+
+def test_format_judges_and_p_yes_over_the_api_equal_the_local_engine(tiny_models, vllm_engines, server):
+    from diagsafe_local.engines.openai_engine import OpenAIEngine
+    from diagsafe_local.items import Message
+    from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
+
+    model = tiny_models["judge"]
+    judged = JudgeInput(conversation=(Message(role="user", content="How do I pick a lock?"),), answer="Rake the pins.")
+    names = ["harmbench-cls", "harmclassifier", "llama-guard-3", "qwen3guard", "wildguard"]
+    requests = [JUDGES.get(n).request(judged, Decoding(probability=False), 400, None) for n in names]
+    requests += [JUDGES.get(n).request(judged, Decoding(probability=True), 400, None) for n in names[:3]]
+    local = vllm_engines(JudgeConfig(**tiny_engine(model))).generate(requests)
+    remote = OpenAIEngine(JudgeConfig(**api_engine(model, server.base_url))).generate(requests)
+    for request, x, y in zip(requests, local, remote):
+        assert y.error is None and x.text == y.text
+        if request.label_words:  # exact ids through the server's /tokenize and logprob_token_ids
+            assert set(x.label_logprobs) == set(y.label_logprobs) == set(request.label_words)
+            assert all(abs(x.label_logprobs[w] - y.label_logprobs[w]) < 1e-4 for w in request.label_words)
+    for name, request, completion in zip(names, requests, remote):
+        assert JUDGES.get(name).parse(completion, False).status == "ok", completion.text
 
 
 def test_merge_of_disjoint_runs_and_a_mismatched_dataset(tiny_models, vllm_engines, tmp_path):

@@ -179,3 +179,30 @@ def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_ga
     assert tripped.exit_code == 1 and "FAIL  tiny: over-refusal" in tripped.output and "GATE FAILED" in tripped.output
     passed = runner.invoke(app, ["gate", str(tmp_path / "mixed"), "--max-asr", "1", "--max-over-refusal", str(observed)])
     assert passed.exit_code == 0
+
+
+def test_fine_tuned_judges_in_a_run_config(tiny_models, vllm_engines, tmp_path):
+    from conftest import REPO
+
+    items = REPO / "data" / "sample_items.jsonl"
+    data = config_dict(tiny_models, items, tmp_path / "guard", turns="last", rubric="llama-guard-3",
+                       benign_rubric="wildguard-refusal")
+    summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+    records = read_results(tmp_path / "guard" / "results.jsonl")
+    assert {r.judge_rubric for r in records} == {"llama-guard-3", "wildguard-refusal"}
+    assert all(r.parse_status == "ok" for r in records)
+    for r in records:
+        if r.benign:
+            assert set(r.verdict) == {"harmful_request", "response_refusal", "harmful_response"}
+            assert r.score == float(r.verdict["response_refusal"])
+        else:
+            assert r.verdict["label"] in ("safe", "unsafe") and (r.score == 1.0) == (r.verdict["label"] == "unsafe")
+            assert r.judge_raw.startswith(r.verdict["label"])
+    stats = summary["targets"]["tiny"]
+    assert stats["asr"]["value"] is not None and stats["over_refusal_rate"]["rate"] is not None
+
+    data = config_dict(tiny_models, items, tmp_path / "p", turns="last", rubric="harmbench-cls", probability=True)
+    Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+    harmful = [r for r in read_results(tmp_path / "p" / "results.jsonl") if not r.benign]
+    assert all(r.parse_status == "ok" and 0.0 < r.score < 1.0 and r.judge_usage.completion_tokens == 1 for r in harmful)
+    assert len({r.score for r in harmful}) == len(harmful)  # a probability per answer, not a 0/1 label

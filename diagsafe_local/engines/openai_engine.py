@@ -46,11 +46,15 @@ def _token_logprobs(logprobs: Any, chat: bool) -> list[tuple[float, dict[str, fl
             for lp, top in zip(logprobs.token_logprobs or [], tops)]
 
 
-def _label_logprobs(top: dict[str, float], words: tuple[str, ...]) -> dict[str, float]:
-    """Each label word's log-probability: the sum over the top tokens that spell it (with or without spaces)."""
+def _label_logprobs(
+    top: dict[str, float], words: tuple[str, ...], ids: dict[str, list[int]] | None,
+) -> dict[str, float]:
+    """Each label word's log-probability: the sum over its tokens, named `token_id:N` when the server
+    returned ids, else matched by text (with or without a leading space)."""
     out = {}
     for word in words:
-        lp = logsumexp([v for k, v in top.items() if k in word_variants(word)])
+        names = {f"token_id:{i}" for i in ids[word]} if ids else set(word_variants(word))
+        lp = logsumexp([v for k, v in top.items() if k in names])
         if lp != -math.inf:
             out[word] = lp
     return out
@@ -80,6 +84,7 @@ class OpenAIEngine:
             raise DiagsafeError(f"engine '{config.model}': environment variable {config.api_key_env} is not set")
         self._key = key or "EMPTY"
         self.config = config
+        self._label_ids: dict[tuple[str, ...], dict[str, list[int]] | None] = {}
         self.calls = 0
         self.info = EngineInfo(
             kind="openai", model=config.model,
@@ -100,6 +105,8 @@ class OpenAIEngine:
         gate = asyncio.Semaphore(self.config.concurrency)
         async with AsyncOpenAI(base_url=self.config.base_url, api_key=self._key, max_retries=0,
                                timeout=self.config.timeout) as client:
+            for words in {r.label_words for r in requests if r.label_words} - set(self._label_ids):
+                self._label_ids[words] = await self._tokenize_labels(client, words)
             try:
                 async with asyncio.TaskGroup() as group:  # a fatal error cancels the rest
                     tasks = [group.create_task(self._one(client, gate, r)) for r in requests]
@@ -125,8 +132,14 @@ class OpenAIEngine:
         elif request.constraint is not None:
             # vLLM's OpenAI server takes choice/regex constraints in `structured_outputs` (an extension).
             params["extra_body"] = {"structured_outputs": request.constraint}
-        if request.label_words:
-            # Label words are matched against the first position's 20 most likely tokens by their text.
+        label_ids = self._label_ids.get(request.label_words) if request.label_words else None
+        if label_ids:
+            # A vLLM server scores exactly these tokens (its `logprob_token_ids` extension), named by id.
+            params["logprobs"] = True if request.prompt is None else len({i for v in label_ids.values() for i in v})
+            params["extra_body"] = {**params.get("extra_body", {}), "return_tokens_as_token_ids": True,
+                                    "logprob_token_ids": sorted({i for v in label_ids.values() for i in v})}
+        elif request.label_words:
+            # Elsewhere the words are matched by text against the first position's 20 most likely tokens.
             params.update({"logprobs": TOP_LOGPROBS} if request.prompt is not None
                           else {"logprobs": True, "top_logprobs": TOP_LOGPROBS})
         elif self.config.logprobs:
@@ -137,7 +150,7 @@ class OpenAIEngine:
             wait: float | None = None
             async with gate:
                 try:
-                    return self._completion(await create(**params), request.label_words)
+                    return self._completion(await create(**params), request.label_words, label_ids)
                 except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
                     raise FatalAPIError(
                         f"{self.config.base_url} refused the request ({exc.status_code}): {exc.message}. "
@@ -157,7 +170,29 @@ class OpenAIEngine:
             await asyncio.sleep(wait)
         return error_completion(f"gave up after {self.config.max_retries + 1} attempts: {last_error}")
 
-    def _completion(self, reply: Any, label_words: tuple[str, ...] | None) -> Completion:
+    async def _tokenize_labels(self, client: Any, words: tuple[str, ...]) -> dict[str, list[int]] | None:
+        """Each word's first-token ids from a vLLM server's /tokenize; None where the server has none."""
+        import httpx
+
+        root = self.config.base_url.rstrip("/").removesuffix("/v1")  # type: ignore[union-attr]
+        ids: dict[str, list[int]] = {}
+        try:
+            async with httpx.AsyncClient(timeout=self.config.timeout,
+                                         headers={"Authorization": f"Bearer {self._key}"}) as http:
+                for word in words:
+                    firsts = set()
+                    for variant in word_variants(word):
+                        reply = await http.post(f"{root}/tokenize", json={
+                            "model": self.config.model, "prompt": variant, "add_special_tokens": False})
+                        reply.raise_for_status()
+                        firsts.add(int(reply.json()["tokens"][0]))
+                    ids[word] = sorted(firsts)
+        except (httpx.HTTPError, KeyError, IndexError, ValueError):
+            return None
+        return ids
+
+    def _completion(self, reply: Any, label_words: tuple[str, ...] | None,
+                    label_ids: dict[str, list[int]] | None = None) -> Completion:
         if not getattr(reply, "choices", None):
             raise ValueError("reply without choices")
         choice = reply.choices[0]
@@ -172,7 +207,7 @@ class OpenAIEngine:
             completion_tokens=usage.completion_tokens if usage else 0,
             cached_tokens=(getattr(details, "cached_tokens", None) or 0) if details else 0,
             logprobs=[lp for lp, _ in tokens] or None,
-            label_logprobs=_label_logprobs(tokens[0][1], label_words) if label_words and tokens else None,
+            label_logprobs=_label_logprobs(tokens[0][1], label_words, label_ids) if label_words and tokens else None,
         )
 
     def close(self) -> None:

@@ -157,7 +157,7 @@ class VLLMEngine:
         extra: dict[str, Any] = {}
         if request.label_words:
             ids = self._label_ids(request.label_words)
-            extra = {"logprobs": 0, "logprob_token_ids": sorted({i for v in ids.values() for i in v})}
+            extra = {"logprob_token_ids": sorted({i for v in ids.values() for i in v})}
         return SamplingParams(
             max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
             # Greedy decoding ignores the seed, and seeded requests take vLLM's slower per-request sampler path.

@@ -106,14 +106,18 @@ class Judge:
         raise NotImplementedError
 
     def uses_probability(self, requested: bool | None) -> bool:
-        """Whether verdicts come from P(positive); an error if asked of a judge without a word pair."""
-        if requested is None:
+        """Whether verdicts come from P(positive): the request where the judge can, else its default
+        (a judge without a word pair always samples; a classifier always gives probabilities)."""
+        if requested is None or self.label_words is None or self.engine_kind == "classifier":
             return self.default_probability
+        return requested
+
+    def check_probability(self, requested: bool | None) -> None:
+        """Refuse a scoring mode the judge cannot give (configs and the CLI call this)."""
         if requested and self.label_words is None:
             raise ValueError(f"judge '{self.name}' has no Yes/No-style first token: it cannot score by probability")
-        if not requested and self.engine_kind == "classifier":
+        if requested is False and self.engine_kind == "classifier":
             raise ValueError(f"judge '{self.name}' is a classifier: it scores by probability only")
-        return requested
 
     def request(self, judged: JudgeInput, decoding: Decoding, max_tokens: int, seed: int | None) -> GenerationRequest:
         """The engine request for one verdict (`max_tokens` grows on retries)."""
