@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from diagsafe_local.commands import bench, data, demo, gate, report, run, runs, selftest, submit
+from diagsafe_local.commands import bench, data, demo, gate, report, run, runs, selftest, submit, train_classifier
 
 app = typer.Typer(
     name="diagsafe-local",
@@ -20,6 +20,7 @@ app.command("gate")(gate.gate)
 app.command("merge")(runs.merge)
 app.command("compare")(runs.compare)
 app.command("submit")(submit.submit)
+app.command("train-classifier")(train_classifier.train_classifier)
 app.command("selftest")(selftest.selftest)
 app.add_typer(data.app, name="data")
 app.command("demo")(demo.demo)

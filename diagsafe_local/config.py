@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -287,6 +287,14 @@ def _line_index(text: str) -> dict[tuple[str, ...], int]:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, override and validate a run config; errors name the file, line and key."""
+    return load_settings(path, RunConfig, overrides, "run config")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_settings(path: str | Path, model: type[M], overrides: list[str] | None = None, what: str = "config") -> M:
+    """Read a YAML file, apply `--set` overrides and validate it as `model`; errors name file, line and key."""
     path = Path(path)
     if not path.is_file():
         raise DiagsafeError(f"{path}: no such config file")
@@ -302,7 +310,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
     for assignment in overrides or []:
         apply_override(data, assignment)
     try:
-        return RunConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         lines = _line_index(text)
         messages = []
@@ -310,6 +318,6 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConf
             loc = tuple(str(p) for p in err["loc"])
             line = next((lines[loc[:k]] for k in range(len(loc), 0, -1) if loc[:k] in lines), None)
             where = f"{path} line {line}" if line else str(path)
-            what = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            messages.append(f"{where}: {'.'.join(loc) or '(top level)'}: {what}")
-        raise DiagsafeError("invalid run config:\n  " + "\n  ".join(messages)) from None
+            problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            messages.append(f"{where}: {'.'.join(loc) or '(top level)'}: {problem}")
+        raise DiagsafeError(f"invalid {what}:\n  " + "\n  ".join(messages)) from None

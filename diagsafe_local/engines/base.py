@@ -115,6 +115,15 @@ def word_variants(word: str) -> tuple[str, str]:
     return (word, " " + word)
 
 
+def label_token_ids(tokenizer: Any, words: Sequence[str]) -> dict[str, list[int]]:
+    """Each word's candidate first-token ids (with and without a leading space); words must not share one."""
+    ids = {w: sorted({tokenizer.encode(v, add_special_tokens=False)[0] for v in word_variants(w)}) for w in words}
+    shared = set.intersection(*(set(v) for v in ids.values())) if len(ids) > 1 else set()
+    if shared:
+        raise ValueError(f"label words {tuple(words)} share first tokens {sorted(shared)} in this tokenizer")
+    return ids
+
+
 def error_completion(message: str) -> Completion:
     return Completion(text="", finish_reason="error", error=message)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, logsumexp, word_variants,
+    Completion, EngineInfo, GenerationRequest, error_completion, label_token_ids, logsumexp,
 )
 from diagsafe_local.engines.vllm_engine import model_fingerprint, package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
@@ -91,11 +91,8 @@ class TransformersEngine:
         with torch.inference_mode():
             logits = self._model(prompt_ids).logits[0, -1].float()
         logprobs = torch.log_softmax(logits, dim=-1)
-        out = {}
-        for word in words:
-            ids = {self._tokenizer.encode(v, add_special_tokens=False)[0] for v in word_variants(word)}
-            out[word] = logsumexp([float(logprobs[i]) for i in ids])
-        return out
+        return {word: logsumexp([float(logprobs[i]) for i in ids])
+                for word, ids in label_token_ids(self._tokenizer, words).items()}
 
     def _one(self, request: GenerationRequest) -> Completion:
         import torch

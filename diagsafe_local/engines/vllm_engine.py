@@ -14,7 +14,7 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, logsumexp, word_variants,
+    Completion, EngineInfo, GenerationRequest, error_completion, label_token_ids, logsumexp,
 )
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
@@ -138,16 +138,12 @@ class VLLMEngine:
         )
 
     def _label_ids(self, words: tuple[str, ...]) -> dict[str, list[int]]:
-        """Each label word's candidate first-token ids (with and without a leading space)."""
-        key = words
-        if key not in self._label_cache:
-            tokenizer = self._llm.get_tokenizer()
-            ids = {w: sorted({tokenizer.encode(v, add_special_tokens=False)[0] for v in word_variants(w)}) for w in words}
-            shared = set.intersection(*(set(v) for v in ids.values())) if len(ids) > 1 else set()
-            if shared:
-                raise DiagsafeError(f"label words {words} share first tokens {sorted(shared)} in this tokenizer")
-            self._label_cache[key] = ids
-        return self._label_cache[key]
+        if words not in self._label_cache:
+            try:
+                self._label_cache[words] = label_token_ids(self._llm.get_tokenizer(), words)
+            except ValueError as exc:
+                raise DiagsafeError(str(exc)) from None
+        return self._label_cache[words]
 
     def _sampling(self, request: GenerationRequest) -> Any:
         from vllm import SamplingParams
