@@ -40,8 +40,7 @@ RUN_FILES = ("manifest.json", "config.yaml", "generations.jsonl", "results.jsonl
 
 def engine_ref(config: EngineConfig) -> EngineRef:
     """How records name an engine (no secrets)."""
-    return EngineRef(kind=config.kind, model=config.model, lora=getattr(config, "lora", None),
-                     base_url=getattr(config, "base_url", None))
+    return EngineRef(kind=config.kind, model=config.model, lora=config.lora, base_url=config.base_url)
 
 
 class RunDirectory:

@@ -37,7 +37,7 @@ def main() -> None:
     from diagsafe_local.engines.base import BorrowedEngine
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.items import Message
-    from diagsafe_local.judging.rubrics import RUBRICS
+    from diagsafe_local.judging import JUDGES, JudgeInput
     from diagsafe_local.pipeline import Run
     from diagsafe_local.records import read_results
     from diagsafe_local.tiny_models import build_tiny_chat_model
@@ -52,7 +52,7 @@ def main() -> None:
              for k in range(args.n)]
     (work / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
     target_tokens, judge_tokens = 48, 400
-    rubric = RUBRICS.get("harmjudge")
+    rubric = JUDGES.get("harmjudge")
 
 
     def pipeline(out: Path) -> float:
@@ -73,8 +73,8 @@ def main() -> None:
                             structured_outputs=StructuredOutputsParams(json=rubric.schema))
 
     def judge_messages(conversation: list[dict], answer: str) -> list[dict]:
-        msgs = [Message(**m) for m in conversation]
-        return [m.model_dump() for m in rubric.messages(msgs, answer)]
+        judged = JudgeInput(conversation=tuple(Message(**m) for m in conversation), answer=answer)
+        return [m.model_dump() for m in rubric.render(judged)]
 
     def bare(subset: list[dict], one_by_one: bool = False) -> float:
         llm.reset_prefix_cache()

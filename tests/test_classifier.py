@@ -101,7 +101,7 @@ def trained(tiny_models, tmp_path_factory):
     overrides = {
         "base_model": str(tiny_models["judge"]), "data": str(SAMPLE), "output_dir": str(out), "examples": 48,
         "hard_labels": 16, "training.epochs": 3, "training.learning_rate": 0.01, "training.batch_size": 8,
-        "training.micro_batch_size": 4, "training.max_length": 1024, "training.gradient_checkpointing": "false",
+        "training.micro_batch_size": 4, "training.max_length": 1024, "training.gradient_checkpointing": "true",
         "training.dtype": "float32", "merge": "true",
     }
     args = ["train-classifier", "--config", "configs/harmclassifier.yaml"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -343,3 +344,26 @@ def test_bench_judge_gptfuzzer_adds_a_leaderboard_row(tiny_classifier, tmp_path)
     judgments = [json.loads(l) for l in (tmp_path / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 120 and all(j["status"] == "ok" and 0 < j["score"] < 1 for j in judgments)
     assert name in set(pd.read_csv(tmp_path / "failure_analysis.csv")["metric"])
+
+
+def test_gptfuzzer_as_the_pipeline_judge(tiny_classifier, tmp_path):
+    from diagsafe_local.config import RunConfig
+    from diagsafe_local.engines import create_engine
+    from diagsafe_local.pipeline import Run
+    from diagsafe_local.records import read_results
+    from fakes import ScriptedEngine
+
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": f"i{k}", "prompt": f"question {k}", "benign": k == 3}) + "\n"
+                             for k in range(4)))
+    config = RunConfig.model_validate({
+        "dataset": {"path": str(items)}, "target": {"model": "scripted", "name": "t"}, "output_dir": str(tmp_path / "run"),
+        "judge": {"kind": "classifier", "model": str(tiny_classifier), "rubric": "gptfuzzer", "benign_rubric": "keywords"},
+    })
+    factory = lambda c, **_: create_engine(c) if c.kind == "classifier" else ScriptedEngine()  # noqa: E731
+    summary = Run(config, engine_factory=factory).execute()
+    records = read_results(tmp_path / "run" / "results.jsonl")
+    harmful = [r for r in records if not r.benign]
+    assert len(harmful) == 3 and all(r.parse_status == "ok" and 0 < r.score < 1 for r in harmful)
+    assert {r.judge_engine.kind for r in harmful} == {"classifier"} and harmful[0].verdict["label"] in ("1", "0")
+    assert summary["targets"]["t"]["asr"]["value"] == pytest.approx(np.mean([r.score for r in harmful]))

@@ -138,7 +138,7 @@ def test_lora_sweep_loads_judge_once_and_report_compares(tiny_models, vllm_engin
     assert len(by_target["tiny"]) == len(by_target["tiny-lora"]) == 8
     assert by_target["tiny"] != by_target["tiny-lora"]  # the adapter changes the answers
     assert all(r.target_engine.lora == str(tiny_models["lora"]) for r in results if r.target == "tiny-lora")
-    judge_keys = [k for k in vllm_engines.engines if k[0] == str(tiny_models["judge"])]
+    judge_keys = [k for k in vllm_engines.engines if k == (str(tiny_models["judge"]), None)]
     assert len(judge_keys) == 1 and vllm_engines.loads - before <= 2
     runner = CliRunner()
     report = runner.invoke(app, ["report", str(tmp_path / "sweep")])

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,9 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
             echo(f"epoch {record['epoch']}: " + ", ".join(f"{k} {v:.4f}" for k, v in record.items()
                                                         if isinstance(v, float)))
 
+    started = time.perf_counter()
     train_lora(model, encoder, config, train_set, held if config.evaluate else [], log)
+    echo(f"training took {time.perf_counter() - started:.0f} s" + _peak_memory())
     model.save_pretrained(out / "adapter")
     plot_losses(log_path, out / "loss.png")
     echo(f"adapter saved to {out / 'adapter'}; loss curve {out / 'loss.png'}")
@@ -89,3 +92,11 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
         tokenizer.save_pretrained(out / "merged")
         echo(f"merged model saved to {out / 'merged'}")
     return table
+
+
+def _peak_memory() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    return f"; peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
