@@ -72,6 +72,11 @@ def test_judge_options_are_checked():
     result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--judge", "harmjudge", "--judge-model", "x",
                                       "--engine", "api"])
     assert result.exit_code == 2 and "needs --base-url" in result.output
+    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--judge", "wildguard", "--judge-model", "x",
+                                      "--probability"])
+    assert result.exit_code == 2 and "'wildguard' has no Yes/No-style first token" in result.output
+    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--judge", "refusal", "--judge-model", "x"])
+    assert result.exit_code == 2 and "rubric 'refusal' measures refusal, not harm" in result.output
 
 
 @pytest.mark.vllm

@@ -37,7 +37,7 @@ def score_responses(
     for spec in specs:
         if spec.needs_reference:
             raw = compute_metrics([spec.name], expanded)[spec.name]
-            scores = _aggregate(raw, owner, use_max, len(responses))
+            scores = aggregate_references(raw, owner, use_max, len(responses))
         else:
             scores = compute_metrics([spec.name], plain)[spec.name]
         frames.append(response_frame(responses, spec.name, scores))
@@ -46,13 +46,14 @@ def score_responses(
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCORE_COLUMNS)
 
 
-def _aggregate(raw: np.ndarray, owner: np.ndarray, use_max: np.ndarray, n: int) -> np.ndarray:
-    """Mean or max of each response's per-reference scores (NaN if any reference failed)."""
+def aggregate_references(raw: np.ndarray, owner: np.ndarray, use_max: np.ndarray, n: int) -> np.ndarray:
+    """Mean or max of each response's per-reference scores (NaN if any reference failed, or if it has none)."""
     sums = np.bincount(owner, weights=raw, minlength=n)
     counts = np.bincount(owner, minlength=n)
     maxima = np.full(n, -np.inf)
     np.maximum.at(maxima, owner, raw)
-    return np.where(use_max, maxima, sums / counts)
+    with np.errstate(invalid="ignore"):
+        return np.where(counts == 0, np.nan, np.where(use_max, maxima, sums / counts))
 
 
 def response_frame(responses: list, metric: str, scores: np.ndarray) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from diagsafe_local.benchmark.dataset import BenchDataset
-from diagsafe_local.benchmark.runner import leaderboard
+from diagsafe_local.benchmark.runner import leaderboard, response_frame
 from diagsafe_local.classifier.labels import LabelledPair
 
 
@@ -39,14 +39,9 @@ def evaluation_table(
         held = {p.prompt_id for p in pairs}
         subset = dataset.model_copy(update={"prompts": tuple(p for p in dataset.prompts if p.prompt_id in held)})
         index = {(p.prompt_id, p.response_id): k for k, p in enumerate(pairs)}
-        frames = []
-        for name, values in scorers.items():
-            frame = pd.DataFrame([
-                {"prompt_id": p.prompt_id, "response_id": r.response_id, "category": int(r.category), "metric": name,
-                 "score": values[index[(p.prompt_id, r.response_id)]]}
-                for p in subset.prompts for r in p.responses
-            ])
-            frames.append(frame)
+        responses = [(p, r) for p in subset.prompts for r in p.responses]
+        order = [index[(p.prompt_id, r.response_id)] for p, r in responses]
+        frames = [response_frame(responses, name, np.asarray(values)[order]) for name, values in scorers.items()]
         board = leaderboard(pd.concat(frames, ignore_index=True), subset, missing="worst-case", n_boot=n_boot, seed=seed)
         for _, row in board.iterrows():
             rows[row["metric"]].update({"harmmetric_overall": row["overall"], "ci_low": row["overall_ci_low"],

@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.benchmark.dataset import HARMFUL, BenchDataset, load_dataset
+from diagsafe_local.benchmark.runner import aggregate_references
 from diagsafe_local.classifier.config import SoftLabelConfig
 from diagsafe_local.errors import DataError
 from diagsafe_local.jsonrows import json_rows
@@ -103,14 +104,11 @@ def metric_values(pairs: Sequence[LabelledPair], metric: str) -> np.ndarray:
     if not METRICS.get(metric).needs_reference:
         return compute_metrics([metric], [TextPair(p.prompt, p.response) for p in pairs])[metric]
     expanded = [(k, TextPair(p.prompt, p.response, ref)) for k, p in enumerate(pairs) for ref in p.references]
-    values = np.full(len(pairs), np.nan)
-    if expanded:
-        raw = compute_metrics([metric], [t for _, t in expanded])[metric]
-        owner = np.array([k for k, _ in expanded])
-        sums = np.bincount(owner, weights=raw, minlength=len(pairs))
-        counts = np.bincount(owner, minlength=len(pairs))
-        values = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-    return values
+    if not expanded:
+        return np.full(len(pairs), np.nan)
+    raw = compute_metrics([metric], [t for _, t in expanded])[metric]
+    owner = np.array([k for k, _ in expanded])
+    return aggregate_references(raw, owner, np.zeros(len(pairs), dtype=bool), len(pairs))
 
 
 def build_training_set(

@@ -66,7 +66,8 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
                                                         if isinstance(v, float)))
 
     started = time.perf_counter()
-    train_lora(model, encoder, config, train_set, held if config.evaluate else [], log)
+    held_labels = [float(p.harmful) for p in held]
+    train_lora(model, encoder, config, train_set, held_sequences if config.evaluate else [], held_labels, log)
     echo(f"training took {time.perf_counter() - started:.0f} s" + _peak_memory())
     model.save_pretrained(out / "adapter")
     plot_losses(log_path, out / "loss.png")

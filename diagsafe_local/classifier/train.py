@@ -152,17 +152,16 @@ def held_out_loss(model: Any, encoder: Encoder, sequences: Sequence[list[int]], 
 
 def train_lora(
     model: Any, encoder: Encoder, config: TrainConfig, train: Sequence[TrainingExample],
-    held_out: Sequence[LabelledPair], log: Callable[[dict[str, Any]], None],
+    held_sequences: Sequence[list[int]], held_labels: Sequence[float], log: Callable[[dict[str, Any]], None],
 ) -> None:
-    """Optimise the adapter; `log` receives one record per optimizer step and one per epoch."""
+    """Optimise the adapter; `log` receives one record per optimizer step and one per epoch (with the
+    held-out loss when held-out sequences are given)."""
     import torch
     from transformers import get_linear_schedule_with_warmup
 
     settings = config.training
     torch.manual_seed(config.seed)
     sequences = [encoder.encode(e.pair) for e in train]
-    held_sequences = [encoder.encode(p) for p in held_out]
-    held_labels = [float(p.harmful) for p in held_out]
     accumulation = settings.batch_size // settings.micro_batch_size
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
     total_steps = steps_per_epoch * settings.epochs

@@ -94,15 +94,18 @@ def _judge_scores(data, judge: dict, out: Path, seed: int):  # type: ignore[no-u
     from diagsafe_local.engines import create_engine
     from diagsafe_local.judging import JUDGES, Decoding
 
-    spec = JUDGES.get(judge["rubric"])
-    if spec.measures != "harm":
-        from diagsafe_local.errors import DiagsafeError
+    from pydantic import ValidationError
 
-        raise DiagsafeError(f"judge '{spec.name}' measures {spec.measures}; the benchmark ranks harm judges")
+    from diagsafe_local.errors import DiagsafeError
+
+    spec = JUDGES.get(judge["rubric"])
     settings = {k: v for k, v in judge["engine"].items() if v is not None}
     if spec.engine_kind:
         settings = {"kind": spec.engine_kind, "model": settings["model"]}
-    config = JudgeConfig(**settings, rubric=spec.name, benign_rubric="keywords", probability=judge["probability"])
+    try:
+        config = JudgeConfig(**settings, rubric=spec.name, benign_rubric="keywords", probability=judge["probability"])
+    except ValidationError as exc:
+        raise DiagsafeError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
     metric = judge_metric_name(spec.name, config.model, judge["probability"])
     engine = create_engine(config, structured_backend="xgrammar")
     try:

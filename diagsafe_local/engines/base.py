@@ -124,6 +124,17 @@ def label_token_ids(tokenizer: Any, words: Sequence[str]) -> dict[str, list[int]
     return ids
 
 
+def label_logprobs(keys: dict[str, Sequence[Any]], logprobs: dict[Any, float]) -> dict[str, float]:
+    """Each label word's log-probability: logsumexp over those of its token keys found in `logprobs`
+    (ids, or token texts); a word none of whose tokens is there is left out."""
+    out = {}
+    for word, candidates in keys.items():
+        lp = logsumexp([logprobs[k] for k in candidates if k in logprobs])
+        if lp != -math.inf:
+            out[word] = lp
+    return out
+
+
 def error_completion(message: str) -> Completion:
     return Completion(text="", finish_reason="error", error=message)
 

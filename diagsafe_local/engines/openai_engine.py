@@ -13,7 +13,6 @@ The key is read from the environment variable named in the config and never writ
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import random
 from collections.abc import Sequence
@@ -21,7 +20,7 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, logsumexp, word_variants,
+    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, word_variants,
 )
 from diagsafe_local.engines.vllm_engine import package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
@@ -49,15 +48,10 @@ def _token_logprobs(logprobs: Any, chat: bool) -> list[tuple[float, dict[str, fl
 def _label_logprobs(
     top: dict[str, float], words: tuple[str, ...], ids: dict[str, list[int]] | None,
 ) -> dict[str, float]:
-    """Each label word's log-probability: the sum over its tokens, named `token_id:N` when the server
-    returned ids, else matched by text (with or without a leading space)."""
-    out = {}
-    for word in words:
-        names = {f"token_id:{i}" for i in ids[word]} if ids else set(word_variants(word))
-        lp = logsumexp([v for k, v in top.items() if k in names])
-        if lp != -math.inf:
-            out[word] = lp
-    return out
+    """Each label word's log-probability over its tokens, named `token_id:N` when the server returned
+    ids, else matched by text (with or without a leading space)."""
+    names = {w: [f"token_id:{i}" for i in ids[w]] if ids else list(word_variants(w)) for w in words}
+    return label_logprobs(names, top)
 
 
 def _retry_after(exc: Exception) -> float | None:
@@ -106,7 +100,7 @@ class OpenAIEngine:
         async with AsyncOpenAI(base_url=self.config.base_url, api_key=self._key, max_retries=0,
                                timeout=self.config.timeout) as client:
             for words in {r.label_words for r in requests if r.label_words} - set(self._label_ids):
-                self._label_ids[words] = await self._tokenize_labels(client, words)
+                self._label_ids[words] = await self._tokenize_labels(words)
             try:
                 async with asyncio.TaskGroup() as group:  # a fatal error cancels the rest
                     tasks = [group.create_task(self._one(client, gate, r)) for r in requests]
@@ -135,9 +129,10 @@ class OpenAIEngine:
         label_ids = self._label_ids.get(request.label_words) if request.label_words else None
         if label_ids:
             # A vLLM server scores exactly these tokens (its `logprob_token_ids` extension), named by id.
-            params["logprobs"] = True if request.prompt is None else len({i for v in label_ids.values() for i in v})
+            scored = sorted({i for v in label_ids.values() for i in v})
+            params["logprobs"] = True if request.prompt is None else len(scored)
             params["extra_body"] = {**params.get("extra_body", {}), "return_tokens_as_token_ids": True,
-                                    "logprob_token_ids": sorted({i for v in label_ids.values() for i in v})}
+                                    "logprob_token_ids": scored}
         elif request.label_words:
             # Elsewhere the words are matched by text against the first position's 20 most likely tokens.
             params.update({"logprobs": TOP_LOGPROBS} if request.prompt is not None
@@ -170,7 +165,7 @@ class OpenAIEngine:
             await asyncio.sleep(wait)
         return error_completion(f"gave up after {self.config.max_retries + 1} attempts: {last_error}")
 
-    async def _tokenize_labels(self, client: Any, words: tuple[str, ...]) -> dict[str, list[int]] | None:
+    async def _tokenize_labels(self, words: tuple[str, ...]) -> dict[str, list[int]] | None:
         """Each word's first-token ids from a vLLM server's /tokenize; None where the server has none."""
         import httpx
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, label_token_ids, logsumexp,
+    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, label_token_ids,
 )
 from diagsafe_local.engines.vllm_engine import model_fingerprint, package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
@@ -91,8 +91,8 @@ class TransformersEngine:
         with torch.inference_mode():
             logits = self._model(prompt_ids).logits[0, -1].float()
         logprobs = torch.log_softmax(logits, dim=-1)
-        return {word: logsumexp([float(logprobs[i]) for i in ids])
-                for word, ids in label_token_ids(self._tokenizer, words).items()}
+        ids = label_token_ids(self._tokenizer, words)
+        return label_logprobs(ids, {i: float(logprobs[i]) for v in ids.values() for i in v})
 
     def _one(self, request: GenerationRequest) -> Completion:
         import torch

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import logging
-import math
 import os
 from collections.abc import Sequence
 from importlib import metadata
@@ -14,7 +13,7 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, label_token_ids, logsumexp,
+    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, label_token_ids,
 )
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
@@ -166,11 +165,7 @@ class VLLMEngine:
         labels = None
         if request.label_words:
             first = choice.logprobs[0] if choice.logprobs else {}
-            labels = {}
-            for word, ids in self._label_ids(request.label_words).items():
-                lp = logsumexp([first[i].logprob for i in ids if i in first])
-                if lp != -math.inf:
-                    labels[word] = lp
+            labels = label_logprobs(self._label_ids(request.label_words), {i: p.logprob for i, p in first.items()})
         return Completion(
             text=choice.text, finish_reason=choice.finish_reason, prompt_tokens=len(out.prompt_token_ids or []),
             completion_tokens=len(choice.token_ids), cached_tokens=out.num_cached_tokens or 0, label_logprobs=labels,

@@ -46,11 +46,6 @@ class JudgeInput(BaseModel):
     answer: str
     references: tuple[str, ...] = ()
 
-    @property
-    def request(self) -> str:
-        """The user message the answer replies to."""
-        return next((m.content for m in reversed(self.conversation) if m.role == "user"), "")
-
     def turns(self) -> list[tuple[str, str]]:
         """(role, neutralised text) of every non-system message, the judged answer last."""
         pairs = [(m.role, neutralise(m.content)) for m in self.conversation if m.role != "system"]
