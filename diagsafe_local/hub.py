@@ -1,17 +1,24 @@
 """Resolve a dataset argument: a local file, or a Hugging Face dataset id downloaded once into the cache.
 
 `owner/name` picks the repository's only JSON/JSONL file; `owner/name:path/in/repo.jsonl` names one.
-Downloads go to `<cache>/hub` (DIAGSAFE_CACHE, else ~/.cache/diagsafe-local); set HF_HUB_OFFLINE=1 on
-machines without internet to use what was fetched before.
+Downloads go to `<cache>/hub` (DIAGSAFE_CACHE, else ~/.cache/diagsafe-local). Each resolved id is
+remembered in `<cache>/hub/resolved.json`, so the same id resolves to the same file offline afterwards
+(HF_HUB_OFFLINE=1, or simply no network).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import re
 from pathlib import Path
 
+from diagsafe_local import atomic
 from diagsafe_local.cache import cache_dir
 from diagsafe_local.errors import DataError, DiagsafeError
+
+log = logging.getLogger(__name__)
 
 _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[\w./-]+)?$")
 DATA_PATTERNS = ("*.json", "*.jsonl")
@@ -26,6 +33,23 @@ def resolve_dataset(spec: str) -> Path:
         raise DataError(spec, None, None, "no such file (nor a Hugging Face dataset id like owner/name)")
     repo_id, _, filename = spec.partition(":")
     try:
+        chosen = _download(spec, repo_id, filename)
+    except HubUnreachable:
+        remembered = _resolved().get(spec)
+        if remembered and (cache_dir() / "hub" / remembered).is_file():
+            log.info("%s: the hub is out of reach; using the copy fetched before", spec)
+            return cache_dir() / "hub" / remembered
+        raise
+    _remember(spec, chosen)
+    return chosen
+
+
+class HubUnreachable(DiagsafeError):
+    """The hub could not be asked (offline, unknown repository, refused)."""
+
+
+def _download(spec: str, repo_id: str, filename: str) -> Path:
+    try:
         from huggingface_hub import snapshot_download
 
         root = Path(
@@ -37,7 +61,7 @@ def resolve_dataset(spec: str) -> Path:
             )
         )
     except Exception as exc:  # the hub client raises many types; all mean "could not fetch"
-        raise DiagsafeError(
+        raise HubUnreachable(
             f"could not fetch dataset '{repo_id}' from the Hugging Face Hub ({type(exc).__name__}: {exc}). "
             "Offline? Fetch it once on a machine with internet (same DIAGSAFE_CACHE), or pass a local file."
         ) from None
@@ -53,3 +77,22 @@ def resolve_dataset(spec: str) -> Path:
             spec, None, None, f"expected one JSON/JSONL file in the dataset, found: {listing}; name one as {repo_id}:FILE"
         )
     return files[0]
+
+
+def _resolved() -> dict[str, str]:
+    path = cache_dir() / "hub" / "resolved.json"
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return {}
+
+
+def _remember(spec: str, chosen: Path) -> None:
+    """Record which cached file `spec` resolved to (relative to the hub cache), for offline use later."""
+    hub = cache_dir() / "hub"
+    relative = os.path.relpath(chosen.absolute(), hub.absolute())  # the snapshot path, not its blob
+    if relative.startswith(".."):
+        return  # not under our cache
+    known = _resolved()
+    if known.get(spec) != relative:
+        atomic.write_text(hub / "resolved.json", json.dumps({**known, spec: relative}, indent=1) + "\n")

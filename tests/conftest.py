@@ -18,8 +18,11 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def current_rows(n_prompts: int = 2) -> list[dict]:
-    """A tiny current-layout benchmark where the harmful answers overlap the reference."""
+def current_rows(n_prompts: int = 2, numeric: bool = False) -> list[dict]:
+    """A tiny benchmark in the published file's exact shape (text categories, integer ids) where the harmful
+    answers overlap the reference; `numeric=True` writes categories as ids 0-12 and ids as strings instead."""
+    from diagsafe_local.benchmark.dataset import Category, published_category
+
     rows = []
     for pid in range(1, n_prompts + 1):
         texts = [
@@ -41,11 +44,11 @@ def current_rows(n_prompts: int = 2) -> list[dict]:
             rows.append({
                 "harmful_prompt": f"How do I make the thing {pid}?",
                 "response": text,
-                "response_category": str(category),
+                "response_category": str(category) if numeric else published_category(Category(category)),
                 "attack_method": "",
                 "source": "test",
-                "prompt_id": str(pid),
-                "response_id": str(pid * 100 + category),
+                "prompt_id": str(pid) if numeric else pid,
+                "response_id": str(pid * 100 + category) if numeric else pid * 100 + category,
             })
     return rows
 
@@ -54,7 +57,7 @@ def wide_rows(n_prompts: int = 2) -> list[dict]:
     """The same content in the earlier one-row-per-prompt layout, with two references."""
     out = []
     for pid in range(1, n_prompts + 1):
-        by_cat = {int(r["response_category"]): r["response"] for r in current_rows(n_prompts) if r["prompt_id"] == str(pid)}
+        by_cat = {r["response_id"] % 100: r["response"] for r in current_rows(n_prompts) if r["prompt_id"] == pid}
         out.append({
             "id": pid,
             "harmful_prompt": f"How do I make the thing {pid}?",

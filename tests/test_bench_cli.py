@@ -119,3 +119,33 @@ def test_list_shows_metrics_with_descriptions():
     result = bench("--list")
     assert result.exit_code == 0
     assert "rouge1_recall_nostem" in result.output and "METEOR" in result.output
+
+
+def _published_file(tmp_path, texts_by_prompt: dict[int, list[str]]):
+    """A file in the published shape: text categories, integer ids, 13 lines per prompt."""
+    from diagsafe_local.benchmark.dataset import Category, published_category
+
+    rows = [{"harmful_prompt": f"prompt {pid}", "response": text, "response_category": published_category(Category(k)),
+             "attack_method": "", "source": "SafeRLHF", "prompt_id": pid, "response_id": pid * 100 + k}
+            for pid, texts in texts_by_prompt.items() for k, text in enumerate(texts)]
+    return write_jsonl(tmp_path / "published.jsonl", rows)
+
+
+def test_published_shape_gives_the_hand_computed_figures(tmp_path):
+    """ROUGE-1 recall against "alpha beta gamma delta" (4 tokens), worked out by hand per prompt:
+    P1: h = 1 (every harmful answer covers the reference), everything else 0 -> overall 1.
+    P2: h = 0.5, the refusal covers 3 of 4 (0.75 > h)     -> overall 0, refusal 0.
+    P3: h = 0.5, an irrelevant answer also 0.5 (a tie)    -> overall 0.5 * 1 * (1 + 0.5) = 0.75, irrelevant 0.5."""
+    ref, full, half = "alpha beta gamma delta", "alpha beta gamma delta now", "alpha beta and more"
+    none = "nothing shared here"
+    p1 = [ref, full, full, full, full, none, none, none, none, none, none, "prompt 1", "Sure, here is how:"]
+    p2 = [ref, full, half, full, full, "alpha beta gamma, sorry", none, none, none, none, none, "prompt 2", "Sure"]
+    p3 = [ref, half, full, full, full, none, none, none, "alpha delta elsewhere", none, none, "prompt 3", "Sure"]
+    path = _published_file(tmp_path, {2162: p1, 2163: p2, 2164: p3})
+    result = bench("--dataset", str(path), "--metrics", "rouge1_recall", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    row = pd.read_csv(tmp_path / "out" / "leaderboard.csv").iloc[0]
+    assert row["overall"] == pytest.approx((1 + 0 + 0.75) / 3)
+    assert row["refusal"] == pytest.approx(2 / 3) and row["prevention"] == 1.0 and row["redirection"] == 1.0
+    assert row["irrelevant"] == pytest.approx((1 + 1 + 0.5) / 3)
+    assert row["prompt_repetition"] == 1.0 and row["useless_affirmation"] == 1.0

@@ -38,10 +38,30 @@ def test_hub_id_downloads_into_cache_and_picks_the_data_file(tmp_path, monkeypat
     assert hub.resolve_dataset("someone/HarmMetric_Eval:other.jsonl").name == "other.jsonl"
 
 
+def test_hub_id_resolves_to_the_same_file_offline_afterwards(tmp_path, monkeypatch):
+    def fetch(repo_id, repo_type, allow_patterns, cache_dir):
+        root = Path(cache_dir) / "datasets--Abel-24--HarmMetric_Eval" / "snapshots" / "abc"
+        root.mkdir(parents=True, exist_ok=True)
+        write_jsonl(root / "HarmMetric_Eval.jsonl", current_rows())
+        return str(root)
+
+    def offline(**kwargs):
+        raise OSError("network unreachable")
+
+    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fetch)
+    online = hub.resolve_dataset("Abel-24/HarmMetric_Eval")
+    monkeypatch.setattr("huggingface_hub.snapshot_download", offline)
+    assert hub.resolve_dataset("Abel-24/HarmMetric_Eval") == online
+    with pytest.raises(DiagsafeError, match="could not fetch dataset 'Abel-24/Other'"):
+        hub.resolve_dataset("Abel-24/Other")
+
+
 def test_hub_failure_is_one_clear_error(monkeypatch, tmp_path):
     def offline(**kwargs):
         raise OSError("network unreachable")
 
+    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr("huggingface_hub.snapshot_download", offline)
     with pytest.raises(DiagsafeError, match="could not fetch dataset 'a/b'.*Offline"):
         hub.resolve_dataset("a/b")

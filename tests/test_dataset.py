@@ -62,14 +62,21 @@ def _broken(tmp_path: Path, mutate) -> Path:
     ("mutate", "line", "field", "message"),
     [
         (lambda rows: rows[3].pop("response"), 4, "response", "missing"),
-        (lambda rows: rows[2].update(response_category="13", response_id="113"), 3, "response_category", "0-12"),
-        (lambda rows: rows[2].update(response_category="harmful"), 3, "response_category", "integer"),
-        (lambda rows: rows[5].update(response_id="999"), 6, "response_id", "prompt_id*100"),
+        # A text category that disagrees with its response_id slot (slot 2 is a harmful response).
+        (lambda rows: rows[2].update(response_category="safe response/refusal"), 3, "response_category",
+         "disagrees with response_id 102: slot 2 is 'harmful response'"),
+        (lambda rows: rows[8].update(response_category="harmful response"), 9, "response_category", "slot 8 is 'irrelevant response'"),
+        (lambda rows: rows[2].update(response_category="harmful"), 3, "response_category", "'safe response/refusal'"),
+        (lambda rows: rows[2].update(response_category="13"), 3, "response_category", "0-12"),
+        (lambda rows: rows[2].update(response_category=2.0), 3, "response_category", "got 2.0"),
+        (lambda rows: rows[5].update(response_id=999), 6, "response_id", "prompt_id*100 + a slot 0-12 (100-112)"),
+        (lambda rows: rows[5].update(response_id=True), 6, "response_id", "non-negative integer"),
         (lambda rows: rows[5].update(response=7), 6, "response", "string"),
         (lambda rows: rows[4].update(harmful_prompt="something else"), 5, "harmful_prompt", "differs"),
-        (lambda rows: rows.pop(0), 1, "response_category", "lacks its reference response"),
+        (lambda rows: rows.pop(0), 1, "response_category", "lacks its reference response (slot 0)"),
         (lambda rows: rows.pop(7), 1, "response_category", "7 (redirection)"),
-        (lambda rows: rows.insert(3, dict(rows[2])), 4, "response_category", "already has category 2"),
+        # A duplicated slot: a second row claiming response_id 102.
+        (lambda rows: rows.insert(3, dict(rows[2])), 4, "response_id", "already has slot 2 (harmful_2) on line 3"),
         (lambda rows: rows[0].update(references=[]), 1, "references", "non-empty list"),
         (lambda rows: rows[0].update(reference_agg="median"), 1, "reference_agg", "'mean' or 'max'"),
     ],
@@ -82,6 +89,25 @@ def test_bad_rows_name_file_line_and_field(tmp_path, mutate, line, field, messag
     assert (err.line, err.field) == (line, field)
     assert message in err.message
     assert str(path) in str(err) and f"line {line}" in str(err) and field in str(err)
+
+
+def test_numeric_categories_and_string_ids_still_load_the_same(tmp_path):
+    text = load_dataset(write_jsonl(tmp_path / "text.jsonl", current_rows()))
+    numeric = load_dataset(write_jsonl(tmp_path / "numeric.jsonl", current_rows(numeric=True)))
+    assert [p.model_dump() for p in text.prompts] == [p.model_dump() for p in numeric.prompts]
+    rows = current_rows(numeric=True)
+    rows[2]["response_id"] = "103"  # numeric category 2 with slot 3
+    with pytest.raises(DataError, match=r"line 3: field 'response_id': must be prompt_id\*100 \+ response_category = 102"):
+        load_dataset(write_jsonl(tmp_path / "bad.jsonl", rows))
+
+
+def test_published_layout_rows_in_any_order(tmp_path):
+    rows = current_rows(3)
+    shuffled = rows[::-1]
+    data = load_dataset(write_jsonl(tmp_path / "shuffled.jsonl", shuffled))
+    assert [p.prompt_id for p in data.prompts] == ["3", "2", "1"]
+    assert all([int(r.category) for r in p.responses] == list(range(1, 13)) for p in data.prompts)
+    assert data.prompts[0].responses[0].response_id == "301"
 
 
 def test_bad_json_names_line(tmp_path):

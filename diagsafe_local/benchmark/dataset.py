@@ -1,16 +1,23 @@
 """HarmMetric Eval data: both published layouts, validated row by row.
 
-Current (long) layout: one JSON object per line and per response, with `harmful_prompt`, `response`,
-`response_category` (0 reference, 1-4 harmful, 5 refusal, 6 prevention, 7 redirection,
-8-10 irrelevant, 11 prompt repetition, 12 useless affirmation), `attack_method`, `source`,
-`prompt_id` and `response_id` (= prompt_id * 100 + category).
+Current (long) layout, as published: one JSON object per line and per response, with `harmful_prompt`,
+`response`, `response_category` (text, e.g. "harmful response"), `attack_method`, `source`, `prompt_id`
+and `response_id` (integers; = prompt_id * 100 + k). The slot k = response_id % 100 (0-12) tells the
+four harmful and the three irrelevant answers apart:
+
+    reference response 0 | harmful response 1-4 | safe response/refusal 5 | safe response/prevention 6 |
+    safe response/redirection 7 | irrelevant response 8-10 | useless response/prompt repetition 11 |
+    useless response/useless affirmation 12
+
+Numeric categories 0-12 (equal to the slot) are accepted too, and ids may be integers or digit strings.
+Every prompt must hold each slot exactly once, and a category must agree with its slot.
 
 Earlier (wide) layout: one JSON object per prompt with `harmful_prompt`, `ref_res_0`, `ref_res_1`,
 `harmful_res_0..3`, `irr_res_0..2`, `refusal`, `prevention`, `redirection`, `useless_aff` (and `id`);
 the prompt text itself is the prompt-repetition response.
 
 Either layout may override a prompt's reference set: `references` (a list of strings, on the
-category-0 row or the wide row) and `reference_agg` (`mean` or `max`) for how reference-based
+reference row or the wide row) and `reference_agg` (`mean` or `max`) for how reference-based
 metrics combine them. The earlier layout's published figures use the mean of its two references.
 """
 
@@ -24,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.errors import DataError
-from diagsafe_local.jsonrows import json_rows
+from diagsafe_local.jsonl import json_rows
 
 ReferenceAgg = Literal["mean", "max"]
 
@@ -57,6 +64,24 @@ USELESS = (Category.PROMPT_REPETITION, Category.USELESS_AFFIRMATION)
 def category_name(category: int) -> str:
     """Lower-case name of a category id, e.g. 12 -> 'useless_affirmation'."""
     return Category(category).name.lower()
+
+
+# The published file's category strings and the slots (response_id % 100) each may take.
+PUBLISHED_CATEGORIES: dict[str, tuple[Category, ...]] = {
+    "reference response": (Category.REFERENCE,),
+    "harmful response": (Category.HARMFUL_1, Category.HARMFUL_2, Category.HARMFUL_3, Category.HARMFUL_4),
+    "safe response/refusal": (Category.REFUSAL,),
+    "safe response/prevention": (Category.PREVENTION,),
+    "safe response/redirection": (Category.REDIRECTION,),
+    "irrelevant response": (Category.IRRELEVANT_1, Category.IRRELEVANT_2, Category.IRRELEVANT_3),
+    "useless response/prompt repetition": (Category.PROMPT_REPETITION,),
+    "useless response/useless affirmation": (Category.USELESS_AFFIRMATION,),
+}
+
+
+def published_category(category: Category) -> str:
+    """The published file's text for a slot, e.g. 5 -> 'safe response/refusal'."""
+    return next(text for text, slots in PUBLISHED_CATEGORIES.items() if category in slots)
 
 
 class BenchResponse(BaseModel):
@@ -170,22 +195,39 @@ def _reference_override(
     return refs, agg
 
 
+def _slot(path: Path, line: int, row: dict[str, Any]) -> tuple[int, Category]:
+    """(prompt id, slot) of a current-layout row, its category checked against the slot."""
+    if "response_category" not in row:
+        raise DataError(path, line, "response_category", "missing (the file's first record uses the current layout)")
+    prompt_id = _id(path, line, row, "prompt_id")
+    response_id = _id(path, line, row, "response_id")
+    k = response_id - prompt_id * 100
+    if not 0 <= k <= Category.USELESS_AFFIRMATION:
+        raise DataError(path, line, "response_id",
+                        f"must be prompt_id*100 + a slot 0-12 ({prompt_id * 100}-{prompt_id * 100 + 12}), got {row['response_id']!r}")
+    slot = Category(k)
+    raw = row["response_category"]
+    if isinstance(raw, str) and raw.strip() in PUBLISHED_CATEGORIES:
+        if slot not in PUBLISHED_CATEGORIES[raw.strip()]:
+            raise DataError(path, line, "response_category",
+                            f"{raw!r} disagrees with response_id {row['response_id']!r}: slot {k} is {published_category(slot)!r}")
+        return prompt_id, slot
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip().isdigit():
+        known = ", ".join(repr(t) for t in PUBLISHED_CATEGORIES)
+        raise DataError(path, line, "response_category", f"must be one of {known} or a category id 0-12, got {raw!r}")
+    if int(raw) > Category.USELESS_AFFIRMATION:
+        raise DataError(path, line, "response_category", f"must be a category id 0-12, got {raw!r}")
+    if int(raw) != k:
+        raise DataError(path, line, "response_id",
+                        f"must be prompt_id*100 + response_category = {prompt_id * 100 + int(raw)}, got {row['response_id']!r}")
+    return prompt_id, slot
+
+
 def _parse_current(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> tuple[BenchPrompt, ...]:
     groups: dict[int, dict[int, tuple[int, dict[str, Any]]]] = {}
     first_line: dict[int, int] = {}
     for line, row in rows:
-        if "response_category" not in row:
-            raise DataError(path, line, "response_category", "missing (the file's first record uses the current layout)")
-        category = _id(path, line, row, "response_category")
-        if category > Category.USELESS_AFFIRMATION:
-            raise DataError(path, line, "response_category", f"must be a category id 0-12, got {row['response_category']!r}")
-        prompt_id = _id(path, line, row, "prompt_id")
-        response_id = _id(path, line, row, "response_id")
-        if response_id != prompt_id * 100 + category:
-            raise DataError(
-                path, line, "response_id",
-                f"must be prompt_id*100 + response_category = {prompt_id * 100 + category}, got {row['response_id']!r}",
-            )
+        prompt_id, category = _slot(path, line, row)
         for field in ("harmful_prompt", "response"):
             _text(path, line, row, field)
         for field in ("attack_method", "source"):
@@ -194,8 +236,8 @@ def _parse_current(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> tuple[
         first_line.setdefault(prompt_id, line)
         if category in group:
             raise DataError(
-                path, line, "response_category",
-                f"prompt {prompt_id} already has category {category} (line {group[category][0]})",
+                path, line, "response_id",
+                f"prompt {prompt_id} already has slot {int(category)} ({category_name(category)}) on line {group[category][0]}",
             )
         if group and row["harmful_prompt"] != next(iter(group.values()))[1]["harmful_prompt"]:
             raise DataError(path, line, "harmful_prompt", f"differs from the other rows of prompt {prompt_id}")
@@ -206,7 +248,7 @@ def _parse_current(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> tuple[
         missing = [c for c in Category if c not in group]
         if missing:
             names = ", ".join(f"{c.value} ({c.name.lower()})" for c in missing)
-            what = "its reference response" if missing == [Category.REFERENCE] else f"categories {names}"
+            what = "its reference response (slot 0)" if missing == [Category.REFERENCE] else f"slots {names}"
             raise DataError(path, first_line[prompt_id], "response_category", f"prompt {prompt_id} lacks {what}")
         ref_line, ref_row = group[Category.REFERENCE]
         refs, agg = _reference_override(path, ref_line, ref_row)
