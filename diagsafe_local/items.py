@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.config import DatasetConfig
 from diagsafe_local.errors import DataError
-from diagsafe_local.jsonrows import json_rows
+from diagsafe_local.jsonl import json_rows
 
 
 class Message(BaseModel):

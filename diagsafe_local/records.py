@@ -9,16 +9,13 @@ The JSON Schema of ResultRecord ships as `diagsafe_local/schemas/result.schema.j
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from diagsafe_local import atomic
-from diagsafe_local.errors import DataError
+from diagsafe_local import jsonl
 from diagsafe_local.items import Message
 
 SCHEMA_VERSION = 1
@@ -81,6 +78,7 @@ class ResultRecord(BaseModel):
     source: str = ""
     attack_method: str = ""
     benign: bool = False
+    final_turn: bool = Field(True, description="The conversation's last user turn: only these count toward ASR.")
     conversation: list[Message] = Field(description="Messages up to and including the judged user turn.")
     answer: str
     finish_reason: str | None
@@ -116,58 +114,31 @@ SCHEMA_PATH = Path(__file__).parent / "schemas" / "result.schema.json"
 
 
 class JsonlStore:
-    """Append-only JSONL of pydantic records, keyed; the last record of a key wins."""
+    """Append-only JSONL of pydantic records, keyed; the last record of a key wins.
+
+    Opening it resumes: a line torn by a crash at the end of the file is cut off (and logged).
+    """
 
     def __init__(self, path: Path, model: type[R]) -> None:
         self.path = path
         self.model = model
         self.records: dict[tuple, R] = {}
         if path.exists():
-            self._load()
-
-    def _load(self) -> None:
-        raw = self.path.read_bytes()
-        # Every record ends with a newline; bytes after the last one are a line torn by a crash.
-        cut = raw.rfind(b"\n") + 1
-        for number, line in enumerate(raw[:cut].split(b"\n")[:-1], start=1):
-            if not line.strip():
-                continue
-            try:
-                record = self.model.model_validate_json(line)
-            except ValidationError as exc:
-                raise DataError(self.path, number, None, f"corrupt record: {str(exc).splitlines()[0]}") from None
-            self.records[record.key] = record
-        if cut < len(raw):
-            with open(self.path, "r+b") as handle:
-                handle.truncate(cut)
+            loaded, lines = jsonl.read_records(path, model, torn="cut")
+            self.records = {record.key: record for record in loaded}
+            jsonl.cut_torn_tail(path, lines)
 
     def append(self, records: Iterable[R]) -> None:
         """Append and fsync a batch of records."""
         batch = list(records)
-        if not batch:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            for record in batch:
-                handle.write(record.model_dump_json() + "\n")
-                self.records[record.key] = record
-            handle.flush()
-            os.fsync(handle.fileno())
+        jsonl.append(self.path, batch)
+        self.records.update((record.key, record) for record in batch)
 
     def compact(self, order: Callable[[R], Any]) -> None:
         """Rewrite the file atomically: one record per key, sorted by `order`."""
-        ordered = sorted(self.records.values(), key=order)
-        atomic.write_text(self.path, "".join(r.model_dump_json() + "\n" for r in ordered))
+        jsonl.write(self.path, sorted(self.records.values(), key=order))
 
 
 def read_results(path: Path) -> list[ResultRecord]:
-    """All result records of a finished run directory's results.jsonl, validated."""
-    out = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(ResultRecord.model_validate(json.loads(line)))
-        except (json.JSONDecodeError, ValidationError) as exc:
-            raise DataError(path, number, None, f"invalid result record: {str(exc).splitlines()[0]}") from None
-    return out
+    """All result records of a finished run directory's results.jsonl, validated (a torn line is an error)."""
+    return jsonl.read_records(path, ResultRecord)[0]

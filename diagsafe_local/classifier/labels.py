@@ -22,7 +22,7 @@ from diagsafe_local.benchmark.dataset import HARMFUL, BenchDataset, load_dataset
 from diagsafe_local.benchmark.runner import aggregate_references
 from diagsafe_local.classifier.config import SoftLabelConfig
 from diagsafe_local.errors import DataError
-from diagsafe_local.jsonrows import json_rows
+from diagsafe_local.jsonl import json_rows
 from diagsafe_local.metrics import METRICS, TextPair, compute_metrics
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from diagsafe_local import jsonl
 from diagsafe_local.atomic import write_text as atomic_write_text
 from diagsafe_local.classifier.config import TrainConfig
 from diagsafe_local.classifier.evaluate import evaluation_table
@@ -42,7 +43,7 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
     train_set = build_training_set([p for p in pairs if p.prompt_id in train_ids], config.soft_labels,
                                    config.examples, config.hard_labels, config.seed)
     held = [p for p in pairs if p.prompt_id in held_ids]
-    atomic_write_text(out / "training_set.jsonl", "".join(e.model_dump_json() + "\n" for e in train_set))
+    jsonl.write(out / "training_set.jsonl", train_set)
     n_soft = sum(e.kind == "soft" for e in train_set)
     echo(f"{len(train_set)} training pairs ({len(train_set) - n_soft} hard, {n_soft} soft labels) from "
          f"{len(train_ids)} prompts; {len(held)} held-out pairs from {len(held_ids)} prompts")
@@ -59,8 +60,7 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
     log_path.write_text("")
 
     def log(record: dict[str, Any]) -> None:
-        with open(log_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        jsonl.append(log_path, [record])
         if record["kind"] == "epoch":
             echo(f"epoch {record['epoch']}: " + ", ".join(f"{k} {v:.4f}" for k, v in record.items()
                                                         if isinstance(v, float)))

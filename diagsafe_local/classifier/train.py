@@ -9,7 +9,6 @@ and the model computes only those (`logits_to_keep=1`): the vocabulary projectio
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diagsafe_local import jsonl
 from diagsafe_local.classifier.config import TrainConfig
 from diagsafe_local.classifier.labels import LabelledPair, TrainingExample
 from diagsafe_local.engines.base import label_token_ids
@@ -205,7 +205,7 @@ def plot_losses(log_path: Path, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in log_path.read_text().splitlines()]
+    records = [row for _, row in jsonl.json_rows(log_path)]
     steps = [r for r in records if r["kind"] == "step"]
     epochs = [r for r in records if r["kind"] == "epoch" and "held_out_loss" in r]
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -1,0 +1,135 @@
+"""The one JSONL reader and writer of the project.
+
+Lines are split on `\\n` only. JSON strings may hold U+2028, U+2029, U+0085, form feeds and the other
+characters that `str.splitlines()` treats as line breaks: they are content, and a reader that splits on
+them breaks valid files. A record is one line ending in `\\n`; `\\r\\n` files read the same.
+
+A last line without its newline that does not parse is a line torn by a crash. Only a resuming reader
+(`torn="cut"`) accepts it: it reports it and the store truncates it; every other reader raises a
+file:line error, as for any other bad line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from diagsafe_local import atomic
+from diagsafe_local.errors import DataError
+
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
+Torn = Literal["error", "cut"]
+
+
+def decode(path: Path, raw: bytes) -> str:
+    """UTF-8 text of a file's bytes (a leading BOM dropped); bad bytes are an error naming the line."""
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DataError(path, line, None, f"invalid UTF-8 at byte {exc.start}") from None
+
+
+@dataclass
+class Lines:
+    """The parsed lines of a JSONL file, and the byte length of a torn last line that was set aside."""
+
+    rows: list[tuple[int, Any]]
+    torn_bytes: int = 0
+    complete_bytes: int = 0
+
+
+def parse_lines(path: Path, raw: bytes, torn: Torn = "error") -> Lines:
+    """(line number, JSON value) of every non-blank line, split on `\\n` only."""
+    text = decode(path, raw)
+    lines = text.split("\n")
+    rows: list[tuple[int, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((number, json.loads(line)))
+        except json.JSONDecodeError as exc:
+            last = number == len(lines)  # no newline after it
+            if last and torn == "cut":
+                cut = len(line.encode("utf-8"))
+                return Lines(rows, torn_bytes=cut, complete_bytes=len(raw) - cut)
+            hint = " (a line torn by an interrupted write?)" if last else ""
+            raise DataError(path, number, None, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}") from None
+    return Lines(rows, complete_bytes=len(raw))
+
+
+def json_rows(path: Path, raw: bytes | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a JSONL file, or of a JSON array (numbered by record, from 1)."""
+    raw = path.read_bytes() if raw is None else raw
+    text = decode(path, raw)
+    if text.lstrip().startswith("["):
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(path, exc.lineno, None, f"invalid JSON: {exc.msg}") from None
+        rows: list[tuple[int, Any]] = list(enumerate(values, start=1))
+    else:
+        rows = parse_lines(path, raw).rows
+    for number, value in rows:
+        if not isinstance(value, dict):
+            raise DataError(path, number, None, f"expected a JSON object, got {type(value).__name__}")
+        yield number, value
+
+
+def _validate(path: Path, number: int, value: Any, model: type[M]) -> M:
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(p) for p in error["loc"]) or None
+        raise DataError(path, number, field, f"invalid {model.__name__}: {error['msg']}") from None
+
+
+def read_records(path: Path, model: type[M], torn: Torn = "error") -> tuple[list[M], Lines]:
+    """Every line of `path` validated as `model`, with the parse details (torn tail, if `torn="cut"`)."""
+    if not path.is_file():
+        raise DataError(path, None, None, "no such file")
+    lines = parse_lines(path, path.read_bytes(), torn)
+    return [_validate(path, n, value, model) for n, value in lines.rows], lines
+
+
+def dumps(record: BaseModel | dict[str, Any]) -> str:
+    """One record as one JSONL line (with its newline); non-ASCII text is written as is."""
+    if isinstance(record, BaseModel):
+        return record.model_dump_json() + "\n"
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
+def append(path: Path, records: Iterable[BaseModel | dict[str, Any]]) -> int:
+    """Append records and fsync; returns how many were written."""
+    text = "".join(dumps(r) for r in records)
+    if not text:
+        return 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8", newline="\n") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return text.count("\n")
+
+
+def write(path: Path, records: Iterable[BaseModel | dict[str, Any]]) -> None:
+    """Replace `path` atomically with these records."""
+    atomic.write_text(path, "".join(dumps(r) for r in records))
+
+
+def cut_torn_tail(path: Path, lines: Lines) -> None:
+    """Truncate a torn last line found while resuming, and say so."""
+    if lines.torn_bytes:
+        log.warning("%s: cut a torn last line (%d bytes) left by an interrupted run", path, lines.torn_bytes)
+        with open(path, "r+b") as handle:
+            handle.truncate(lines.complete_bytes)
