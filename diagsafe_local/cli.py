@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from diagsafe_local.commands import bench, data, demo, gate, report, run, runs, selftest, submit, train_classifier
+from diagsafe_local.commands import (
+    bench, data, demo, gate, models, report, run, runs, selftest, submit, train_classifier,
+)
 
 app = typer.Typer(
     name="diagsafe-local",
@@ -23,6 +25,7 @@ app.command("submit")(submit.submit)
 app.command("train-classifier")(train_classifier.train_classifier)
 app.command("selftest")(selftest.selftest)
 app.add_typer(data.app, name="data")
+app.add_typer(models.app, name="models")
 app.command("demo")(demo.demo)
 
 if __name__ == "__main__":

