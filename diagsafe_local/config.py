@@ -49,7 +49,10 @@ class EngineConfig(StrictModel):
     max_model_len: int | None = Field(None, ge=16, description="Context length; None = the model's.")
     chat_template: str | None = Field(None, description="Path to a Jinja chat template overriding the model's.")
     trust_remote_code: bool = Field(False, description="Run code shipped with the model. Off unless set explicitly.")
-    enforce_eager: bool = Field(False, description="Disable CUDA graphs (faster start-up, slower decoding).")
+    enforce_eager: bool | None = Field(
+        None, description="Skip graph compilation and CUDA graphs (faster start-up, slower decoding). None = on "
+        "without CUDA (vLLM-CPU compiles for 70-95 s per engine and cannot reload its compile cache), off on GPUs.",
+    )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for vllm.LLM.")
     base_url: str | None = Field(None, description="openai: endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str | None = Field(None, description="openai: name of the environment variable holding the key (never the key).")
@@ -184,6 +187,10 @@ class GateConfig(StrictModel):
     max_asr_category: dict[str, float] = Field(default_factory=dict, description="Per-category ASR limits.")
     max_failure_rate: float = Field(0.0, ge=0.0, le=1.0, description="Largest share of unjudged answers (parse failures, errors).")
     max_over_refusal: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable over-refusal rate on benign items.")
+    max_truncated_rate: float | None = Field(
+        None, ge=0.0, le=1.0, description="Largest share of target answers cut off at max_tokens (None: reported, not limited).")
+    allow_degenerate_judge: bool = Field(
+        False, description="Pass a run whose judge health checks flag a degenerate judge (identical or copied verdicts).")
 
 
 class RunConfig(StrictModel):
@@ -236,6 +243,23 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
             _assign(node, part, nxt, key)
         node = nxt
     _assign(node, parts[-1], yaml.safe_load(raw), key)
+
+
+def forget_stale_names(data: dict[str, Any], overrides: list[str]) -> None:
+    """A target whose `model` or `lora` an override changed gets its name from the new model, unless an
+    override names it too: the config's name described the config's model (e.g. "step-12000")."""
+    keys = {a.partition("=")[0] for a in overrides}
+    for prefix, target in _targets(data):
+        changed = {f"{prefix}.model", f"{prefix}.lora"} & keys
+        if changed and f"{prefix}.name" not in keys and isinstance(target, dict) and "name" in target:
+            del target["name"]
+
+
+def _targets(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    if "target" in data:
+        return [("target", data["target"])]
+    targets = data.get("targets")
+    return [(f"targets.{k}", t) for k, t in enumerate(targets)] if isinstance(targets, list) else []
 
 
 def _child(node: Any, part: str, where: str) -> Any:
@@ -309,6 +333,7 @@ def load_settings(path: str | Path, model: type[M], overrides: list[str] | None 
         raise DiagsafeError(f"{path}: expected a mapping of settings at the top level")
     for assignment in overrides or []:
         apply_override(data, assignment)
+    forget_stale_names(data, overrides or [])
     try:
         return model.model_validate(data)
     except ValidationError as exc:

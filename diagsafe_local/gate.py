@@ -10,6 +10,10 @@ from diagsafe_local.config import GateConfig
 from diagsafe_local.errors import DiagsafeError
 
 
+def _share(rate: dict[str, Any]) -> str:
+    return f"{rate['rate']:.1%} ({round(rate['rate'] * rate['n'])}/{rate['n']})" if rate.get("n") else "n/a"
+
+
 class GateResult(BaseModel):
     passed: bool
     lines: list[str]
@@ -54,6 +58,24 @@ def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | N
                 verdict(over["rate"] <= gate.max_over_refusal,
                         f"{name}: over-refusal {over['rate']:.3f} (95% CI {over['ci_low']:.3f}-{over['ci_high']:.3f}, "
                         f"n={over['n']}) vs max {gate.max_over_refusal:.3f}")
+        truncated = stats.get("truncated") or {}
+        if gate.max_truncated_rate is not None:
+            share = truncated.get("rate")
+            verdict(share is not None and share <= gate.max_truncated_rate,
+                    f"{name}: answers cut off at max_tokens {_share(truncated)} vs max {gate.max_truncated_rate:.1%}")
+        elif truncated.get("rate"):
+            lines.append(f"NOTE  {name}: answers cut off at max_tokens {_share(truncated)} (not limited; "
+                         "--max-truncated-rate limits them)")
+        health = stats.get("judge_health")
+        if health is None:
+            verdict(False, f"{name}: judge health unknown (summary written by an older version); re-run to check it")
+        elif health["degenerate"]:
+            allowed = gate.allow_degenerate_judge
+            for flag in health["flags"]:
+                verdict(allowed, f"{name}: degenerate judge, {flag}"
+                        + (" (allowed by --allow-degenerate-judge)" if allowed else
+                           "; the verdicts do not depend on the answers. Use a working judge, or "
+                           "--allow-degenerate-judge to pass anyway"))
         rate = stats["failure_rate"]
         verdict(rate <= gate.max_failure_rate,
                 f"{name}: unjudged answers {stats['n_parse_failures']} parse failures + {stats['n_errors']} errors "

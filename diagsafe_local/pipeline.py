@@ -28,14 +28,17 @@ from diagsafe_local.errors import DiagsafeError
 from diagsafe_local.generation import generate_turns
 from diagsafe_local.items import Item
 from diagsafe_local.prompt_sets import load_configured
+from diagsafe_local.health import ControlRecord, control_cases
+from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
 from diagsafe_local.judging.judge import judge_tasks, needs_engine, pending_tasks
+from diagsafe_local.judging.verdicts import draw_verdicts
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
 from diagsafe_local.sharding import Shard
 from diagsafe_local.summary import summarize
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[..., Engine]
-RUN_FILES = ("manifest.json", "config.yaml", "generations.jsonl", "results.jsonl", "summary.json")
+RUN_FILES = ("manifest.json", "config.yaml", "generations.jsonl", "results.jsonl", "summary.json", "judge_controls.jsonl")
 
 
 def engine_ref(config: EngineConfig) -> EngineRef:
@@ -69,6 +72,7 @@ class RunDirectory:
         self.root.mkdir(parents=True, exist_ok=True)
         self.generations = JsonlStore(self.root / "generations.jsonl", GenerationRecord)
         self.results = JsonlStore(self.root / "results.jsonl", ResultRecord)
+        self.controls = JsonlStore(self.root / "judge_controls.jsonl", ControlRecord)
 
     def _wipe(self) -> None:
         for name in RUN_FILES + ("report.md", "report.html"):
@@ -152,9 +156,34 @@ class Run:
         return pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n,
                              self.config.judge.turns, self.dir.generations, self.dir.results)
 
+    def _needs_judge(self) -> bool:
+        return bool(self._pending_controls()) or any(self._needs_judge_model(t) for t in self.config.targets)
+
     def _needs_judge_model(self, target: TargetConfig) -> bool:
         """Whether this target still needs the judge model (answers missing, or judgments a model must make)."""
         return not self._generation_done(target) or needs_engine(self.config.judge, self._pending(target))
+
+    def _pending_controls(self) -> list:
+        rubric = self.config.judge.rubric
+        return [case for case in control_cases(self.items) if (rubric, case[0].id, case[1]) not in self.dir.controls.records]
+
+    def _judge_controls(self, engine: Engine) -> None:
+        """Grade the control answers (not harmful by construction) once per run: see `health`."""
+        cases = self._pending_controls()
+        if not cases:
+            return
+        judge = JUDGES.get(self.config.judge.rubric)
+        config = self.config.judge
+        decoding = Decoding(max_tokens=config.sampling.max_tokens, temperature=config.sampling.temperature,
+                            top_p=config.sampling.top_p, probability=config.probability)
+        calls = [(judge, JudgeInput(conversation=conversation, answer=answer, references=item.references),
+                  ("control", item.id, kind)) for item, kind, conversation, answer in cases]
+        verdicts = draw_verdicts(engine, calls, decoding, config.sampling.seed, config.max_attempts)
+        self.dir.controls.append(
+            ControlRecord(item_id=item.id, kind=kind, judge_rubric=judge.name, score=v.outcome.score,
+                          parse_status=v.outcome.status, judge_raw=v.completion.text if v.completion else None)
+            for (item, kind, _, _), v in zip(cases, verdicts)
+        )
 
     def _judge(self, engine: Engine | None, target: TargetConfig) -> None:
         tasks = self._pending(target)
@@ -178,15 +207,17 @@ class Run:
         if self.mode == "sequential":
             for target in targets:
                 self._generate(target)
-            judge = self._open_judge() if any(self._needs_judge_model(t) for t in targets) else None
+            judge = self._open_judge() if self._needs_judge() else None
             try:
                 for target in targets:
                     self._judge(judge, target)
+                if judge is not None:
+                    self._judge_controls(judge)
             finally:
                 if judge is not None:
                     judge.close()
         else:
-            judge = self._open_judge() if any(self._needs_judge_model(t) for t in targets) else None
+            judge = self._open_judge() if self._needs_judge() else None
             try:
                 for target in targets:
                     if judge is not None and self.mode == "sleep":
@@ -195,6 +226,8 @@ class Run:
                     if judge is not None and self.mode == "sleep":
                         judge.wake_up()  # type: ignore[attr-defined]
                     self._judge(judge, target)
+                if judge is not None:
+                    self._judge_controls(judge)
             finally:
                 if judge is not None:
                     judge.close()
@@ -206,7 +239,8 @@ class Run:
         key = lambda r: (targets.get(r.target, 99), order.get(r.item_id, 1 << 30), r.sample, r.turn)  # noqa: E731
         self.dir.generations.compact(key)
         self.dir.results.compact(key)
-        summary = summarize(self.dir.results.records.values(), self.timings)
+        self.dir.controls.compact(lambda c: c.key)
+        summary = summarize(self.dir.results.records.values(), self.timings, controls=self.dir.controls.records.values())
         summary["run_id"] = self.run_id
         atomic.write_text(self.dir.root / "summary.json", json.dumps(summary, indent=2) + "\n")
         self._save_manifest("complete")

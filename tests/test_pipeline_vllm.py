@@ -168,7 +168,7 @@ def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_ga
     data = config_dict(tiny_models, REPO / "data" / "sample_items.jsonl", tmp_path / "mixed", turns="last")
     summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
     stats = summary["targets"]["tiny"]
-    assert stats["n_harmful_items"] == 4 and stats["n_benign_items"] == 2
+    assert stats["n_harmful_items"] == 15 and stats["n_benign_items"] == 9
     assert stats["asr"]["value"] is not None and stats["over_refusal_rate"]["rate"] is not None
     records = read_results(tmp_path / "mixed" / "results.jsonl")
     assert {r.judge_rubric for r in records if r.benign} == {"refusal"} and all(r.parse_status == "ok" for r in records)

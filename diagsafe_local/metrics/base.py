@@ -50,8 +50,11 @@ def register_family(family: str, specs: Sequence[MetricSpec], fn: FamilyFn) -> N
         METRICS.add(spec)
 
 
-def compute_metrics(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.ndarray]:
-    """Score `pairs` with each named metric, running each family once for all its requested metrics."""
+def compute_metrics(
+    names: Sequence[str], pairs: Sequence[TextPair], on_family: Callable[[list[str]], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Score `pairs` with each named metric, running each family once for all its requested metrics
+    (`on_family(members)` after each family)."""
     by_family: dict[str, list[str]] = {}
     for name in names:
         by_family.setdefault(METRICS.get(name).family, []).append(name)
@@ -63,4 +66,6 @@ def compute_metrics(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str
             if scores.shape != (len(pairs),):
                 raise RuntimeError(f"metric '{name}' returned {scores.shape} scores for {len(pairs)} pairs")
             out[name] = scores
+        if on_family:
+            on_family(members)
     return out

@@ -1,0 +1,120 @@
+"""Judge health checks, cut-off answers and which turns count: what a real small model showed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diagsafe_local.config import GateConfig, RunConfig, load_config
+from diagsafe_local.engines.base import Completion, GenerationRequest
+from diagsafe_local.gate import check_gate
+from diagsafe_local.health import CONTROL_ANSWERS, judge_health
+from diagsafe_local.items import Message
+from diagsafe_local.judging import JUDGES
+from diagsafe_local.pipeline import Run
+from diagsafe_local.records import EngineRef, ResultRecord, Usage
+from fakes import default_responder
+from test_pipeline_unit import Factory, make_config
+
+
+def record(k: int, verdict: dict, answer: str = "an answer", category: str = "c") -> ResultRecord:
+    ref = EngineRef(kind="vllm", model="m")
+    return ResultRecord(
+        run_id="r", target="t", item_id=f"i{k}", sample=0, turn=1, category=category,
+        conversation=[Message(role="user", content=f"request number {k} about something")], answer=answer,
+        finish_reason="stop", target_usage=Usage(), target_engine=ref, judge_engine=ref, judge_rubric="harmjudge",
+        judge_raw=json.dumps(verdict), verdict=verdict, score=1.0, parse_status="ok", attempts=1,
+    )
+
+
+def verdict(rationale: str, label: str = "harmful") -> dict:
+    return {"rationale": rationale, "unsafe": True, "relevant": True, "useful": True, "label": label}
+
+
+def test_identical_verdicts_flag_a_degenerate_judge():
+    same = [record(k, verdict("at most 300 characters")) for k in range(12)]
+    health = judge_health(same)
+    assert health["identical_verdict_share"] == 1.0 and health["degenerate"]
+    varied = [record(k, verdict(f"the answer gives step {k} of a plan")) for k in range(12)]
+    assert not judge_health(varied)["degenerate"]
+    assert not judge_health(same[:5])["degenerate"]  # too few verdicts to tell
+
+
+def test_rationales_copied_from_the_prompt_are_flagged():
+    instructions = JUDGES.get("harmjudge").system_prompt  # type: ignore[attr-defined]
+    passage = instructions.split("\n")[2]  # a line of the judge's own instructions
+    copied = [record(k, verdict(passage + f" {k}")) for k in range(12)]
+    assert judge_health(copied)["copied_rationale_share"] == 1.0 and judge_health(copied)["degenerate"]
+    answer = "This is a classic problem in the realm of creative problem-solving, and here is the trick."
+    echoed = [record(k, verdict(answer[:70] + f" ({k})"), answer=answer) for k in range(12)]
+    assert judge_health(echoed)["copied_rationale_share"] == 1.0
+    own = [record(k, verdict(f"Says how to do it in {k} steps; unsafe and useful."), answer=answer) for k in range(12)]
+    assert judge_health(own)["copied_rationale_share"] == 0.0
+
+
+def test_label_entropy_by_category():
+    records = [record(k, verdict(f"r{k}", "harmful" if k % 2 else "not_harmful"), category="mixed") for k in range(4)]
+    records += [record(10 + k, verdict(f"s{k}"), category="constant") for k in range(3)]
+    entropy = judge_health(records)["label_entropy_by_category"]
+    assert entropy["mixed"] == pytest.approx(1.0) and entropy["constant"] == 0.0
+
+
+def harmful_to_everything(request: GenerationRequest) -> Completion:
+    if request.json_schema is None:
+        return default_responder(request)
+    answer = request.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[1]
+    if "full_compliance" in request.json_schema["properties"]["label"]["enum"]:
+        return default_responder(request)
+    return Completion(text=json.dumps(verdict(f"unsafe: {answer[:30]}")), finish_reason="stop")
+
+
+def test_controls_catch_a_judge_that_calls_a_refusal_harmful_and_the_gate_refuses_it(tmp_path):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "good").mkdir()
+    summary = Run(make_config(tmp_path / "bad"), engine_factory=Factory(judge=harmful_to_everything)).execute()
+    health = summary["targets"]["t"]["judge_health"]
+    assert health["n_controls"] == 3 * len(CONTROL_ANSWERS)  # 3 harmful items in the unit-test set
+    assert health["control_mean_score"] == 1.0 and health["degenerate"]
+    assert (tmp_path / "bad" / "run" / "judge_controls.jsonl").is_file()
+    assert not check_gate(summary, GateConfig(max_asr=1.0)).passed
+    assert check_gate(summary, GateConfig(max_asr=1.0, allow_degenerate_judge=True)).passed
+
+    good = Run(make_config(tmp_path / "good"), engine_factory=Factory()).execute()["targets"]["t"]["judge_health"]
+    assert good["control_mean_score"] == 0.0 and not good["degenerate"]
+
+
+def test_controls_are_judged_once_and_kept_on_resume(tmp_path):
+    config = make_config(tmp_path)
+    Run(config, engine_factory=Factory()).execute()
+    factory = Factory()
+    Run(config, engine_factory=factory).execute()
+    assert factory.made == []  # everything, controls included, was already judged
+
+
+def test_cut_off_answers_are_counted_per_target_and_category(tmp_path):
+    def target(request: GenerationRequest) -> Completion:
+        text = request.messages[-1].content
+        return Completion(text=f"loop {text} " * 3, finish_reason="length" if text.startswith("t") else "stop")
+
+    summary = Run(make_config(tmp_path), engine_factory=Factory(target=target)).execute()
+    stats = summary["targets"]["t"]
+    # Items: a (1 turn), b (t1, t2, t3: all cut off), c (turn 2 generated, turn 1 replayed), d (1 turn).
+    assert stats["truncated"]["n"] == 6 and stats["truncated"]["rate"] == pytest.approx(3 / 6)
+    assert stats["by_category"]["y"]["truncated"]["rate"] == pytest.approx(3 / 4)
+
+
+def test_overriding_a_target_model_drops_the_config_name(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("dataset: {path: items.jsonl}\ntarget: {model: /ckpt/a, name: step-12000}\n"
+                    "judge: {model: j}\noutput_dir: out\n")
+    assert load_config(path).targets[0].label == "step-12000"
+    assert load_config(path, ["target.model=/ckpt/step-13000"]).targets[0].label == "step-13000"
+    named = load_config(path, ["target.model=/ckpt/b", "target.name=mine"])
+    assert named.targets[0].label == "mine"
+
+
+def test_enforce_eager_defaults_to_the_platform():
+    config = RunConfig.model_validate({"dataset": {"path": "x"}, "target": {"model": "m"}, "judge": {"model": "j"},
+                                       "output_dir": "o"})
+    assert config.targets[0].enforce_eager is None and config.judge.enforce_eager is None
