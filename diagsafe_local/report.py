@@ -58,7 +58,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     console.print(table)
     for name, stats in summary["targets"].items():
         for flag in (stats.get("judge_health") or {}).get("flags", []):
-            console.print(f"[bold yellow]warning:[/] {name}: degenerate judge: {flag}", highlight=False)
+            console.print(f"[bold yellow]warning:[/] {name}: degenerate judge: {flag}", highlight=False, soft_wrap=True)
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:

@@ -23,8 +23,9 @@ def free_port() -> int:
 class VLLMServer:
     """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1, serving `model` under its path as name."""
 
-    def __init__(self, model: Path, port: int | None = None) -> None:
+    def __init__(self, model: Path, port: int | None = None, dtype: str = "float32") -> None:
         self.model = str(model)
+        self.dtype = dtype
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.proc: subprocess.Popen | None = None
@@ -34,7 +35,7 @@ class VLLMServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
              "--served-model-name", self.model, "--host", "127.0.0.1", "--port", str(self.port),
-             "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager", "--seed", "0",
+             "--max-model-len", "2048", "--dtype", self.dtype, "--enforce-eager", "--seed", "0",
              "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}'],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )

