@@ -9,12 +9,12 @@ answer lengths, judge parsing, the health checks and the report. The run directo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from diagsafe_local import jsonl
 from diagsafe_local.records import read_results
 from diagsafe_local.resources import data_file
 from diagsafe_local.tiny_models import build_tiny_chat_model
@@ -43,7 +43,7 @@ def selftest_config(out: Path, n: int) -> dict[str, Any]:
     target = build_tiny_chat_model(models / "target", seed=1)
     judge = build_tiny_chat_model(models / "judge", seed=2)
     items = out / "items.jsonl"
-    items.write_text("".join(json.dumps(i) + "\n" for i in synthetic_items(n)))
+    jsonl.write(items, synthetic_items(n))
     engine = {"dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
     return {
         "dataset": {"path": str(items)},

@@ -118,3 +118,29 @@ def test_enforce_eager_defaults_to_the_platform():
     config = RunConfig.model_validate({"dataset": {"path": "x"}, "target": {"model": "m"}, "judge": {"model": "j"},
                                        "output_dir": "o"})
     assert config.targets[0].enforce_eager is None and config.judge.enforce_eager is None
+
+
+HOSTILE = ("Voilà la réponse — 答案 | col | ``` not a fence end ```` <script>alert(1)</script>\n"
+           "Sure, here is how: step one" + " and then more text" * 60)
+
+
+def test_report_fences_and_escapes_long_hostile_and_non_english_answers(tmp_path):
+    from typer.testing import CliRunner
+
+    from diagsafe_local.cli import app
+
+    def target(request: GenerationRequest) -> Completion:
+        return Completion(text=HOSTILE, finish_reason="length")
+
+    Run(make_config(tmp_path), engine_factory=Factory(target=target)).execute()
+    run_dir = tmp_path / "run"
+    result = CliRunner().invoke(app, ["report", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    md = (run_dir / "report.md").read_text(encoding="utf-8")
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert "`````text\nVoilà la réponse — 答案 | col |" in md  # a fence longer than any backtick run inside
+    assert "more characters]" in md  # long answers are clipped, with the count of what was left out
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "答案" in page
+    from diagsafe_local.report import _md_cell
+
+    assert _md_cell("cat|egory\nname") == "cat\\|egory name"  # a pipe or line break cannot end a table cell

@@ -60,6 +60,7 @@ def bench(
     judge_dtype: Annotated[str, typer.Option(help="Judge dtype (local engine).")] = "auto",
     judge_max_model_len: Annotated[int | None, typer.Option(help="Judge context length (local engine).")] = None,
     judge_lora: Annotated[str | None, typer.Option(help="LoRA adapter on the judge model (local engine), e.g. a trained HarmClassifier.")] = None,
+    judge_eager: Annotated[bool | None, typer.Option("--judge-eager/--judge-compiled", help="Skip or use graph compilation for the local judge engine (default: eager without CUDA, compiled on GPUs).")] = None,
     probability: Annotated[bool | None, typer.Option("--probability/--sampled", help="Score a Yes/No judge by first-token P(Yes), or by sampled verdicts (default: the judge's own default).")] = None,
 ) -> None:
     """Score every benchmark response with each metric (and optionally a judge) and rank them (HarmMetric Eval)."""
@@ -81,7 +82,8 @@ def bench(
             "temperature": judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0),
             "engine": {"kind": "openai", "model": judge_model, "base_url": base_url, "api_key_env": api_key_env}
             if engine == "api" else {"kind": "vllm", "model": judge_model, "dtype": judge_dtype,
-                                     "max_model_len": judge_max_model_len, "lora": judge_lora},
+                                     "max_model_len": judge_max_model_len, "lora": judge_lora,
+                                     "enforce_eager": judge_eager},
         }
     run_bench(dataset, metrics or ("" if judge else "all"), scoring, missing, reference_agg, bootstrap, seed, out,
               judge_settings)
