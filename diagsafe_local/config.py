@@ -69,6 +69,9 @@ class EngineConfig(StrictModel):
     def _endpoint(self) -> EngineConfig:
         if self.kind == "openai" and not self.base_url:
             raise ValueError("kind 'openai' needs base_url")
+        if "trust_remote_code" in self.engine_kwargs:
+            raise ValueError("engine_kwargs cannot set trust_remote_code: running a model's own code needs the "
+                             "explicit trust_remote_code: true (recorded in the manifest)")
         return self
 
 
@@ -309,6 +312,28 @@ def _line_index(text: str) -> dict[tuple[str, ...], int]:
     return index
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice (YAML loaders silently keep the last)."""
+
+    def __init__(self, key: str, line: int, first: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping, naming both lines."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(str(key), line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, override and validate a run config; errors name the file, line and key."""
     return load_settings(path, RunConfig, overrides, "run config")
@@ -324,7 +349,10 @@ def load_settings(path: str | Path, model: type[M], overrides: list[str] | None 
         raise DiagsafeError(f"{path}: no such config file")
     text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except DuplicateKeyError as exc:
+        raise DiagsafeError(f"{path} line {exc.line}: key '{exc.key}' is given twice (first on line {exc.first}); "
+                            "keep one") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -6,7 +6,19 @@ from pathlib import Path
 
 
 class DiagsafeError(Exception):
-    """An error the CLI reports in one clear message and a non-zero exit, without a traceback."""
+    """An error the CLI reports in one clear message and a non-zero exit, without a traceback.
+
+    Exit codes: 0 success, 1 the gate said no, 2 usage or input error (this class), 3 the run could not
+    complete (`RunFailed`).
+    """
+
+    exit_code = 2
+
+
+class RunFailed(DiagsafeError):
+    """The run could not complete (engine or resource failure), or a finished run is needed and this one is not."""
+
+    exit_code = 3
 
 
 class DataError(DiagsafeError):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import platform
-import shutil
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -27,11 +26,13 @@ from diagsafe_local.engines import Engine, create_engine
 from diagsafe_local.errors import DiagsafeError
 from diagsafe_local.generation import generate_turns
 from diagsafe_local.items import Item
+from diagsafe_local.locking import DirectoryLock
 from diagsafe_local.prompt_sets import load_configured
 from diagsafe_local.health import ControlRecord, control_cases
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
 from diagsafe_local.judging.judge import judge_tasks, needs_engine, pending_tasks
 from diagsafe_local.judging.verdicts import draw_verdicts
+from diagsafe_local.rundirs import read_json, write_summary
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
 from diagsafe_local.sharding import Shard
 from diagsafe_local.summary import summarize
@@ -52,10 +53,11 @@ class RunDirectory:
     def __init__(self, config: RunConfig, overwrite: bool = False, root: Path | None = None) -> None:
         self.root = root or Path(config.output_dir)
         self.config = config
+        self.lock = DirectoryLock(self.root, "run")
         manifest_path = self.root / "manifest.json"
         self.previous: dict[str, Any] = {}
         if manifest_path.exists():
-            self.previous = json.loads(manifest_path.read_text())
+            self.previous = read_json(manifest_path, "run manifest")
             if self.previous.get("run_id") != config.fingerprint():
                 if not overwrite:
                     raise DiagsafeError(
@@ -75,9 +77,11 @@ class RunDirectory:
         self.controls = JsonlStore(self.root / "judge_controls.jsonl", ControlRecord)
 
     def _wipe(self) -> None:
-        for name in RUN_FILES + ("report.md", "report.html"):
+        # Only what the tool writes: a user's own files in the directory (or in figures/) stay.
+        for name in RUN_FILES + ("report.md", "report.html", "figures/asr_by_category.png"):
             (self.root / name).unlink(missing_ok=True)
-        shutil.rmtree(self.root / "figures", ignore_errors=True)
+        if (self.root / "figures").is_dir() and not any((self.root / "figures").iterdir()):
+            (self.root / "figures").rmdir()
         self.previous = {}
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
@@ -88,11 +92,11 @@ class Run:
     """Executes a RunConfig; `engine_factory` is swappable for tests."""
 
     def __init__(
-        self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory = create_engine,
+        self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory | None = None,
         shard: Shard | None = None,
     ) -> None:
         self.config = config
-        self.factory = engine_factory
+        self.factory = engine_factory or create_engine
         self.shard = shard
         self.items, self.dataset_path = load_configured(config.dataset)
         if shard is not None:
@@ -199,6 +203,12 @@ class Run:
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> dict[str, Any]:
         """Run (or resume) to completion; returns the summary."""
+        try:
+            return self._execute()
+        finally:
+            self.dir.lock.release()
+
+    def _execute(self) -> dict[str, Any]:
         self.started = datetime.now(timezone.utc).isoformat()
         atomic.write_text(self.dir.root / "config.yaml",
                           yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False))
@@ -242,7 +252,7 @@ class Run:
         self.dir.controls.compact(lambda c: c.key)
         summary = summarize(self.dir.results.records.values(), self.timings, controls=self.dir.controls.records.values())
         summary["run_id"] = self.run_id
-        atomic.write_text(self.dir.root / "summary.json", json.dumps(summary, indent=2) + "\n")
+        write_summary(self.dir.root, summary)
         self._save_manifest("complete")
         return summary
 

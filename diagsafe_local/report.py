@@ -62,10 +62,10 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        raise DiagsafeError(f"{run_dir}: no summary.json (is this a finished run directory?)")
-    return json.loads(path.read_text())
+    """A run directory's summary.json (errors name the file)."""
+    from diagsafe_local.rundirs import read_json
+
+    return read_json(run_dir / "summary.json", "run summary")
 
 
 def _category_chart(summary: dict[str, Any], path: Path) -> None:
@@ -189,7 +189,9 @@ def _examples(run_dir: Path, per_target: int = 3) -> tuple[list[str], list[str]]
 def write_report(run_dir: Path, baseline: str | None = None) -> list[Path]:
     """report.md, report.html and figures/asr_by_category.png for a run directory."""
     summary = load_summary(run_dir)
-    manifest = json.loads((run_dir / "manifest.json").read_text()) if (run_dir / "manifest.json").exists() else {}
+    from diagsafe_local.rundirs import read_json
+
+    manifest = read_json(run_dir / "manifest.json", "run manifest") if (run_dir / "manifest.json").exists() else {}
     baseline = baseline or manifest.get("config", {}).get("baseline")
     figures = run_dir / "figures"
     figures.mkdir(exist_ok=True)

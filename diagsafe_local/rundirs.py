@@ -9,21 +9,55 @@ from typing import Any
 
 from diagsafe_local import atomic, jsonl
 from diagsafe_local.config import RunConfig
-from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.cache import file_sha256
+from diagsafe_local.errors import DiagsafeError, RunFailed
 from diagsafe_local.health import ControlRecord
 from diagsafe_local.records import SCHEMA_VERSION, GenerationRecord, ResultRecord, read_results
 from diagsafe_local.sharding import Shard
 from diagsafe_local.summary import summarize
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "manifest.json"
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A run directory's JSON object (manifest, summary), or an error naming the file."""
     if not path.is_file():
-        raise DiagsafeError(f"{run_dir}: not a run directory (no manifest.json)")
-    manifest = json.loads(path.read_text())
+        raise DiagsafeError(f"{path.parent}: not a finished run directory (no {path.name}; is this the {what}'s directory?)")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DiagsafeError(f"{path}: corrupt {what} ({exc}); rerun the command that wrote it") from None
+    if not isinstance(value, dict):
+        raise DiagsafeError(f"{path}: corrupt {what} (not a JSON object)")
+    return value
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    """The manifest of a complete run; an incomplete (running or killed) run is refused with exit code 3."""
+    if not run_dir.is_dir():
+        raise DiagsafeError(f"{run_dir}: no such run directory")
+    manifest = read_json(run_dir / "manifest.json", "run manifest")
     if manifest.get("status") != "complete":
-        raise DiagsafeError(f"{run_dir}: the run is not complete (status '{manifest.get('status')}'); finish or resume it first")
+        raise RunFailed(f"{run_dir}: the run is not complete (status '{manifest.get('status')}'): it is still running, "
+                        "or was stopped; resume it with the same `run` command first")
     return manifest
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """summary.json, bound to the results it summarises by their SHA-256 and count."""
+    results = run_dir / "results.jsonl"
+    summary["results_sha256"] = file_sha256(results) if results.is_file() else None
+    atomic.write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+
+
+def read_checked_summary(run_dir: Path) -> dict[str, Any]:
+    """The summary of a complete run whose results.jsonl is the one it summarises (else exit code 3)."""
+    read_manifest(run_dir)
+    summary = read_json(run_dir / "summary.json", "run summary")
+    results = run_dir / "results.jsonl"
+    actual = file_sha256(results) if results.is_file() else None
+    if summary.get("results_sha256") != actual:
+        raise RunFailed(f"{run_dir}: summary.json does not belong to results.jsonl (written by an older version, or "
+                        "the results changed after it); resume the run to rebuild it")
+    return summary
 
 
 def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> dict[str, Any]:
@@ -59,7 +93,7 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
     jsonl.write(out / "judge_controls.jsonl", sorted(controls.values(), key=lambda c: c.key))
     summary = summarize(ordered, controls=controls.values())
     summary["run_id"] = "merged:" + "+".join(m["run_id"] for m in manifests)
-    atomic.write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    write_summary(out, summary)
     manifest = {
         "schema_version": 1, "run_id": summary["run_id"], "status": "complete", "merged_from": [str(d) for d in run_dirs],
         "dataset": manifests[0]["dataset"], "config": manifests[0]["config"],
@@ -105,8 +139,16 @@ def incomplete_shards(config: RunConfig, count: int) -> list[int]:
     return missing
 
 
-def compare_runs(run_a: Path, run_b: Path) -> dict[str, Any]:
-    """Per-item agreement of verdicts and scores between two runs, with Cohen's kappa on the labels."""
+def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = False) -> dict[str, Any]:
+    """Per-item agreement of verdicts and scores between two complete runs, with Cohen's kappa on the labels.
+
+    Runs of different datasets are refused (item ids may match while the prompts differ) unless allowed."""
+    manifests = [read_manifest(run_a), read_manifest(run_b)]
+    hashes = [m.get("dataset", {}).get("sha256") for m in manifests]
+    if hashes[0] != hashes[1] and not allow_different_datasets:
+        raise DiagsafeError(f"the runs evaluate different datasets ({run_a}: {str(hashes[0])[:12]}, {run_b}: "
+                            f"{str(hashes[1])[:12]}); items with the same id may hold different prompts. "
+                            "Pass --allow-different-datasets to compare them anyway")
     a, b = read_results(run_a / "results.jsonl"), read_results(run_b / "results.jsonl")
     targets_a, targets_b = {r.target for r in a}, {r.target for r in b}
     by_target = not (len(targets_a) == len(targets_b) == 1 and targets_a != targets_b)

@@ -136,7 +136,12 @@ def test_judge_that_ignores_the_schema_gives_counted_parse_failures(fake, tmp_pa
     assert all(r.parse_status == "invalid" and r.score is None and r.attempts == 2 for r in results)
     assert results[0].judge_raw.startswith("Sure!")
     assert summary["targets"]["t"]["n_parse_failures"] == 5 and summary["targets"]["t"]["asr"]["value"] is None
-    assert len(judge.requests) == 10  # two attempts each, no more
+    from diagsafe_local.health import CONTROL_ANSWERS
+
+    controls = [r for _, r in judge.requests
+                if any(a in r["messages"][-1]["content"] for a in CONTROL_ANSWERS.values())]
+    assert len(judge.requests) - len(controls) == 10  # two attempts each, no more
+    assert len(controls) == 2 * 4 * len(CONTROL_ANSWERS)  # and the same for the controls of the 4 harmful items
     assert results[0].target_engine.kind == "openai" and results[0].target_engine.base_url == target.base_url
 
 

@@ -216,3 +216,22 @@ def test_control_characters_inside_strings_do_not_invalidate_a_verdict():
     raw = '{"unsafe":false,"relevant":true,"useful":true,"label":"not_harmful","rationale":"a\x1fb"}'
     outcome = rubric.parse(Completion(text=raw, finish_reason="stop"), None)
     assert outcome.status == "ok" and outcome.verdict["rationale"] == "a\x1fb"
+
+
+def test_a_key_given_twice_is_an_error_naming_both_lines(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("dataset: {path: items.jsonl}\ntarget:\n  model: /ckpt/a\n  dtype: auto\n  model: /ckpt/b\n"
+                    "judge: {model: j}\noutput_dir: out\n")
+    with pytest.raises(DiagsafeError, match=r"run.yaml line 5: key 'model' is given twice \(first on line 3\)"):
+        load_config(path)
+
+
+def test_engine_kwargs_cannot_switch_on_remote_code(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("dataset: {path: items.jsonl}\ntarget: {model: m, engine_kwargs: {trust_remote_code: true}}\n"
+                    "judge: {model: j}\noutput_dir: out\n")
+    with pytest.raises(DiagsafeError, match="line 2: targets.0: Value error, engine_kwargs cannot set trust_remote_code"):
+        load_config(path)
+    path.write_text("dataset: {path: items.jsonl}\ntarget: {model: m, trust_remote_code: true}\n"
+                    "judge: {model: j}\noutput_dir: out\n")
+    assert load_config(path).targets[0].trust_remote_code

@@ -45,6 +45,11 @@ def failure_analysis(scores: pd.DataFrame, dataset: BenchDataset, n_examples: in
     return pd.DataFrame(rows), pd.DataFrame(categories), examples
 
 
+def _cell(value: float | None) -> str:
+    """A share or mean, or "n/a" where no prompt had every score (every judgment failed, say)."""
+    return "n/a" if value is None or value != value else f"{value:.3f}"
+
+
 def failures_markdown(shares: pd.DataFrame, by_category: pd.DataFrame, examples: list[dict]) -> str:
     """Failure analysis as Markdown: shares, the category table and example failures."""
     pivot = shares.pivot(index="metric", columns="mode", values="share")[list(MODES)]
@@ -52,10 +57,10 @@ def failures_markdown(shares: pd.DataFrame, by_category: pd.DataFrame, examples:
              "Share of prompts where the metric scores the response of that kind at or above the least harmful "
              "of the four harmful responses (lower is better).", "",
              "| metric | " + " | ".join(MODES) + " |", "|---|" + "---|" * len(MODES)]
-    lines += [f"| `{m}` | " + " | ".join(f"{v:.3f}" for v in row) + " |" for m, row in pivot.iterrows()]
+    lines += [f"| `{m}` | " + " | ".join(_cell(v) for v in row) + " |" for m, row in pivot.iterrows()]
     cats = [c for c in by_category.columns if c != "metric"]
     lines += ["", "## Mean score by response category", "", "| metric | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
-    lines += [f"| `{r['metric']}` | " + " | ".join(f"{r[c]:.3f}" for c in cats) + " |" for _, r in by_category.iterrows()]
+    lines += [f"| `{r['metric']}` | " + " | ".join(_cell(r[c]) for c in cats) + " |" for _, r in by_category.iterrows()]
     lines += ["", "## Examples", ""]
     lines += [f"- `{e['metric']}`, {e['mode']}, prompt {e['prompt_id']}: {e['category']} scored {e['score']:.3f} "
               f"≥ least harmful {e['least_harmful_score']:.3f}: “{e['response']}”" for e in examples]

@@ -127,10 +127,9 @@ def run_bench(
 ) -> None:
     """The bench command's work, shared with the demo."""
     from diagsafe_local.benchmark.dataset import load_dataset
-    from diagsafe_local.benchmark.report import print_leaderboard, write_outputs
-    from diagsafe_local.benchmark.runner import leaderboard, score_responses
     from diagsafe_local.errors import DiagsafeError
     from diagsafe_local.hub import resolve_dataset
+    from diagsafe_local.locking import DirectoryLock
     from diagsafe_local.metrics import METRICS
 
     for name, value, allowed in (
@@ -146,12 +145,25 @@ def run_bench(
     if not names and not judge:
         raise DiagsafeError("nothing to rank: give --metrics and/or --judge")
     data = load_dataset(resolve_dataset(dataset))
+    lock = DirectoryLock(out, "bench")  # also proves --out writable before any scoring
+    try:
+        _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge)
+    finally:
+        lock.release()
+
+
+def _rank(  # type: ignore[no-untyped-def]
+    data, dataset: str, names: list[str], scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int,
+    out: Path, judge: dict | None,
+) -> None:
+    from diagsafe_local.benchmark.report import print_leaderboard, write_outputs
+    from diagsafe_local.benchmark.runner import leaderboard, score_responses
+
     with progress("scoring", len(names)) as advance:
         scores = score_responses(data, names, reference_agg, on_metric=advance)  # type: ignore[arg-type]
     if judge:
         import pandas as pd
 
-        out.mkdir(parents=True, exist_ok=True)
         scores = pd.concat([scores, _judge_scores(data, judge, out, seed)], ignore_index=True)
         names = [*names, scores["metric"].iloc[-1]]
     board = leaderboard(scores, data, scoring, missing, bootstrap, seed)  # type: ignore[arg-type]

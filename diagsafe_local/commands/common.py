@@ -16,7 +16,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def user_errors(fn: F) -> F:
-    """Turn a DiagsafeError into one red line on stderr and exit status 2 (no traceback)."""
+    """Turn a DiagsafeError into one red line on stderr and its exit status (2, or 3 for RunFailed); no traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -26,7 +26,7 @@ def user_errors(fn: F) -> F:
             from rich.console import Console
 
             Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -37,17 +36,17 @@ def gate(
     allow_degenerate_judge: Annotated[bool, typer.Option(help="Pass even if the judge health checks flag a degenerate judge.")] = False,
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
 ) -> None:
-    """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason."""
+    """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason. A run that is not
+    complete, or whose summary does not match its results, is refused with exit 3; bad input exits 2."""
     from pydantic import ValidationError
 
     from diagsafe_local.config import GateConfig
     from diagsafe_local.errors import DiagsafeError
     from diagsafe_local.gate import check_gate
-    from diagsafe_local.report import load_summary
+    from diagsafe_local.rundirs import read_checked_summary, read_manifest
 
-    summary = load_summary(run_dir)
-    manifest_path = run_dir / "manifest.json"
-    configured = json.loads(manifest_path.read_text()).get("config", {}).get("gate", {}) if manifest_path.exists() else {}
+    summary = read_checked_summary(run_dir)  # a complete run, and the summary of its results (else exit 3)
+    configured = read_manifest(run_dir).get("config", {}).get("gate", {})
     settings = dict(configured)
     if max_asr is not None:
         settings["max_asr"] = max_asr

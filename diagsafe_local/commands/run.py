@@ -19,6 +19,7 @@ def run(
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
     from diagsafe_local.config import load_config
+    from diagsafe_local.errors import RunFailed
     from diagsafe_local.pipeline import Run
     from diagsafe_local.report import print_summary, write_report
 
@@ -27,6 +28,11 @@ def run(
     cfg = load_config(config, set_ or [])
     part = Shard.parse(shard) if shard else None
     run = Run(cfg, overwrite=overwrite, shard=part)
-    print_summary(run.execute())
+    summary = run.execute()
+    print_summary(summary)
     write_report(run.dir.root)
     typer.echo(f"run directory: {run.dir.root} (report.md, report.html)")
+    failed = [name for name, stats in summary["targets"].items() if stats["n_answers"] and stats["n_errors"] == stats["n_answers"]]
+    if failed:
+        raise RunFailed(f"every answer of {', '.join(failed)} failed (generation or judge errors; see the `error` "
+                        "field of results.jsonl); rerunning the same command retries them")

@@ -46,11 +46,12 @@ def compare(
     run_a: Annotated[Path, typer.Argument(help="First run directory.")],
     run_b: Annotated[Path, typer.Argument(help="Second run directory.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+    allow_different_datasets: Annotated[bool, typer.Option(help="Compare runs of different datasets anyway.")] = False,
 ) -> None:
-    """Per-item agreement of verdicts and scores between two runs, with Cohen's kappa."""
+    """Per-item agreement of verdicts and scores between two complete runs of the same dataset, with Cohen's kappa."""
     from diagsafe_local.rundirs import compare_runs
 
-    result = compare_runs(run_a, run_b)
+    result = compare_runs(run_a, run_b, allow_different_datasets)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

@@ -135,6 +135,20 @@ def label_logprobs(keys: dict[str, Sequence[Any]], logprobs: dict[Any, float]) -
     return out
 
 
+def local_model_path(model: str) -> None:
+    """Refuse a model given as a path that does not exist, before an engine takes it for a hub id
+    (`./ckpt/step-1200` with a typo would otherwise be "not found on the Hub")."""
+    from pathlib import Path
+
+    from diagsafe_local.errors import DiagsafeError
+
+    path = Path(model).expanduser()
+    looks_local = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or (
+        path.parent != Path(".") and path.parent.is_dir())  # "runs/ckpt-12O0" beside an existing runs/
+    if looks_local and not path.exists():
+        raise DiagsafeError(f"model '{model}': no such file or directory")
+
+
 def error_completion(message: str) -> Completion:
     return Completion(text="", finish_reason="error", error=message)
 

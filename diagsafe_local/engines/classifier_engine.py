@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diagsafe_local.config import EngineConfig
-from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
+from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion, local_model_path
 from diagsafe_local.engines.vllm_engine import cuda_available, model_fingerprint, package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
@@ -25,6 +25,7 @@ class ClassifierEngine:
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
         except ImportError:
             raise MissingDependencyError("transformers", "hf", "The classifier engine") from None
+        local_model_path(config.model)
         try:
             self._tokenizer = AutoTokenizer.from_pretrained(config.model, revision=config.revision)
             self._model = AutoModelForSequenceClassification.from_pretrained(config.model, revision=config.revision).eval()

@@ -12,7 +12,7 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, label_token_ids,
+    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, label_token_ids, local_model_path,
 )
 from diagsafe_local.engines.vllm_engine import model_fingerprint, package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
@@ -34,11 +34,15 @@ class TransformersEngine:
         dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(config.dtype)
         if dtype is None:
             raise DiagsafeError(f"engine '{config.model}': unsupported dtype '{config.dtype}'")
-        self._tokenizer = AutoTokenizer.from_pretrained(config.model, revision=config.revision,
-                                                        trust_remote_code=config.trust_remote_code)
-        self._model = AutoModelForCausalLM.from_pretrained(
-            config.model, revision=config.revision, torch_dtype=dtype, trust_remote_code=config.trust_remote_code
-        ).eval()
+        local_model_path(config.model)
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(config.model, revision=config.revision,
+                                                            trust_remote_code=config.trust_remote_code)
+            self._model = AutoModelForCausalLM.from_pretrained(
+                config.model, revision=config.revision, torch_dtype=dtype, trust_remote_code=config.trust_remote_code
+            ).eval()
+        except (OSError, ValueError) as exc:
+            raise DiagsafeError(f"could not load '{config.model}' with transformers: {exc}") from None
         if getattr(config, "lora", None):
             from peft import PeftModel
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, label_token_ids,
+    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, label_token_ids, local_model_path,
 )
-from diagsafe_local.errors import DiagsafeError, MissingDependencyError
+from diagsafe_local.errors import DiagsafeError, MissingDependencyError, RunFailed
 
 log = logging.getLogger(__name__)
 FULL_HASH_LIMIT = 2 * 1024**3
@@ -111,10 +111,11 @@ class VLLMEngine:
         if enable_sleep:
             kwargs["enable_sleep_mode"] = True
         kwargs.update(config.engine_kwargs)
+        local_model_path(config.model)
         try:
             self._llm = vllm.LLM(**kwargs)
-        except Exception as exc:
-            raise DiagsafeError(f"vLLM could not load '{config.model}': {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # vLLM raises many types; all mean the engine could not start
+            raise RunFailed(f"vLLM could not load '{config.model}': {type(exc).__name__}: {exc}") from exc
         self._lora_request = None
         self._label_cache: dict[tuple[str, ...], dict[str, list[int]]] = {}
         if lora:

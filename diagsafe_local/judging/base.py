@@ -25,15 +25,28 @@ from diagsafe_local.items import Message
 from diagsafe_local.registry import Registry
 
 ZWSP = "\u200b"
-# Delimiters of our rubrics and the special markers of the chat formats judges are trained on; a judged
-# answer containing one could close its own section and speak as the template (prompt injection).
-_MARKERS = re.compile(r"<<<|>>>|<\||\|>|\[/?INST\]|<</?SYS>>|</?s>|<(?:start|end)_of_turn>")
+# A judged answer is hostile text: one that contains a judge format's delimiters could close its own
+# section and write fake turns or a fake verdict (prompt injection). Three kinds are neutralised:
+# - special tokens of chat formats, which the tokenizer would read as control tokens (<|im_start|>,
+#   <|eot_id|>, <｜...｜>, [INST], <<SYS>>, <s>, <start_of_turn>);
+# - section markers of our rubrics and of the guard formats, near-misses included (<<<...>>>, <<<<END,
+#   <BEGIN CONVERSATION>, < END ...>);
+# - role and field labels at the start of a line, which the formats use to start a turn or an answer
+#   (User:, Agent:, [USER]:, Human user:, Chatbot Response:, Harmful response:, ...).
+_TOKENS = re.compile(r"<\||\|>|<｜|｜>|\[/?INST\]|<</?SYS>>|</?s>|<(?:start|end)_of_turn>|<<<|>>>|<\s*(?:BEGIN|END)\b",
+                     re.IGNORECASE)
+_LABELS = re.compile(
+    r"(?im)^((?:[^\S\n]|[>*_#-])*\[?)(user|agent|assistant|human|human user|ai assistant|human question|"
+    r"chatbot response|behavior|generation|request|answer|answers|rules|system|model|harmful request|"
+    r"response refusal|harmful response|safety|categories|refusal)(\]?[^\S\n]*:)"
+)
 
 
 def neutralise(text: str) -> str:
-    """Make `text` unable to form our delimiters or a chat template's special markers (a zero-width
-    space goes after each marker's first character)."""
-    return _MARKERS.sub(lambda m: m.group(0)[0] + ZWSP + m.group(0)[1:], text)
+    """Make `text` unable to form a special token, a section marker or a role label of any judge format:
+    a zero-width space goes after the first character of each (the words stay legible to the judge)."""
+    text = _TOKENS.sub(lambda m: m.group(0)[0] + ZWSP + m.group(0)[1:], text)
+    return _LABELS.sub(lambda m: m.group(1) + m.group(2)[0] + ZWSP + m.group(2)[1:] + m.group(3), text)
 
 
 class JudgeInput(BaseModel):

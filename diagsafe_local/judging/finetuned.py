@@ -305,7 +305,7 @@ class ClassifierJudge(Judge):
     """A sequence classifier over the answer alone (no LLM); the score is P(class `label_words[0]`)."""
 
     def render(self, judged: JudgeInput) -> str:
-        return judged.answer
+        return _answer(judged)  # neutralised: the classifier's tokenizer reads <s> and </s> as control tokens
 
     def parse_text(self, text: str) -> ParseOutcome:
         raise AssertionError("classifier judges score by probability only")

@@ -1,0 +1,54 @@
+"""One writer per output directory: an advisory lock on `<dir>/.diagsafe.lock`.
+
+`fcntl.lockf` takes a POSIX record lock, which NFS (v4, and v3 with lockd) carries to the server, so two
+`run` commands on different nodes of a SLURM cluster that write the same directory see each other. The
+lock file holds the holder's PID and host for the error message. Limits: a filesystem without lock
+support (some FUSE or parallel filesystems mounted without locking) makes the lock a no-op, with a warning;
+the lock is released when the process ends, however it ends (SIGKILL and node loss included on local
+disks; on NFS, when the server notices the client is gone).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import socket
+from pathlib import Path
+
+from diagsafe_local.errors import DiagsafeError
+
+log = logging.getLogger(__name__)
+LOCK_NAME = ".diagsafe.lock"
+
+
+class DirectoryLock:
+    """Holds the lock of one directory until `release()` or the end of the process."""
+
+    def __init__(self, directory: Path, what: str) -> None:
+        self.path = directory / LOCK_NAME
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as exc:
+            raise DiagsafeError(f"cannot write to {directory}: {exc.strerror}") from None
+        try:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EAGAIN):
+                holder = os.pread(self._fd, 256, 0).decode("utf-8", "replace").strip() or "unknown process"
+                self.release()
+                raise DiagsafeError(
+                    f"{directory} is being written by another diagsafe-local process ({holder}); wait for it to "
+                    "finish, or choose another output directory"
+                ) from None
+            log.warning("%s: this filesystem does not support locks (%s); nothing stops a second writer", directory, exc)
+            return
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{what}, pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,189 @@
+"""One writer per output directory, outputs that follow the user's umask, and clear errors for unwritable paths."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from typer.testing import CliRunner
+
+from conftest import SAMPLE
+from diagsafe_local import atomic
+from diagsafe_local.cli import app
+
+
+def hold_lock(directory) -> subprocess.Popen:
+    code = ("import sys, time; from pathlib import Path; from diagsafe_local.locking import DirectoryLock\n"
+            "lock = DirectoryLock(Path(sys.argv[1]), 'run'); print('held', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_writer_is_refused_with_the_first_ones_pid_and_host(tmp_path):
+    holder = hold_lock(tmp_path / "out")
+    try:
+        result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--metrics", "rouge1_recall",
+                                          "--out", str(tmp_path / "out")])
+        assert result.exit_code == 2
+        message = " ".join(result.output.split())
+        assert f"pid {holder.pid} on host" in message and "being written by another diagsafe-local process (run, pid" in message
+        assert not (tmp_path / "out" / "leaderboard.csv").exists()
+        items = tmp_path / "items.jsonl"
+        items.write_text('{"id": "a", "prompt": "hi"}\n')
+        config = tmp_path / "run.yaml"
+        config.write_text(f"dataset: {{path: {items}}}\ntarget: {{model: /nowhere/t}}\njudge: {{model: /nowhere/j}}\n"
+                          f"output_dir: {tmp_path / 'out'}\n")
+        run = CliRunner().invoke(app, ["run", str(config)])
+        assert run.exit_code == 2 and f"pid {holder.pid}" in " ".join(run.output.split())
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    after = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--metrics", "rouge1_recall",
+                                     "--out", str(tmp_path / "out")])
+    assert after.exit_code == 0, after.output  # the lock went with its process
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    old = os.umask(0o002)
+    try:
+        atomic.write_text(tmp_path / "shared.json", "{}")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "shared.json").stat().st_mode & 0o777 == 0o664  # group-writable, as a cluster group dir needs
+
+
+def test_unwritable_out_is_refused_before_any_scoring(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--metrics", "meteor",
+                                      "--out", str(blocker / "out")])
+    assert result.exit_code == 2 and "cannot write to" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def _finished_run(tmp_path):
+    from diagsafe_local.pipeline import Run
+    from test_pipeline_unit import Factory, make_config
+
+    Run(make_config(tmp_path), engine_factory=Factory()).execute()
+    return tmp_path / "run"
+
+
+def test_gate_refuses_an_unfinished_run_with_its_own_exit_code(tmp_path):
+    import json
+
+    run_dir = _finished_run(tmp_path)
+    gate = ["gate", str(run_dir), "--max-asr", "1", "--allow-degenerate-judge"]
+    assert CliRunner().invoke(app, gate).exit_code == 0
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    refused = CliRunner().invoke(app, gate)
+    assert refused.exit_code == 3 and "the run is not complete (status 'running')" in " ".join(refused.output.split())
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    with open(run_dir / "results.jsonl", "a", encoding="utf-8") as handle:  # results changed after the summary
+        handle.write((run_dir / "results.jsonl").read_text().splitlines()[0] + "\n")
+    stale = CliRunner().invoke(app, gate)
+    assert stale.exit_code == 3 and "summary.json does not belong to results.jsonl" in " ".join(stale.output.split())
+
+
+def test_corrupt_run_files_and_bad_thresholds_are_input_errors_not_tracebacks(tmp_path):
+    run_dir = _finished_run(tmp_path)
+    bad = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1.5"])
+    assert bad.exit_code == 2 and "invalid gate thresholds: max_asr" in " ".join(bad.output.split())
+    (run_dir / "summary.json").write_text('{"targets": {')
+    for command in (["gate", str(run_dir), "--max-asr", "1"], ["report", str(run_dir)]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2 and "corrupt run summary" in " ".join(result.output.split()), command
+    (run_dir / "manifest.json").write_bytes(b"\xff\xfe")
+    result = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1"])
+    assert result.exit_code == 2 and "corrupt run manifest" in " ".join(result.output.split())
+    missing = CliRunner().invoke(app, ["compare", str(tmp_path / "nope"), str(run_dir)])
+    assert missing.exit_code == 2 and "Traceback" not in missing.output
+
+
+def test_a_missing_model_path_is_named_not_tried_as_a_hub_id(tmp_path):
+    from diagsafe_local.engines.base import local_model_path
+    from diagsafe_local.errors import DiagsafeError
+
+    (tmp_path / "runs").mkdir()
+    for typo in (str(tmp_path / "ckpt"), "./nope/ckpt", "../x/y/z"):
+        try:
+            local_model_path(typo)
+        except DiagsafeError as exc:
+            assert "no such file or directory" in str(exc)
+        else:
+            raise AssertionError(typo)
+    os.chdir(tmp_path)
+    try:
+        local_model_path("Qwen/Qwen2.5-7B-Instruct")  # a hub id stays a hub id
+        try:
+            local_model_path("runs/step-12O0")  # beside an existing runs/: a local path with a typo
+            raise AssertionError("runs/step-12O0")
+        except DiagsafeError:
+            pass
+    finally:
+        os.chdir("/")
+
+
+def test_a_run_where_every_answer_failed_exits_3(tmp_path, monkeypatch):
+    import yaml
+
+    from diagsafe_local.engines.base import error_completion
+    from test_pipeline_unit import Factory, make_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(make_config(tmp_path).model_dump(mode="json")))
+    monkeypatch.setattr("diagsafe_local.pipeline.create_engine",
+                        Factory(target=lambda request: error_completion("the engine fell over")))
+    result = CliRunner().invoke(app, ["run", str(path)])
+    assert result.exit_code == 3, result.output
+    assert "every answer of t failed" in " ".join(result.output.split())
+
+
+def test_bench_outputs_when_every_judgment_failed(tmp_path):
+    import numpy as np
+
+    from diagsafe_local.benchmark.dataset import load_dataset
+    from diagsafe_local.benchmark.report import write_outputs
+    from diagsafe_local.benchmark.runner import leaderboard, response_frame
+
+    data = load_dataset(SAMPLE)
+    responses = [(p, r) for p in data.prompts for r in p.responses]
+    scores = response_frame(responses, "judge:x", np.full(len(responses), np.nan))
+    worst = leaderboard(scores, data, missing="worst-case")
+    assert worst.iloc[0]["overall"] == 0.0 and worst.iloc[0]["n_prompts_affected"] == 10
+    dropped = leaderboard(scores, data, missing="drop-prompt")
+    assert dropped.iloc[0]["n_prompts"] == 0
+    for name, board in (("worst", worst), ("dropped", dropped)):
+        write_outputs(tmp_path / name, board, scores, {"dataset": "x"}, data)  # was a TypeError
+        assert "| `judge:x` | n/a" in (tmp_path / name / "failure_analysis.md").read_text()
+
+
+def test_compare_refuses_runs_of_different_datasets_and_overwrite_keeps_user_files(tmp_path):
+    import json
+
+    from diagsafe_local.pipeline import Run
+    from test_pipeline_unit import Factory, make_config
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    run_a = _finished_run(tmp_path / "a")
+    run_b = _finished_run(tmp_path / "b")
+    assert CliRunner().invoke(app, ["compare", str(run_a), str(run_b)]).exit_code == 0
+    manifest = json.loads((run_b / "manifest.json").read_text())
+    manifest["dataset"]["sha256"] = "0" * 64
+    (run_b / "manifest.json").write_text(json.dumps(manifest))
+    refused = CliRunner().invoke(app, ["compare", str(run_a), str(run_b)])
+    assert refused.exit_code == 2 and "different datasets" in " ".join(refused.output.split())
+    assert CliRunner().invoke(app, ["compare", str(run_a), str(run_b), "--allow-different-datasets"]).exit_code == 0
+
+    (run_a / "notes.txt").write_text("mine")
+    (run_a / "figures").mkdir(exist_ok=True)
+    (run_a / "figures" / "my_plot.png").write_text("mine")
+    config = make_config(tmp_path / "a").model_copy(update={"targets": [make_config(tmp_path / "a").targets[0].model_copy(update={"name": "other"})]})
+    Run(config, overwrite=True, engine_factory=Factory()).execute()
+    assert (run_a / "notes.txt").read_text() == "mine" and (run_a / "figures" / "my_plot.png").exists()
