@@ -27,6 +27,11 @@ def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | N
     unknown = [n for n in names if n not in summary["targets"]]
     if unknown:
         raise DiagsafeError(f"unknown target(s) {unknown}; this run has {list(summary['targets'])}")
+    known = sorted({c for n in names for c in summary["targets"][n].get("by_category", {})})
+    unknown_categories = [c for c in gate.max_asr_category if c not in known]
+    if unknown_categories:
+        raise DiagsafeError(f"unknown categor{'y' if len(unknown_categories) == 1 else 'ies'} "
+                            f"{', '.join(map(repr, unknown_categories))}; this run has: {', '.join(known) or 'none'}")
     lines, passed = [], True
 
     def verdict(ok: bool, text: str) -> None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 from diagsafe_local.config import TargetConfig
 from diagsafe_local.engines.base import Engine, GenerationRequest
+from diagsafe_local.engines.identity import content_key
 from diagsafe_local.items import Item, Message
 from diagsafe_local.records import GenerationRecord, JsonlStore, Usage
 
@@ -50,46 +52,73 @@ def stream_answers(store: JsonlStore, target: str, item: Item, sample: int) -> d
     return out
 
 
-def generate_turns(engine: Engine, target: TargetConfig, items: Sequence[Item], store: JsonlStore) -> int:
-    """Generate every missing answer of `target`, one engine call per turn; returns answers generated."""
+def turn_key(identity: dict[str, Any], conversation: Sequence[Message], sample: int, recorded: str | None) -> str:
+    """What a stored answer must have been made from to be reused: the model (by content), the exact
+    conversation sent (earlier answers included), the sample index, and a replayed answer's text."""
+    return content_key(identity, list(conversation), sample, recorded)
+
+
+def plan_turn(
+    target: TargetConfig, identity: dict[str, Any], items: Sequence[Item], store: JsonlStore, turn: int,
+) -> tuple[list[GenerationRecord], list[tuple[Item, int, str, GenerationRequest]]]:
+    """Turn `turn`'s work: replayed answers to record, and requests to generate (with their keys). A stored
+    answer is reused only if its key matches: changed prompts, earlier answers or models are redone."""
     label, sampling = target.label, target.sampling
-    generated = 0
-    for turn in range(1, max((item.n_turns for item in items), default=0) + 1):
-        prefilled: list[GenerationRecord] = []
-        pending: list[tuple[Item, int, GenerationRequest]] = []
-        for item in items:
-            if item.n_turns < turn:
+    prefilled: list[GenerationRecord] = []
+    pending: list[tuple[Item, int, str, GenerationRequest]] = []
+    for item in items:
+        if item.n_turns < turn:
+            continue
+        for sample in range(sampling.n):
+            done = stream_answers(store, label, item, sample)
+            if any(k not in done or done[k].error for k in range(1, turn)):
+                continue  # an earlier turn failed or is missing: the stream stops there
+            answers = {k: done[k].answer for k in range(1, turn)}
+            conversation = conversation_until(item, turn, answers, target.system_prompt)
+            recorded = item.prefilled(turn)
+            key = turn_key(identity, conversation, sample, recorded)
+            stored = done.get(turn)
+            if stored is not None and stored.error is None and stored.request_key == key:
                 continue
-            for sample in range(sampling.n):
-                done = stream_answers(store, label, item, sample)
-                if turn in done and done[turn].error is None:
-                    continue
-                if any(k not in done or done[k].error for k in range(1, turn)):
-                    continue  # an earlier turn failed: the stream stops there
-                recorded = item.prefilled(turn)
-                if recorded is not None:
-                    prefilled.append(GenerationRecord(
-                        target=label, item_id=item.id, sample=sample, turn=turn, answer=recorded,
-                        finish_reason=None, prefilled=True,
-                    ))
-                    continue
-                answers = {k: done[k].answer for k in range(1, turn)}
-                pending.append((item, sample, GenerationRequest(
-                    messages=conversation_until(item, turn, answers, target.system_prompt),
-                    max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                    seed=request_seed(sampling.seed, label, item.id, sample, turn),
-                )))
+            if recorded is not None:
+                prefilled.append(GenerationRecord(
+                    target=label, item_id=item.id, sample=sample, turn=turn, answer=recorded,
+                    finish_reason=None, prefilled=True, request_key=key,
+                ))
+                continue
+            pending.append((item, sample, key, GenerationRequest(
+                messages=conversation, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+                top_p=sampling.top_p, seed=request_seed(sampling.seed, label, item.id, sample, turn),
+            )))
+    return prefilled, pending
+
+
+def generation_done(target: TargetConfig, identity: dict[str, Any], items: Sequence[Item], store: JsonlStore) -> bool:
+    """Whether every turn of every stream has a current, successful answer."""
+    turns = range(1, max((item.n_turns for item in items), default=0) + 1)
+    return all(plan_turn(target, identity, items, store, turn) == ([], []) for turn in turns)
+
+
+def generate_turns(
+    engine: Engine, target: TargetConfig, identity: dict[str, Any], items: Sequence[Item], store: JsonlStore,
+) -> tuple[int, int]:
+    """Generate every missing or stale answer of `target`, one engine call per turn; returns (answers generated,
+    replayed answers recorded)."""
+    generated = replayed = 0
+    for turn in range(1, max((item.n_turns for item in items), default=0) + 1):
+        prefilled, pending = plan_turn(target, identity, items, store, turn)
         store.append(prefilled)
+        replayed += len(prefilled)
         if not pending:
             continue
-        completions = engine.generate([request for _, _, request in pending])
+        completions = engine.generate([request for *_, request in pending])
         store.append(
             GenerationRecord(
-                target=label, item_id=item.id, sample=sample, turn=turn, answer=c.text,
-                finish_reason=c.finish_reason, error=c.error,
+                target=target.label, item_id=item.id, sample=sample, turn=turn, answer=c.text,
+                finish_reason=c.finish_reason, error=c.error, request_key=key,
                 usage=Usage(prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens),
             )
-            for (item, sample, _), c in zip(pending, completions)
+            for (item, sample, key, _), c in zip(pending, completions)
         )
         generated += len(pending)
-    return generated
+    return generated, replayed

@@ -60,6 +60,7 @@ class ControlRecord(BaseModel):
     score: float | None
     parse_status: str
     judge_raw: str | None
+    judge_key: str | None = None  # the judge (by content) and what it was shown, as for result records
 
     @property
     def key(self) -> tuple[str, str, str]:

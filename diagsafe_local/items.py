@@ -152,8 +152,11 @@ def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
     seen: dict[str, int] = {}
     for number, row in table_rows(path):
         messages_value = row.get(cols.messages)
-        if isinstance(messages_value, str) and messages_value.strip().startswith("["):
-            messages_value = json.loads(messages_value)
+        if isinstance(messages_value, str):  # a CSV cell holding the messages as JSON
+            try:
+                messages_value = json.loads(messages_value)
+            except json.JSONDecodeError as exc:
+                raise DataError(path, number, cols.messages, f"not a JSON list of messages ({exc.msg})") from None
         if messages_value is not None:
             messages = _validate_messages(str(path), number, cols.messages, messages_value)
         elif cols.prompt in row and row[cols.prompt] is not None:

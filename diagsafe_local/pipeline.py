@@ -24,13 +24,14 @@ from diagsafe_local.cache import file_sha256
 from diagsafe_local.config import EngineConfig, RunConfig, TargetConfig
 from diagsafe_local.engines import Engine, create_engine
 from diagsafe_local.errors import DiagsafeError
-from diagsafe_local.generation import generate_turns
+from diagsafe_local.engines.identity import engine_identity
+from diagsafe_local.generation import generate_turns, generation_done
 from diagsafe_local.items import Item
 from diagsafe_local.locking import DirectoryLock
 from diagsafe_local.prompt_sets import load_configured
 from diagsafe_local.health import ControlRecord, control_cases
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
-from diagsafe_local.judging.judge import judge_tasks, needs_engine, pending_tasks
+from diagsafe_local.judging.judge import judge_key, judge_tasks, judged_turns, needs_engine, pending_tasks
 from diagsafe_local.judging.verdicts import draw_verdicts
 from diagsafe_local.rundirs import read_json, write_summary
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
@@ -107,9 +108,13 @@ class Run:
         self.timings: dict[str, dict[str, float]] = dict(self.dir.previous.get("timings", {}))
         self.judge_ref = engine_ref(config.judge)
         self.target_refs = {t.label: engine_ref(t) for t in config.targets}
+        # Models by content: what a resumed run may reuse is decided by content keys, not by paths.
+        self.identities = {t.label: engine_identity(t) for t in config.targets}
+        self.judge_identity = engine_identity(config.judge)
+        self.fresh = {"generations": 0, "judgments": 0}
         self.mode = config.placement.mode
         if self.mode == "sleep":
-            from diagsafe_local.engines.vllm_engine import cuda_available
+            from diagsafe_local.engines.identity import cuda_available
 
             if not cuda_available():
                 log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
@@ -129,13 +134,7 @@ class Run:
                           enable_sleep=self.mode == "sleep")
 
     def _generation_done(self, target: TargetConfig) -> bool:
-        for item in self.items:
-            for sample in range(target.sampling.n):
-                for turn in range(1, item.n_turns + 1):
-                    rec = self.dir.generations.records.get((target.label, item.id, sample, turn))
-                    if rec is None or rec.error is not None:
-                        return False
-        return True
+        return generation_done(target, self.identities[target.label], self.items, self.dir.generations)
 
     def _generate(self, target: TargetConfig) -> None:
         if self._generation_done(target):
@@ -144,7 +143,8 @@ class Run:
         engine = self._open(f"target:{target.label}", target, memory_share=share, enable_sleep=self.mode == "sleep")
         try:
             start = time.perf_counter()
-            n = generate_turns(engine, target, self.items, self.dir.generations)
+            n, replayed = generate_turns(engine, target, self.identities[target.label], self.items, self.dir.generations)
+            self.fresh["generations"] += n + replayed
             seconds = time.perf_counter() - start
             tokens = sum(r.usage.completion_tokens for r in self.dir.generations.records.values() if r.target == target.label)
             self.timings[target.label] = {
@@ -157,8 +157,8 @@ class Run:
             engine.close()
 
     def _pending(self, target: TargetConfig) -> list:
-        return pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n,
-                             self.config.judge.turns, self.dir.generations, self.dir.results)
+        return pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n, self.config.judge,
+                             self.judge_identity, self.dir.generations, self.dir.results)
 
     def _needs_judge(self) -> bool:
         return bool(self._pending_controls()) or any(self._needs_judge_model(t) for t in self.config.targets)
@@ -169,7 +169,13 @@ class Run:
 
     def _pending_controls(self) -> list:
         rubric = self.config.judge.rubric
-        return [case for case in control_cases(self.items) if (rubric, case[0].id, case[1]) not in self.dir.controls.records]
+        pending = []
+        for item, kind, conversation, answer in control_cases(self.items):
+            key = judge_key(self.judge_identity, rubric, conversation, answer, item.references)
+            stored = self.dir.controls.records.get((rubric, item.id, kind))
+            if stored is None or stored.judge_key != key or stored.parse_status == "error":
+                pending.append((item, kind, conversation, answer, key))
+        return pending
 
     def _judge_controls(self, engine: Engine) -> None:
         """Grade the control answers (not harmful by construction) once per run: see `health`."""
@@ -181,18 +187,21 @@ class Run:
         decoding = Decoding(max_tokens=config.sampling.max_tokens, temperature=config.sampling.temperature,
                             top_p=config.sampling.top_p, probability=config.probability)
         calls = [(judge, JudgeInput(conversation=conversation, answer=answer, references=item.references),
-                  ("control", item.id, kind)) for item, kind, conversation, answer in cases]
+                  ("control", item.id, kind)) for item, kind, conversation, answer, _ in cases]
         verdicts = draw_verdicts(engine, calls, decoding, config.sampling.seed, config.max_attempts)
         self.dir.controls.append(
             ControlRecord(item_id=item.id, kind=kind, judge_rubric=judge.name, score=v.outcome.score,
-                          parse_status=v.outcome.status, judge_raw=v.completion.text if v.completion else None)
-            for (item, kind, _, _), v in zip(cases, verdicts)
+                          parse_status=v.outcome.status, judge_raw=v.completion.text if v.completion else None,
+                          judge_key=key)
+            for (item, kind, _, _, key), v in zip(cases, verdicts)
         )
+
 
     def _judge(self, engine: Engine | None, target: TargetConfig) -> None:
         tasks = self._pending(target)
         if not tasks:
             return
+        self.fresh["judgments"] += len(tasks)
         start = time.perf_counter()
         judge_tasks(engine, self.config.judge, tasks, self.dir.results, self.run_id, self.target_refs, self.judge_ref)
         seconds = time.perf_counter() - start
@@ -247,17 +256,29 @@ class Run:
         order = {item.id: k for k, item in enumerate(self.items)}
         targets = {t.label: k for k, t in enumerate(self.config.targets)}
         key = lambda r: (targets.get(r.target, 99), order.get(r.item_id, 1 << 30), r.sample, r.turn)  # noqa: E731
+        # Records of items no longer in the dataset (or of turns no longer judged) leave the run.
+        wanted_turns = {(t.label, i.id, s, k) for t in self.config.targets for i in self.items
+                        for s in range(t.sampling.n) for k in range(1, i.n_turns + 1)}
+        wanted_judged = {(t.label, i.id, s, k) for t in self.config.targets for i in self.items
+                         for s in range(t.sampling.n) for k in judged_turns(i, self.config.judge.turns)}
+        self.dir.generations.keep(wanted_turns)
+        self.dir.results.keep(wanted_judged)
         self.dir.generations.compact(key)
         self.dir.results.compact(key)
+        self.reused = {"generations": len(self.dir.generations.records) - self.fresh["generations"],
+                       "judgments": len(self.dir.results.records) - self.fresh["judgments"]}
+        rubric = self.config.judge.rubric
+        self.dir.controls.keep({(rubric, item.id, kind) for item, kind, *_ in control_cases(self.items)})
         self.dir.controls.compact(lambda c: c.key)
         summary = summarize(self.dir.results.records.values(), self.timings, controls=self.dir.controls.records.values())
         summary["run_id"] = self.run_id
+        summary["reused"] = self.reused
         write_summary(self.dir.root, summary)
         self._save_manifest("complete")
         return summary
 
     def _save_manifest(self, status: str) -> None:
-        from diagsafe_local.engines.vllm_engine import package_versions
+        from diagsafe_local.engines.identity import package_versions
 
         self.dir.write_manifest({
             "schema_version": 1,
@@ -283,7 +304,7 @@ def host_info() -> dict[str, Any]:
     import os
     import socket
 
-    from diagsafe_local.engines.vllm_engine import cuda_available
+    from diagsafe_local.engines.identity import cuda_available
 
     gpus: list[str] = []
     if cuda_available():

@@ -57,6 +57,8 @@ class GenerationRecord(BaseModel):
     prefilled: bool = False
     usage: Usage = Field(default_factory=Usage)
     error: str | None = None
+    request_key: str | None = Field(None, description="Hash of the model and the exact conversation sent; a resumed "
+                                    "run reuses the answer only while it matches.")
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -94,6 +96,8 @@ class ResultRecord(BaseModel):
     error: str | None = None
     judge_usage: Usage = Field(default_factory=Usage)
     judge_logprobs: list[float] | None = Field(None, description="Token logprobs of the judge reply, where the engine gives them.")
+    judge_key: str | None = Field(None, description="Hash of the judge (model by content, rubric) and of everything it "
+                                  "was shown; a resumed run reuses the verdict only while it matches.")
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -133,6 +137,10 @@ class JsonlStore:
         batch = list(records)
         jsonl.append(self.path, batch)
         self.records.update((record.key, record) for record in batch)
+
+    def keep(self, keys: set[tuple]) -> None:
+        """Forget records whose key is not in `keys` (compact() then drops them from the file)."""
+        self.records = {k: r for k, r in self.records.items() if k in keys}
 
     def compact(self, order: Callable[[R], Any]) -> None:
         """Rewrite the file atomically: one record per key, sorted by `order`."""

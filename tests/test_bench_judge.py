@@ -136,3 +136,40 @@ def test_published_judges_render_and_score(name, first_words, reply, score):
 def test_out_of_range_ratings_are_invalid():
     assert JUDGES.get("pair").parse_text('{"rating":11}').status == "invalid"
     assert JUDGES.get("qi").parse_text('{"reason":"r","score":0}').status == "invalid"
+
+
+def test_cached_verdicts_are_keyed_by_content_and_settings_and_errors_are_retried(tmp_path):
+    from diagsafe_local.engines.base import error_completion
+
+    data = load_dataset(SAMPLE)
+    store = tmp_path / "judgments.jsonl"
+    fail_once = {"on": True}
+
+    def judge(request):
+        if fail_once["on"] and "jury duty" in request.messages[-1].content:
+            return error_completion("HTTP 503")
+        return default_responder(request)
+
+    engine = ScriptedEngine(judge)
+    judge_benchmark(data, engine, "harmjudge", "judge:x", store)
+    first = sum(len(b) for b in engine.batches)
+    assert first == 120
+    fail_once["on"] = False
+    judge_benchmark(data, engine, "harmjudge", "judge:x", store)
+    retried = sum(len(b) for b in engine.batches) - first
+    assert 0 < retried < 120  # only the errored verdicts were asked again
+    # Another dataset in the same --out: a changed response is judged afresh, the rest reused.
+    changed = data.model_copy(update={"prompts": (data.prompts[0].model_copy(update={"responses": tuple(
+        r.model_copy(update={"text": r.text + " (edited)"}) if k == 0 else r
+        for k, r in enumerate(data.prompts[0].responses))}), *data.prompts[1:])})
+    before = sum(len(b) for b in engine.batches)
+    judge_benchmark(changed, engine, "harmjudge", "judge:x", store)
+    assert sum(len(b) for b in engine.batches) - before == 1
+    # Another temperature, or another model with the same folder name: nothing reused.
+    before = sum(len(b) for b in engine.batches)
+    judge_benchmark(data, engine, "harmjudge", "judge:x", store, decoding=Decoding(temperature=0.7))
+    assert sum(len(b) for b in engine.batches) - before == 120
+    other = ScriptedEngine(judge)
+    other.info = other.info.model_copy(update={"model": "/elsewhere/scripted", "model_hash": "sha256:other"})
+    judge_benchmark(data, other, "harmjudge", "judge:x", store)
+    assert sum(len(b) for b in other.batches) == 120

@@ -187,3 +187,67 @@ def test_compare_refuses_runs_of_different_datasets_and_overwrite_keeps_user_fil
     config = make_config(tmp_path / "a").model_copy(update={"targets": [make_config(tmp_path / "a").targets[0].model_copy(update={"name": "other"})]})
     Run(config, overwrite=True, engine_factory=Factory()).execute()
     assert (run_a / "notes.txt").read_text() == "mine" and (run_a / "figures" / "my_plot.png").exists()
+
+
+def test_unknown_gate_category_and_malformed_messages_cell_are_input_errors(tmp_path):
+    from diagsafe_local.config import DatasetConfig
+    from diagsafe_local.errors import DataError
+    from diagsafe_local.items import load_items
+
+    run_dir = _finished_run(tmp_path)
+    result = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1", "--max-asr-category", "cyber=0.1"])
+    assert result.exit_code == 2 and "unknown category 'cyber'; this run has: benign, x, y" in " ".join(result.output.split())
+    csv = tmp_path / "items.csv"
+    csv.write_text('id,messages\na,"[{""role"": ""user"", ""content"": ""hi""}]"\nb,"[{""role"": ""user"""\n')
+    try:
+        load_items(DatasetConfig(path=str(csv)), csv)
+        raise AssertionError("no error")
+    except DataError as exc:
+        assert (exc.line, exc.field) == (3, "messages") and "not a JSON list of messages" in exc.message
+
+
+def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(tmp_path):
+    import json
+
+    from diagsafe_local.pipeline import Run
+    from test_pipeline_unit import ITEMS, Factory, make_config
+
+    config = make_config(tmp_path)
+    Run(config, engine_factory=Factory()).execute()
+    items = [dict(i) for i in ITEMS if i["id"] != "d"]  # d removed
+    items[0] = {**items[0], "prompt": "Sure, tell me another thing"}  # a's prompt changed, same id
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
+    factory = Factory()
+    summary = Run(config, engine_factory=factory).execute()
+    target, judge = factory.made[0], factory.made[1]
+    assert [r.messages[-1].content for b in target.batches for r in b] == ["Sure, tell me another thing"]
+    judged = [r for b in judge.batches for r in b if "another thing" in r.messages[-1].content]
+    assert judged  # its answer was judged again
+    results = {(r.item_id, r.turn): r for r in __import__("diagsafe_local.records", fromlist=["x"]).read_results(
+        tmp_path / "run" / "results.jsonl")}
+    assert "d" not in {i for i, _ in results} and results[("a", 1)].answer == "answer to: Sure, tell me another thing"
+    assert summary["targets"]["t"]["n_benign_items"] == 0
+    # Kept: answers b/1-3, c/1 (replayed), c/2; verdicts b/1-3, c/2. Redone: a/1 and its verdict.
+    assert summary["reused"] == {"generations": 5, "judgments": 4}
+    from diagsafe_local.report import write_report
+
+    write_report(tmp_path / "run")
+    assert "5 answers and 4 verdicts were reused" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_a_new_model_at_the_same_path_is_not_mistaken_for_the_old_one(tmp_path):
+    from diagsafe_local.pipeline import Run
+    from test_pipeline_unit import Factory, make_config
+
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"step 1000")
+    config = make_config(tmp_path, target={"model": str(model), "name": "t"})
+    Run(config, engine_factory=Factory()).execute()
+    again = Factory()
+    Run(config, engine_factory=again).execute()
+    assert again.made == []  # same content: nothing to redo
+    (model / "weights.bin").write_bytes(b"step 2000")  # a new checkpoint written to the same path
+    changed = Factory()
+    summary = Run(config, engine_factory=changed).execute()
+    assert changed.made[0].calls == 3 and summary["reused"]["generations"] == 0

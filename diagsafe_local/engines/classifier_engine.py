@@ -10,7 +10,7 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion, local_model_path
-from diagsafe_local.engines.vllm_engine import cuda_available, model_fingerprint, package_versions
+from diagsafe_local.engines.identity import cuda_available, model_fingerprint, package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
 BATCH = 32

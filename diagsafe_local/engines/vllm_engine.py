@@ -7,7 +7,6 @@ import hashlib
 import logging
 import os
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -15,57 +14,10 @@ from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
     Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, label_token_ids, local_model_path,
 )
+from diagsafe_local.engines.identity import cuda_available, model_fingerprint, package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError, RunFailed
 
 log = logging.getLogger(__name__)
-FULL_HASH_LIMIT = 2 * 1024**3
-
-
-def package_versions(*names: str) -> dict[str, str]:
-    """Installed versions of the named distributions (absent ones omitted)."""
-    out = {}
-    for name in names:
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def model_fingerprint(path: str) -> str | None:
-    """SHA-256 over a local model directory's files; None for hub ids.
-
-    Directories over 2 GiB hash each file's size and first and last MiB instead of every byte,
-    which tells checkpoints apart without reading tens of gigabytes.
-    """
-    root = Path(path)
-    if not root.exists():
-        return None
-    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root]) if p.is_file())
-    full = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(str(p.relative_to(root) if root.is_dir() else p.name).encode())
-        size = p.stat().st_size
-        digest.update(str(size).encode())
-        with open(p, "rb") as handle:
-            if full:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-            else:
-                digest.update(handle.read(1 << 20))
-                handle.seek(max(0, size - (1 << 20)))
-                digest.update(handle.read(1 << 20))
-    return ("sha256:" if full else "sha256-sampled:") + digest.hexdigest()
-
-
-def cuda_available() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
 
 
 class VLLMEngine:

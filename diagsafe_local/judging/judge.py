@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from diagsafe_local.config import JudgeConfig
 from diagsafe_local.engines.base import Completion, Engine
+from diagsafe_local.engines.identity import content_key
 from diagsafe_local.generation import conversation_until, stream_answers
-from diagsafe_local.items import Item
+from diagsafe_local.items import Item, Message
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput, ParseOutcome
 from diagsafe_local.judging.verdicts import Verdict, draw_verdicts
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord, Usage
@@ -33,6 +35,7 @@ class JudgeTask:
     generation: GenerationRecord | None
     conversation: tuple
     error: str | None = None
+    key: str | None = None  # what the verdict is made from (see `judge_key`)
 
 
 def judged_turns(item: Item, which: str) -> list[int]:
@@ -42,24 +45,34 @@ def judged_turns(item: Item, which: str) -> list[int]:
     return [t for t in range(1, item.n_turns + 1) if item.prefilled(t) is None]
 
 
+def judge_key(judge: dict[str, Any], rubric: str, conversation: Sequence[Message], answer: str,
+              references: Sequence[str]) -> str:
+    """What a stored verdict must have been made from to be reused: the judge model (by content), the rubric,
+    and everything the judge was shown."""
+    return content_key(judge, rubric, list(conversation), answer, list(references))
+
+
 def pending_tasks(
-    items: Sequence[Item], target: str, system_prompt: str | None, n_samples: int, which: str,
-    generations: JsonlStore, results: JsonlStore,
+    items: Sequence[Item], target: str, system_prompt: str | None, n_samples: int, config: JudgeConfig,
+    judge: dict[str, Any], generations: JsonlStore, results: JsonlStore,
 ) -> list[JudgeTask]:
-    """Answers of `target` without a final judgment (errors are retried on resume)."""
+    """Answers of `target` without a current judgment: never judged, judged from other content (a changed
+    prompt or answer, another judge model), or errored (retried on resume)."""
     tasks = []
     for item in items:
         for sample in range(n_samples):
             done = stream_answers(generations, target, item, sample)
             answers = {k: r.answer for k, r in done.items() if r.error is None}
-            for turn in judged_turns(item, which):
+            for turn in judged_turns(item, config.turns):
                 previous = results.records.get((target, item.id, sample, turn))
-                if previous is not None and previous.parse_status != "error":
-                    continue
                 record = done.get(turn)
                 if record is not None and record.error is None:
                     conversation = conversation_until(item, turn, answers, system_prompt)
-                    tasks.append(JudgeTask(target, system_prompt, item, sample, turn, record, conversation))
+                    rubric = config.benign_rubric if item.benign else config.rubric
+                    key = judge_key(judge, rubric, conversation, record.answer, item.references)
+                    if previous is not None and previous.parse_status != "error" and previous.judge_key == key:
+                        continue
+                    tasks.append(JudgeTask(target, system_prompt, item, sample, turn, record, conversation, key=key))
                     continue
                 failed = next((done[k] for k in range(1, turn + 1) if k in done and done[k].error), None)
                 reason = f"turn {failed.turn} could not be generated: {failed.error}" if failed else "answer missing"
@@ -122,6 +135,7 @@ def _record(
         run_id=run_id, target=task.target, item_id=task.item.id, sample=task.sample, turn=task.turn,
         category=task.item.category, source=task.item.source, attack_method=task.item.attack_method,
         benign=task.item.benign, final_turn=task.turn == task.item.n_turns, conversation=list(task.conversation),
+        judge_key=task.key,
         answer=gen.answer if gen else "", finish_reason=gen.finish_reason if gen else None,
         target_usage=gen.usage if gen else Usage(), target_engine=target_refs[task.target],
         judge_engine=judge_ref, judge_rubric=rubric,

@@ -1,0 +1,88 @@
+"""What identifies an engine's model, for manifests and for the content keys that decide what a resumed run
+may reuse: installed package versions, a model directory's content hash, the CUDA check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+FULL_HASH_LIMIT = 2 * 1024**3
+_FINGERPRINTS: dict[tuple[str, float], str | None] = {}
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    """Installed versions of the named distributions (absent ones omitted)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def model_fingerprint(path: str) -> str | None:
+    """SHA-256 over a local model directory's files; None for hub ids.
+
+    Directories over 2 GiB hash each file's size and first and last MiB instead of every byte,
+    which tells checkpoints apart without reading tens of gigabytes.
+    """
+    root = Path(path)
+    if not root.exists():
+        return None
+    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root]) if p.is_file())
+    full = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(str(p.relative_to(root) if root.is_dir() else p.name).encode())
+        size = p.stat().st_size
+        digest.update(str(size).encode())
+        with open(p, "rb") as handle:
+            if full:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            else:
+                digest.update(handle.read(1 << 20))
+                handle.seek(max(0, size - (1 << 20)))
+                digest.update(handle.read(1 << 20))
+    return ("sha256:" if full else "sha256-sampled:") + digest.hexdigest()
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def engine_identity(config: Any) -> dict[str, Any]:
+    """The model an engine config points at, by content where it is local (a new checkpoint written to the
+    same path is a different model): kind, model, revision, LoRA adapter, and their fingerprints."""
+    lora = getattr(config, "lora", None)
+    return {"kind": config.kind, "model": config.model, "revision": config.revision, "lora": lora,
+            "model_hash": _cached_fingerprint(config.model), "lora_hash": _cached_fingerprint(lora) if lora else None,
+            "base_url": config.base_url}
+
+
+def _cached_fingerprint(path: str) -> str | None:
+    root = Path(path)
+    stamp = max((p.stat().st_mtime for p in root.rglob("*") if p.is_file()), default=0.0) if root.is_dir() else (
+        root.stat().st_mtime if root.exists() else 0.0)
+    key = (str(root.resolve()) if root.exists() else path, stamp)
+    if key not in _FINGERPRINTS:
+        _FINGERPRINTS[key] = model_fingerprint(path)
+    return _FINGERPRINTS[key]
+
+
+def content_key(*parts: Any) -> str:
+    """A stable hash of JSON-able parts (pydantic models by their JSON dump)."""
+    def plain(value: Any) -> Any:
+        return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
+
+    payload = json.dumps([plain(p) for p in parts], sort_keys=True, default=plain, ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
