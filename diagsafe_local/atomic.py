@@ -1,9 +1,16 @@
-"""Crash-safe file writes: a reader sees the old file or the complete new one, never half of it."""
+"""Crash-safe file writes: a reader sees the old file or the complete new one, never half of it.
+
+`outputs_together()` defers SIGTERM and SIGINT while a set of outputs is put in place, so a stopped command
+leaves the previous set or the new one, not a mixture. A process killed outright (SIGKILL) can leave a
+temporary file behind: `remove_stale_temporaries` clears them when the directory is next written.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,3 +50,28 @@ def write_with(path: str | Path, writer: Callable[[Path], object]) -> None:
     """Atomically create `path` by calling `writer(temporary_path)`."""
     with atomic_path(path) as tmp:
         writer(tmp)
+
+
+TEMPORARY_GLOB = ".*.tmp"
+
+
+def remove_stale_temporaries(directory: Path) -> int:
+    """Delete temporaries that a killed writer left in `directory` (call it holding the directory's lock)."""
+    stale = [p for p in directory.glob(TEMPORARY_GLOB) if p.is_file()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return len(stale)
+
+
+@contextmanager
+def outputs_together() -> Iterator[None]:
+    """Hold back SIGTERM and SIGINT until the block ends (they are delivered right after it)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -42,3 +42,7 @@ class MissingDependencyError(DiagsafeError):
             f"{purpose} needs the '{package}' package, which is not installed. "
             f"Install it with: pip install 'diagsafe-local[{extra}]'"
         )
+
+
+class Interrupted(RunFailed):
+    """SIGTERM (a SLURM time limit) or SIGINT (Ctrl-C) stopped the command; finished work is saved."""

@@ -55,6 +55,7 @@ class RunDirectory:
         self.root = root or Path(config.output_dir)
         self.config = config
         self.lock = DirectoryLock(self.root, "run")
+        atomic.remove_stale_temporaries(self.root)
         manifest_path = self.root / "manifest.json"
         self.previous: dict[str, Any] = {}
         if manifest_path.exists():
@@ -253,6 +254,10 @@ class Run:
         return self._finish()
 
     def _finish(self) -> dict[str, Any]:
+        with atomic.outputs_together():  # results, summary and manifest change as one set
+            return self._write_outputs()
+
+    def _write_outputs(self) -> dict[str, Any]:
         order = {item.id: k for k, item in enumerate(self.items)}
         targets = {t.label: k for k, t in enumerate(self.config.targets)}
         key = lambda r: (targets.get(r.target, 99), order.get(r.item_id, 1 << 30), r.sample, r.turn)  # noqa: E731

@@ -187,7 +187,12 @@ def _examples(run_dir: Path, per_target: int = 3) -> tuple[list[str], list[str]]
 
 
 def write_report(run_dir: Path, baseline: str | None = None) -> list[Path]:
-    """report.md, report.html and figures/asr_by_category.png for a run directory."""
+    """report.md, report.html and figures/asr_by_category.png for a run directory, as one set."""
+    with atomic.outputs_together():
+        return _write_report(run_dir, baseline)
+
+
+def _write_report(run_dir: Path, baseline: str | None) -> list[Path]:
     summary = load_summary(run_dir)
     from diagsafe_local.rundirs import read_json
 

@@ -114,6 +114,23 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     assert 12 <= partial < total, "the run must be killed midway"
     assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
 
+    gate = CliRunner().invoke(app, ["gate", str(tmp_path / "killed"), "--max-asr", "1"])
+    assert gate.exit_code == 3 and "not complete" in gate.output  # a killed run never passes
+
+    # SIGTERM (a SLURM time limit) while resuming: a clean stop, nothing half-written, then a full resume.
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        if len(results.read_text().splitlines()) >= partial + 6:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
+    assert not list((tmp_path / "killed").glob(".*.tmp"))
+    assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
+    assert partial + 6 <= len(results.read_text().splitlines()) < total
+
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 

@@ -251,3 +251,23 @@ def test_a_new_model_at_the_same_path_is_not_mistaken_for_the_old_one(tmp_path):
     changed = Factory()
     summary = Run(config, engine_factory=changed).execute()
     assert changed.made[0].calls == 3 and summary["reused"]["generations"] == 0
+
+
+def test_sigterm_during_bench_leaves_no_temporaries_and_no_mixed_outputs(tmp_path):
+    import signal
+
+    expected = {"leaderboard.csv", "leaderboard.md", "scores.parquet", "leaderboard.png", "bench.json",
+                "failure_analysis.md", "failure_analysis.csv", "category_scores.csv"}
+    for delay in (1.0, 3.0):
+        out = tmp_path / f"after-{delay}"
+        proc = subprocess.Popen([sys.executable, "-m", "diagsafe_local.cli", "bench", "--dataset", str(SAMPLE),
+                                 "--metrics", "all", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        if proc.returncode == 0:
+            continue  # it finished first
+        assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
+        written = {p.name for p in out.iterdir()} - {".diagsafe.lock"} if out.exists() else set()
+        assert not [n for n in written if n.endswith(".tmp")]
+        assert written in (set(), expected), written  # all outputs or none

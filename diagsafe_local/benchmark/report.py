@@ -17,7 +17,15 @@ LEADERBOARD_COLUMNS = ["metric", *SCORE_NAMES]
 def write_outputs(
     out_dir: Path, board: pd.DataFrame, scores: pd.DataFrame, manifest: dict[str, object], dataset: BenchDataset
 ) -> list[Path]:
-    """Write every output file atomically; returns their paths."""
+    """Write every output file atomically, as one set (signals held back until all are in place); returns
+    their paths."""
+    with atomic.outputs_together():
+        return _write_all(out_dir, board, scores, manifest, dataset)
+
+
+def _write_all(
+    out_dir: Path, board: pd.DataFrame, scores: pd.DataFrame, manifest: dict[str, object], dataset: BenchDataset
+) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
         "csv": out_dir / "leaderboard.csv",

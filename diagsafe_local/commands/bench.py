@@ -129,6 +129,7 @@ def run_bench(
     from diagsafe_local.benchmark.dataset import load_dataset
     from diagsafe_local.errors import DiagsafeError
     from diagsafe_local.hub import resolve_dataset
+    from diagsafe_local.atomic import remove_stale_temporaries
     from diagsafe_local.locking import DirectoryLock
     from diagsafe_local.metrics import METRICS
 
@@ -146,6 +147,7 @@ def run_bench(
         raise DiagsafeError("nothing to rank: give --metrics and/or --judge")
     data = load_dataset(resolve_dataset(dataset))
     lock = DirectoryLock(out, "bench")  # also proves --out writable before any scoring
+    remove_stale_temporaries(out)
     try:
         _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge)
     finally:

@@ -3,23 +3,37 @@
 from __future__ import annotations
 
 import functools
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
 
-from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.errors import DiagsafeError, Interrupted
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise Interrupted(
+        f"interrupted by {signal.Signals(signum).name}: everything finished so far is saved, and no output was "
+        "left half-written; rerun the same command to resume"
+    )
+
+
 def user_errors(fn: F) -> F:
-    """Turn a DiagsafeError into one red line on stderr and its exit status (2, or 3 for RunFailed); no traceback."""
+    """Turn a DiagsafeError into one red line on stderr and its exit status (2, or 3 for RunFailed); no traceback.
+
+    SIGTERM (what SLURM sends at the time limit) and SIGINT unwind the command like an error, so every
+    `finally` runs: engines close, locks are released, temporary files are removed (exit status 3)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
             return fn(*args, **kwargs)
         except DiagsafeError as exc:
@@ -27,6 +41,9 @@ def user_errors(fn: F) -> F:
 
             Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     return wrapper  # type: ignore[return-value]
 
