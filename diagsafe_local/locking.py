@@ -28,6 +28,7 @@ class DirectoryLock:
 
     def __init__(self, directory: Path, what: str) -> None:
         self.path = directory / LOCK_NAME
+        self._created = not directory.exists()
         try:
             directory.mkdir(parents=True, exist_ok=True)
             self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
@@ -49,6 +50,12 @@ class DirectoryLock:
         os.pwrite(self._fd, f"{what}, pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)
 
     def release(self) -> None:
+        """Unlock; a directory this lock created and nothing else wrote to is removed (a command that failed
+        early leaves no empty output directory behind)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            directory = self.path.parent
+            if self._created and [p.name for p in directory.iterdir()] == [LOCK_NAME]:
+                self.path.unlink(missing_ok=True)
+                directory.rmdir()

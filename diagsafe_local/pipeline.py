@@ -23,6 +23,7 @@ from diagsafe_local import __version__, atomic
 from diagsafe_local.cache import file_sha256
 from diagsafe_local.config import EngineConfig, RunConfig, TargetConfig
 from diagsafe_local.engines import Engine, create_engine
+from diagsafe_local.engines.base import local_model_path
 from diagsafe_local.errors import DiagsafeError
 from diagsafe_local.engines.identity import engine_identity
 from diagsafe_local.generation import generate_turns, generation_done
@@ -103,6 +104,9 @@ class Run:
         self.items, self.dataset_path = load_configured(config.dataset)
         if shard is not None:
             self.items = [item for item in self.items if shard.owns(item.id)]
+        for engine in (*config.targets, config.judge):
+            if engine.kind != "openai":
+                local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
         self.dir = RunDirectory(config, overwrite, shard.directory(config.output_dir) if shard else None)
         self.run_id = config.fingerprint()
         self.engines: dict[str, Any] = dict(self.dir.previous.get("engines", {}))

@@ -34,7 +34,8 @@ def test_a_second_writer_is_refused_with_the_first_ones_pid_and_host(tmp_path):
         items = tmp_path / "items.jsonl"
         items.write_text('{"id": "a", "prompt": "hi"}\n')
         config = tmp_path / "run.yaml"
-        config.write_text(f"dataset: {{path: {items}}}\ntarget: {{model: /nowhere/t}}\njudge: {{model: /nowhere/j}}\n"
+        (tmp_path / "t").mkdir()
+        config.write_text(f"dataset: {{path: {items}}}\ntarget: {{model: {tmp_path / 't'}}}\njudge: {{model: {tmp_path / 't'}}}\n"
                           f"output_dir: {tmp_path / 'out'}\n")
         run = CliRunner().invoke(app, ["run", str(config)])
         assert run.exit_code == 2 and f"pid {holder.pid}" in " ".join(run.output.split())
@@ -271,3 +272,19 @@ def test_sigterm_during_bench_leaves_no_temporaries_and_no_mixed_outputs(tmp_pat
         written = {p.name for p in out.iterdir()} - {".diagsafe.lock"} if out.exists() else set()
         assert not [n for n in written if n.endswith(".tmp")]
         assert written in (set(), expected), written  # all outputs or none
+
+
+def test_a_late_error_leaves_no_empty_output_directory(tmp_path):
+    out = tmp_path / "new-out"
+    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--judge", "harmjudge",
+                                      "--judge-model", str(tmp_path / "no-such-model"), "--out", str(out)])
+    assert result.exit_code == 2 and "no such file or directory" in " ".join(result.output.split())
+    assert not out.exists()
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"id": "a", "prompt": "hi"}\n')
+    config = tmp_path / "run.yaml"
+    config.write_text(f"dataset: {{path: {items}}}\ntarget: {{model: {tmp_path}/nope/t}}\njudge: {{model: j/k}}\n"
+                      f"output_dir: {tmp_path / 'run-out'}\n")
+    run = CliRunner().invoke(app, ["run", str(config)])
+    assert run.exit_code == 2 and "no such file or directory" in " ".join(run.output.split())
+    assert not (tmp_path / "run-out").exists()

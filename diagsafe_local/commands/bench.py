@@ -89,16 +89,14 @@ def bench(
               judge_settings)
 
 
-def _judge_scores(data, judge: dict, out: Path, seed: int):  # type: ignore[no-untyped-def]
-    """Score the benchmark with a judge through an engine (loaded here, closed after)."""
-    from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
-    from diagsafe_local.config import JudgeConfig
-    from diagsafe_local.engines import create_engine
-    from diagsafe_local.judging import JUDGES, Decoding
-
+def judge_config(judge: dict):  # type: ignore[no-untyped-def]
+    """The judge's engine config, validated (and a local model path checked) before anything is written."""
     from pydantic import ValidationError
 
+    from diagsafe_local.config import JudgeConfig
+    from diagsafe_local.engines.base import local_model_path
     from diagsafe_local.errors import DiagsafeError
+    from diagsafe_local.judging import JUDGES
 
     spec = JUDGES.get(judge["rubric"])
     settings = {k: v for k, v in judge["engine"].items() if v is not None}
@@ -108,14 +106,25 @@ def _judge_scores(data, judge: dict, out: Path, seed: int):  # type: ignore[no-u
         config = JudgeConfig(**settings, rubric=spec.name, benign_rubric="keywords", probability=judge["probability"])
     except ValidationError as exc:
         raise DiagsafeError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
-    metric = judge_metric_name(spec.name, config.model, judge["probability"])
+    if config.kind != "openai":
+        local_model_path(config.model)
+    return config
+
+
+def _judge_scores(data, judge: dict, config, out: Path, seed: int):  # type: ignore[no-untyped-def]
+    """Score the benchmark with a judge through an engine (loaded here, closed after)."""
+    from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
+    from diagsafe_local.engines import create_engine
+    from diagsafe_local.judging import Decoding
+
+    metric = judge_metric_name(config.rubric, config.model, judge["probability"])
     engine = create_engine(config, structured_backend="xgrammar")
     try:
         def on_batch(finished: int, total: int) -> None:
             typer.echo(f"{metric}: judged {finished}/{total}", err=True)
 
         decoding = Decoding(temperature=judge["temperature"], probability=judge["probability"])
-        return judge_benchmark(data, engine, spec.name, metric, out / "judgments.jsonl", judge["samples"],
+        return judge_benchmark(data, engine, config.rubric, metric, out / "judgments.jsonl", judge["samples"],
                                decoding, seed=seed, on_batch=on_batch)
     finally:
         engine.close()
@@ -145,18 +154,19 @@ def run_bench(
         METRICS.get(name)
     if not names and not judge:
         raise DiagsafeError("nothing to rank: give --metrics and/or --judge")
+    config = judge_config(judge) if judge else None
     data = load_dataset(resolve_dataset(dataset))
     lock = DirectoryLock(out, "bench")  # also proves --out writable before any scoring
     remove_stale_temporaries(out)
     try:
-        _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge)
+        _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge, config)
     finally:
         lock.release()
 
 
 def _rank(  # type: ignore[no-untyped-def]
     data, dataset: str, names: list[str], scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int,
-    out: Path, judge: dict | None,
+    out: Path, judge: dict | None, config=None,  # type: ignore[no-untyped-def]
 ) -> None:
     from diagsafe_local.benchmark.report import print_leaderboard, write_outputs
     from diagsafe_local.benchmark.runner import leaderboard, score_responses
@@ -166,7 +176,7 @@ def _rank(  # type: ignore[no-untyped-def]
     if judge:
         import pandas as pd
 
-        scores = pd.concat([scores, _judge_scores(data, judge, out, seed)], ignore_index=True)
+        scores = pd.concat([scores, _judge_scores(data, judge, config, out, seed)], ignore_index=True)
         names = [*names, scores["metric"].iloc[-1]]
     board = leaderboard(scores, data, scoring, missing, bootstrap, seed)  # type: ignore[arg-type]
     manifest = {
