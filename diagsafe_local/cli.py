@@ -5,7 +5,17 @@ from __future__ import annotations
 import typer
 
 from diagsafe_local.commands import (
-    bench, data, demo, gate, models, report, run, runs, selftest, submit, train_classifier,
+    bench,
+    data,
+    demo,
+    gate,
+    models,
+    report,
+    run,
+    runs,
+    selftest,
+    submit,
+    train_classifier,
 )
 
 app = typer.Typer(

@@ -13,7 +13,7 @@ import logging
 import platform
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +24,17 @@ from diagsafe_local.cache import file_sha256
 from diagsafe_local.config import EngineConfig, RunConfig, TargetConfig
 from diagsafe_local.engines import Engine, create_engine
 from diagsafe_local.engines.base import local_model_path
-from diagsafe_local.errors import DiagsafeError
 from diagsafe_local.engines.identity import engine_identity
+from diagsafe_local.errors import DiagsafeError
 from diagsafe_local.generation import generate_turns, generation_done
-from diagsafe_local.items import Item
-from diagsafe_local.locking import DirectoryLock
-from diagsafe_local.prompt_sets import load_configured
 from diagsafe_local.health import ControlRecord, control_cases
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
 from diagsafe_local.judging.judge import judge_key, judge_tasks, judged_turns, needs_engine, pending_tasks
 from diagsafe_local.judging.verdicts import draw_verdicts
-from diagsafe_local.rundirs import read_json, write_summary
+from diagsafe_local.locking import DirectoryLock
+from diagsafe_local.prompt_sets import load_configured
 from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
+from diagsafe_local.rundirs import read_json, write_summary
 from diagsafe_local.sharding import Shard
 from diagsafe_local.summary import summarize
 
@@ -223,7 +222,7 @@ class Run:
             self.dir.lock.release()
 
     def _execute(self) -> dict[str, Any]:
-        self.started = datetime.now(timezone.utc).isoformat()
+        self.started = datetime.now(UTC).isoformat()
         atomic.write_text(self.dir.root / "config.yaml",
                           yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False))
         self._save_manifest("running")
@@ -294,7 +293,7 @@ class Run:
             "run_id": self.run_id,
             "status": status,
             "started": self.dir.previous.get("started") or getattr(self, "started", None),
-            "updated": datetime.now(timezone.utc).isoformat(),
+            "updated": datetime.now(UTC).isoformat(),
             "config": self.config.model_dump(mode="json"),
             "dataset": {"path": str(self.dataset_path), "spec": self.config.dataset.set or self.config.dataset.path,
                         "sha256": file_sha256(self.dataset_path), "n_items": len(self.items)},

@@ -195,7 +195,7 @@ def fetch(name: str) -> Path:
             with urllib.request.urlopen(spec.url, timeout=60) as response, open(partial, "wb") as out:
                 shutil.copyfileobj(response, out)
         else:
-            from huggingface_hub import hf_hub_download, snapshot_download
+            from huggingface_hub import hf_hub_download
 
             if spec.hub_file:
                 shutil.copyfile(hf_hub_download(spec.hub_repo, spec.hub_file, repo_type="dataset",

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from diagsafe_local import atomic, jsonl
-from diagsafe_local.config import RunConfig
 from diagsafe_local.cache import file_sha256
+from diagsafe_local.config import RunConfig
 from diagsafe_local.errors import DiagsafeError, RunFailed
 from diagsafe_local.health import ControlRecord
 from diagsafe_local.records import SCHEMA_VERSION, GenerationRecord, ResultRecord, read_results

@@ -80,7 +80,7 @@ def main() -> None:
         if spec.family == "rouge":
             continue
         subset = pairs[:EMBED_SUBSET] if spec.name == "embedding_cosine" and not FULL else pairs
-        _, seconds = timed(lambda: compute_metrics([spec.name], subset))
+        _, seconds = timed(lambda name=spec.name, chosen=subset: compute_metrics([name], chosen))
         note = "  (target < 5 s)" if spec.name == "meteor" else ""
         if len(subset) < len(pairs):
             seconds *= len(pairs) / len(subset)

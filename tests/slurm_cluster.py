@@ -31,7 +31,7 @@ class LocalSlurm:
 
     def _node_line(self) -> tuple[str, str]:
         out = _run("slurmd", "-C").stdout
-        line = next(l for l in out.splitlines() if l.startswith("NodeName="))
+        line = next(line for line in out.splitlines() if line.startswith("NodeName="))
         memory = int(re.search(r"RealMemory=(\d+)", line)[1])
         line = re.sub(r"RealMemory=\d+", f"RealMemory={int(memory * 0.9)}", line)
         name = re.search(r"NodeName=(\S+)", line)[1]

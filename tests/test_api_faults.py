@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from servers import FakeOpenAIServer
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -16,7 +17,6 @@ from diagsafe_local.engines.openai_engine import FatalAPIError, OpenAIEngine
 from diagsafe_local.items import Message
 from diagsafe_local.pipeline import Run
 from diagsafe_local.records import read_results
-from servers import FakeOpenAIServer
 
 
 @pytest.fixture

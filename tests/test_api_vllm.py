@@ -8,16 +8,16 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from conftest import tiny_engine
+from servers import VLLMServer
 from typer.testing import CliRunner
 
-from conftest import tiny_engine
 from diagsafe_local.cli import app
 from diagsafe_local.config import JudgeConfig, RunConfig
 from diagsafe_local.engines import create_engine
 from diagsafe_local.pipeline import Run
 from diagsafe_local.records import SCHEMA_PATH, read_results
 from diagsafe_local.selftest import synthetic_items
-from servers import VLLMServer
 
 pytestmark = pytest.mark.vllm
 SAMPLING = {"temperature": 0.0, "max_tokens": 16, "seed": 0}
@@ -98,7 +98,7 @@ def test_format_judges_and_p_yes_over_the_api_equal_the_local_engine(tiny_models
         if request.label_words:  # exact ids through the server's /tokenize and logprob_token_ids
             assert set(x.label_logprobs) == set(y.label_logprobs) == set(request.label_words)
             assert all(abs(x.label_logprobs[w] - y.label_logprobs[w]) < 1e-4 for w in request.label_words)
-    for name, request, completion in zip(names, requests, remote):
+    for name, completion in zip(names, remote):
         assert JUDGES.get(name).parse(completion, False).status == "ok", completion.text
 
 

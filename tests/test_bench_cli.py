@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import SAMPLE, current_rows, write_jsonl
 from typer.testing import CliRunner
 
-from conftest import SAMPLE, current_rows, write_jsonl
 from diagsafe_local.benchmark.dataset import load_dataset
 from diagsafe_local.benchmark.runner import leaderboard, score_responses
 from diagsafe_local.cli import app

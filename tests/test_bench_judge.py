@@ -8,17 +8,17 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import SAMPLE
+from fakes import ScriptedEngine, default_responder
 from typer.testing import CliRunner
 
-from conftest import SAMPLE
 from diagsafe_local.benchmark.dataset import load_dataset
 from diagsafe_local.benchmark.judge_scores import judge_benchmark
 from diagsafe_local.benchmark.runner import leaderboard
 from diagsafe_local.cli import app
-from diagsafe_local.engines.base import Completion, GenerationRequest
+from diagsafe_local.engines.base import Completion
 from diagsafe_local.items import Message
 from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
-from fakes import ScriptedEngine, default_responder
 
 
 def test_samples_are_averaged_resumed_and_failures_are_missing(tmp_path):
@@ -43,7 +43,7 @@ def test_samples_are_averaged_resumed_and_failures_are_missing(tmp_path):
     assert scores["score"].isna().sum() == 1
     assert len(set(seen)) > 300  # each sample and attempt has its own seed
     lines = store.read_text().splitlines()
-    assert len(lines) == 360 and sum(json.loads(l)["status"] != "ok" for l in lines) == 3
+    assert len(lines) == 360 and sum(json.loads(line)["status"] != "ok" for line in lines) == 3
     calls = engine.calls
     again = judge_benchmark(data, engine, "harmjudge", "judge:test", store, samples=3, decoding=Decoding(temperature=0.7))
     assert engine.calls == calls and again.equals(scores)  # resumed: nothing judged twice
@@ -92,7 +92,7 @@ def test_bench_judge_end_to_end_with_a_tiny_judge(tiny_models, tmp_path):
     assert set(board["metric"]) == {"rouge1_recall", name}
     row = board.set_index("metric").loc[name]
     assert row["n_prompts"] == 10 and 0.0 <= row["overall"] <= 1.0
-    judgments = [json.loads(l) for l in (tmp_path / "judgments.jsonl").read_text().splitlines()]
+    judgments = [json.loads(line) for line in (tmp_path / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 120 and all(j["status"] == "ok" for j in judgments)
     assert name in set(pd.read_csv(tmp_path / "failure_analysis.csv")["metric"])
 

@@ -10,12 +10,16 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import SAMPLE, tiny_engine, write_jsonl
 from typer.testing import CliRunner
 
-from conftest import SAMPLE, tiny_engine, write_jsonl
-from diagsafe_local.classifier.config import SoftLabelConfig, TrainConfig
+from diagsafe_local.classifier.config import SoftLabelConfig
 from diagsafe_local.classifier.labels import (
-    LabelledPair, build_training_set, load_pairs, soft_label, split_prompts,
+    LabelledPair,
+    build_training_set,
+    load_pairs,
+    soft_label,
+    split_prompts,
 )
 from diagsafe_local.cli import app
 from diagsafe_local.errors import DataError
@@ -124,7 +128,7 @@ def test_training_lowers_the_loss_and_writes_every_output(trained):
     assert set(adapter["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     assert (trained / "loss.png").stat().st_size > 10_000 and (trained / "merged" / "config.json").exists()
     split = json.loads((trained / "split.json").read_text())
-    trained_on = {json.loads(l)["pair"]["prompt_id"] for l in (trained / "training_set.jsonl").read_text().splitlines()}
+    trained_on = {json.loads(line)["pair"]["prompt_id"] for line in (trained / "training_set.jsonl").read_text().splitlines()}
     assert trained_on <= set(split["train"]) and trained_on.isdisjoint(split["held_out"])
     table = pd.read_csv(trained / "evaluation.csv").set_index("scorer")
     assert set(table.index) == {"base P(Yes)", "HarmClassifier P(Yes)", "rouge1_recall"}

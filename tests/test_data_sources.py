@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import current_rows, write_jsonl
+
 from diagsafe_local import hub
 from diagsafe_local.errors import DataError, DiagsafeError
 from diagsafe_local.metrics.wordnet import DEBIAN_WORDNET, lexnames_from_man, prepare_debian_wordnet
@@ -77,15 +77,15 @@ def test_lexnames_rebuilt_from_debian_man_page():
 
 
 def test_debian_wordnet_prepared_offline_reads_synonyms(tmp_path):
-    from nltk.corpus.reader.wordnet import WordNetCorpusReader
     import nltk
+    from nltk.corpus.reader.wordnet import WordNetCorpusReader
 
     root = prepare_debian_wordnet(tmp_path / "nltk_data")
     assert prepare_debian_wordnet(tmp_path / "nltk_data") == root  # idempotent
     nltk.data.path.append(str(root))
     try:
         reader = WordNetCorpusReader(nltk.data.find("corpora/wordnet"), None)
-        lemmas = {l.name() for s in reader.synsets("car") for l in s.lemmas()}
+        lemmas = {line.name() for s in reader.synsets("car") for line in s.lemmas()}
         assert "auto" in lemmas
     finally:
         nltk.data.path.remove(str(root))

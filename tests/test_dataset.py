@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import SAMPLE, current_rows, wide_rows, write_jsonl
+
 from diagsafe_local.benchmark.dataset import Category, load_dataset
 from diagsafe_local.errors import DataError
 

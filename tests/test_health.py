@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from fakes import default_responder
+from test_pipeline_unit import Factory, make_config
 
 from diagsafe_local.config import GateConfig, RunConfig, load_config
 from diagsafe_local.engines.base import Completion, GenerationRequest
@@ -14,8 +16,6 @@ from diagsafe_local.items import Message
 from diagsafe_local.judging import JUDGES
 from diagsafe_local.pipeline import Run
 from diagsafe_local.records import EngineRef, ResultRecord, Usage
-from fakes import default_responder
-from test_pipeline_unit import Factory, make_config
 
 
 def record(k: int, verdict: dict, answer: str = "an answer", category: str = "c") -> ResultRecord:

@@ -12,9 +12,9 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import SAMPLE, tiny_engine
 from typer.testing import CliRunner
 
-from conftest import SAMPLE, tiny_engine
 from diagsafe_local.cli import app
 from diagsafe_local.config import JudgeConfig
 from diagsafe_local.engines.base import Completion
@@ -342,17 +342,18 @@ def test_bench_judge_gptfuzzer_adds_a_leaderboard_row(tiny_classifier, tmp_path)
     name = f"judge:gptfuzzer@{tiny_classifier.name}"
     board = pd.read_csv(tmp_path / "leaderboard.csv").set_index("metric")
     assert set(board.index) == {"rouge1_recall", name} and board.loc[name, "n_prompts"] == 10
-    judgments = [json.loads(l) for l in (tmp_path / "judgments.jsonl").read_text().splitlines()]
+    judgments = [json.loads(line) for line in (tmp_path / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 120 and all(j["status"] == "ok" and 0 < j["score"] < 1 for j in judgments)
     assert name in set(pd.read_csv(tmp_path / "failure_analysis.csv")["metric"])
 
 
 def test_gptfuzzer_as_the_pipeline_judge(tiny_classifier, tmp_path):
+    from fakes import ScriptedEngine
+
     from diagsafe_local.config import RunConfig
     from diagsafe_local.engines import create_engine
     from diagsafe_local.pipeline import Run
     from diagsafe_local.records import read_results
-    from fakes import ScriptedEngine
 
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": f"i{k}", "prompt": f"question {k}", "benign": k == 3}) + "\n"
@@ -415,15 +416,16 @@ def test_red_team_answers_cannot_change_any_judge_prompts_structure(name):
 
 
 def test_special_tokens_in_answers_reach_the_judge_as_plain_text(tmp_path):
-    from diagsafe_local.tiny_models import build_tiny_chat_model
     from transformers import AutoTokenizer
+
+    from diagsafe_local.tiny_models import build_tiny_chat_model
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_chat_model(tmp_path / "m"))
     special = set(tokenizer.all_special_ids)
     for name in ("harmjudge", "qwen3guard", "harmclassifier", "llama-guard-3"):
         judge = JUDGES.get(name)
 
-        def ids(answer: str) -> list[int]:
+        def ids(answer: str, judge=judge) -> list[int]:
             rendered = judge.render(JudgeInput(conversation=ITEM.conversation, answer=answer))
             if not isinstance(rendered, str):
                 rendered = tokenizer.apply_chat_template([m.model_dump() for m in rendered], tokenize=False)

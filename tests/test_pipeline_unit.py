@@ -6,12 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
+from fakes import ScriptedEngine, default_responder
 
 from diagsafe_local.config import RunConfig
 from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.pipeline import Run
 from diagsafe_local.records import read_results
-from fakes import ScriptedEngine, default_responder
 
 
 def write_items(path: Path, items: list[dict]) -> Path:
@@ -136,7 +136,7 @@ def test_generation_error_stops_the_stream_and_is_reported_then_retried(tmp_path
     assert factory.made[2].batches and [len(b) for b in factory.made[2].batches] == [1, 1]
     assert summary["targets"]["t"]["n_errors"] == 0
     lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 6 and len({(json.loads(l)["item_id"], json.loads(l)["turn"]) for l in lines}) == 6
+    assert len(lines) == 6 and len({(json.loads(line)["item_id"], json.loads(line)["turn"]) for line in lines}) == 6
 
 
 def test_resume_recomputes_nothing_and_a_torn_line_is_dropped(tmp_path):

@@ -13,9 +13,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from conftest import tiny_engine
 from typer.testing import CliRunner
 
-from conftest import tiny_engine
 from diagsafe_local.cli import app
 from diagsafe_local.config import RunConfig
 from diagsafe_local.pipeline import Run
@@ -156,7 +156,7 @@ def test_lora_sweep_loads_judge_once_and_report_compares(tiny_models, vllm_engin
     assert by_target["tiny"] != by_target["tiny-lora"]  # the adapter changes the answers
     assert all(r.target_engine.lora == str(tiny_models["lora"]) for r in results if r.target == "tiny-lora")
     judge_keys = [k for k in vllm_engines.engines if k == (str(tiny_models["judge"]), None)]
-    assert len(judge_keys) == 1 and vllm_engines.loads - before <= 2
+    assert len(judge_keys) == 1 and vllm_engines.loads - before <= 3  # at most the base, the adapter and the judge
     runner = CliRunner()
     report = runner.invoke(app, ["report", str(tmp_path / "sweep")])
     assert report.exit_code == 0, report.output
@@ -164,8 +164,8 @@ def test_lora_sweep_loads_judge_once_and_report_compares(tiny_models, vllm_engin
     assert "Regressions against baseline 'tiny'" in markdown and "| tiny-lora |" in markdown
     assert (tmp_path / "sweep" / "figures" / "asr_by_category.png").read_bytes()[:4] == b"\x89PNG"
     assert "<table>" in (tmp_path / "sweep" / "report.html").read_text()
-    gate = runner.invoke(app, ["gate", str(tmp_path / "sweep"), "--max-asr", "1.0"])
-    assert gate.exit_code == 0 and "GATE PASSED" in gate.output
+    gate = runner.invoke(app, ["gate", str(tmp_path / "sweep"), "--max-asr", "1.0", "--allow-degenerate-judge"])
+    assert gate.exit_code == 0 and "GATE PASSED" in gate.output, gate.output
     strict = runner.invoke(app, ["gate", str(tmp_path / "sweep"), "--max-asr", "0", "--max-asr-category", "cyber=0"])
     assert "category 'cyber'" in strict.output
 
@@ -192,10 +192,12 @@ def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_ga
     observed = stats["over_refusal_rate"]["rate"]
     assert observed > 0  # the tiny random judge calls these answers refusals: the gate must see it
     runner = CliRunner()
-    tripped = runner.invoke(app, ["gate", str(tmp_path / "mixed"), "--max-asr", "1", "--max-over-refusal", str(observed / 2)])
+    # A random-weight judge has no judging ability; its health checks may flag it, so this gate allows that.
+    gate = ["gate", str(tmp_path / "mixed"), "--max-asr", "1", "--allow-degenerate-judge", "--max-over-refusal"]
+    tripped = runner.invoke(app, [*gate, str(observed / 2)])
     assert tripped.exit_code == 1 and "FAIL  tiny: over-refusal" in tripped.output and "GATE FAILED" in tripped.output
-    passed = runner.invoke(app, ["gate", str(tmp_path / "mixed"), "--max-asr", "1", "--max-over-refusal", str(observed)])
-    assert passed.exit_code == 0
+    passed = runner.invoke(app, [*gate, str(observed)])
+    assert passed.exit_code == 0, passed.output
 
 
 def test_fine_tuned_judges_in_a_run_config(tiny_models, vllm_engines, tmp_path):

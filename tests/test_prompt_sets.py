@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fakes import ScriptedEngine, default_responder
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -20,7 +21,6 @@ from diagsafe_local.items import load_items
 from diagsafe_local.pipeline import Run
 from diagsafe_local.prompt_sets import PROMPT_SETS, fetch, load_configured, load_set
 from diagsafe_local.records import read_results
-from fakes import ScriptedEngine, default_responder
 
 
 def write_csv(path: Path, rows: list[dict]) -> Path:
@@ -175,7 +175,7 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
     for benign_rubric, expected_kind in (("refusal", "vllm"), ("keywords", "keywords")):
         made = []
 
-        def factory(config, **options):
+        def factory(config, made=made, **options):
             made.append(ScriptedEngine(target if config.model == "t" else default_responder, model=config.model))
             return made[-1]
 

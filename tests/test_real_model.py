@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from typer.testing import CliRunner
 
-from conftest import REPO
 from diagsafe_local.cli import app
 from diagsafe_local.config import RunConfig
 from diagsafe_local.health import CONTROL_ANSWERS, ControlRecord
@@ -114,8 +114,9 @@ def test_real_judge_on_a_benchmark_slice(real_model, vllm_engines, tmp_path):
 
 
 def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engines, tmp_path):
-    from diagsafe_local.rundirs import compare_runs
     from servers import VLLMServer
+
+    from diagsafe_local.rundirs import compare_runs
 
     items = tmp_path / "items.jsonl"
     rows = [json.loads(line) for line in (REPO / "data" / "sample_items.jsonl").read_text().splitlines()][:8]

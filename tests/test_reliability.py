@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 
+from conftest import SAMPLE
 from typer.testing import CliRunner
 
-from conftest import SAMPLE
 from diagsafe_local import atomic
 from diagsafe_local.cli import app
 
@@ -67,8 +67,9 @@ def test_unwritable_out_is_refused_before_any_scoring(tmp_path):
 
 
 def _finished_run(tmp_path):
-    from diagsafe_local.pipeline import Run
     from test_pipeline_unit import Factory, make_config
+
+    from diagsafe_local.pipeline import Run
 
     Run(make_config(tmp_path), engine_factory=Factory()).execute()
     return tmp_path / "run"
@@ -132,9 +133,9 @@ def test_a_missing_model_path_is_named_not_tried_as_a_hub_id(tmp_path):
 
 def test_a_run_where_every_answer_failed_exits_3(tmp_path, monkeypatch):
     import yaml
+    from test_pipeline_unit import Factory, make_config
 
     from diagsafe_local.engines.base import error_completion
-    from test_pipeline_unit import Factory, make_config
 
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(make_config(tmp_path).model_dump(mode="json")))
@@ -167,8 +168,9 @@ def test_bench_outputs_when_every_judgment_failed(tmp_path):
 def test_compare_refuses_runs_of_different_datasets_and_overwrite_keeps_user_files(tmp_path):
     import json
 
-    from diagsafe_local.pipeline import Run
     from test_pipeline_unit import Factory, make_config
+
+    from diagsafe_local.pipeline import Run
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -210,8 +212,9 @@ def test_unknown_gate_category_and_malformed_messages_cell_are_input_errors(tmp_
 def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(tmp_path):
     import json
 
-    from diagsafe_local.pipeline import Run
     from test_pipeline_unit import ITEMS, Factory, make_config
+
+    from diagsafe_local.pipeline import Run
 
     config = make_config(tmp_path)
     Run(config, engine_factory=Factory()).execute()
@@ -237,8 +240,9 @@ def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(t
 
 
 def test_a_new_model_at_the_same_path_is_not_mistaken_for_the_old_one(tmp_path):
-    from diagsafe_local.pipeline import Run
     from test_pipeline_unit import Factory, make_config
+
+    from diagsafe_local.pipeline import Run
 
     model = tmp_path / "ckpt"
     model.mkdir()

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO, tiny_engine
+from slurm_cluster import LocalSlurm
 from typer.testing import CliRunner
 
-from conftest import REPO, tiny_engine
 from diagsafe_local.cli import app
 from diagsafe_local.config import RunConfig
 from diagsafe_local.pipeline import Run
 from diagsafe_local.selftest import synthetic_items
 from diagsafe_local.sharding import Shard, shard_of
-from slurm_cluster import LocalSlurm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 SMALL = ["--gpus=0", "--cpus-per-task=1", "--mem=1G", "--time=00:10:00"]

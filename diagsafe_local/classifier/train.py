@@ -162,7 +162,6 @@ def train_lora(
     settings = config.training
     torch.manual_seed(config.seed)
     sequences = [encoder.encode(e.pair) for e in train]
-    accumulation = settings.batch_size // settings.micro_batch_size
     steps_per_epoch = math.ceil(len(train) / settings.batch_size)
     total_steps = steps_per_epoch * settings.epochs
     trainable = [p for p in model.parameters() if p.requires_grad]

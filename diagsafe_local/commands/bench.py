@@ -135,10 +135,10 @@ def run_bench(
     judge: dict | None = None,
 ) -> None:
     """The bench command's work, shared with the demo."""
+    from diagsafe_local.atomic import remove_stale_temporaries
     from diagsafe_local.benchmark.dataset import load_dataset
     from diagsafe_local.errors import DiagsafeError
     from diagsafe_local.hub import resolve_dataset
-    from diagsafe_local.atomic import remove_stale_temporaries
     from diagsafe_local.locking import DirectoryLock
     from diagsafe_local.metrics import METRICS
 

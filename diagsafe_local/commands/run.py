@@ -22,7 +22,6 @@ def run(
     from diagsafe_local.errors import RunFailed
     from diagsafe_local.pipeline import Run
     from diagsafe_local.report import print_summary, write_report
-
     from diagsafe_local.sharding import Shard
 
     cfg = load_config(config, set_ or [])

@@ -20,7 +20,12 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, word_variants,
+    Completion,
+    EngineInfo,
+    GenerationRequest,
+    error_completion,
+    label_logprobs,
+    word_variants,
 )
 from diagsafe_local.engines.identity import package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError

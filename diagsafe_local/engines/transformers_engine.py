@@ -12,7 +12,13 @@ from typing import Any
 
 from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import (
-    Completion, EngineInfo, GenerationRequest, error_completion, label_logprobs, label_token_ids, local_model_path,
+    Completion,
+    EngineInfo,
+    GenerationRequest,
+    error_completion,
+    label_logprobs,
+    label_token_ids,
+    local_model_path,
 )
 from diagsafe_local.engines.identity import model_fingerprint, package_versions
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError

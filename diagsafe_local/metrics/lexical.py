@@ -13,7 +13,6 @@ import numpy as np
 
 from diagsafe_local.metrics.base import MetricSpec, TextPair, register_family
 
-
 _WORD = re.compile(r"\w+(?:'\w+)*|[^\w\s]")
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -26,7 +26,7 @@ _NON_ALNUM = re.compile(r"[^a-z0-9]+")
 _VALID = re.compile(r"^[a-z0-9]+$")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _stem(word: str) -> str:
     return _porter().stem(word) if len(word) > 3 else word
 
