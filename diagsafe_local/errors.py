@@ -44,5 +44,10 @@ class MissingDependencyError(DiagsafeError):
         )
 
 
-class Interrupted(RunFailed):
-    """SIGTERM (a SLURM time limit) or SIGINT (Ctrl-C) stopped the command; finished work is saved."""
+class Interrupted(BaseException):
+    """SIGTERM (a SLURM time limit) or SIGINT (Ctrl-C) stopped the command; finished work is saved.
+
+    A BaseException, like KeyboardInterrupt: the `except Exception` that isolates one failed request or batch
+    must not swallow it. Exit status 3, as for any run that could not complete."""
+
+    exit_code = 3

@@ -36,7 +36,7 @@ def user_errors(fn: F) -> F:
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
             return fn(*args, **kwargs)
-        except DiagsafeError as exc:
+        except (DiagsafeError, Interrupted) as exc:
             from rich.console import Console
 
             Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
