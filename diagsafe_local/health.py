@@ -31,10 +31,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from diagsafe_local.items import Item, Message
-from diagsafe_local.records import ResultRecord
+from diagsafe_local.records import KeyedRecord, ResultRecord
 
 MIN_VERDICTS = 10
 DEGENERATE_SHARE = 0.5
@@ -49,7 +49,7 @@ CONTROL_ANSWERS = {
 _SPACE = re.compile(r"\s+")
 
 
-class ControlRecord(BaseModel):
+class ControlRecord(KeyedRecord):
     """The judge's verdict on one control: a known answer that is not harmful."""
 
     model_config = ConfigDict(extra="forbid")
@@ -115,7 +115,8 @@ def normalised_entropy(labels: Sequence[str]) -> float | None:
 def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
     """The health measures and flags of the verdicts in `records` (one target's, typically)."""
     judged = [r for r in records if r.parse_status == "ok" and r.verdict is not None and r.judge_engine.kind != "keywords"]
-    varied = [r for r in judged if _rationale(r.verdict) is not None or any(k.startswith("p_") for k in r.verdict)]  # type: ignore[arg-type]
+    varied = [r for r in judged if _rationale(r.verdict or {}) is not None
+              or any(k.startswith("p_") for k in r.verdict or {})]
     identical = None
     if varied:
         counts = Counter(json.dumps(r.verdict, sort_keys=True) for r in varied)

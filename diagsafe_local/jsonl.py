@@ -102,14 +102,15 @@ def read_records(path: Path, model: type[M], torn: Torn = "error") -> tuple[list
     return [_validate(path, n, value, model) for n, value in lines.rows], lines
 
 
-def dumps(record: BaseModel | dict[str, Any]) -> str:
-    """One record as one JSONL line (with its newline); non-ASCII text is written as is."""
+def dumps(record: Any) -> str:
+    """One record (a pydantic model or a JSON-able dict) as one JSONL line, with its newline; non-ASCII text
+    is written as is."""
     if isinstance(record, BaseModel):
         return record.model_dump_json() + "\n"
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
-def append(path: Path, records: Iterable[BaseModel | dict[str, Any]]) -> int:
+def append(path: Path, records: Iterable[Any]) -> int:
     """Append records and fsync; returns how many were written."""
     text = "".join(dumps(r) for r in records)
     if not text:
@@ -122,7 +123,7 @@ def append(path: Path, records: Iterable[BaseModel | dict[str, Any]]) -> int:
     return text.count("\n")
 
 
-def write(path: Path, records: Iterable[BaseModel | dict[str, Any]]) -> None:
+def write(path: Path, records: Iterable[Any]) -> None:
     """Replace `path` atomically with these records."""
     atomic.write_text(path, "".join(dumps(r) for r in records))
 

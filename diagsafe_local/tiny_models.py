@@ -63,7 +63,7 @@ def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-        torch_dtype="float32",
+        dtype="float32",
     )
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -83,7 +83,7 @@ def build_tiny_lora(base_dir: str | Path, out_dir: str | Path, seed: int = 0, ra
         r=rank, lora_alpha=2 * rank, init_lora_weights=False,
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     )
-    get_peft_model(model, config).save_pretrained(out_dir)
+    get_peft_model(model, config).save_pretrained(str(out_dir))
     return Path(out_dir)
 
 
@@ -98,7 +98,7 @@ def build_tiny_classifier(out_dir: str | Path, seed: int = 0, num_labels: int = 
     torch.manual_seed(seed)
     config = RobertaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, max_position_embeddings=514, num_labels=num_labels,
+        num_attention_heads=2, max_position_embeddings=514, num_labels=num_labels,  # type: ignore[call-arg]
         pad_token_id=tokenizer.pad_token_id,
     )
     RobertaForSequenceClassification(config).save_pretrained(out, safe_serialization=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from diagsafe_local.benchmark.dataset import BenchDataset, BenchPrompt
 from diagsafe_local.benchmark.runner import response_frame
@@ -26,10 +26,10 @@ from diagsafe_local.engines.identity import content_key
 from diagsafe_local.items import Message
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
 from diagsafe_local.judging.verdicts import draw_verdicts
-from diagsafe_local.records import JsonlStore
+from diagsafe_local.records import JsonlStore, KeyedRecord
 
 
-class BenchJudgment(BaseModel):
+class BenchJudgment(KeyedRecord):
     """One sampled verdict on one benchmark response, keyed by what it was made from (`input_key`)."""
 
     model_config = ConfigDict(extra="forbid")

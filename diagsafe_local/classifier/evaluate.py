@@ -47,5 +47,5 @@ def evaluation_table(
             rows[row["metric"]].update({"harmmetric_overall": row["overall"], "ci_low": row["overall_ci_low"],
                                         "ci_high": row["overall_ci_high"], "n_prompts": row["n_prompts"]})
     table = pd.DataFrame(list(rows.values()))
-    order = "harmmetric_overall" if "harmmetric_overall" in table else "auroc"
-    return table.sort_values(order, ascending=False, kind="stable").reset_index(drop=True)
+    by = "harmmetric_overall" if "harmmetric_overall" in table else "auroc"
+    return table.sort_values(by, ascending=False, kind="stable").reset_index(drop=True)

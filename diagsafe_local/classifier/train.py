@@ -87,7 +87,7 @@ def load_base(config: TrainConfig) -> tuple[Any, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(config.base_model, **kwargs)
     if settings.quantization == "none" and torch.cuda.is_available():
-        model.to("cuda")
+        model.to("cuda")  # type: ignore[arg-type]
     return tokenizer, model
 
 

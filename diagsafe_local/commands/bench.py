@@ -89,7 +89,7 @@ def bench(
               judge_settings)
 
 
-def judge_config(judge: dict):  # type: ignore[no-untyped-def]
+def judge_config(judge: dict):
     """The judge's engine config, validated (and a local model path checked) before anything is written."""
     from pydantic import ValidationError
 
@@ -111,7 +111,7 @@ def judge_config(judge: dict):  # type: ignore[no-untyped-def]
     return config
 
 
-def _judge_scores(data, judge: dict, config, out: Path, seed: int):  # type: ignore[no-untyped-def]
+def _judge_scores(data, judge: dict, config, out: Path, seed: int):
     """Score the benchmark with a judge through an engine (loaded here, closed after)."""
     from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
     from diagsafe_local.engines import create_engine
@@ -164,9 +164,9 @@ def run_bench(
         lock.release()
 
 
-def _rank(  # type: ignore[no-untyped-def]
+def _rank(
     data, dataset: str, names: list[str], scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int,
-    out: Path, judge: dict | None, config=None,  # type: ignore[no-untyped-def]
+    out: Path, judge: dict | None, config=None,
 ) -> None:
     from diagsafe_local.benchmark.report import print_leaderboard, write_outputs
     from diagsafe_local.benchmark.runner import leaderboard, score_responses

@@ -7,7 +7,7 @@ Backends sort, chunk and parallelise for themselves; a failed request comes back
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -124,7 +124,7 @@ def label_token_ids(tokenizer: Any, words: Sequence[str]) -> dict[str, list[int]
     return ids
 
 
-def label_logprobs(keys: dict[str, Sequence[Any]], logprobs: dict[Any, float]) -> dict[str, float]:
+def label_logprobs(keys: Mapping[str, Sequence[Any]], logprobs: Mapping[Any, float]) -> dict[str, float]:
     """Each label word's log-probability: logsumexp over those of its token keys found in `logprobs`
     (ids, or token texts); a word none of whose tokens is there is left out."""
     out = {}

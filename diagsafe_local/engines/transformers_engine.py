@@ -49,10 +49,10 @@ class TransformersEngine:
             ).eval()
         except (OSError, ValueError) as exc:
             raise DiagsafeError(f"could not load '{config.model}' with transformers: {exc}") from None
-        if getattr(config, "lora", None):
+        if config.lora:
             from peft import PeftModel
 
-            self._model = PeftModel.from_pretrained(self._model, config.lora).eval()  # type: ignore[attr-defined]
+            self._model = PeftModel.from_pretrained(self._model, config.lora).eval()
         template = Path(config.chat_template).read_text() if config.chat_template else None
         self._template = template
         self._outlines_model: Any = None
@@ -70,7 +70,7 @@ class TransformersEngine:
     def _prompt(self, request: GenerationRequest) -> str:
         if request.prompt is not None:
             return request.prompt
-        return self._tokenizer.apply_chat_template(
+        return self._tokenizer.apply_chat_template(  # type: ignore[return-value]
             [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True,
             chat_template=self._template,
         )
@@ -84,7 +84,8 @@ class TransformersEngine:
             from outlines.types import Choice, JsonSchema, Regex
 
             if self._outlines_model is None:
-                self._outlines_model = outlines.from_transformers(self._model, self._tokenizer)
+                self._outlines_model = outlines.from_transformers(self._model, self._tokenizer)  # type: ignore[arg-type]
+            output: Any
             if "json" in constraint:
                 output = JsonSchema(constraint["json"], whitespace_pattern=COMPACT_WHITESPACE)
             elif "choice" in constraint:

@@ -136,16 +136,18 @@ class VLLMEngine:
         chats = [k for k, r in enumerate(requests) if r.prompt is None]
         raws = [k for k, r in enumerate(requests) if r.prompt is not None]
         if chats:
+            conversations: list[Any] = [[m.model_dump() for m in requests[k].messages] for k in chats]
             done = self._llm.chat(
-                [[m.model_dump() for m in requests[k].messages] for k in chats],
+                conversations,
                 sampling_params=[self._sampling(requests[k]) for k in chats],
                 use_tqdm=False, chat_template=self._chat_template, lora_request=self._lora_request,
             )
             for k, out in zip(chats, done):
                 outputs[k] = out
         if raws:
+            prompts: list[Any] = [requests[k].prompt for k in raws]
             done = self._llm.generate(
-                [requests[k].prompt for k in raws], sampling_params=[self._sampling(requests[k]) for k in raws],
+                prompts, sampling_params=[self._sampling(requests[k]) for k in raws],
                 use_tqdm=False, lora_request=self._lora_request,
             )
             for k, out in zip(raws, done):

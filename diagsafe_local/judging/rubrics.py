@@ -125,7 +125,7 @@ JUDGES.add(
         source="HarmMetric Eval (arXiv 2509.24384), HarmJudge criteria",
         instructions=HARMJUDGE_INSTRUCTIONS,
         verdict_model=HarmVerdict,
-        to_score=lambda v: LABEL_SCORES[v.label],  # type: ignore[attr-defined]
+        to_score=lambda v: LABEL_SCORES[v.label],
     )
 )
 
@@ -157,6 +157,6 @@ JUDGES.add(
         source="XSTest (Röttger et al. 2024) response classes",
         instructions=REFUSAL_INSTRUCTIONS,
         verdict_model=RefusalVerdict,
-        to_score=lambda v: 0.0 if v.label == "full_compliance" else 1.0,  # type: ignore[attr-defined]
+        to_score=lambda v: 0.0 if v.label == "full_compliance" else 1.0,
     )
 )
