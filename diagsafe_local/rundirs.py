@@ -117,7 +117,7 @@ def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> dict
         if not manifest_path.is_file():
             problems.append(f"shard {index} of {count} is missing (no {manifest_path})")
             continue
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_json(manifest_path, "run manifest")
         if manifest.get("run_id") != config.fingerprint():
             problems.append(f"shard {index} of {count} ran another config (run id {manifest.get('run_id')}, expected {config.fingerprint()})")
         elif manifest.get("status") != "complete":
@@ -133,7 +133,7 @@ def incomplete_shards(config: RunConfig, count: int) -> list[int]:
     missing = []
     for index in range(count):
         path = Shard(index=index, count=count).directory(config.output_dir) / "manifest.json"
-        manifest = json.loads(path.read_text()) if path.is_file() else {}
+        manifest = read_json(path, "run manifest") if path.is_file() else {}
         if manifest.get("status") != "complete" or manifest.get("run_id") != config.fingerprint():
             missing.append(index)
     return missing
