@@ -19,7 +19,7 @@ from diagsafe_local.pipeline import Run
 from diagsafe_local.records import SCHEMA_PATH, read_results
 from diagsafe_local.selftest import synthetic_items
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 SAMPLING = {"temperature": 0.0, "max_tokens": 16, "seed": 0}
 JUDGE_SAMPLING = {"temperature": 0.0, "max_tokens": 400, "seed": 0}
 

@@ -22,7 +22,7 @@ from diagsafe_local.pipeline import Run
 from diagsafe_local.records import SCHEMA_PATH, read_results, result_json_schema
 from diagsafe_local.selftest import synthetic_items
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def write_items(path: Path, n: int, turns: int | None = None) -> Path:
@@ -99,6 +99,16 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     config_path.write_text(yaml.safe_dump(data))
     command = [sys.executable, "-m", "diagsafe_local.cli", "run", str(config_path)]
     results = tmp_path / "killed" / "results.jsonl"
+    generations = tmp_path / "killed" / "generations.jsonl"
+
+    # SIGTERM while the target generates: a clean stop with its first turn's answers saved.
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and not (generations.exists() and generations.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
+    assert not list((tmp_path / "killed").glob(".*.tmp")) and not results.exists()
     proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
