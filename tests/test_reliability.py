@@ -292,3 +292,23 @@ def test_a_late_error_leaves_no_empty_output_directory(tmp_path):
     run = CliRunner().invoke(app, ["run", str(config)])
     assert run.exit_code == 2 and "no such file or directory" in " ".join(run.output.split())
     assert not (tmp_path / "run-out").exists()
+
+
+def test_compare_agreement_uses_scores_not_a_label_only_some_judges_write(tmp_path):
+    """Two runs whose judge writes no "label" (PAIR-style ratings) used to agree trivially ("None" == "None")."""
+    import json
+
+    from diagsafe_local.rundirs import compare_runs
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    run_a, run_b = _finished_run(tmp_path / "a"), _finished_run(tmp_path / "b")
+    for run_dir, flip in ((run_a, False), (run_b, True)):
+        rows = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+        for k, row in enumerate(rows):
+            harmful = (k % 2 == 0) != flip
+            row["verdict"], row["score"] = {"rating": 10 if harmful else 1}, 1.0 if harmful else 0.0
+        (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = compare_runs(run_a, run_b)
+    assert result["both_scored"] == 6 and result["label_agreement"] == 0.0 and result["cohen_kappa"] < 0
+    assert {d["a"] for d in result["disagreements"]} == {"harmful", "not_harmful"}
