@@ -68,7 +68,7 @@ def test_local_and_api_paths_write_the_same_records(tiny_models, vllm_engines, s
         assert x["target_engine"]["kind"] == "vllm" and y["target_engine"]["kind"] == "openai"
         assert y["judge_engine"]["base_url"] == server.base_url and x["judge_engine"]["base_url"] is None
         differing = {k for k in x if x[k] != y[k]} - {"target_usage", "judge_usage"}
-        assert differing <= {"run_id", "target_engine", "judge_engine"}, differing
+        assert differing <= {"run_id", "target_engine", "judge_engine", "judge_key"}, differing  # key: the engine differs
     manifest = json.loads((tmp_path / "api" / "manifest.json").read_text())
     assert manifest["engines"]["judge"]["kind"] == "openai" and manifest["engines"]["judge"]["details"]["base_url"] == server.base_url
 
