@@ -234,3 +234,12 @@ def test_engine_kwargs_cannot_switch_on_remote_code(tmp_path):
     path.write_text("dataset: {path: items.jsonl}\ntarget: {model: m, trust_remote_code: true}\n"
                     "judge: {model: j}\noutput_dir: out\n")
     assert load_config(path).targets[0].trust_remote_code
+
+
+def test_every_subpackage_is_listed_for_the_wheel():
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "diagsafe_local").rglob("__init__.py")}
+    assert found <= listed, found - listed

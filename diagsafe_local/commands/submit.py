@@ -14,9 +14,7 @@ from typing import Annotated
 import typer
 
 from diagsafe_local.commands.common import user_errors
-from diagsafe_local.resources import slurm_dir
-
-SLURM_DIR = slurm_dir()
+from diagsafe_local.resources import slurm_file
 
 
 def _sbatch(args: list[str]) -> str:
@@ -59,15 +57,15 @@ def submit(
     resources = [f"--gpus={gpus_per_task}", f"--cpus-per-task={cpus_per_task}", f"--mem={mem}", f"--time={time_limit}"]
     config_path = str(config.resolve())
     array = [f"--array={','.join(map(str, todo))}", "--job-name=diagsafe-shard", *common, *resources,
-             f"--output={logs.resolve()}/shard-%a-job-%A.out", str(SLURM_DIR / "array.sbatch"), config_path, str(shards), *forwarded]
+             f"--output={logs.resolve()}/shard-%a-job-%A.out", str(slurm_file("array.sbatch")), config_path, str(shards), *forwarded]
     merge = ["--job-name=diagsafe-merge", *common, "--cpus-per-task=1", "--mem=4G", "--time=00:30:00",
-             f"--output={logs.resolve()}/merge-job-%j.out", str(SLURM_DIR / "merge.sbatch"), config_path, str(shards), *forwarded]
+             f"--output={logs.resolve()}/merge-job-%j.out", str(slurm_file("merge.sbatch")), config_path, str(shards), *forwarded]
     if dry_run:
         if todo:
             typer.echo("sbatch " + shlex.join(array))
         typer.echo("sbatch --dependency=afterok:<array job id> " + shlex.join(merge))
         for script in ("array.sbatch", "merge.sbatch"):
-            typer.echo(f"\n# ---- {SLURM_DIR / script}\n" + (SLURM_DIR / script).read_text())
+            typer.echo(f"\n# ---- {slurm_file(script)}\n" + slurm_file(script).read_text())
         return
     logs.mkdir(parents=True, exist_ok=True)
     if todo:
