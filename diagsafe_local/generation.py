@@ -9,7 +9,7 @@ answers are saved before the next turn starts, so a killed run resumes where it 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from diagsafe_local.config import TargetConfig
@@ -101,11 +101,15 @@ def generation_done(target: TargetConfig, identity: dict[str, Any], items: Seque
 
 def generate_turns(
     engine: Engine, target: TargetConfig, identity: dict[str, Any], items: Sequence[Item], store: JsonlStore,
+    on_turn: Callable[[int, int], None] | None = None,
 ) -> tuple[int, int]:
     """Generate every missing or stale answer of `target`, one engine call per turn; returns (answers generated,
     replayed answers recorded)."""
     generated = replayed = 0
-    for turn in range(1, max((item.n_turns for item in items), default=0) + 1):
+    turns = max((item.n_turns for item in items), default=0)
+    if on_turn:
+        on_turn(0, turns)
+    for turn in range(1, turns + 1):
         prefilled, pending = plan_turn(target, identity, items, store, turn)
         store.append(prefilled)
         replayed += len(prefilled)
@@ -121,4 +125,6 @@ def generate_turns(
             for (item, sample, key, _), c in zip(pending, completions)
         )
         generated += len(pending)
+        if on_turn:
+            on_turn(turn, turns)
     return generated, replayed

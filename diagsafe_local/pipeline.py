@@ -95,9 +95,10 @@ class Run:
 
     def __init__(
         self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory | None = None,
-        shard: Shard | None = None,
+        shard: Shard | None = None, on_progress: Callable[[str, int, int], None] | None = None,
     ) -> None:
         self.config = config
+        self.on_progress = on_progress
         self.factory = engine_factory or create_engine
         self.shard = shard
         self.items, self.dataset_path = load_configured(config.dataset)
@@ -124,6 +125,10 @@ class Run:
                 log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
                 self.mode = "sequential"
 
+    def _reporter(self, stage: str) -> Callable[[int, int], None] | None:
+        report = self.on_progress
+        return (lambda done, total: report(stage, done, total)) if report else None
+
     # -- engines -------------------------------------------------------------------------------
     def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
         start = time.perf_counter()
@@ -147,7 +152,8 @@ class Run:
         engine = self._open(f"target:{target.label}", target, memory_share=share, enable_sleep=self.mode == "sleep")
         try:
             start = time.perf_counter()
-            n, replayed = generate_turns(engine, target, self.identities[target.label], self.items, self.dir.generations)
+            n, replayed = generate_turns(engine, target, self.identities[target.label], self.items, self.dir.generations,
+                                         self._reporter(f"{target.label}: answering, turn"))
             self.fresh["generations"] += n + replayed
             seconds = time.perf_counter() - start
             tokens = sum(r.usage.completion_tokens for r in self.dir.generations.records.values() if r.target == target.label)
@@ -207,7 +213,8 @@ class Run:
             return
         self.fresh["judgments"] += len(tasks)
         start = time.perf_counter()
-        judge_tasks(engine, self.config.judge, tasks, self.dir.results, self.run_id, self.target_refs, self.judge_ref)
+        judge_tasks(engine, self.config.judge, tasks, self.dir.results, self.run_id, self.target_refs, self.judge_ref,
+                    self._reporter(f"{target.label}: judging, verdicts"))
         seconds = time.perf_counter() - start
         self.timings.setdefault(target.label, {}).update(
             judge_seconds=round(seconds, 3), judgments_per_second=round(len(tasks) / seconds, 3) if seconds else 0.0

@@ -77,9 +77,10 @@ def real_selftest_config(out: Path, model: Path) -> dict[str, Any]:
 SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
 
-def run_selftest(out: Path, n: int, real: bool = False) -> tuple[bool, list[str], Path]:
+def run_selftest(out: Path, n: int, real: bool = False, verbose: bool = False) -> tuple[bool, list[str], Path]:
     """Run the pipeline on tiny (or real) models; returns (passed, check lines, run directory)."""
     from diagsafe_local.config import RunConfig
+    from diagsafe_local.console import engine_output
     from diagsafe_local.pipeline import Run
 
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,9 @@ def run_selftest(out: Path, n: int, real: bool = False) -> tuple[bool, list[str]
     config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     config = RunConfig.model_validate(yaml.safe_load(config_path.read_text()))
     run = Run(config, overwrite=True)
-    summary = run.execute()
+    with engine_output(None if verbose else run.dir.root / "run.log") as console:
+        run.on_progress = console.progress
+        summary = run.execute()
     run_dir = Path(config.output_dir)
     results = read_results(run_dir / "results.jsonl")
     expected = sum(len([t for t in range(1, i.n_turns + 1) if i.prefilled(t) is None]) for i in run.items)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -180,13 +181,20 @@ def test_lora_sweep_loads_judge_once_and_report_compares(tiny_models, vllm_engin
     assert "category 'cyber'" in strict.output
 
 
-def test_selftest_command_passes_and_writes_a_run_directory(tmp_path):
-    result = CliRunner().invoke(app, ["selftest", "--out", str(tmp_path / "st"), "--n", "8"])
-    assert result.exit_code == 0, result.output
-    assert "SELFTEST PASSED" in result.output
+def test_selftest_command_passes_quietly_with_the_engine_logs_in_run_log(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "diagsafe_local.cli", "selftest", "--out", str(tmp_path / "st"),
+                           "--n", "8"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SELFTEST PASSED" in proc.stdout
     run_dir = tmp_path / "st" / "run"
     assert (run_dir / "config.yaml").exists() and (run_dir / "results.jsonl").exists()
     assert (tmp_path / "st" / "config.yaml").exists()
+    # The engines' INFO lines (this process's and the engine-core processes') went to run.log, not here.
+    console = proc.stdout + proc.stderr
+    assert " INFO " not in console and "Loading safetensors" not in console, console[-2000:]
+    log = (run_dir / "run.log").read_text(errors="replace")
+    assert " INFO " in log and "EngineCore" in log
+    assert re.search(r"judging, verdicts: (\d+)/\1, [\d.]+/s", proc.stderr) and "answering, turn: 3/3" in proc.stderr
 
 
 def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_gate(tiny_models, vllm_engines, tmp_path):

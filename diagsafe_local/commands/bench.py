@@ -62,6 +62,7 @@ def bench(
     judge_lora: Annotated[str | None, typer.Option(help="LoRA adapter on the judge model (local engine), e.g. a trained HarmClassifier.")] = None,
     judge_eager: Annotated[bool | None, typer.Option("--judge-eager/--judge-compiled", help="Skip or use graph compilation for the local judge engine (default: eager without CUDA, compiled on GPUs).")] = None,
     probability: Annotated[bool | None, typer.Option("--probability/--sampled", help="Score a Yes/No judge by first-token P(Yes), or by sampled verdicts (default: the judge's own default).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the judge engine's own logs here instead of in OUT/run.log.")] = False,
 ) -> None:
     """Score every benchmark response with each metric (and optionally a judge) and rank them (HarmMetric Eval)."""
     if list_:
@@ -86,7 +87,7 @@ def bench(
                                      "enforce_eager": judge_eager},
         }
     run_bench(dataset, metrics or ("" if judge else "all"), scoring, missing, reference_agg, bootstrap, seed, out,
-              judge_settings)
+              judge_settings, verbose)
 
 
 def judge_config(judge: dict):
@@ -111,28 +112,28 @@ def judge_config(judge: dict):
     return config
 
 
-def _judge_scores(data, judge: dict, config, out: Path, seed: int):
+def _judge_scores(data, judge: dict, config, out: Path, seed: int, verbose: bool):
     """Score the benchmark with a judge through an engine (loaded here, closed after)."""
     from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
+    from diagsafe_local.console import engine_output
     from diagsafe_local.engines import create_engine
     from diagsafe_local.judging import Decoding
 
     metric = judge_metric_name(config.rubric, config.model, judge["probability"])
-    engine = create_engine(config, structured_backend="xgrammar")
-    try:
-        def on_batch(finished: int, total: int) -> None:
-            typer.echo(f"{metric}: judged {finished}/{total}", err=True)
-
-        decoding = Decoding(temperature=judge["temperature"], probability=judge["probability"])
-        return judge_benchmark(data, engine, config.rubric, metric, out / "judgments.jsonl", judge["samples"],
-                               decoding, seed=seed, on_batch=on_batch)
-    finally:
-        engine.close()
+    with engine_output(None if verbose else out / "run.log") as console:
+        engine = create_engine(config, structured_backend="xgrammar")
+        try:
+            decoding = Decoding(temperature=judge["temperature"], probability=judge["probability"])
+            return judge_benchmark(data, engine, config.rubric, metric, out / "judgments.jsonl", judge["samples"],
+                                   decoding, seed=seed,
+                                   on_batch=lambda done, total: console.progress(f"{metric}: judging", done, total))
+        finally:
+            engine.close()
 
 
 def run_bench(
     dataset: str, metrics: str, scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int, out: Path,
-    judge: dict | None = None,
+    judge: dict | None = None, verbose: bool = False,
 ) -> None:
     """The bench command's work, shared with the demo."""
     from diagsafe_local.atomic import remove_stale_temporaries
@@ -159,14 +160,14 @@ def run_bench(
     lock = DirectoryLock(out, "bench")  # also proves --out writable before any scoring
     remove_stale_temporaries(out)
     try:
-        _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge, config)
+        _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge, config, verbose)
     finally:
         lock.release()
 
 
 def _rank(
     data, dataset: str, names: list[str], scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int,
-    out: Path, judge: dict | None, config=None,
+    out: Path, judge: dict | None, config=None, verbose: bool = False,
 ) -> None:
     from diagsafe_local.benchmark.report import print_leaderboard, write_outputs
     from diagsafe_local.benchmark.runner import leaderboard, score_responses
@@ -176,7 +177,7 @@ def _rank(
     if judge:
         import pandas as pd
 
-        scores = pd.concat([scores, _judge_scores(data, judge, config, out, seed)], ignore_index=True)
+        scores = pd.concat([scores, _judge_scores(data, judge, config, out, seed, verbose)], ignore_index=True)
         names = [*names, scores["metric"].iloc[-1]]
     board = leaderboard(scores, data, scoring, missing, bootstrap, seed)  # type: ignore[arg-type]
     manifest = {

