@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from diagsafe_local.engines.base import BorrowedEngine
+
+# vLLM attaches its log handler to whatever sys.stdout is when it is first imported; inside a CliRunner call
+# that stream is closed when the call returns, and vLLM's later log lines then break pytest's capture. Tests
+# leave vLLM's logging to Python's defaults (a test that checks the engine logs sets it back on).
+os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample_harmmetric.jsonl"
@@ -126,3 +132,4 @@ def vllm_engines():
 def tiny_engine(model, **extra) -> dict:
     """Engine settings every tiny test model uses."""
     return {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True, **extra}
+

@@ -183,7 +183,8 @@ def test_lora_sweep_loads_judge_once_and_report_compares(tiny_models, vllm_engin
 
 def test_selftest_command_passes_quietly_with_the_engine_logs_in_run_log(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "diagsafe_local.cli", "selftest", "--out", str(tmp_path / "st"),
-                           "--n", "8"], capture_output=True, text=True, timeout=600)
+                           "--n", "8"], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "VLLM_CONFIGURE_LOGGING": "1"})  # vLLM's own logging, as for a user
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SELFTEST PASSED" in proc.stdout
     run_dir = tmp_path / "st" / "run"
