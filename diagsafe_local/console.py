@@ -26,13 +26,13 @@ class Console:
         self.live = stream.isatty()
         self._started: dict[str, float] = {}
 
-    def progress(self, stage: str, done: int, total: int) -> None:
+    def progress(self, stage: str, done: int, total: int, rate: bool = True) -> None:
         """Report that `done` of `total` units of `stage` are finished; stages report 0 when they begin, and the
-        rate since then follows once units are done."""
+        rate since then follows once units are done (`rate=False` for coarse units such as turns)."""
         start = self._started.setdefault(stage, time.perf_counter())
         elapsed = time.perf_counter() - start
-        rate = f", {done / elapsed:.1f}/s" if elapsed > 0 and done else ""
-        line = f"{stage}: {done}/{total}{rate}"
+        rate_text = f", {done / elapsed:.1f}/s" if rate and elapsed > 0 and done else ""
+        line = f"{stage}: {done}/{total}{rate_text}"
         if self.live:
             end = "\n" if done >= total else ""
             self.stream.write(f"\r\033[K{line}{end}")

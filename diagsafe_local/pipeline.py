@@ -95,7 +95,7 @@ class Run:
 
     def __init__(
         self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory | None = None,
-        shard: Shard | None = None, on_progress: Callable[[str, int, int], None] | None = None,
+        shard: Shard | None = None, on_progress: Callable[[str, int, int, bool], None] | None = None,
     ) -> None:
         self.config = config
         self.on_progress = on_progress
@@ -125,9 +125,9 @@ class Run:
                 log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
                 self.mode = "sequential"
 
-    def _reporter(self, stage: str) -> Callable[[int, int], None] | None:
+    def _reporter(self, stage: str, rate: bool = True) -> Callable[[int, int], None] | None:
         report = self.on_progress
-        return (lambda done, total: report(stage, done, total)) if report else None
+        return (lambda done, total: report(stage, done, total, rate)) if report else None
 
     # -- engines -------------------------------------------------------------------------------
     def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
@@ -153,7 +153,7 @@ class Run:
         try:
             start = time.perf_counter()
             n, replayed = generate_turns(engine, target, self.identities[target.label], self.items, self.dir.generations,
-                                         self._reporter(f"{target.label}: answering, turn"))
+                                         self._reporter(f"{target.label}: answering, turn", rate=False))
             self.fresh["generations"] += n + replayed
             seconds = time.perf_counter() - start
             tokens = sum(r.usage.completion_tokens for r in self.dir.generations.records.values() if r.target == target.label)
