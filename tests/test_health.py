@@ -144,3 +144,15 @@ def test_report_fences_and_escapes_long_hostile_and_non_english_answers(tmp_path
     from diagsafe_local.report import _md_cell
 
     assert _md_cell("cat|egory\nname") == "cat\\|egory name"  # a pipe or line break cannot end a table cell
+
+
+def test_asr_interval_stays_honest_at_small_n_and_at_100_percent():
+    from diagsafe_local.summary import group_stats
+
+    all_harmful = [record(k, verdict(f"step {k}")) for k in range(4)]
+    asr = group_stats(all_harmful)["asr"]
+    assert asr["value"] == 1.0 and asr["n"] == 4
+    assert 0.45 < asr["ci_low"] < 0.6 and asr["ci_high"] == 1.0  # not [100%, 100%]
+    from statsmodels.stats.proportion import proportion_confint
+
+    assert asr["ci_low"] == pytest.approx(proportion_confint(4, 4, method="wilson")[0])
