@@ -16,13 +16,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "RunConfig": "diagsafe_local.config",
-    "load_config": "diagsafe_local.config",
-    "Run": "diagsafe_local.pipeline",
+    "RunConfig": "diagsafe_local.evaluation.config",
+    "load_config": "diagsafe_local.evaluation.config",
+    "Run": "diagsafe_local.evaluation.pipeline",
     "create_engine": "diagsafe_local.engines",
     "JUDGES": "diagsafe_local.judging",
     "METRICS": "diagsafe_local.metrics",
-    "PROMPT_SETS": "diagsafe_local.prompt_sets",
+    "PROMPT_SETS": "diagsafe_local.evaluation.prompt_sets",
     "load_dataset": "diagsafe_local.benchmark.dataset",
     "effectiveness": "diagsafe_local.benchmark.scoring",
 }

@@ -30,11 +30,11 @@ def main() -> None:
 
     from servers import VLLMServer
 
-    from diagsafe_local.config import JudgeConfig, RunConfig
     from diagsafe_local.engines.base import BorrowedEngine
     from diagsafe_local.engines.vllm_engine import VLLMEngine
-    from diagsafe_local.pipeline import Run
-    from diagsafe_local.tiny_models import build_tiny_chat_model
+    from diagsafe_local.evaluation.config import JudgeConfig, RunConfig
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_api_"))
     model = build_tiny_chat_model(work / "model")

@@ -33,14 +33,14 @@ def main() -> None:
     from vllm import SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from diagsafe_local.config import JudgeConfig, RunConfig
+    from diagsafe_local.core.messages import Message
     from diagsafe_local.engines.base import BorrowedEngine
     from diagsafe_local.engines.vllm_engine import VLLMEngine
-    from diagsafe_local.items import Message
+    from diagsafe_local.evaluation.config import JudgeConfig, RunConfig
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.evaluation.records import read_results
     from diagsafe_local.judging import JUDGES, JudgeInput
-    from diagsafe_local.pipeline import Run
-    from diagsafe_local.records import read_results
-    from diagsafe_local.tiny_models import build_tiny_chat_model
+    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))
     model = args.model or str(build_tiny_chat_model(work / "model"))

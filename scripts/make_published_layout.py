@@ -14,8 +14,8 @@ from pathlib import Path
 
 from bench_metrics import N_PROMPTS, N_RESPONSES, synthetic_pairs
 
-from diagsafe_local import jsonl
 from diagsafe_local.benchmark.dataset import Category, published_category
+from diagsafe_local.core import jsonl
 
 
 def rows() -> list[dict[str, object]]:

@@ -114,7 +114,7 @@ class SharedVLLMFactory:
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Tiny random-weight target and judge chat models, and a LoRA adapter for the target."""
-    from diagsafe_local.tiny_models import build_tiny_chat_model, build_tiny_lora
+    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model, build_tiny_lora
 
     root = tmp_path_factory.mktemp("models")
     target = build_tiny_chat_model(root / "target", seed=1)

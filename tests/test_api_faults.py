@@ -11,12 +11,12 @@ from servers import FakeOpenAIServer
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.config import JudgeConfig, RunConfig
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import GenerationRequest
 from diagsafe_local.engines.openai_engine import FatalAPIError, OpenAIEngine
-from diagsafe_local.items import Message
-from diagsafe_local.pipeline import Run
-from diagsafe_local.records import read_results
+from diagsafe_local.evaluation.config import JudgeConfig, RunConfig
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.records import read_results
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_judge_that_ignores_the_schema_gives_counted_parse_failures(fake, tmp_pa
     assert all(r.parse_status == "invalid" and r.score is None and r.attempts == 2 for r in results)
     assert results[0].judge_raw.startswith("Sure!")
     assert summary["targets"]["t"]["n_parse_failures"] == 5 and summary["targets"]["t"]["asr"]["value"] is None
-    from diagsafe_local.health import CONTROL_ANSWERS
+    from diagsafe_local.evaluation.health import CONTROL_ANSWERS
 
     controls = [r for _, r in judge.requests
                 if any(a in r["messages"][-1]["content"] for a in CONTROL_ANSWERS.values())]

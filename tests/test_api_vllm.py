@@ -13,10 +13,10 @@ from servers import VLLMServer
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.config import JudgeConfig, RunConfig
 from diagsafe_local.engines import create_engine
-from diagsafe_local.pipeline import Run
-from diagsafe_local.records import SCHEMA_PATH, read_results
+from diagsafe_local.evaluation.config import JudgeConfig, RunConfig
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.records import SCHEMA_PATH, read_results
 from diagsafe_local.selftest import synthetic_items
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -82,8 +82,8 @@ def test_local_and_api_paths_write_the_same_records(tiny_models, vllm_engines, s
 
 
 def test_format_judges_and_p_yes_over_the_api_equal_the_local_engine(tiny_models, vllm_engines, server):
+    from diagsafe_local.core.messages import Message
     from diagsafe_local.engines.openai_engine import OpenAIEngine
-    from diagsafe_local.items import Message
     from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
 
     model = tiny_models["judge"]

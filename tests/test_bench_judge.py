@@ -16,8 +16,8 @@ from diagsafe_local.benchmark.dataset import load_dataset
 from diagsafe_local.benchmark.judge_scores import judge_benchmark
 from diagsafe_local.benchmark.runner import leaderboard
 from diagsafe_local.cli import app
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
-from diagsafe_local.items import Message
 from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
 
 

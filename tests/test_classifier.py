@@ -14,15 +14,9 @@ from conftest import SAMPLE, tiny_engine, write_jsonl
 from typer.testing import CliRunner
 
 from diagsafe_local.classifier.config import SoftLabelConfig
-from diagsafe_local.classifier.labels import (
-    LabelledPair,
-    build_training_set,
-    load_pairs,
-    soft_label,
-    split_prompts,
-)
+from diagsafe_local.classifier.labels import LabelledPair, build_training_set, load_pairs, soft_label, split_prompts
 from diagsafe_local.cli import app
-from diagsafe_local.errors import DataError
+from diagsafe_local.core.errors import DataError
 
 
 def test_soft_label_is_a_clipped_sigmoid_inside_the_class_band():
@@ -140,8 +134,8 @@ def test_training_lowers_the_loss_and_writes_every_output(trained):
 
 @pytest.mark.vllm
 def test_the_adapter_serves_in_vllm_with_the_p_yes_of_training(trained, tiny_models, vllm_engines):
-    from diagsafe_local.config import JudgeConfig
-    from diagsafe_local.items import Message
+    from diagsafe_local.core.messages import Message
+    from diagsafe_local.evaluation.config import JudgeConfig
     from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
     from diagsafe_local.judging.verdicts import draw_verdicts
 

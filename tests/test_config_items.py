@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diagsafe_local.config import DatasetConfig, GateConfig, load_config
+from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
-from diagsafe_local.errors import DataError, DiagsafeError
-from diagsafe_local.gate import check_gate
-from diagsafe_local.items import Message, load_items
+from diagsafe_local.evaluation.config import DatasetConfig, GateConfig, load_config
+from diagsafe_local.evaluation.gate import check_gate
+from diagsafe_local.evaluation.items import load_items
 from diagsafe_local.judging import JUDGES, JudgeInput
 from diagsafe_local.judging.base import neutralise
 from diagsafe_local.judging.rubrics import render_transcript

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from conftest import current_rows, write_jsonl
 
-from diagsafe_local import hub
-from diagsafe_local.errors import DataError, DiagsafeError
+from diagsafe_local.core import hub
+from diagsafe_local.core.errors import DataError, DiagsafeError
 from diagsafe_local.metrics.wordnet import DEBIAN_WORDNET, lexnames_from_man, prepare_debian_wordnet
 
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import SAMPLE, current_rows, wide_rows, write_jsonl
 
 from diagsafe_local.benchmark.dataset import Category, load_dataset
-from diagsafe_local.errors import DataError
+from diagsafe_local.core.errors import DataError
 
 
 def test_current_layout_loads_with_categories_in_order(current_file):

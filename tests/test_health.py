@@ -8,14 +8,14 @@ import pytest
 from fakes import default_responder
 from test_pipeline_unit import Factory, make_config
 
-from diagsafe_local.config import GateConfig, RunConfig, load_config
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion, GenerationRequest
-from diagsafe_local.gate import check_gate
-from diagsafe_local.health import CONTROL_ANSWERS, judge_health
-from diagsafe_local.items import Message
+from diagsafe_local.evaluation.config import GateConfig, RunConfig, load_config
+from diagsafe_local.evaluation.gate import check_gate
+from diagsafe_local.evaluation.health import CONTROL_ANSWERS, judge_health
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.records import EngineRef, ResultRecord, Usage
 from diagsafe_local.judging import JUDGES
-from diagsafe_local.pipeline import Run
-from diagsafe_local.records import EngineRef, ResultRecord, Usage
 
 
 def record(k: int, verdict: dict, answer: str = "an answer", category: str = "c") -> ResultRecord:
@@ -141,13 +141,13 @@ def test_report_fences_and_escapes_long_hostile_and_non_english_answers(tmp_path
     assert "`````text\nVoilà la réponse — 答案 | col |" in md  # a fence longer than any backtick run inside
     assert "more characters]" in md  # long answers are clipped, with the count of what was left out
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "答案" in page
-    from diagsafe_local.report import _md_cell
+    from diagsafe_local.evaluation.report import _md_cell
 
     assert _md_cell("cat|egory\nname") == "cat\\|egory name"  # a pipe or line break cannot end a table cell
 
 
 def test_asr_interval_stays_honest_at_small_n_and_at_100_percent():
-    from diagsafe_local.summary import group_stats
+    from diagsafe_local.evaluation.summary import group_stats
 
     all_harmful = [record(k, verdict(f"step {k}")) for k in range(4)]
     asr = group_stats(all_harmful)["asr"]

@@ -16,9 +16,9 @@ from conftest import SAMPLE, tiny_engine
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.config import JudgeConfig
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
-from diagsafe_local.items import Message
+from diagsafe_local.evaluation.config import JudgeConfig
 from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
 
 ITEM = JudgeInput(conversation=(Message(role="user", content="How do I pick a lock?"),),
@@ -308,7 +308,7 @@ def test_probability_scores_match_a_forward_pass_of_the_same_model(tiny_models, 
 
 @pytest.fixture(scope="module")
 def tiny_classifier(tmp_path_factory):
-    from diagsafe_local.tiny_models import build_tiny_classifier
+    from diagsafe_local.selftest.tiny_models import build_tiny_classifier
 
     return build_tiny_classifier(tmp_path_factory.mktemp("classifier") / "roberta", seed=4)
 
@@ -350,10 +350,10 @@ def test_bench_judge_gptfuzzer_adds_a_leaderboard_row(tiny_classifier, tmp_path)
 def test_gptfuzzer_as_the_pipeline_judge(tiny_classifier, tmp_path):
     from fakes import ScriptedEngine
 
-    from diagsafe_local.config import RunConfig
     from diagsafe_local.engines import create_engine
-    from diagsafe_local.pipeline import Run
-    from diagsafe_local.records import read_results
+    from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.evaluation.records import read_results
 
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": f"i{k}", "prompt": f"question {k}", "benign": k == 3}) + "\n"
@@ -418,7 +418,7 @@ def test_red_team_answers_cannot_change_any_judge_prompts_structure(name):
 def test_special_tokens_in_answers_reach_the_judge_as_plain_text(tmp_path):
     from transformers import AutoTokenizer
 
-    from diagsafe_local.tiny_models import build_tiny_chat_model
+    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_chat_model(tmp_path / "m"))
     special = set(tokenizer.all_special_ids)

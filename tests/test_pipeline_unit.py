@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedEngine, default_responder
 
-from diagsafe_local.config import RunConfig
 from diagsafe_local.engines.base import Completion, GenerationRequest
-from diagsafe_local.pipeline import Run
-from diagsafe_local.records import read_results
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.records import read_results
 
 
 def write_items(path: Path, items: list[dict]) -> Path:

@@ -18,9 +18,9 @@ from conftest import tiny_engine
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.config import RunConfig
-from diagsafe_local.pipeline import Run
-from diagsafe_local.records import SCHEMA_PATH, read_results, result_json_schema
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.records import SCHEMA_PATH, read_results, result_json_schema
 from diagsafe_local.selftest import synthetic_items
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -14,13 +14,13 @@ from fakes import ScriptedEngine, default_responder
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.config import DatasetConfig, GateConfig, RunConfig
-from diagsafe_local.errors import DataError, DiagsafeError
-from diagsafe_local.gate import check_gate
-from diagsafe_local.items import load_items
-from diagsafe_local.pipeline import Run
-from diagsafe_local.prompt_sets import PROMPT_SETS, fetch, load_configured, load_set
-from diagsafe_local.records import read_results
+from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.evaluation.config import DatasetConfig, GateConfig, RunConfig
+from diagsafe_local.evaluation.gate import check_gate
+from diagsafe_local.evaluation.items import load_items
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS, fetch, load_configured, load_set
+from diagsafe_local.evaluation.records import read_results
 
 
 def write_csv(path: Path, rows: list[dict]) -> Path:
@@ -192,7 +192,7 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
         assert records["b2"].judge_rubric == benign_rubric and records["h1"].judge_rubric == "harmjudge"
         assert records["b2"].verdict["label"] == "full_refusal" and records["b2"].judge_engine.kind == expected_kind
         if benign_rubric == "keywords":
-            from diagsafe_local.health import CONTROL_ANSWERS
+            from diagsafe_local.evaluation.health import CONTROL_ANSWERS
 
             judged = [r for b in made[1].batches for r in b]
             controls = [r for r in judged if any(a in r.messages[-1].content for a in CONTROL_ANSWERS.values())]

@@ -16,11 +16,11 @@ from conftest import REPO
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.config import RunConfig
-from diagsafe_local.health import CONTROL_ANSWERS, ControlRecord
-from diagsafe_local.jsonl import read_records
-from diagsafe_local.pipeline import Run
-from diagsafe_local.records import read_results
+from diagsafe_local.core.jsonl import read_records
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.health import CONTROL_ANSWERS, ControlRecord
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.records import read_results
 from diagsafe_local.selftest import SPECIAL_TOKENS, real_selftest_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real, pytest.mark.slow]
@@ -29,7 +29,7 @@ ENGLISH = re.compile(r"\b(the|to|and|a|of|is|you|i|it|in|for|your)\b", re.IGNORE
 
 @pytest.fixture(scope="session")
 def real_model() -> Path:
-    from diagsafe_local.prepared_models import prepare
+    from diagsafe_local.engines.prepared_models import prepare
 
     return prepare("smollm2-135m-instruct")
 
@@ -102,7 +102,7 @@ def test_real_judge_on_a_benchmark_slice(real_model, vllm_engines, tmp_path):
     from diagsafe_local.benchmark.dataset import load_dataset
     from diagsafe_local.benchmark.judge_scores import judge_benchmark
     from diagsafe_local.benchmark.runner import leaderboard
-    from diagsafe_local.config import JudgeConfig
+    from diagsafe_local.evaluation.config import JudgeConfig
 
     data = load_dataset(REPO / "data" / "sample_harmmetric.jsonl")
     data = data.model_copy(update={"prompts": data.prompts[:3]})
@@ -116,7 +116,7 @@ def test_real_judge_on_a_benchmark_slice(real_model, vllm_engines, tmp_path):
 def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engines, tmp_path):
     from servers import VLLMServer
 
-    from diagsafe_local.rundirs import compare_runs
+    from diagsafe_local.evaluation.runs import compare_runs
 
     items = tmp_path / "items.jsonl"
     rows = [json.loads(line) for line in (REPO / "data" / "sample_items.jsonl").read_text().splitlines()][:8]

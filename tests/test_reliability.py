@@ -10,12 +10,12 @@ import time
 from conftest import SAMPLE
 from typer.testing import CliRunner
 
-from diagsafe_local import atomic
 from diagsafe_local.cli import app
+from diagsafe_local.core import atomic
 
 
 def hold_lock(directory) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from diagsafe_local.locking import DirectoryLock\n"
+    code = ("import sys, time; from pathlib import Path; from diagsafe_local.core.locking import DirectoryLock\n"
             "lock = DirectoryLock(Path(sys.argv[1]), 'run'); print('held', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -69,7 +69,7 @@ def test_unwritable_out_is_refused_before_any_scoring(tmp_path):
 def _finished_run(tmp_path):
     from test_pipeline_unit import Factory, make_config
 
-    from diagsafe_local.pipeline import Run
+    from diagsafe_local.evaluation.pipeline import Run
 
     Run(make_config(tmp_path), engine_factory=Factory()).execute()
     return tmp_path / "run"
@@ -108,8 +108,8 @@ def test_corrupt_run_files_and_bad_thresholds_are_input_errors_not_tracebacks(tm
 
 
 def test_a_missing_model_path_is_named_not_tried_as_a_hub_id(tmp_path):
+    from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.engines.base import local_model_path
-    from diagsafe_local.errors import DiagsafeError
 
     (tmp_path / "runs").mkdir()
     for typo in (str(tmp_path / "ckpt"), "./nope/ckpt", "../x/y/z"):
@@ -139,7 +139,7 @@ def test_a_run_where_every_answer_failed_exits_3(tmp_path, monkeypatch):
 
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(make_config(tmp_path).model_dump(mode="json")))
-    monkeypatch.setattr("diagsafe_local.pipeline.create_engine",
+    monkeypatch.setattr("diagsafe_local.evaluation.pipeline.create_engine",
                         Factory(target=lambda request: error_completion("the engine fell over")))
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 3, result.output
@@ -170,7 +170,7 @@ def test_compare_refuses_runs_of_different_datasets_and_overwrite_keeps_user_fil
 
     from test_pipeline_unit import Factory, make_config
 
-    from diagsafe_local.pipeline import Run
+    from diagsafe_local.evaluation.pipeline import Run
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -193,9 +193,9 @@ def test_compare_refuses_runs_of_different_datasets_and_overwrite_keeps_user_fil
 
 
 def test_unknown_gate_category_and_malformed_messages_cell_are_input_errors(tmp_path):
-    from diagsafe_local.config import DatasetConfig
-    from diagsafe_local.errors import DataError
-    from diagsafe_local.items import load_items
+    from diagsafe_local.core.errors import DataError
+    from diagsafe_local.evaluation.config import DatasetConfig
+    from diagsafe_local.evaluation.items import load_items
 
     run_dir = _finished_run(tmp_path)
     result = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1", "--max-asr-category", "cyber=0.1"])
@@ -214,7 +214,7 @@ def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(t
 
     from test_pipeline_unit import ITEMS, Factory, make_config
 
-    from diagsafe_local.pipeline import Run
+    from diagsafe_local.evaluation.pipeline import Run
 
     config = make_config(tmp_path)
     Run(config, engine_factory=Factory()).execute()
@@ -227,13 +227,13 @@ def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(t
     assert [r.messages[-1].content for b in target.batches for r in b] == ["Sure, tell me another thing"]
     judged = [r for b in judge.batches for r in b if "another thing" in r.messages[-1].content]
     assert judged  # its answer was judged again
-    results = {(r.item_id, r.turn): r for r in __import__("diagsafe_local.records", fromlist=["x"]).read_results(
+    results = {(r.item_id, r.turn): r for r in __import__("diagsafe_local.evaluation.records", fromlist=["x"]).read_results(
         tmp_path / "run" / "results.jsonl")}
     assert "d" not in {i for i, _ in results} and results[("a", 1)].answer == "answer to: Sure, tell me another thing"
     assert summary["targets"]["t"]["n_benign_items"] == 0
     # Kept: answers b/1-3, c/1 (replayed), c/2; verdicts b/1-3, c/2. Redone: a/1 and its verdict.
     assert summary["reused"] == {"generations": 5, "judgments": 4}
-    from diagsafe_local.report import write_report
+    from diagsafe_local.evaluation.report import write_report
 
     write_report(tmp_path / "run")
     assert "5 answers and 4 verdicts were reused" in (tmp_path / "run" / "report.md").read_text()
@@ -242,7 +242,7 @@ def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(t
 def test_a_new_model_at_the_same_path_is_not_mistaken_for_the_old_one(tmp_path):
     from test_pipeline_unit import Factory, make_config
 
-    from diagsafe_local.pipeline import Run
+    from diagsafe_local.evaluation.pipeline import Run
 
     model = tmp_path / "ckpt"
     model.mkdir()
@@ -298,7 +298,7 @@ def test_compare_agreement_uses_scores_not_a_label_only_some_judges_write(tmp_pa
     """Two runs whose judge writes no "label" (PAIR-style ratings) used to agree trivially ("None" == "None")."""
     import json
 
-    from diagsafe_local.rundirs import compare_runs
+    from diagsafe_local.evaluation.runs import compare_runs
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

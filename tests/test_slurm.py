@@ -16,10 +16,10 @@ from slurm_cluster import LocalSlurm
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.config import RunConfig
-from diagsafe_local.pipeline import Run
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.sharding import Shard, shard_of
 from diagsafe_local.selftest import synthetic_items
-from diagsafe_local.sharding import Shard, shard_of
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 SMALL = ["--gpus=0", "--cpus-per-task=1", "--mem=1G", "--time=00:10:00"]

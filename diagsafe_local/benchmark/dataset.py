@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from diagsafe_local.errors import DataError
-from diagsafe_local.jsonl import json_rows
+from diagsafe_local.core.errors import DataError
+from diagsafe_local.core.jsonl import json_rows
 
 ReferenceAgg = Literal["mean", "max"]
 

@@ -21,12 +21,12 @@ from pydantic import ConfigDict
 
 from diagsafe_local.benchmark.dataset import BenchDataset, BenchPrompt
 from diagsafe_local.benchmark.runner import response_frame
+from diagsafe_local.core.hashing import content_key
+from diagsafe_local.core.jsonl import JsonlStore, KeyedRecord
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine
-from diagsafe_local.engines.identity import content_key
-from diagsafe_local.items import Message
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
 from diagsafe_local.judging.verdicts import draw_verdicts
-from diagsafe_local.records import JsonlStore, KeyedRecord
 
 
 class BenchJudgment(KeyedRecord):

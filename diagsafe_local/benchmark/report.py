@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from diagsafe_local import atomic
 from diagsafe_local.benchmark.dataset import BenchDataset
 from diagsafe_local.benchmark.scoring import SCORE_NAMES
+from diagsafe_local.core import atomic
 
 LEADERBOARD_COLUMNS = ["metric", *SCORE_NAMES]
 

@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.benchmark.dataset import HARMFUL, IRRELEVANT, SAFE, USELESS, Category
-from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.core.errors import DiagsafeError
 
 Formula = Literal["current", "v1"]
 MissingPolicy = Literal["error", "drop-prompt", "worst-case"]

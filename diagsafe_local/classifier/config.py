@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from diagsafe_local.config import StrictModel
+from diagsafe_local.core.settings import StrictModel
 
 
 class SoftLabelConfig(StrictModel):

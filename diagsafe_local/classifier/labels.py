@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict
 from diagsafe_local.benchmark.dataset import HARMFUL, BenchDataset, load_dataset
 from diagsafe_local.benchmark.runner import aggregate_references
 from diagsafe_local.classifier.config import SoftLabelConfig
-from diagsafe_local.errors import DataError
-from diagsafe_local.jsonl import json_rows
+from diagsafe_local.core.errors import DataError
+from diagsafe_local.core.jsonl import json_rows
 from diagsafe_local.metrics import METRICS, TextPair, compute_metrics
 
 

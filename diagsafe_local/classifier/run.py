@@ -22,13 +22,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from diagsafe_local import jsonl
-from diagsafe_local.atomic import write_text as atomic_write_text
 from diagsafe_local.classifier.config import TrainConfig
 from diagsafe_local.classifier.evaluate import evaluation_table
 from diagsafe_local.classifier.labels import build_training_set, load_pairs, metric_values, split_prompts
 from diagsafe_local.classifier.train import Encoder, attach_lora, load_base, p_yes, plot_losses, train_lora
-from diagsafe_local.hub import resolve_dataset
+from diagsafe_local.core import jsonl
+from diagsafe_local.core.atomic import write_text as atomic_write_text
+from diagsafe_local.core.hub import resolve_dataset
 
 BASE, TUNED = "base P(Yes)", "HarmClassifier P(Yes)"
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local import jsonl
 from diagsafe_local.classifier.config import TrainConfig
 from diagsafe_local.classifier.labels import LabelledPair, TrainingExample
+from diagsafe_local.core import jsonl
+from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import label_token_ids
-from diagsafe_local.errors import DiagsafeError, MissingDependencyError
-from diagsafe_local.items import Message
 from diagsafe_local.judging import JUDGES, JudgeInput
 
 TAIL_TOKENS = 16  # kept from the end of an over-long prompt: the answer's end and the generation prompt

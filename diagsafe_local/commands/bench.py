@@ -70,7 +70,7 @@ def bench(
         return
     judge_settings = None
     if judge:
-        from diagsafe_local.errors import DiagsafeError
+        from diagsafe_local.core.errors import DiagsafeError
 
         if not judge_model:
             raise DiagsafeError("--judge needs --judge-model")
@@ -94,9 +94,9 @@ def judge_config(judge: dict):
     """The judge's engine config, validated (and a local model path checked) before anything is written."""
     from pydantic import ValidationError
 
-    from diagsafe_local.config import JudgeConfig
+    from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.engines.base import local_model_path
-    from diagsafe_local.errors import DiagsafeError
+    from diagsafe_local.evaluation.config import JudgeConfig
     from diagsafe_local.judging import JUDGES
 
     spec = JUDGES.get(judge["rubric"])
@@ -115,7 +115,7 @@ def judge_config(judge: dict):
 def _judge_scores(data, judge: dict, config, out: Path, seed: int, verbose: bool):
     """Score the benchmark with a judge through an engine (loaded here, closed after)."""
     from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
-    from diagsafe_local.console import engine_output
+    from diagsafe_local.core.console import engine_output
     from diagsafe_local.engines import create_engine
     from diagsafe_local.judging import Decoding
 
@@ -136,11 +136,11 @@ def run_bench(
     judge: dict | None = None, verbose: bool = False,
 ) -> None:
     """The bench command's work, shared with the demo."""
-    from diagsafe_local.atomic import remove_stale_temporaries
     from diagsafe_local.benchmark.dataset import load_dataset
-    from diagsafe_local.errors import DiagsafeError
-    from diagsafe_local.hub import resolve_dataset
-    from diagsafe_local.locking import DirectoryLock
+    from diagsafe_local.core.atomic import remove_stale_temporaries
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.core.hub import resolve_dataset
+    from diagsafe_local.core.locking import DirectoryLock
     from diagsafe_local.metrics import METRICS
 
     for name, value, allowed in (

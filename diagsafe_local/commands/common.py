@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import typer
 
-from diagsafe_local.errors import DiagsafeError, Interrupted
+from diagsafe_local.core.errors import DiagsafeError, Interrupted
 
 F = TypeVar("F", bound=Callable[..., Any])
 

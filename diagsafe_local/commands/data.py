@@ -19,7 +19,7 @@ def list_sets() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from diagsafe_local.prompt_sets import PROMPT_SETS
+    from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS
 
     table = Table(title="prompt sets (dataset.set in a run config)")
     for column in ("name", "size", "license", "measures", "cached"):
@@ -39,7 +39,7 @@ def show(
     """Details of one set; with a cached or local copy, its item count by category and the first items."""
     from collections import Counter
 
-    from diagsafe_local.prompt_sets import PROMPT_SETS, load_set
+    from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS, load_set
 
     spec = PROMPT_SETS.get(name)
     typer.echo(f"{spec.name}: {spec.description}\n  license: {spec.license}\n  size: {spec.size}\n  measures: {spec.measures}")
@@ -61,8 +61,8 @@ def show(
 @user_errors
 def fetch_set(name: Annotated[list[str], typer.Argument(help="Prompt set name(s).")]) -> None:
     """Download sets into the cache (on a login node with internet), for runs on offline compute nodes."""
-    from diagsafe_local.cache import file_sha256
-    from diagsafe_local.prompt_sets import fetch
+    from diagsafe_local.core.cache import file_sha256
+    from diagsafe_local.evaluation.prompt_sets import fetch
 
     for each in name:
         path = fetch(each)

@@ -9,7 +9,7 @@ import typer
 
 from diagsafe_local.commands.bench import run_bench
 from diagsafe_local.commands.common import user_errors
-from diagsafe_local.resources import data_file
+from diagsafe_local.core.resources import data_file
 
 SAMPLE = data_file("sample_harmmetric.jsonl")
 
@@ -28,7 +28,7 @@ def demo(
     run_bench(str(SAMPLE), "all", "current", "error", "mean", 1000, 0, out / "bench")
     if not selftest:
         return
-    from diagsafe_local.report import load_summary, print_summary, write_report
+    from diagsafe_local.evaluation.report import load_summary, print_summary, write_report
     from diagsafe_local.selftest import run_selftest
 
     typer.echo(f"2/2  the checkpoint pipeline with a real small chat model (vLLM) -> {out}/selftest")

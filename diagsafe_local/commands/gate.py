@@ -11,7 +11,7 @@ from diagsafe_local.commands.common import user_errors
 
 
 def _category_limits(values: list[str]) -> dict[str, float]:
-    from diagsafe_local.errors import DiagsafeError
+    from diagsafe_local.core.errors import DiagsafeError
 
     limits = {}
     for value in values:
@@ -40,10 +40,10 @@ def gate(
     complete, or whose summary does not match its results, is refused with exit 3; bad input exits 2."""
     from pydantic import ValidationError
 
-    from diagsafe_local.config import GateConfig
-    from diagsafe_local.errors import DiagsafeError
-    from diagsafe_local.gate import check_gate
-    from diagsafe_local.rundirs import read_checked_summary, read_manifest
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.evaluation.config import GateConfig
+    from diagsafe_local.evaluation.gate import check_gate
+    from diagsafe_local.evaluation.runs import read_checked_summary, read_manifest
 
     summary = read_checked_summary(run_dir)  # a complete run, and the summary of its results (else exit 3)
     configured = read_manifest(run_dir).get("config", {}).get("gate", {})

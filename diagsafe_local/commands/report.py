@@ -16,7 +16,7 @@ def report(
     baseline: Annotated[str | None, typer.Option(help="Target to compare the others against (default: the config's).")] = None,
 ) -> None:
     """Write report.md, report.html and figures/ into the run directory."""
-    from diagsafe_local.report import load_summary, print_summary, write_report
+    from diagsafe_local.evaluation.report import load_summary, print_summary, write_report
 
     paths = write_report(run_dir, baseline)
     print_summary(load_summary(run_dir))

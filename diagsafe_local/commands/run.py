@@ -19,12 +19,12 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")] = False,
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
-    from diagsafe_local.config import load_config
-    from diagsafe_local.console import engine_output
-    from diagsafe_local.errors import RunFailed
-    from diagsafe_local.pipeline import Run
-    from diagsafe_local.report import print_summary, write_report
-    from diagsafe_local.sharding import Shard
+    from diagsafe_local.core.console import engine_output
+    from diagsafe_local.core.errors import RunFailed
+    from diagsafe_local.evaluation.config import load_config
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.evaluation.report import print_summary, write_report
+    from diagsafe_local.evaluation.sharding import Shard
 
     cfg = load_config(config, set_ or [])
     part = Shard.parse(shard) if shard else None

@@ -20,14 +20,14 @@ def merge(
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override, as given to run.")] = None,
 ) -> None:
     """Merge run directories (a local and an API run, say), or all N shards of a config; duplicates are refused."""
-    from diagsafe_local.errors import DiagsafeError
-    from diagsafe_local.report import print_summary, write_report
-    from diagsafe_local.rundirs import merge_runs, merge_shards
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.evaluation.report import print_summary, write_report
+    from diagsafe_local.evaluation.runs import merge_runs, merge_shards
 
     if config is not None:
         if shards is None or run_dirs:
             raise DiagsafeError("with --config give --shards N and no run directories")
-        from diagsafe_local.config import load_config
+        from diagsafe_local.evaluation.config import load_config
 
         cfg = load_config(config, set_ or [])
         target = out or Path(cfg.output_dir)
@@ -49,7 +49,7 @@ def compare(
     allow_different_datasets: Annotated[bool, typer.Option(help="Compare runs of different datasets anyway.")] = False,
 ) -> None:
     """Per-item agreement of verdicts and scores between two complete runs of the same dataset, with Cohen's kappa."""
-    from diagsafe_local.rundirs import compare_runs
+    from diagsafe_local.evaluation.runs import compare_runs
 
     result = compare_runs(run_a, run_b, allow_different_datasets)
     if as_json:

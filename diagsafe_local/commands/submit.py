@@ -14,11 +14,11 @@ from typing import Annotated
 import typer
 
 from diagsafe_local.commands.common import user_errors
-from diagsafe_local.resources import slurm_file
+from diagsafe_local.core.resources import slurm_file
 
 
 def _sbatch(args: list[str]) -> str:
-    from diagsafe_local.errors import DiagsafeError
+    from diagsafe_local.core.errors import DiagsafeError
 
     try:
         proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=60)
@@ -43,8 +43,8 @@ def submit(
     dry_run: Annotated[bool, typer.Option(help="Print the sbatch commands and scripts; submit nothing.")] = False,
 ) -> None:
     """Submit the sharded evaluation and its merge job to SLURM; print job ids and how to watch them."""
-    from diagsafe_local.config import load_config
-    from diagsafe_local.rundirs import incomplete_shards
+    from diagsafe_local.evaluation.config import load_config
+    from diagsafe_local.evaluation.runs import incomplete_shards
 
     overrides = set_ or []
     cfg = load_config(config, overrides)

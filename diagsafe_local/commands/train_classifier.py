@@ -19,7 +19,7 @@ def train_classifier(
     token, save it with its loss curve, and compare it on held-out prompts with its base and the metric."""
     from diagsafe_local.classifier.config import TrainConfig
     from diagsafe_local.classifier.run import train_classifier as train
-    from diagsafe_local.config import load_settings
+    from diagsafe_local.core.settings import load_settings
 
     cfg = load_settings(config, TrainConfig, set_ or [], "train-classifier config")
     train(cfg, echo=lambda line: typer.echo(line))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from diagsafe_local.config import EngineConfig
 from diagsafe_local.engines.base import Completion, Engine, EngineInfo, GenerationRequest
+from diagsafe_local.engines.config import EngineConfig
 
 __all__ = ["Completion", "Engine", "EngineInfo", "GenerationRequest", "create_engine"]
 

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from diagsafe_local.items import Message
+from diagsafe_local.core.messages import Message
 
 
 class GenerationRequest(BaseModel):
@@ -140,7 +140,7 @@ def local_model_path(model: str) -> None:
     (`./ckpt/step-1200` with a typo would otherwise be "not found on the Hub")."""
     from pathlib import Path
 
-    from diagsafe_local.errors import DiagsafeError
+    from diagsafe_local.core.errors import DiagsafeError
 
     path = Path(model).expanduser()
     looks_local = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or (

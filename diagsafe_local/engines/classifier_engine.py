@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from diagsafe_local.config import EngineConfig
+from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
 from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion, local_model_path
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import cuda_available, model_fingerprint, package_versions
-from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
 BATCH = 32
 

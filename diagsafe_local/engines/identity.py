@@ -4,7 +4,6 @@ may reuse: installed package versions, a model directory's content hash, the CUD
 from __future__ import annotations
 
 import hashlib
-import json
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -77,12 +76,3 @@ def _cached_fingerprint(path: str) -> str | None:
     if key not in _FINGERPRINTS:
         _FINGERPRINTS[key] = model_fingerprint(path)
     return _FINGERPRINTS[key]
-
-
-def content_key(*parts: Any) -> str:
-    """A stable hash of JSON-able parts (pydantic models by their JSON dump)."""
-    def plain(value: Any) -> Any:
-        return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
-
-    payload = json.dumps([plain(p) for p in parts], sort_keys=True, default=plain, ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]

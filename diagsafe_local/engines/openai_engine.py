@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from diagsafe_local.config import EngineConfig
+from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
 from diagsafe_local.engines.base import (
     Completion,
     EngineInfo,
@@ -27,8 +27,8 @@ from diagsafe_local.engines.base import (
     label_logprobs,
     word_variants,
 )
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import package_versions
-from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
 
 class FatalAPIError(DiagsafeError):

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local.config import EngineConfig
+from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
 from diagsafe_local.engines.base import (
     Completion,
     EngineInfo,
@@ -20,8 +20,8 @@ from diagsafe_local.engines.base import (
     label_token_ids,
     local_model_path,
 )
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import model_fingerprint, package_versions
-from diagsafe_local.errors import DiagsafeError, MissingDependencyError
 
 # outlines' default JSON grammar allows unbounded whitespace, the same loop vLLM avoids with
 # disable_any_whitespace; at most one space between tokens keeps replies compact and finite.

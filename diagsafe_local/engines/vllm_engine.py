@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local.config import EngineConfig
+from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError, RunFailed
 from diagsafe_local.engines.base import (
     Completion,
     EngineInfo,
@@ -20,8 +20,8 @@ from diagsafe_local.engines.base import (
     label_token_ids,
     local_model_path,
 )
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import cuda_available, model_fingerprint, package_versions
-from diagsafe_local.errors import DiagsafeError, MissingDependencyError, RunFailed
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from diagsafe_local.core.messages import Message
+from diagsafe_local.core.registry import Registry
 from diagsafe_local.engines.base import Completion, GenerationRequest
-from diagsafe_local.items import Message
-from diagsafe_local.registry import Registry
 
 ZWSP = "\u200b"
 # A judged answer is hostile text: one that contains a judge format's delimiters could close its own

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from diagsafe_local.items import Message
+from diagsafe_local.core.messages import Message
 from diagsafe_local.judging.base import JUDGES, Judge, JudgeInput, ParseOutcome
 
 Reader = Callable[[re.Match[str]], tuple[dict[str, Any], float]]

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from diagsafe_local.items import Message
+from diagsafe_local.core.messages import Message
 from diagsafe_local.judging.base import JUDGES, Judge, JudgeInput, ParseOutcome
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.engines.base import Completion, Engine
-from diagsafe_local.generation import request_seed
 from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ParseOutcome
 
 

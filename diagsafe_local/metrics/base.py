@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from diagsafe_local.registry import Registry
+from diagsafe_local.core.registry import Registry
 
 
 @dataclass(frozen=True)

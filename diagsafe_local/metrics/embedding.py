@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from diagsafe_local.errors import MissingDependencyError
+from diagsafe_local.core.errors import MissingDependencyError
 from diagsafe_local.metrics.base import MetricSpec, TextPair, register_family
 
 

@@ -16,8 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local.cache import cache_dir
-from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.core.cache import cache_dir
+from diagsafe_local.core.errors import DiagsafeError
 
 DEBIAN_WORDNET = Path("/usr/share/wordnet")
 DEBIAN_LEXNAMES_MAN = Path("/usr/share/man/man5/lexnames.5WN.gz")

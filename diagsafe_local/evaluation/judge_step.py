@@ -12,15 +12,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from diagsafe_local.config import JudgeConfig
+from diagsafe_local.core.hashing import content_key
+from diagsafe_local.core.jsonl import JsonlStore
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion, Engine
-from diagsafe_local.engines.identity import content_key
-from diagsafe_local.generation import conversation_until, stream_answers
-from diagsafe_local.items import Item, Message
+from diagsafe_local.evaluation.config import JudgeConfig
+from diagsafe_local.evaluation.generation import conversation_until, stream_answers
+from diagsafe_local.evaluation.items import Item
+from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, ResultRecord, Usage
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput, ParseOutcome
+from diagsafe_local.judging.refusal import is_refusal
 from diagsafe_local.judging.verdicts import Verdict, draw_verdicts
-from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord, Usage
-from diagsafe_local.summary import is_refusal
 
 
 @dataclass(frozen=True)

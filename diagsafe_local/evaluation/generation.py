@@ -8,21 +8,16 @@ answers are saved before the next turn starts, so a killed run resumes where it 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from diagsafe_local.config import TargetConfig
+from diagsafe_local.core.hashing import content_key, request_seed
+from diagsafe_local.core.jsonl import JsonlStore
+from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine, GenerationRequest
-from diagsafe_local.engines.identity import content_key
-from diagsafe_local.items import Item, Message
-from diagsafe_local.records import GenerationRecord, JsonlStore, Usage
-
-
-def request_seed(base: int, *parts: object) -> int:
-    """A per-request seed that depends only on the request's identity, not on batch composition."""
-    digest = hashlib.sha256(repr((base, *parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+from diagsafe_local.evaluation.config import TargetConfig
+from diagsafe_local.evaluation.items import Item
+from diagsafe_local.evaluation.records import GenerationRecord, Usage
 
 
 def conversation_until(

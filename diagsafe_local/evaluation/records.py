@@ -9,25 +9,17 @@ The JSON Schema of ResultRecord ships as `diagsafe_local/schemas/result.schema.j
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diagsafe_local import jsonl
-from diagsafe_local.items import Message
+from diagsafe_local.core import jsonl
+from diagsafe_local.core.jsonl import KeyedRecord
+from diagsafe_local.core.messages import Message
 
 SCHEMA_VERSION = 1
 ParseStatus = Literal["ok", "truncated", "invalid", "error"]
-
-
-class KeyedRecord(BaseModel):
-    """A record a JsonlStore keeps by `key` (the last record of a key wins)."""
-
-    @property
-    def key(self) -> Any:
-        raise NotImplementedError
 
 
 class Usage(BaseModel):
@@ -112,7 +104,6 @@ class ResultRecord(KeyedRecord):
         return (self.target, self.item_id, self.sample, self.turn)
 
 
-R = TypeVar("R", bound=KeyedRecord)
 
 
 def result_json_schema() -> dict[str, Any]:
@@ -122,37 +113,7 @@ def result_json_schema() -> dict[str, Any]:
     return schema
 
 
-SCHEMA_PATH = Path(__file__).parent / "schemas" / "result.schema.json"
-
-
-class JsonlStore(Generic[R]):
-    """Append-only JSONL of pydantic records, keyed; the last record of a key wins.
-
-    Opening it resumes: a line torn by a crash at the end of the file is cut off (and logged).
-    """
-
-    def __init__(self, path: Path, model: type[R]) -> None:
-        self.path = path
-        self.model = model
-        self.records: dict[Any, R] = {}
-        if path.exists():
-            loaded, lines = jsonl.read_records(path, model, torn="cut")
-            self.records = {record.key: record for record in loaded}
-            jsonl.cut_torn_tail(path, lines)
-
-    def append(self, records: Iterable[R]) -> None:
-        """Append and fsync a batch of records."""
-        batch = list(records)
-        jsonl.append(self.path, batch)
-        self.records.update((record.key, record) for record in batch)
-
-    def keep(self, keys: set[Any]) -> None:
-        """Forget records whose key is not in `keys` (compact() then drops them from the file)."""
-        self.records = {k: r for k, r in self.records.items() if k in keys}
-
-    def compact(self, order: Callable[[R], Any]) -> None:
-        """Rewrite the file atomically: one record per key, sorted by `order`."""
-        jsonl.write(self.path, sorted(self.records.values(), key=order))
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "result.schema.json"
 
 
 def read_results(path: Path) -> list[ResultRecord]:

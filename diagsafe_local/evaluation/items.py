@@ -11,22 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from diagsafe_local.config import DatasetConfig
-from diagsafe_local.errors import DataError
-from diagsafe_local.jsonl import json_rows
-
-
-class Message(BaseModel):
-    """One chat message."""
-
-    model_config = ConfigDict(frozen=True)
-
-    role: Literal["system", "user", "assistant"]
-    content: str
+from diagsafe_local.core.errors import DataError
+from diagsafe_local.core.jsonl import json_rows
+from diagsafe_local.core.messages import Message
+from diagsafe_local.evaluation.config import DatasetConfig
 
 
 class Item(BaseModel):

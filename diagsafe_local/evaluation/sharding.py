@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.core.errors import DiagsafeError
 
 
 class Shard(BaseModel):

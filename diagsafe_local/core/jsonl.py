@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from diagsafe_local import atomic
-from diagsafe_local.errors import DataError
+from diagsafe_local.core import atomic
+from diagsafe_local.core.errors import DataError
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -134,3 +134,44 @@ def cut_torn_tail(path: Path, lines: Lines) -> None:
         log.warning("%s: cut a torn last line (%d bytes) left by an interrupted run", path, lines.torn_bytes)
         with open(path, "r+b") as handle:
             handle.truncate(lines.complete_bytes)
+
+
+class KeyedRecord(BaseModel):
+    """A record a JsonlStore keeps by `key` (the last record of a key wins)."""
+
+    @property
+    def key(self) -> Any:
+        raise NotImplementedError
+
+
+R = TypeVar("R", bound=KeyedRecord)
+
+
+class JsonlStore(Generic[R]):
+    """Append-only JSONL of pydantic records, keyed; the last record of a key wins.
+
+    Opening it resumes: a line torn by a crash at the end of the file is cut off (and logged).
+    """
+
+    def __init__(self, path: Path, model: type[R]) -> None:
+        self.path = path
+        self.model = model
+        self.records: dict[Any, R] = {}
+        if path.exists():
+            loaded, lines = read_records(path, model, torn="cut")
+            self.records = {record.key: record for record in loaded}
+            cut_torn_tail(path, lines)
+
+    def append(self, records: Iterable[R]) -> None:
+        """Append and fsync a batch of records."""
+        batch = list(records)
+        append(self.path, batch)
+        self.records.update((record.key, record) for record in batch)
+
+    def keep(self, keys: set[Any]) -> None:
+        """Forget records whose key is not in `keys` (compact() then drops them from the file)."""
+        self.records = {k: r for k, r in self.records.items() if k in keys}
+
+    def compact(self, order: Callable[[R], Any]) -> None:
+        """Rewrite the file atomically: one record per key, sorted by `order`."""
+        write(self.path, sorted(self.records.values(), key=order))

@@ -33,8 +33,10 @@ from typing import Any
 
 from pydantic import ConfigDict
 
-from diagsafe_local.items import Item, Message
-from diagsafe_local.records import KeyedRecord, ResultRecord
+from diagsafe_local.core.jsonl import KeyedRecord
+from diagsafe_local.core.messages import Message
+from diagsafe_local.evaluation.items import Item
+from diagsafe_local.evaluation.records import ResultRecord
 
 MIN_VERDICTS = 10
 DEGENERATE_SHARE = 0.5

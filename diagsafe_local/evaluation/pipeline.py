@@ -19,24 +19,27 @@ from typing import Any
 
 import yaml
 
-from diagsafe_local import __version__, atomic
-from diagsafe_local.cache import file_sha256
-from diagsafe_local.config import EngineConfig, RunConfig, TargetConfig
+from diagsafe_local import __version__
+from diagsafe_local.core import atomic
+from diagsafe_local.core.cache import file_sha256
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.jsonl import JsonlStore
+from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.engines import Engine, create_engine
 from diagsafe_local.engines.base import local_model_path
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import engine_identity
-from diagsafe_local.errors import DiagsafeError
-from diagsafe_local.generation import generate_turns, generation_done
-from diagsafe_local.health import ControlRecord, control_cases
+from diagsafe_local.evaluation.config import RunConfig, TargetConfig
+from diagsafe_local.evaluation.generation import generate_turns, generation_done
+from diagsafe_local.evaluation.health import ControlRecord, control_cases
+from diagsafe_local.evaluation.judge_step import judge_key, judge_tasks, judged_turns, needs_engine, pending_tasks
+from diagsafe_local.evaluation.prompt_sets import load_configured
+from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, ResultRecord
+from diagsafe_local.evaluation.runs import read_json, write_summary
+from diagsafe_local.evaluation.sharding import Shard
+from diagsafe_local.evaluation.summary import summarize
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
-from diagsafe_local.judging.judge import judge_key, judge_tasks, judged_turns, needs_engine, pending_tasks
 from diagsafe_local.judging.verdicts import draw_verdicts
-from diagsafe_local.locking import DirectoryLock
-from diagsafe_local.prompt_sets import load_configured
-from diagsafe_local.records import EngineRef, GenerationRecord, JsonlStore, ResultRecord
-from diagsafe_local.rundirs import read_json, write_summary
-from diagsafe_local.sharding import Shard
-from diagsafe_local.summary import summarize
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[..., Engine]

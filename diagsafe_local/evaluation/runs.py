@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local import atomic, jsonl
-from diagsafe_local.cache import file_sha256
-from diagsafe_local.config import RunConfig
-from diagsafe_local.errors import DiagsafeError, RunFailed
-from diagsafe_local.health import ControlRecord
-from diagsafe_local.records import SCHEMA_VERSION, GenerationRecord, ResultRecord, read_results
-from diagsafe_local.sharding import Shard
-from diagsafe_local.summary import summarize
+from diagsafe_local.core import atomic, jsonl
+from diagsafe_local.core.cache import file_sha256
+from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.health import ControlRecord
+from diagsafe_local.evaluation.records import SCHEMA_VERSION, GenerationRecord, ResultRecord, read_results
+from diagsafe_local.evaluation.sharding import Shard
+from diagsafe_local.evaluation.summary import summarize
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local.cache import cache_dir
-from diagsafe_local.config import DatasetConfig
-from diagsafe_local.errors import DataError, DiagsafeError
-from diagsafe_local.items import Item, Message, harmmetric_items, load_items, table_rows
-from diagsafe_local.registry import Registry
+from diagsafe_local.core.cache import cache_dir
+from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.core.messages import Message
+from diagsafe_local.core.registry import Registry
+from diagsafe_local.evaluation.config import DatasetConfig
+from diagsafe_local.evaluation.items import Item, harmmetric_items, load_items, table_rows
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def fetch(name: str) -> Path:
                 shutil.copyfile(hf_hub_download(str(spec.hub_repo), spec.hub_file, repo_type="dataset",
                                                 cache_dir=cache_dir() / "hub"), partial)
             else:
-                from diagsafe_local.hub import resolve_dataset
+                from diagsafe_local.core.hub import resolve_dataset
 
                 shutil.copyfile(resolve_dataset(spec.hub_repo), partial)  # type: ignore[arg-type]
     except Exception as exc:  # network and hub errors of every kind mean the same to the user
@@ -232,7 +233,7 @@ def load_configured(config: DatasetConfig) -> tuple[list[Item], Path]:
     if config.set:
         items, path = load_set(config.set, Path(config.path) if config.path else None)
     else:
-        from diagsafe_local.hub import resolve_dataset
+        from diagsafe_local.core.hub import resolve_dataset
 
         path = resolve_dataset(config.path)  # type: ignore[arg-type]
         items = load_items(config, path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parent.parent
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def bundled(kind: str, name: str) -> Path:

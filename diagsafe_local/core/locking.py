@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.core.errors import DiagsafeError
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".diagsafe.lock"

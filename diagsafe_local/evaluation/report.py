@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local import atomic
-from diagsafe_local.errors import DiagsafeError
-from diagsafe_local.records import read_results
+from diagsafe_local.core import atomic
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.evaluation.records import read_results
 
 
 def _pct(value: float | None) -> str:
@@ -63,7 +63,7 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
     """A run directory's summary.json (errors name the file)."""
-    from diagsafe_local.rundirs import read_json
+    from diagsafe_local.evaluation.runs import read_json
 
     return read_json(run_dir / "summary.json", "run summary")
 
@@ -194,7 +194,7 @@ def write_report(run_dir: Path, baseline: str | None = None) -> list[Path]:
 
 def _write_report(run_dir: Path, baseline: str | None) -> list[Path]:
     summary = load_summary(run_dir)
-    from diagsafe_local.rundirs import read_json
+    from diagsafe_local.evaluation.runs import read_json
 
     manifest = read_json(run_dir / "manifest.json", "run manifest") if (run_dir / "manifest.json").exists() else {}
     baseline = baseline or manifest.get("config", {}).get("baseline")

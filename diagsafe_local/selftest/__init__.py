@@ -14,10 +14,10 @@ from typing import Any
 
 import yaml
 
-from diagsafe_local import jsonl
-from diagsafe_local.records import read_results
-from diagsafe_local.resources import data_file
-from diagsafe_local.tiny_models import build_tiny_chat_model
+from diagsafe_local.core import jsonl
+from diagsafe_local.core.resources import data_file
+from diagsafe_local.evaluation.records import read_results
+from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
 CATEGORIES = ("chemistry", "cyber", "fraud", "harassment")
 
@@ -79,14 +79,14 @@ SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
 
 def run_selftest(out: Path, n: int, real: bool = False, verbose: bool = False) -> tuple[bool, list[str], Path]:
     """Run the pipeline on tiny (or real) models; returns (passed, check lines, run directory)."""
-    from diagsafe_local.config import RunConfig
-    from diagsafe_local.console import engine_output
-    from diagsafe_local.pipeline import Run
+    from diagsafe_local.core.console import engine_output
+    from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.pipeline import Run
 
     out.mkdir(parents=True, exist_ok=True)
     config_path = out / "config.yaml"
     if real:
-        from diagsafe_local.prepared_models import prepare
+        from diagsafe_local.engines.prepared_models import prepare
 
         settings = real_selftest_config(out, prepare(REAL_MODEL))
     else:

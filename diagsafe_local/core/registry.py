@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
-from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.core.errors import DiagsafeError
 
 
 class Named(Protocol):

@@ -6,8 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from diagsafe_local.config import GateConfig
-from diagsafe_local.errors import DiagsafeError
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.evaluation.config import GateConfig
 
 
 def _share(rate: dict[str, Any]) -> str:

@@ -14,9 +14,9 @@ import os
 import re
 from pathlib import Path
 
-from diagsafe_local import atomic
-from diagsafe_local.cache import cache_dir
-from diagsafe_local.errors import DataError, DiagsafeError
+from diagsafe_local.core import atomic
+from diagsafe_local.core.cache import cache_dir
+from diagsafe_local.core.errors import DataError, DiagsafeError
 
 log = logging.getLogger(__name__)
 

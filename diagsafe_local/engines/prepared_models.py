@@ -21,10 +21,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from diagsafe_local.atomic import current_umask
-from diagsafe_local.cache import cache_dir, file_sha256
-from diagsafe_local.errors import DiagsafeError, MissingDependencyError
-from diagsafe_local.registry import Registry
+from diagsafe_local.core.atomic import current_umask
+from diagsafe_local.core.cache import cache_dir, file_sha256
+from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
+from diagsafe_local.core.registry import Registry
 
 STAMP = ".diagsafe-prepared.json"
 

@@ -1,0 +1,147 @@
+"""Settings files: YAML validated by a pydantic model; every error names the file, the line and the key.
+
+`load_settings(path, model, overrides)` reads the file (a key given twice is an error naming both lines),
+applies dotted `--set key.path=value` overrides (values parsed as YAML, list items by index:
+`targets.0.model=...`) and validates the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from diagsafe_local.core.errors import DiagsafeError
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Apply one `a.b.c=value` override in place (value parsed as YAML)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        raise DiagsafeError(f"--set expects key.path=value, got '{assignment}'")
+    parts = key.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts[:-1]):
+        nxt = _child(node, part, ".".join(parts[: depth + 1]))
+        if nxt is None:
+            nxt = {}
+            _assign(node, part, nxt, key)
+        node = nxt
+    _assign(node, parts[-1], yaml.safe_load(raw), key)
+
+
+def _child(node: Any, part: str, where: str) -> Any:
+    if isinstance(node, list):
+        if not part.isdigit() or int(part) >= len(node):
+            raise DiagsafeError(f"--set {where}: no list item {part}")
+        return node[int(part)]
+    if isinstance(node, dict):
+        return node.get(part)
+    raise DiagsafeError(f"--set {where}: not a mapping or list")
+
+
+def _assign(node: Any, part: str, value: Any, key: str) -> None:
+    if isinstance(node, list):
+        if not part.isdigit() or int(part) >= len(node):
+            raise DiagsafeError(f"--set {key}: no list item {part}")
+        node[int(part)] = value
+    elif isinstance(node, dict):
+        node[part] = value
+    else:
+        raise DiagsafeError(f"--set {key}: '{part}' is inside a value that is not a mapping")
+
+
+def _line_index(text: str) -> dict[tuple[str, ...], int]:
+    """YAML key path -> 1-based line, to point errors at the right line."""
+    index: dict[tuple[str, ...], int] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                sub = (*path, str(key_node.value))
+                index[sub] = key_node.start_mark.line + 1
+                walk(value_node, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                index[(*path, str(i))] = item.start_mark.line + 1
+                walk(item, (*path, str(i)))
+
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return index
+    if root is not None:
+        walk(root, ())
+    # A single `target:` is validated as `targets[0]`.
+    index.update({("targets", "0", *k[1:]): v for k, v in list(index.items()) if k[:1] == ("target",)})
+    return index
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping names the same key twice (YAML loaders silently keep the last)."""
+
+    def __init__(self, key: str, line: int, first: int) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping, naming both lines."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise DuplicateKeyError(str(key), line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_settings(
+    path: str | Path, model: type[M], overrides: list[str] | None = None, what: str = "config",
+    adjust: Callable[[dict[str, Any], list[str]], None] | None = None,
+) -> M:
+    """Read a YAML file, apply `--set` overrides and validate it as `model`; errors name file, line and key."""
+    path = Path(path)
+    if not path.is_file():
+        raise DiagsafeError(f"{path}: no such config file")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except DuplicateKeyError as exc:
+        raise DiagsafeError(f"{path} line {exc.line}: key '{exc.key}' is given twice (first on line {exc.first}); "
+                            "keep one") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise DiagsafeError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise DiagsafeError(f"{path}: expected a mapping of settings at the top level")
+    for assignment in overrides or []:
+        apply_override(data, assignment)
+    if adjust is not None:
+        adjust(data, overrides or [])
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        lines = _line_index(text)
+        messages = []
+        for err in exc.errors():
+            loc = tuple(str(p) for p in err["loc"])
+            line = next((lines[loc[:k]] for k in range(len(loc), 0, -1) if loc[:k] in lines), None)
+            where = f"{path} line {line}" if line else str(path)
+            problem = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            messages.append(f"{where}: {'.'.join(loc) or '(top level)'}: {problem}")
+        raise DiagsafeError(f"invalid {what}:\n  " + "\n  ".join(messages)) from None

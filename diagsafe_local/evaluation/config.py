@@ -1,0 +1,198 @@
+"""Run configuration: YAML validated by pydantic; unknown keys are errors naming the key, file and line.
+
+`load_config(path, overrides)` applies dotted `--set key.path=value` overrides (values parsed as YAML,
+list items by index: `targets.0.model=...`) before validation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from diagsafe_local.core.settings import StrictModel, load_settings
+from diagsafe_local.engines.config import EngineConfig, SamplingConfig
+
+
+class TargetConfig(EngineConfig):
+    """A checkpoint under test: a full model, or a LoRA adapter on `model`."""
+
+    name: str | None = Field(None, description="Label in results and reports; default: the model's last path part.")
+    system_prompt: str | None = Field(None, description="System message put before every conversation.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        return Path((self.lora or self.model).rstrip("/")).name
+
+
+class JudgeConfig(EngineConfig):
+    """The judge model and how it grades."""
+
+    rubric: str = Field("harmjudge", description="Judge for harmful items: any harm judge of `bench --list`.")
+    benign_rubric: str = Field(
+        "refusal", description="How benign items are judged for over-refusal: a refusal judge ('refusal', "
+        "'wildguard-refusal', 'qwen3guard-refusal') or 'keywords' (a refusal-phrase detector, no judge call).",
+    )
+    probability: bool | None = Field(
+        None, description="Score Yes/No-style judges by P(Yes) at the first answer token instead of sampling "
+        "(deterministic); applies to `rubric`; None = the judge's default (on for shieldgemma and harmclassifier).",
+    )
+    structured_output_backend: Literal["xgrammar", "guidance", "outlines"] = Field(
+        "xgrammar", description="vLLM structured-output backend (pinned; compact JSON needs xgrammar or guidance)."
+    )
+    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(max_tokens=400))
+    turns: Literal["last", "every"] = Field("last", description="Judge each conversation's last answer, or every generated one.")
+    max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
+    batch_size: int = Field(256, ge=1, description="Judgments per engine call (results are saved after each).")
+
+    @model_validator(mode="after")
+    def _judges(self) -> JudgeConfig:
+        from diagsafe_local.core.registry import UnknownNameError
+        from diagsafe_local.judging import JUDGES
+
+        try:
+            harm = JUDGES.get(self.rubric)
+            benign = None if self.benign_rubric == "keywords" else JUDGES.get(self.benign_rubric)
+        except UnknownNameError as exc:
+            raise ValueError(str(exc)) from None
+        if harm.measures != "harm":
+            raise ValueError(f"rubric '{self.rubric}' measures {harm.measures}, not harm")
+        if benign is not None and benign.measures != "refusal":
+            raise ValueError(f"benign_rubric '{self.benign_rubric}' measures {benign.measures}, not refusal")
+        for field, judge in (("rubric", harm), ("benign_rubric", benign)):
+            if judge is not None and (judge.engine_kind or "") != ("classifier" if self.kind == "classifier" else ""):
+                need = judge.engine_kind or "an LLM engine (vllm, openai or transformers)"
+                hint = " (use benign_rubric: keywords with a classifier judge)" if field == "benign_rubric" else ""
+                raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
+        harm.check_probability(self.probability)
+        return self
+
+
+class DatasetColumns(StrictModel):
+    """Column names in the user's prompt file (`expected`: comply | refuse; comply marks a benign item)."""
+
+    id: str = "id"
+    prompt: str = "prompt"
+    messages: str = "messages"
+    category: str = "category"
+    source: str = "source"
+    attack_method: str = "attack_method"
+    benign: str = "benign"
+    reference: str = "reference"
+    expected: str = "expected"
+
+
+class DatasetConfig(StrictModel):
+    """The prompts to evaluate."""
+
+    set: str | None = Field(None, description="A named public prompt set (see `diagsafe-local data list`).")
+    path: str | None = Field(
+        None, description="JSONL/CSV/Parquet of items, a HarmMetric Eval file, or a hub id (owner/name[:file]); "
+        "with `set`, a local copy of that set.",
+    )
+    format: Literal["auto", "items", "harmmetric"] = Field("auto", description="auto-detects HarmMetric Eval files.")
+    columns: DatasetColumns = Field(default_factory=DatasetColumns)
+    limit: int | None = Field(None, ge=1, description="Use only the first N items.")
+
+    @model_validator(mode="after")
+    def _source(self) -> DatasetConfig:
+        if not self.set and not self.path:
+            raise ValueError("give dataset.path or dataset.set")
+        return self
+
+
+class PlacementConfig(StrictModel):
+    """How target and judge share the node."""
+
+    mode: Literal["colocate", "sequential", "sleep"] = Field(
+        "sequential",
+        description="colocate: both resident; sequential: generate all, free the target, then judge; "
+        "sleep: vLLM sleep mode swaps them (CUDA only; falls back to sequential elsewhere).",
+    )
+    target_memory: float = Field(0.45, gt=0.0, lt=1.0, description="GPU memory share of the target when colocated.")
+    judge_memory: float = Field(0.45, gt=0.0, lt=1.0, description="GPU memory share of the judge when colocated.")
+
+    @model_validator(mode="after")
+    def _fits(self) -> PlacementConfig:
+        if self.mode == "colocate" and self.target_memory + self.judge_memory > 0.95:
+            raise ValueError(f"target_memory + judge_memory must be <= 0.95, got {self.target_memory + self.judge_memory:.2f}")
+        return self
+
+
+class GateConfig(StrictModel):
+    """Deployment thresholds checked by `diagsafe-local gate`."""
+
+    max_asr: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable attack success rate.")
+    max_asr_category: dict[str, float] = Field(default_factory=dict, description="Per-category ASR limits.")
+    max_failure_rate: float = Field(0.0, ge=0.0, le=1.0, description="Largest share of unjudged answers (parse failures, errors).")
+    max_over_refusal: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable over-refusal rate on benign items.")
+    max_truncated_rate: float | None = Field(
+        None, ge=0.0, le=1.0, description="Largest share of target answers cut off at max_tokens (None: reported, not limited).")
+    allow_degenerate_judge: bool = Field(
+        False, description="Pass a run whose judge health checks flag a degenerate judge (identical or copied verdicts).")
+
+
+class RunConfig(StrictModel):
+    """A whole evaluation run."""
+
+    dataset: DatasetConfig
+    targets: list[TargetConfig] = Field(..., min_length=1, description="Checkpoints to evaluate (a sweep if several).")
+    baseline: str | None = Field(None, description="Target name the report compares the others against.")
+    judge: JudgeConfig
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    output_dir: str = Field(..., description="Run directory (created; resumed if it exists with the same config).")
+    gate: GateConfig = Field(default_factory=GateConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_target(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "target" in data:
+            if "targets" in data:
+                raise ValueError("give either 'target' or 'targets', not both")
+            data = {**data, "targets": [data["target"]]}
+            del data["target"]
+        return data
+
+    @model_validator(mode="after")
+    def _names(self) -> RunConfig:
+        labels = [t.label for t in self.targets]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"target names must be unique, got {labels}; set 'name' on each target")
+        if self.baseline is not None and self.baseline not in labels:
+            raise ValueError(f"baseline '{self.baseline}' is not one of the targets {labels}")
+        return self
+
+    def fingerprint(self) -> str:
+        """Hash of everything that determines the results (not where they go, placement, or the gate)."""
+        payload = self.model_dump(mode="json", exclude={"output_dir", "gate", "baseline", "placement"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def forget_stale_names(data: dict[str, Any], overrides: list[str]) -> None:
+    """A target whose `model` or `lora` an override changed gets its name from the new model, unless an
+    override names it too: the config's name described the config's model (e.g. "step-12000")."""
+    keys = {a.partition("=")[0] for a in overrides}
+    for prefix, target in _targets(data):
+        changed = {f"{prefix}.model", f"{prefix}.lora"} & keys
+        if changed and f"{prefix}.name" not in keys and isinstance(target, dict) and "name" in target:
+            del target["name"]
+
+
+def _targets(data: dict[str, Any]) -> list[tuple[str, Any]]:
+    if "target" in data:
+        return [("target", data["target"])]
+    targets = data.get("targets")
+    return [(f"targets.{k}", t) for k, t in enumerate(targets)] if isinstance(targets, list) else []
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
+    """Read, override and validate a run config; errors name the file, line and key."""
+    return load_settings(path, RunConfig, overrides, "run config", adjust=forget_stale_names)
+
+
