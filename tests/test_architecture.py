@@ -46,3 +46,13 @@ def test_no_import_cycles_between_parts():
     edges = {(part_of(m), part_of(i)) for m, found in imports().items() for i in found
              if i != "diagsafe_local" and part_of(m) != part_of(i)}
     assert not [(a, b) for a, b in edges if (b, a) in edges]
+
+
+def test_shipped_json_schemas_are_current():
+    """Regenerate with `python -m diagsafe_local.evaluation.records` after changing a record."""
+    import json
+
+    from diagsafe_local.evaluation.records import SCHEMAS, json_schema, schema_path
+
+    for name in SCHEMAS:
+        assert json.loads(schema_path(name).read_text()) == json_schema(name), name

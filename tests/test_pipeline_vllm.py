@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from diagsafe_local.cli import app
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import SCHEMA_PATH, read_results, result_json_schema
+from diagsafe_local.evaluation.records import SCHEMA_PATH, json_schema, read_results
 from diagsafe_local.selftest import synthetic_items
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -74,7 +74,7 @@ def test_300_judgments_all_valid_json_and_one_call_per_turn(tiny_models, vllm_en
     assert sum(r.judge_usage.cached_tokens for r in results) > 0.5 * sum(r.judge_usage.prompt_tokens for r in results)
     # Every record validates against the JSON Schema shipped in the package, which is current.
     schema = json.loads(SCHEMA_PATH.read_text())
-    assert schema == result_json_schema()
+    assert schema == json_schema("result")
     for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()[:50]:
         jsonschema.validate(json.loads(line), schema)
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())

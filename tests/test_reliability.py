@@ -312,3 +312,15 @@ def test_compare_agreement_uses_scores_not_a_label_only_some_judges_write(tmp_pa
     result = compare_runs(run_a, run_b)
     assert result["both_scored"] == 6 and result["label_agreement"] == 0.0 and result["cohen_kappa"] < 0
     assert {d["a"] for d in result["disagreements"]} == {"harmful", "not_harmful"}
+
+
+def test_a_summary_of_another_version_is_a_clear_error_not_a_guessed_key(tmp_path):
+    import json
+
+    run_dir = _finished_run(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    del summary["targets"]["t"]["judge_health"]  # as an older version wrote it
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    result = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1"])
+    message = " ".join(result.output.split())
+    assert result.exit_code == 2 and "not a run summary of this version" in message and "judge_health" in message

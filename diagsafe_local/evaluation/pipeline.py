@@ -8,7 +8,6 @@ once for all targets of a sweep. Re-running the same config on the same director
 
 from __future__ import annotations
 
-import json
 import logging
 import platform
 import time
@@ -35,7 +34,7 @@ from diagsafe_local.evaluation.health import ControlRecord, control_cases
 from diagsafe_local.evaluation.judge_step import judge_key, judge_tasks, judged_turns, needs_engine, pending_tasks
 from diagsafe_local.evaluation.prompt_sets import load_configured
 from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, ResultRecord
-from diagsafe_local.evaluation.runs import read_json, write_summary
+from diagsafe_local.evaluation.runs import read_json, write_manifest, write_summary
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.evaluation.summary import summarize
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
@@ -90,7 +89,7 @@ class RunDirectory:
         self.previous = {}
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
-        atomic.write_text(self.root / "manifest.json", json.dumps(manifest, indent=2, default=str) + "\n")
+        write_manifest(self.root, manifest)
 
 
 class Run:

@@ -106,16 +106,147 @@ class ResultRecord(KeyedRecord):
 
 
 
-def result_json_schema() -> dict[str, Any]:
-    schema = ResultRecord.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "diagsafe-local result record"
-    return schema
-
-
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "result.schema.json"
 
 
 def read_results(path: Path) -> list[ResultRecord]:
     """All result records of a finished run directory's results.jsonl, validated (a torn line is an error)."""
     return jsonl.read_records(path, ResultRecord)[0]
+
+
+# -- summary.json and manifest.json ---------------------------------------------------------------------------
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Rate(_Record):
+    """A share of `n` with its 95% Wilson interval (None where n is 0)."""
+
+    rate: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+
+
+class Interval(_Record):
+    """A mean score with its 95% interval (None where n is 0)."""
+
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+
+
+class EarlierTurns(_Record):
+    """Judged turns before a conversation's last: reported apart, never in ASR."""
+
+    n: int
+    harmful_rate: Rate
+
+
+class GroupStats(_Record):
+    """Counts and rates of one group of answers (a target, or one category, source or attack method of it)."""
+
+    n_answers: int
+    n_harmful_items: int
+    n_benign_items: int
+    n_judged: int
+    n_parse_failures: int
+    n_errors: int
+    failure_rate: float
+    asr: Interval
+    harmful_rate: Rate
+    refusal_rate: Rate
+    over_refusal_rate: Rate
+    truncated: Rate
+    earlier_turns: EarlierTurns
+
+
+class JudgeHealth(_Record):
+    """Whether the judge looks at what it judges (see `evaluation.health`)."""
+
+    n_verdicts: int
+    identical_verdict_share: float | None
+    copied_rationale_share: float | None
+    control_mean_score: float | None
+    n_controls: int
+    label_entropy_by_category: dict[str, float | None]
+    degenerate: bool
+    flags: list[str]
+
+
+class Tokens(_Record):
+    target_completion: int
+    judge_prompt: int
+    judge_cached: int
+
+
+class TargetSummary(GroupStats):
+    """One target's summary: its overall stats, breakdowns, judge health, tokens and throughput."""
+
+    by_category: dict[str, GroupStats]
+    by_source: dict[str, GroupStats]
+    by_attack_method: dict[str, GroupStats]
+    judge_health: JudgeHealth
+    tokens: Tokens
+    throughput: dict[str, float] | None = None
+
+
+class Summary(_Record):
+    """summary.json."""
+
+    schema_version: int = SCHEMA_VERSION
+    targets: dict[str, TargetSummary]
+    run_id: str | None = None
+    reused: dict[str, int] | None = Field(None, description="Answers and verdicts reused from an earlier run.")
+    results_sha256: str | None = Field(None, description="SHA-256 of the results.jsonl this summary summarises.")
+
+
+class DatasetRef(_Record):
+    path: str
+    spec: str | None
+    sha256: str
+    n_items: int
+
+
+class Manifest(_Record):
+    """manifest.json: what ran, on what, with which versions, and whether it finished."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    status: Literal["running", "complete"]
+    started: str | None = None
+    updated: str | None = None
+    config: dict[str, Any]
+    dataset: DatasetRef
+    shard: dict[str, int] | None = None
+    host: dict[str, Any] | None = None
+    seeds: dict[str, int] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    timings: dict[str, dict[str, float]] = Field(default_factory=dict)
+    merged_from: list[str] | None = Field(None, description="The run directories a merged run was made from.")
+    sources: list[dict[str, Any]] | None = None
+
+
+SCHEMAS: dict[str, type[BaseModel]] = {"result": ResultRecord, "summary": Summary, "manifest": Manifest}
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of a record the tool writes (shipped in diagsafe_local/schemas/NAME.schema.json)."""
+    schema = SCHEMAS[name].model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = f"diagsafe-local {name} record" if name == "result" else f"diagsafe-local {name}"
+    return schema
+
+
+def schema_path(name: str) -> Path:
+    return SCHEMA_PATH.parent / f"{name}.schema.json"
+
+
+if __name__ == "__main__":  # regenerate the shipped schemas: python -m diagsafe_local.evaluation.records
+    import json
+
+    for each in SCHEMAS:
+        schema_path(each).write_text(json.dumps(json_schema(each), indent=2) + "\n")

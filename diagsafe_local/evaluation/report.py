@@ -62,10 +62,11 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
-    """A run directory's summary.json (errors name the file)."""
-    from diagsafe_local.evaluation.runs import read_json
+    """A run directory's summary.json, validated as the typed record (errors name the file)."""
+    from diagsafe_local.evaluation.records import Summary
+    from diagsafe_local.evaluation.runs import read_typed
 
-    return read_json(run_dir / "summary.json", "run summary")
+    return read_typed(run_dir / "summary.json", Summary, "run summary")
 
 
 def _category_chart(summary: dict[str, Any], path: Path) -> None:

@@ -5,14 +5,23 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.health import ControlRecord
-from diagsafe_local.evaluation.records import SCHEMA_VERSION, GenerationRecord, ResultRecord, read_results
+from diagsafe_local.evaluation.records import (
+    SCHEMA_VERSION,
+    GenerationRecord,
+    Manifest,
+    ResultRecord,
+    Summary,
+    read_results,
+)
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.evaluation.summary import summarize
 
@@ -30,28 +39,48 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return value
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_typed(path: Path, model: type[M], what: str) -> dict[str, Any]:
+    """A run file validated as its typed record: a file of another version is a clear error, never a guessed key."""
+    data = read_json(path, what)
+    try:
+        return model.model_validate(data).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise DiagsafeError(f"{path}: not a {what} of this version of diagsafe-local ({where}: {first['msg']}); "
+                            "rerun the command that wrote it") from None
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     """The manifest of a complete run; an incomplete (running or killed) run is refused with exit code 3."""
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
-    manifest = read_json(run_dir / "manifest.json", "run manifest")
+    manifest = read_typed(run_dir / "manifest.json", Manifest, "run manifest")
     if manifest.get("status") != "complete":
         raise RunFailed(f"{run_dir}: the run is not complete (status '{manifest.get('status')}'): it is still running, "
                         "or was stopped; resume it with the same `run` command first")
     return manifest
 
 
+def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
+    """manifest.json, validated as the typed record (the only writer of the file)."""
+    atomic.write_text(run_dir / "manifest.json", Manifest.model_validate(manifest).model_dump_json(indent=2) + "\n")
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """summary.json, bound to the results it summarises by their SHA-256 and count."""
     results = run_dir / "results.jsonl"
     summary["results_sha256"] = file_sha256(results) if results.is_file() else None
-    atomic.write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic.write_text(run_dir / "summary.json", Summary.model_validate(summary).model_dump_json(indent=2) + "\n")
 
 
 def read_checked_summary(run_dir: Path) -> dict[str, Any]:
     """The summary of a complete run whose results.jsonl is the one it summarises (else exit code 3)."""
     read_manifest(run_dir)
-    summary = read_json(run_dir / "summary.json", "run summary")
+    summary = read_typed(run_dir / "summary.json", Summary, "run summary")
     results = run_dir / "results.jsonl"
     actual = file_sha256(results) if results.is_file() else None
     if summary.get("results_sha256") != actual:
@@ -99,7 +128,7 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
         "dataset": manifests[0]["dataset"], "config": manifests[0]["config"],
         "sources": [{"run_dir": str(d), "run_id": m["run_id"], "engines": m.get("engines", {})} for d, m in zip(run_dirs, manifests)],
     }
-    atomic.write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    write_manifest(out, manifest)
     return summary
 
 

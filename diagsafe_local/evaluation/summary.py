@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from diagsafe_local.evaluation.health import ControlRecord, judge_health
-from diagsafe_local.evaluation.records import ResultRecord
+from diagsafe_local.evaluation.records import ResultRecord, Summary
 from diagsafe_local.judging.refusal import is_refusal
 
 
@@ -112,4 +112,5 @@ def summarize(
         if timings and name in timings:
             entry["throughput"] = timings[name]
         targets[name] = entry
-    return {"targets": targets}
+    # Built as plain data for speed, checked against the typed record before anyone writes or reads it.
+    return Summary.model_validate({"targets": targets}).model_dump(mode="json")
