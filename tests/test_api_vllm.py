@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import tiny_engine
+from helpers import tiny_engine
 from servers import VLLMServer
 from typer.testing import CliRunner
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SAMPLE, current_rows, write_jsonl
+from helpers import SAMPLE, current_rows, write_jsonl
 from typer.testing import CliRunner
 
 from diagsafe_local.benchmark.dataset import load_dataset

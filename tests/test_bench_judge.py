@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SAMPLE
 from fakes import ScriptedEngine, default_responder
+from helpers import SAMPLE
 from typer.testing import CliRunner
 
 from diagsafe_local.benchmark.dataset import load_dataset

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SAMPLE, tiny_engine, write_jsonl
+from helpers import SAMPLE, tiny_engine, write_jsonl
 from typer.testing import CliRunner
 
 from diagsafe_local.classifier.config import SoftLabelConfig

@@ -135,7 +135,7 @@ def test_items_column_mapping_duplicates_and_harmmetric(tmp_path):
     path.write_text(json.dumps({"qid": "q1", "question": "hello", "topic": "t"}) + "\n")
     [item] = load_items(config, path)
     assert item.id == "q1" and item.category == "t" and item.messages[0].content == "hello"
-    from conftest import SAMPLE
+    from helpers import SAMPLE
 
     items = load_items(DatasetConfig(path=str(SAMPLE)), SAMPLE)
     assert len(items) == 10 and items[0].references and items[0].n_turns == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import current_rows, write_jsonl
+from helpers import current_rows, write_jsonl
 
 from diagsafe_local.core import hub
 from diagsafe_local.core.errors import DataError, DiagsafeError

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLE, current_rows, wide_rows, write_jsonl
+from helpers import SAMPLE, current_rows, wide_rows, write_jsonl
 
 from diagsafe_local.benchmark.dataset import Category, load_dataset
 from diagsafe_local.core.errors import DataError

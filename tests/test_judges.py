@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import SAMPLE, tiny_engine
+from helpers import SAMPLE, tiny_engine
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app

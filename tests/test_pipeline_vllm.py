@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from conftest import tiny_engine
+from helpers import tiny_engine
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -199,7 +199,7 @@ def test_selftest_command_passes_quietly_with_the_engine_logs_in_run_log(tmp_pat
 
 
 def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_gate(tiny_models, vllm_engines, tmp_path):
-    from conftest import REPO
+    from helpers import REPO
 
     data = config_dict(tiny_models, REPO / "data" / "sample_items.jsonl", tmp_path / "mixed", turns="last")
     summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
@@ -220,7 +220,7 @@ def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_ga
 
 
 def test_fine_tuned_judges_in_a_run_config(tiny_models, vllm_engines, tmp_path):
-    from conftest import REPO
+    from helpers import REPO
 
     items = REPO / "data" / "sample_items.jsonl"
     data = config_dict(tiny_models, items, tmp_path / "guard", turns="last", rubric="llama-guard-3",

@@ -93,7 +93,7 @@ def test_mhj_multi_turn_transcripts_replay_and_drop_final_answer(tmp_path):
 
 
 def test_harmmetric_set_keeps_references():
-    from conftest import SAMPLE
+    from helpers import SAMPLE
 
     items, _ = load_set("harmmetric", SAMPLE)
     assert len(items) == 10 and items[0].references and "homework" in items[0].references[0]

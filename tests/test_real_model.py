@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app

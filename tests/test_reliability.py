@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from conftest import SAMPLE
+from helpers import SAMPLE
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, tiny_engine
+from helpers import REPO, tiny_engine
 from slurm_cluster import LocalSlurm
 from typer.testing import CliRunner
 

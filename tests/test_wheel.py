@@ -11,7 +11,7 @@ import venv
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 pytestmark = pytest.mark.slow
 

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from diagsafe_local.commands.common import user_errors
+from diagsafe_local.evaluation import records as files
 
 
 @user_errors
@@ -29,7 +30,7 @@ def run(
     cfg = load_config(config, set_ or [])
     part = Shard.parse(shard) if shard else None
     run = Run(cfg, overwrite=overwrite, shard=part)
-    with engine_output(None if verbose else run.dir.root / "run.log") as console:
+    with engine_output(None if verbose else run.dir.root / files.RUN_LOG) as console:
         run.on_progress = console.progress
         summary = run.execute()
     print_summary(summary)

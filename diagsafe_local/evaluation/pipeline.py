@@ -28,6 +28,7 @@ from diagsafe_local.engines import Engine, create_engine
 from diagsafe_local.engines.base import local_model_path
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import engine_identity
+from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.generation import generate_turns, generation_done
 from diagsafe_local.evaluation.health import ControlRecord, control_cases
@@ -42,7 +43,7 @@ from diagsafe_local.judging.verdicts import draw_verdicts
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[..., Engine]
-RUN_FILES = ("manifest.json", "config.yaml", "generations.jsonl", "results.jsonl", "summary.json", "judge_controls.jsonl")
+RUN_FILES = (files.MANIFEST, files.CONFIG, files.GENERATIONS, files.RESULTS, files.SUMMARY, files.CONTROLS)
 
 
 def engine_ref(config: EngineConfig) -> EngineRef:
@@ -58,7 +59,7 @@ class RunDirectory:
         self.config = config
         self.lock = DirectoryLock(self.root, "run")
         atomic.remove_stale_temporaries(self.root)
-        manifest_path = self.root / "manifest.json"
+        manifest_path = self.root / files.MANIFEST
         self.previous: dict[str, Any] = {}
         if manifest_path.exists():
             self.previous = read_json(manifest_path, "run manifest")
@@ -76,13 +77,13 @@ class RunDirectory:
         elif overwrite and self.root.exists():
             self._wipe()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.generations = JsonlStore(self.root / "generations.jsonl", GenerationRecord)
-        self.results = JsonlStore(self.root / "results.jsonl", ResultRecord)
-        self.controls = JsonlStore(self.root / "judge_controls.jsonl", ControlRecord)
+        self.generations = JsonlStore(self.root / files.GENERATIONS, GenerationRecord)
+        self.results = JsonlStore(self.root / files.RESULTS, ResultRecord)
+        self.controls = JsonlStore(self.root / files.CONTROLS, ControlRecord)
 
     def _wipe(self) -> None:
         # Only what the tool writes: a user's own files in the directory (or in figures/) stay.
-        for name in RUN_FILES + ("report.md", "report.html", "figures/asr_by_category.png"):
+        for name in RUN_FILES + (files.REPORT_MD, files.REPORT_HTML, "figures/asr_by_category.png"):
             (self.root / name).unlink(missing_ok=True)
         if (self.root / "figures").is_dir() and not any((self.root / "figures").iterdir()):
             (self.root / "figures").rmdir()
@@ -232,7 +233,7 @@ class Run:
 
     def _execute(self) -> dict[str, Any]:
         self.started = datetime.now(UTC).isoformat()
-        atomic.write_text(self.dir.root / "config.yaml",
+        atomic.write_text(self.dir.root / files.CONFIG,
                           yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False))
         self._save_manifest("running")
         targets = self.config.targets

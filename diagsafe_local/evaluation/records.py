@@ -19,6 +19,17 @@ from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
 
 SCHEMA_VERSION = 1
+
+# The run directory's files; these names are written nowhere else.
+MANIFEST = "manifest.json"
+CONFIG = "config.yaml"
+GENERATIONS = "generations.jsonl"
+RESULTS = "results.jsonl"
+CONTROLS = "judge_controls.jsonl"
+SUMMARY = "summary.json"
+RUN_LOG = "run.log"
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
 ParseStatus = Literal["ok", "truncated", "invalid", "error"]
 
 

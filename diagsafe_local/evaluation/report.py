@@ -11,6 +11,7 @@ from typing import Any
 
 from diagsafe_local.core import atomic
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.records import read_results
 
 
@@ -66,7 +67,7 @@ def load_summary(run_dir: Path) -> dict[str, Any]:
     from diagsafe_local.evaluation.records import Summary
     from diagsafe_local.evaluation.runs import read_typed
 
-    return read_typed(run_dir / "summary.json", Summary, "run summary")
+    return read_typed(run_dir / files.SUMMARY, Summary, "run summary")
 
 
 def _category_chart(summary: dict[str, Any], path: Path) -> None:
@@ -169,7 +170,7 @@ def _clip(text: str) -> str:
 def _examples(run_dir: Path, per_target: int = 3) -> tuple[list[str], list[str]]:
     """The answers judged most harmful per target (final turns), each with its request and verdict, as
     Markdown and HTML. Answers are hostile text: fenced in Markdown, escaped in HTML."""
-    path = run_dir / "results.jsonl"
+    path = run_dir / files.RESULTS
     if not path.is_file():
         return [], []
     records = [r for r in read_results(path) if not r.benign and r.final_turn and r.score is not None]
@@ -197,7 +198,7 @@ def _write_report(run_dir: Path, baseline: str | None) -> list[Path]:
     summary = load_summary(run_dir)
     from diagsafe_local.evaluation.runs import read_json
 
-    manifest = read_json(run_dir / "manifest.json", "run manifest") if (run_dir / "manifest.json").exists() else {}
+    manifest = read_json(run_dir / files.MANIFEST, "run manifest") if (run_dir / files.MANIFEST).exists() else {}
     baseline = baseline or manifest.get("config", {}).get("baseline")
     figures = run_dir / "figures"
     figures.mkdir(exist_ok=True)
@@ -240,6 +241,6 @@ def _write_report(run_dir: Path, baseline: str | None) -> list[Path]:
     md += md_examples
     page += html_examples
     page.append("</body></html>")
-    atomic.write_text(run_dir / "report.md", "\n".join(md) + "\n")
-    atomic.write_text(run_dir / "report.html", "\n".join(page) + "\n")
-    return [run_dir / "report.md", run_dir / "report.html", chart]
+    atomic.write_text(run_dir / files.REPORT_MD, "\n".join(md) + "\n")
+    atomic.write_text(run_dir / files.REPORT_HTML, "\n".join(page) + "\n")
+    return [run_dir / files.REPORT_MD, run_dir / files.REPORT_HTML, chart]

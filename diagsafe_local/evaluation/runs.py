@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.health import ControlRecord
 from diagsafe_local.evaluation.records import (
@@ -58,7 +59,7 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
     """The manifest of a complete run; an incomplete (running or killed) run is refused with exit code 3."""
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
-    manifest = read_typed(run_dir / "manifest.json", Manifest, "run manifest")
+    manifest = read_typed(run_dir / files.MANIFEST, Manifest, "run manifest")
     if manifest.get("status") != "complete":
         raise RunFailed(f"{run_dir}: the run is not complete (status '{manifest.get('status')}'): it is still running, "
                         "or was stopped; resume it with the same `run` command first")
@@ -67,21 +68,21 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
 
 def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
     """manifest.json, validated as the typed record (the only writer of the file)."""
-    atomic.write_text(run_dir / "manifest.json", Manifest.model_validate(manifest).model_dump_json(indent=2) + "\n")
+    atomic.write_text(run_dir / files.MANIFEST, Manifest.model_validate(manifest).model_dump_json(indent=2) + "\n")
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """summary.json, bound to the results it summarises by their SHA-256 and count."""
-    results = run_dir / "results.jsonl"
+    results = run_dir / files.RESULTS
     summary["results_sha256"] = file_sha256(results) if results.is_file() else None
-    atomic.write_text(run_dir / "summary.json", Summary.model_validate(summary).model_dump_json(indent=2) + "\n")
+    atomic.write_text(run_dir / files.SUMMARY, Summary.model_validate(summary).model_dump_json(indent=2) + "\n")
 
 
 def read_checked_summary(run_dir: Path) -> dict[str, Any]:
     """The summary of a complete run whose results.jsonl is the one it summarises (else exit code 3)."""
     read_manifest(run_dir)
-    summary = read_typed(run_dir / "summary.json", Summary, "run summary")
-    results = run_dir / "results.jsonl"
+    summary = read_typed(run_dir / files.SUMMARY, Summary, "run summary")
+    results = run_dir / files.RESULTS
     actual = file_sha256(results) if results.is_file() else None
     if summary.get("results_sha256") != actual:
         raise RunFailed(f"{run_dir}: summary.json does not belong to results.jsonl (written by an older version, or "
@@ -102,7 +103,7 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
     generations: dict[tuple, GenerationRecord] = {}
     controls: dict[tuple, ControlRecord] = {}
     for run_dir in run_dirs:
-        for record in read_results(run_dir / "results.jsonl"):
+        for record in read_results(run_dir / files.RESULTS):
             if record.schema_version != SCHEMA_VERSION:
                 raise DiagsafeError(f"{run_dir}: result schema version {record.schema_version}, expected {SCHEMA_VERSION}")
             if record.key in results:
@@ -110,16 +111,16 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
                     f"duplicate result {record.key} (target, item, sample, turn) in {results[record.key][0]} and {run_dir}"
                 )
             results[record.key] = (run_dir, record)
-        generations.update((g.key, g) for g in jsonl.read_records(run_dir / "generations.jsonl", GenerationRecord)[0])
-        if (run_dir / "judge_controls.jsonl").is_file():
-            controls.update((c.key, c) for c in jsonl.read_records(run_dir / "judge_controls.jsonl", ControlRecord)[0])
+        generations.update((g.key, g) for g in jsonl.read_records(run_dir / files.GENERATIONS, GenerationRecord)[0])
+        if (run_dir / files.CONTROLS).is_file():
+            controls.update((c.key, c) for c in jsonl.read_records(run_dir / files.CONTROLS, ControlRecord)[0])
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "results.jsonl").exists() and not replace:
+    if (out / files.RESULTS).exists() and not replace:
         raise DiagsafeError(f"{out} already holds results; choose an empty directory")
     ordered = sorted((r for _, r in results.values()), key=lambda r: (r.target, r.item_id, r.sample, r.turn))
-    jsonl.write(out / "results.jsonl", ordered)
-    jsonl.write(out / "generations.jsonl", sorted(generations.values(), key=lambda g: g.key))
-    jsonl.write(out / "judge_controls.jsonl", sorted(controls.values(), key=lambda c: c.key))
+    jsonl.write(out / files.RESULTS, ordered)
+    jsonl.write(out / files.GENERATIONS, sorted(generations.values(), key=lambda g: g.key))
+    jsonl.write(out / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
     summary = summarize(ordered, controls=controls.values())
     summary["run_id"] = "merged:" + "+".join(m["run_id"] for m in manifests)
     write_summary(out, summary)
@@ -142,7 +143,7 @@ def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> dict
     for index in range(count):
         shard = Shard(index=index, count=count)
         path = shard.directory(config.output_dir)
-        manifest_path = path / "manifest.json"
+        manifest_path = path / files.MANIFEST
         if not manifest_path.is_file():
             problems.append(f"shard {index} of {count} is missing (no {manifest_path})")
             continue
@@ -161,7 +162,7 @@ def incomplete_shards(config: RunConfig, count: int) -> list[int]:
     """Indices of shards that have no complete run directory for this config."""
     missing = []
     for index in range(count):
-        path = Shard(index=index, count=count).directory(config.output_dir) / "manifest.json"
+        path = Shard(index=index, count=count).directory(config.output_dir) / files.MANIFEST
         manifest = read_json(path, "run manifest") if path.is_file() else {}
         if manifest.get("status") != "complete" or manifest.get("run_id") != config.fingerprint():
             missing.append(index)
@@ -185,7 +186,7 @@ def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = Fals
         raise DiagsafeError(f"the runs evaluate different datasets ({run_a}: {str(hashes[0])[:12]}, {run_b}: "
                             f"{str(hashes[1])[:12]}); items with the same id may hold different prompts. "
                             "Pass --allow-different-datasets to compare them anyway")
-    a, b = read_results(run_a / "results.jsonl"), read_results(run_b / "results.jsonl")
+    a, b = read_results(run_a / files.RESULTS), read_results(run_b / files.RESULTS)
     targets_a, targets_b = {r.target for r in a}, {r.target for r in b}
     by_target = not (len(targets_a) == len(targets_b) == 1 and targets_a != targets_b)
 

@@ -16,6 +16,7 @@ import yaml
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.resources import data_file
+from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.records import read_results
 from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
@@ -84,7 +85,7 @@ def run_selftest(out: Path, n: int, real: bool = False, verbose: bool = False) -
     from diagsafe_local.evaluation.pipeline import Run
 
     out.mkdir(parents=True, exist_ok=True)
-    config_path = out / "config.yaml"
+    config_path = out / files.CONFIG
     if real:
         from diagsafe_local.engines.prepared_models import prepare
 
@@ -94,11 +95,11 @@ def run_selftest(out: Path, n: int, real: bool = False, verbose: bool = False) -
     config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     config = RunConfig.model_validate(yaml.safe_load(config_path.read_text()))
     run = Run(config, overwrite=True)
-    with engine_output(None if verbose else run.dir.root / "run.log") as console:
+    with engine_output(None if verbose else run.dir.root / files.RUN_LOG) as console:
         run.on_progress = console.progress
         summary = run.execute()
     run_dir = Path(config.output_dir)
-    results = read_results(run_dir / "results.jsonl")
+    results = read_results(run_dir / files.RESULTS)
     expected = sum(len([t for t in range(1, i.n_turns + 1) if i.prefilled(t) is None]) for i in run.items)
     label = config.targets[0].label
     stats = summary["targets"][label]
@@ -109,7 +110,7 @@ def run_selftest(out: Path, n: int, real: bool = False, verbose: bool = False) -
         (stats["n_judged"] == len(results), f"{stats['n_judged']}/{len(results)} judge replies valid rubric JSON"),
         (calls == max_turns, f"{calls} target engine calls for {max_turns} turns"),
         (all(r.conversation[-1].role == "user" for r in results), "each record's conversation ends with the judged user turn"),
-        ((run_dir / "manifest.json").exists() and (run_dir / "summary.json").exists(), "manifest.json and summary.json written"),
+        ((run_dir / files.MANIFEST).exists() and (run_dir / files.SUMMARY).exists(), "manifest.json and summary.json written"),
     ]
     if real:
         leaked = [r.item_id for r in results if any(t in r.answer for t in SPECIAL_TOKENS)]
