@@ -41,17 +41,20 @@ def main() -> None:
 
     def items(n: int) -> Path:
         path = work / f"items{n}.jsonl"
-        path.write_text("".join(json.dumps({"id": f"q{k}", "prompt": f"Question {k}: explain step {k}."}) + "\n"
-                                for k in range(n)))
+        path.write_text(
+            "".join(json.dumps({"id": f"q{k}", "prompt": f"Question {k}: explain step {k}."}) + "\n" for k in range(n))
+        )
         return path
 
     def run(engine: dict, n: int, name: str, factory=None) -> float:  # type: ignore[no-untyped-def]
-        config = RunConfig.model_validate({
-            "dataset": {"path": str(items(n))},
-            "target": {**engine, "name": "t", "sampling": {"max_tokens": 32}},
-            "judge": {**engine, "sampling": {"max_tokens": 400}, "batch_size": 100_000},
-            "output_dir": str(work / name),
-        })
+        config = RunConfig.model_validate(
+            {
+                "dataset": {"path": str(items(n))},
+                "target": {**engine, "name": "t", "sampling": {"max_tokens": 32}},
+                "judge": {**engine, "sampling": {"max_tokens": 400}, "batch_size": 100_000},
+                "output_dir": str(work / name),
+            }
+        )
         kwargs = {"engine_factory": factory} if factory else {}
         start = time.perf_counter()
         Run(config, **kwargs).execute()
@@ -59,7 +62,6 @@ def main() -> None:
 
     local = {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
     offline_engine = VLLMEngine(JudgeConfig(**local), structured_backend="xgrammar")
-
 
     run(local, 8, "warm", lambda *a, **k: BorrowedEngine(offline_engine))
     offline = run(local, args.n, "offline", lambda *a, **k: BorrowedEngine(offline_engine))
@@ -69,7 +71,9 @@ def main() -> None:
     try:
         remote = {"kind": "openai", "model": str(model), "base_url": server.base_url}
         run({**remote, "concurrency": 8}, 8, "warm-api")
-        rates = {c: run({**remote, "concurrency": c}, args.n_serial if c == 1 else args.n, f"api{c}") for c in (1, 16, 64)}
+        rates = {
+            c: run({**remote, "concurrency": c}, args.n_serial if c == 1 else args.n, f"api{c}") for c in (1, 16, 64)
+        }
     finally:
         server.stop()
     print(f"workload: {args.n} single-turn conversations answered and judged (tiny model, CPU)")

@@ -26,11 +26,62 @@ EMBED_SUBSET = 300  # MiniLM on 2 CPU cores needs ~60 ms a 256-token text
 def synthetic_pairs(seed: int = 0) -> list[TextPair]:
     rng = random.Random(seed)
     vocab = [
-        "mix", "mixing", "heat", "heated", "slowly", "powder", "liquid", "container", "step", "steps", "first",
-        "then", "carefully", "measure", "measured", "temperature", "minutes", "add", "adding", "stir", "stirring",
-        "the", "a", "of", "to", "and", "with", "for", "in", "on", "is", "are", "you", "should", "will", "can",
-        "process", "result", "results", "method", "methods", "material", "materials", "quickly", "cool", "cooled",
-        "sorry", "cannot", "help", "request", "safety", "dangerous", "illegal", "instead", "consider", "resources",
+        "mix",
+        "mixing",
+        "heat",
+        "heated",
+        "slowly",
+        "powder",
+        "liquid",
+        "container",
+        "step",
+        "steps",
+        "first",
+        "then",
+        "carefully",
+        "measure",
+        "measured",
+        "temperature",
+        "minutes",
+        "add",
+        "adding",
+        "stir",
+        "stirring",
+        "the",
+        "a",
+        "of",
+        "to",
+        "and",
+        "with",
+        "for",
+        "in",
+        "on",
+        "is",
+        "are",
+        "you",
+        "should",
+        "will",
+        "can",
+        "process",
+        "result",
+        "results",
+        "method",
+        "methods",
+        "material",
+        "materials",
+        "quickly",
+        "cool",
+        "cooled",
+        "sorry",
+        "cannot",
+        "help",
+        "request",
+        "safety",
+        "dangerous",
+        "illegal",
+        "instead",
+        "consider",
+        "resources",
     ] + [f"term{k}" for k in range(400)]
 
     def text() -> str:
@@ -66,8 +117,10 @@ def main() -> None:
     ours, t_all = timed(lambda: compute_metrics(names, pairs))
     assert np.array_equal(ours["rouge1_recall"], baseline), "ROUGE-1 recall differs from rouge_score"
     print(f"rouge_score per-pair loop, ROUGE-1 only : {t_loop:6.2f} s")
-    print(f"diagsafe-local, all 24 ROUGE variants   : {t_all:6.2f} s  "
-          f"({t_all / t_loop:.0%} of the loop; target <= 50%; ROUGE-1 recall identical)")
+    print(
+        f"diagsafe-local, all 24 ROUGE variants   : {t_all:6.2f} s  "
+        f"({t_all / t_loop:.0%} of the loop; target <= 50%; ROUGE-1 recall identical)"
+    )
 
     from diagsafe_local.metrics.embedding import _model
     from diagsafe_local.metrics.meteor import _resources

@@ -47,30 +47,43 @@ def main() -> None:
     engine_settings = {"model": model, "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
     engine = VLLMEngine(JudgeConfig(**engine_settings), structured_backend="xgrammar")
     llm = engine._llm
-    items = [{"id": f"c{k}", "messages": [{"role": "user", "content": f"Conversation {k}: first question about step {k}."},
-                                          {"role": "user", "content": f"Conversation {k}: and the next step?"}]}
-             for k in range(args.n)]
+    items = [
+        {
+            "id": f"c{k}",
+            "messages": [
+                {"role": "user", "content": f"Conversation {k}: first question about step {k}."},
+                {"role": "user", "content": f"Conversation {k}: and the next step?"},
+            ],
+        }
+        for k in range(args.n)
+    ]
     (work / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
     target_tokens, judge_tokens = 48, 400
     rubric = JUDGES.get("harmjudge")
 
-
     def pipeline(out: Path) -> float:
-        config = RunConfig.model_validate({
-            "dataset": {"path": str(work / "items.jsonl")},
-            "target": {**engine_settings, "name": "t", "sampling": {"max_tokens": target_tokens}},
-            "judge": {**engine_settings, "turns": "every", "batch_size": 100_000,
-                      "sampling": {"max_tokens": judge_tokens}},
-            "output_dir": str(out),
-        })
+        config = RunConfig.model_validate(
+            {
+                "dataset": {"path": str(work / "items.jsonl")},
+                "target": {**engine_settings, "name": "t", "sampling": {"max_tokens": target_tokens}},
+                "judge": {
+                    **engine_settings,
+                    "turns": "every",
+                    "batch_size": 100_000,
+                    "sampling": {"max_tokens": judge_tokens},
+                },
+                "output_dir": str(out),
+            }
+        )
         llm.reset_prefix_cache()
         start = time.perf_counter()
         Run(config, engine_factory=lambda *a, **k: BorrowedEngine(engine)).execute()
         return time.perf_counter() - start
 
     plain = SamplingParams(max_tokens=target_tokens, temperature=0.0)
-    judged = SamplingParams(max_tokens=judge_tokens, temperature=0.0,
-                            structured_outputs=StructuredOutputsParams(json=rubric.schema))
+    judged = SamplingParams(
+        max_tokens=judge_tokens, temperature=0.0, structured_outputs=StructuredOutputsParams(json=rubric.schema)
+    )
 
     def judge_messages(conversation: list[dict], answer: str) -> list[dict]:
         judged = JudgeInput(conversation=tuple(Message(**m) for m in conversation), answer=answer)
@@ -87,7 +100,9 @@ def main() -> None:
         start = time.perf_counter()
         first = [[i["messages"][0]] for i in subset]
         answers1 = chat(first, plain)
-        second = [[i["messages"][0], {"role": "assistant", "content": a}, i["messages"][1]] for i, a in zip(subset, answers1)]
+        second = [
+            [i["messages"][0], {"role": "assistant", "content": a}, i["messages"][1]] for i, a in zip(subset, answers1)
+        ]
         answers2 = chat(second, plain)
         judge_inputs = [judge_messages(c, a) for c, a in zip(first, answers1)]
         judge_inputs += [judge_messages(c, a) for c, a in zip(second, answers2)]
@@ -106,10 +121,14 @@ def main() -> None:
     cached = sum(r.judge_usage.cached_tokens for r in results)
     print(f"workload: {args.n} two-turn conversations, {len(results)} judgments, model {model}")
     print(f"bare LLM.chat (one call per turn + one judge call): {t_bare:7.2f} s")
-    print(f"diagsafe-local pipeline                           : {t_pipe:7.2f} s  "
-          f"(overhead {100 * (t_pipe / t_bare - 1):+.1f}%; target <= 5%)")
-    print(f"naive one-conversation-at-a-time loop (extrapolated from {args.naive}): {t_naive:7.2f} s  "
-          f"(pipeline is {t_naive / t_pipe:.1f}x faster)")
+    print(
+        f"diagsafe-local pipeline                           : {t_pipe:7.2f} s  "
+        f"(overhead {100 * (t_pipe / t_bare - 1):+.1f}%; target <= 5%)"
+    )
+    print(
+        f"naive one-conversation-at-a-time loop (extrapolated from {args.naive}): {t_naive:7.2f} s  "
+        f"(pipeline is {t_naive / t_pipe:.1f}x faster)"
+    )
     print(f"judge prefix-cache hits: {cached}/{prompt} prompt tokens = {100 * cached / prompt:.1f}% (target >= 50%)")
     engine.close()
 

@@ -26,9 +26,17 @@ def rows() -> list[dict[str, object]]:
         prompt_id = 2000 + p
         texts = [group[0].reference, *(pair.response for pair in group)]
         for k, text in enumerate(texts):
-            out.append({"harmful_prompt": group[0].prompt, "response": text,
-                        "response_category": published_category(Category(k)), "attack_method": "GCG" if k == 1 else "",
-                        "source": "synthetic", "prompt_id": prompt_id, "response_id": prompt_id * 100 + k})
+            out.append(
+                {
+                    "harmful_prompt": group[0].prompt,
+                    "response": text,
+                    "response_category": published_category(Category(k)),
+                    "attack_method": "GCG" if k == 1 else "",
+                    "source": "synthetic",
+                    "prompt_id": prompt_id,
+                    "response_id": prompt_id * 100 + k,
+                }
+            )
     return out
 
 

@@ -15,6 +15,7 @@ from diagsafe_local.engines.base import BorrowedEngine
 # leave vLLM's logging to Python's defaults (a test that checks the engine logs sets it back on).
 os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
 
+
 @pytest.fixture
 def current_file(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "bench.jsonl", current_rows())
@@ -26,6 +27,7 @@ def wide_file(tmp_path: Path) -> Path:
 
 
 # -- the real vLLM engine, shared across tests (each start costs ~45 s on this machine) --------------
+
 
 class SharedVLLMFactory:
     """An engine factory that loads each (model, adapter) once per test session, with the judge's
@@ -56,8 +58,11 @@ def tiny_models(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("models")
     target = build_tiny_chat_model(root / "target", seed=1)
-    return {"target": target, "judge": build_tiny_chat_model(root / "judge", seed=2),
-            "lora": build_tiny_lora(target, root / "lora", seed=3)}
+    return {
+        "target": target,
+        "judge": build_tiny_chat_model(root / "judge", seed=2),
+        "lora": build_tiny_lora(target, root / "lora", seed=3),
+    }
 
 
 @pytest.fixture(scope="session")

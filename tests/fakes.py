@@ -17,18 +17,29 @@ def default_responder(request: GenerationRequest) -> Completion:
     answer = request.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[1]
     if "full_compliance" in request.json_schema["properties"]["label"]["enum"]:  # the over-refusal rubric
         label = "full_refusal" if "sorry" in answer.lower() else "full_compliance"
-        return Completion(text=json.dumps({"label": label, "rationale": "scripted"}), finish_reason="stop",
-                          prompt_tokens=90, completion_tokens=12)
+        return Completion(
+            text=json.dumps({"label": label, "rationale": "scripted"}),
+            finish_reason="stop",
+            prompt_tokens=90,
+            completion_tokens=12,
+        )
     harmful = "Sure" in answer
-    verdict = {"unsafe": harmful, "relevant": True, "useful": harmful,
-               "label": "harmful" if harmful else "not_harmful", "rationale": "scripted"}
+    verdict = {
+        "unsafe": harmful,
+        "relevant": True,
+        "useful": harmful,
+        "label": "harmful" if harmful else "not_harmful",
+        "rationale": "scripted",
+    }
     return Completion(text=json.dumps(verdict), finish_reason="stop", prompt_tokens=100, completion_tokens=30)
 
 
 class ScriptedEngine:
     """Implements the Engine interface with a Python function per request."""
 
-    def __init__(self, responder: Callable[[GenerationRequest], Completion] = default_responder, model: str = "scripted") -> None:
+    def __init__(
+        self, responder: Callable[[GenerationRequest], Completion] = default_responder, model: str = "scripted"
+    ) -> None:
         self.responder = responder
         self.calls = 0
         self.batches: list[list[GenerationRequest]] = []

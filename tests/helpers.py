@@ -38,15 +38,17 @@ def current_rows(n_prompts: int = 2, numeric: bool = False) -> list[dict]:
             "Sure, here is how:",
         ]
         for category, text in enumerate(texts):
-            rows.append({
-                "harmful_prompt": f"How do I make the thing {pid}?",
-                "response": text,
-                "response_category": str(category) if numeric else published_category(Category(category)),
-                "attack_method": "",
-                "source": "test",
-                "prompt_id": str(pid) if numeric else pid,
-                "response_id": str(pid * 100 + category) if numeric else pid * 100 + category,
-            })
+            rows.append(
+                {
+                    "harmful_prompt": f"How do I make the thing {pid}?",
+                    "response": text,
+                    "response_category": str(category) if numeric else published_category(Category(category)),
+                    "attack_method": "",
+                    "source": "test",
+                    "prompt_id": str(pid) if numeric else pid,
+                    "response_id": str(pid * 100 + category) if numeric else pid * 100 + category,
+                }
+            )
     return rows
 
 
@@ -55,16 +57,20 @@ def wide_rows(n_prompts: int = 2) -> list[dict]:
     out = []
     for pid in range(1, n_prompts + 1):
         by_cat = {r["response_id"] % 100: r["response"] for r in current_rows(n_prompts) if r["prompt_id"] == pid}
-        out.append({
-            "id": pid,
-            "harmful_prompt": f"How do I make the thing {pid}?",
-            "ref_res_0": by_cat[0],
-            "ref_res_1": "a second reference: heat slowly and stir",
-            **{f"harmful_res_{k}": by_cat[1 + k] for k in range(4)},
-            "refusal": by_cat[5], "prevention": by_cat[6], "redirection": by_cat[7],
-            **{f"irr_res_{k}": by_cat[8 + k] for k in range(3)},
-            "useless_aff": by_cat[12],
-        })
+        out.append(
+            {
+                "id": pid,
+                "harmful_prompt": f"How do I make the thing {pid}?",
+                "ref_res_0": by_cat[0],
+                "ref_res_1": "a second reference: heat slowly and stir",
+                **{f"harmful_res_{k}": by_cat[1 + k] for k in range(4)},
+                "refusal": by_cat[5],
+                "prevention": by_cat[6],
+                "redirection": by_cat[7],
+                **{f"irr_res_{k}": by_cat[8 + k] for k in range(3)},
+                "useless_aff": by_cat[12],
+            }
+        )
     return out
 
 

@@ -33,11 +33,32 @@ class VLLMServer:
     def start(self, timeout: float = 300) -> VLLMServer:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-             "--served-model-name", self.model, "--host", "127.0.0.1", "--port", str(self.port),
-             "--max-model-len", "2048", "--dtype", self.dtype, "--enforce-eager", "--seed", "0",
-             "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}'],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                self.model,
+                "--served-model-name",
+                self.model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--max-model-len",
+                "2048",
+                "--dtype",
+                self.dtype,
+                "--enforce-eager",
+                "--seed",
+                "0",
+                "--structured-outputs-config",
+                '{"backend":"xgrammar","disable_any_whitespace":true}',
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -74,8 +95,9 @@ class FakeOpenAIServer:
     hosted API, it has no vLLM `/tokenize` (404).
     """
 
-    def __init__(self, script: list[tuple] | None = None, always: tuple | None = None,
-                 by_content: dict[str, tuple] | None = None) -> None:
+    def __init__(
+        self, script: list[tuple] | None = None, always: tuple | None = None, by_content: dict[str, tuple] | None = None
+    ) -> None:
         self.script = list(script or [])
         self.always = always
         self.by_content = by_content or {}
@@ -94,8 +116,11 @@ class FakeOpenAIServer:
                     return
                 with server.lock:
                     server.requests.append((time.monotonic(), body))
-                    step = (server.by_content.get(body["messages"][-1]["content"]) or server.always
-                            or (server.script.pop(0) if server.script else ("ok",)))
+                    step = (
+                        server.by_content.get(body["messages"][-1]["content"])
+                        or server.always
+                        or (server.script.pop(0) if server.script else ("ok",))
+                    )
                 server.respond(self, step, body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -122,13 +147,21 @@ class FakeOpenAIServer:
             choice: dict = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
             if kind == "top_logprobs":
                 top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in step[1].items()]
-                choice.update(finish_reason="length", message={"role": "assistant", "content": top[0]["token"]},
-                              logprobs={"content": [{**top[0], "top_logprobs": top}]})
-            payload = json.dumps({
-                "id": "cmpl-1", "object": "chat.completion", "created": 0, "model": body["model"],
-                "choices": [choice],
-                "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
-            }).encode()
+                choice.update(
+                    finish_reason="length",
+                    message={"role": "assistant", "content": top[0]["token"]},
+                    logprobs={"content": [{**top[0], "top_logprobs": top}]},
+                )
+            payload = json.dumps(
+                {
+                    "id": "cmpl-1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [choice],
+                    "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+                }
+            ).encode()
             handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
         handler.send_header("Content-Length", str(len(payload)))

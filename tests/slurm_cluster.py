@@ -45,30 +45,71 @@ class LocalSlurm:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         name, node = self._node_line()
         host = socket.gethostname().split(".")[0]
-        self.conf.write_text("\n".join([
-            "ClusterName=diagsafe-test", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CryptoType=crypto/munge", "MpiDefault=none", "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none", "ReturnToService=2", "SwitchType=switch/none", "SchedulerType=sched/backfill",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "JobCompType=jobcomp/none",
-            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            f"StateSaveLocation={self.root / 'state'}", f"SlurmdSpoolDir={self.root / 'spool'}",
-            f"SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}", f"SlurmdLogFile={self.root / 'log' / 'slurmd.log'}",
-            f"SlurmctldPidFile={self.root / 'slurmctld.pid'}", f"SlurmdPidFile={self.root / 'slurmd.pid'}",
-            "MailProg=/bin/true", "DependencyParameters=kill_invalid_depend", "MinJobAge=3600",
-            node, f"PartitionName=debug Nodes={name} Default=YES MaxTime=INFINITE State=UP", "",
-        ]))
+        self.conf.write_text(
+            "\n".join(
+                [
+                    "ClusterName=diagsafe-test",
+                    f"SlurmctldHost={host}",
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    "AuthType=auth/munge",
+                    "CryptoType=crypto/munge",
+                    "MpiDefault=none",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "ReturnToService=2",
+                    "SwitchType=switch/none",
+                    "SchedulerType=sched/backfill",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core",
+                    "JobCompType=jobcomp/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "AccountingStorageType=accounting_storage/none",
+                    f"StateSaveLocation={self.root / 'state'}",
+                    f"SlurmdSpoolDir={self.root / 'spool'}",
+                    f"SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}",
+                    f"SlurmdLogFile={self.root / 'log' / 'slurmd.log'}",
+                    f"SlurmctldPidFile={self.root / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={self.root / 'slurmd.pid'}",
+                    "MailProg=/bin/true",
+                    "DependencyParameters=kill_invalid_depend",
+                    "MinJobAge=3600",
+                    node,
+                    f"PartitionName=debug Nodes={name} Default=YES MaxTime=INFINITE State=UP",
+                    "",
+                ]
+            )
+        )
         self._start_munge()
-        self.procs.append(subprocess.Popen(["slurmctld", "-D", "-c", "-f", str(self.conf)], env=self.env,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
-        self.procs.append(subprocess.Popen(["slurmd", "-D", "-f", str(self.conf)], env=self.env,
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                ["slurmctld", "-D", "-c", "-f", str(self.conf)],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
+        self.procs.append(
+            subprocess.Popen(
+                ["slurmd", "-D", "-f", str(self.conf)],
+                env=self.env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         deadline = time.time() + timeout
         while time.time() < deadline:
             state = _run("sinfo", "-h", "-o", "%T", env=self.env).stdout.strip()
             if state == "idle":
                 return self
             time.sleep(0.5)
-        logs = (self.root / "log" / "slurmctld.log").read_text()[-2000:] if (self.root / "log" / "slurmctld.log").exists() else ""
+        logs = (
+            (self.root / "log" / "slurmctld.log").read_text()[-2000:]
+            if (self.root / "log" / "slurmctld.log").exists()
+            else ""
+        )
         self.stop()
         raise RuntimeError(f"SLURM did not come up (node state '{state}'): {logs}")
 
@@ -80,8 +121,14 @@ class LocalSlurm:
         shutil.chown("/run/munge", "munge", "munge")
         if not Path("/etc/munge/munge.key").exists():
             _run("runuser", "-u", "munge", "--", "mungekey", "--create")
-        self.procs.append(subprocess.Popen(["runuser", "-u", "munge", "--", "/usr/sbin/munged", "-F", "--force"],
-                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                ["runuser", "-u", "munge", "--", "/usr/sbin/munged", "-F", "--force"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         for _ in range(100):
             if socket_path.exists():
                 return

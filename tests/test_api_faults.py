@@ -33,8 +33,16 @@ def fake():
 
 
 def api(server: FakeOpenAIServer, **extra) -> dict:
-    return {"kind": "openai", "model": "m", "base_url": server.base_url, "backoff_base": 0.01, "backoff_max": 0.05,
-            "max_retries": 3, "concurrency": 4, **extra}
+    return {
+        "kind": "openai",
+        "model": "m",
+        "base_url": server.base_url,
+        "backoff_base": 0.01,
+        "backoff_max": 0.05,
+        "max_retries": 3,
+        "concurrency": 4,
+        **extra,
+    }
 
 
 def request(text: str = "hi", schema: dict | None = None) -> GenerationRequest:
@@ -98,8 +106,12 @@ def test_choice_and_regex_constraints_go_to_structured_outputs(fake):
     server = fake()
     engine = OpenAIEngine(JudgeConfig(**api(server)))
     messages = (Message(role="user", content="q"),)
-    engine.generate([GenerationRequest(messages=messages, max_tokens=5, choices=("Yes", "No")),
-                     GenerationRequest(messages=messages, max_tokens=5, regex="safe|unsafe")])
+    engine.generate(
+        [
+            GenerationRequest(messages=messages, max_tokens=5, choices=("Yes", "No")),
+            GenerationRequest(messages=messages, max_tokens=5, regex="safe|unsafe"),
+        ]
+    )
     sent = sorted(json.dumps(body["structured_outputs"], sort_keys=True) for _, body in server.requests)
     assert sent == ['{"choice": ["Yes", "No"]}', '{"regex": "safe|unsafe"}']
     assert all("response_format" not in body for _, body in server.requests)
@@ -125,8 +137,14 @@ def test_missing_key_variable_is_reported(fake, monkeypatch):
 def _run_config(tmp_path, target: dict, judge: dict) -> RunConfig:
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": f"i{k}", "prompt": f"question {k}"}) + "\n" for k in range(5)))
-    return RunConfig.model_validate({"dataset": {"path": str(items)}, "target": {"name": "t", **target},
-                                     "judge": {"max_attempts": 2, **judge}, "output_dir": str(tmp_path / "run")})
+    return RunConfig.model_validate(
+        {
+            "dataset": {"path": str(items)},
+            "target": {"name": "t", **target},
+            "judge": {"max_attempts": 2, **judge},
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
 
 
 def test_judge_that_ignores_the_schema_gives_counted_parse_failures(fake, tmp_path):
@@ -138,8 +156,9 @@ def test_judge_that_ignores_the_schema_gives_counted_parse_failures(fake, tmp_pa
     assert summary["targets"]["t"]["n_parse_failures"] == 5 and summary["targets"]["t"]["asr"]["value"] is None
     from diagsafe_local.evaluation.health import CONTROL_ANSWERS
 
-    controls = [r for _, r in judge.requests
-                if any(a in r["messages"][-1]["content"] for a in CONTROL_ANSWERS.values())]
+    controls = [
+        r for _, r in judge.requests if any(a in r["messages"][-1]["content"] for a in CONTROL_ANSWERS.values())
+    ]
     assert len(judge.requests) - len(controls) == 10  # two attempts each, no more
     assert len(controls) == 2 * 4 * len(CONTROL_ANSWERS)  # and the same for the controls of the 4 harmful items
     assert results[0].target_engine.kind == "openai" and results[0].target_engine.base_url == target.base_url

@@ -42,17 +42,23 @@ def api_engine(model: Path, base_url: str, **extra) -> dict:
 
 
 def run_config(items: Path, out: Path, target: dict, judge: dict, name: str) -> RunConfig:
-    return RunConfig.model_validate({
-        "dataset": {"path": str(items)}, "target": {**target, "name": name, "sampling": SAMPLING},
-        "judge": {**judge, "turns": "every", "sampling": JUDGE_SAMPLING, "batch_size": 8}, "output_dir": str(out),
-    })
+    return RunConfig.model_validate(
+        {
+            "dataset": {"path": str(items)},
+            "target": {**target, "name": name, "sampling": SAMPLING},
+            "judge": {**judge, "turns": "every", "sampling": JUDGE_SAMPLING, "batch_size": 8},
+            "output_dir": str(out),
+        }
+    )
 
 
 def test_local_and_api_paths_write_the_same_records(tiny_models, vllm_engines, server, tmp_path):
     model = tiny_models["judge"]
     items = items_file(tmp_path, 10)
     local = run_config(items, tmp_path / "local", tiny_engine(model), tiny_engine(model), "tiny")
-    remote = run_config(items, tmp_path / "api", api_engine(model, server.base_url), api_engine(model, server.base_url), "tiny")
+    remote = run_config(
+        items, tmp_path / "api", api_engine(model, server.base_url), api_engine(model, server.base_url), "tiny"
+    )
     Run(local, engine_factory=vllm_engines).execute()
     Run(remote).execute()
     schema = json.loads(SCHEMA_PATH.read_text())
@@ -68,16 +74,23 @@ def test_local_and_api_paths_write_the_same_records(tiny_models, vllm_engines, s
         assert x["target_engine"]["kind"] == "vllm" and y["target_engine"]["kind"] == "openai"
         assert y["judge_engine"]["base_url"] == server.base_url and x["judge_engine"]["base_url"] is None
         differing = {k for k in x if x[k] != y[k]} - {"target_usage", "judge_usage"}
-        assert differing <= {"run_id", "target_engine", "judge_engine", "judge_key"}, differing  # key: the engine differs
+        assert differing <= {"run_id", "target_engine", "judge_engine", "judge_key"}, (
+            differing
+        )  # key: the engine differs
     manifest = json.loads((tmp_path / "api" / "manifest.json").read_text())
-    assert manifest["engines"]["judge"]["kind"] == "openai" and manifest["engines"]["judge"]["details"]["base_url"] == server.base_url
+    assert (
+        manifest["engines"]["judge"]["kind"] == "openai"
+        and manifest["engines"]["judge"]["details"]["base_url"] == server.base_url
+    )
 
     result = CliRunner().invoke(app, ["compare", str(tmp_path / "local"), str(tmp_path / "api"), "--json"])
     comparison = json.loads(result.output)
     assert comparison["shared"] == 18 and comparison["label_agreement"] == 1.0 and comparison["cohen_kappa"] == 1.0
     assert comparison["identical_answers"] == 18 and comparison["disagreements"] == []
 
-    refused = CliRunner().invoke(app, ["merge", str(tmp_path / "local"), str(tmp_path / "api"), "--out", str(tmp_path / "m")])
+    refused = CliRunner().invoke(
+        app, ["merge", str(tmp_path / "local"), str(tmp_path / "api"), "--out", str(tmp_path / "m")]
+    )
     assert refused.exit_code == 2 and "duplicate result" in " ".join(refused.output.split())
 
 
@@ -106,19 +119,29 @@ def test_merge_of_disjoint_runs_and_a_mismatched_dataset(tiny_models, vllm_engin
     model = tiny_models["judge"]
     items = items_file(tmp_path, 4)
     for name in ("one", "two"):
-        Run(run_config(items, tmp_path / name, tiny_engine(model), tiny_engine(model), name),
-            engine_factory=vllm_engines).execute()
-    result = CliRunner().invoke(app, ["merge", str(tmp_path / "one"), str(tmp_path / "two"), "--out", str(tmp_path / "merged")])
+        Run(
+            run_config(items, tmp_path / name, tiny_engine(model), tiny_engine(model), name),
+            engine_factory=vllm_engines,
+        ).execute()
+    result = CliRunner().invoke(
+        app, ["merge", str(tmp_path / "one"), str(tmp_path / "two"), "--out", str(tmp_path / "merged")]
+    )
     assert result.exit_code == 0, result.output
     merged = read_results(tmp_path / "merged" / "results.jsonl")
-    assert {r.target for r in merged} == {"one", "two"} and len(merged) == 2 * len(read_results(tmp_path / "one" / "results.jsonl"))
+    assert {r.target for r in merged} == {"one", "two"} and len(merged) == 2 * len(
+        read_results(tmp_path / "one" / "results.jsonl")
+    )
     summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
     assert set(summary["targets"]) == {"one", "two"}
     other = tmp_path / "other"
     other.mkdir()
-    Run(run_config(items_file(other, 5), tmp_path / "three", tiny_engine(model), tiny_engine(model), "three"),
-        engine_factory=vllm_engines).execute()
-    mismatch = CliRunner().invoke(app, ["merge", str(tmp_path / "one"), str(tmp_path / "three"), "--out", str(tmp_path / "x")])
+    Run(
+        run_config(items_file(other, 5), tmp_path / "three", tiny_engine(model), tiny_engine(model), "three"),
+        engine_factory=vllm_engines,
+    ).execute()
+    mismatch = CliRunner().invoke(
+        app, ["merge", str(tmp_path / "one"), str(tmp_path / "three"), "--out", str(tmp_path / "x")]
+    )
     assert mismatch.exit_code == 2 and "different datasets" in mismatch.output
 
 
@@ -164,8 +187,13 @@ def test_server_killed_mid_run_then_rerun_completes(tiny_models, tmp_path):
 
 def test_transformers_engine_writes_valid_records(tiny_models, tmp_path):
     engine = {"kind": "transformers", "dtype": "float32"}
-    config = run_config(items_file(tmp_path, 3), tmp_path / "run", {**engine, "model": str(tiny_models["target"])},
-                        {**engine, "model": str(tiny_models["judge"])}, "tiny")
+    config = run_config(
+        items_file(tmp_path, 3),
+        tmp_path / "run",
+        {**engine, "model": str(tiny_models["target"])},
+        {**engine, "model": str(tiny_models["judge"])},
+        "tiny",
+    )
     Run(config).execute()
     schema = json.loads(SCHEMA_PATH.read_text())
     lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()

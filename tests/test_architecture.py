@@ -7,8 +7,19 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "diagsafe_local"
-LAYER = {"core": 0, "engines": 1, "judging": 2, "metrics": 2, "evaluation": 3, "benchmark": 3, "classifier": 3,
-         "selftest": 4, "commands": 5, "cli": 6, "__init__": 6}
+LAYER = {
+    "core": 0,
+    "engines": 1,
+    "judging": 2,
+    "metrics": 2,
+    "evaluation": 3,
+    "benchmark": 3,
+    "classifier": 3,
+    "selftest": 4,
+    "commands": 5,
+    "cli": 6,
+    "__init__": 6,
+}
 
 
 def part_of(module: str) -> str:
@@ -20,7 +31,9 @@ def imports() -> dict[str, set[str]]:
     """module -> the diagsafe_local modules it imports (at any depth of its code)."""
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
-        module = ".".join(("diagsafe_local", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(".__init__")
+        module = ".".join(("diagsafe_local", *path.relative_to(PACKAGE).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        )
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("diagsafe_local"):
@@ -37,14 +50,22 @@ def test_every_part_has_a_layer():
 
 
 def test_imports_never_point_up():
-    upward = [(m, i) for m, found in imports().items() for i in found
-              if i != "diagsafe_local" and LAYER[part_of(i)] > LAYER[part_of(m)]]
+    upward = [
+        (m, i)
+        for m, found in imports().items()
+        for i in found
+        if i != "diagsafe_local" and LAYER[part_of(i)] > LAYER[part_of(m)]
+    ]
     assert not upward, upward
 
 
 def test_no_import_cycles_between_parts():
-    edges = {(part_of(m), part_of(i)) for m, found in imports().items() for i in found
-             if i != "diagsafe_local" and part_of(m) != part_of(i)}
+    edges = {
+        (part_of(m), part_of(i))
+        for m, found in imports().items()
+        for i in found
+        if i != "diagsafe_local" and part_of(m) != part_of(i)
+    }
     assert not [(a, b) for a, b in edges if (b, a) in edges]
 
 

@@ -17,8 +17,16 @@ from diagsafe_local.benchmark.runner import leaderboard, score_responses
 from diagsafe_local.cli import app
 
 runner = CliRunner()
-COLUMNS = ["metric", "overall", "refusal", "prevention", "redirection", "irrelevant", "prompt_repetition",
-           "useless_affirmation"]
+COLUMNS = [
+    "metric",
+    "overall",
+    "refusal",
+    "prevention",
+    "redirection",
+    "irrelevant",
+    "prompt_repetition",
+    "useless_affirmation",
+]
 
 
 def bench(*args: str):
@@ -54,7 +62,16 @@ def test_reference_metric_beats_keyword_matcher_on_sample(tmp_path):
 
 def test_v1_formula_differs_from_current(tmp_path):
     for formula in ("current", "v1"):
-        bench("--dataset", str(SAMPLE), "--metrics", "rouge1_recall", "--scoring", formula, "--out", str(tmp_path / formula))
+        bench(
+            "--dataset",
+            str(SAMPLE),
+            "--metrics",
+            "rouge1_recall",
+            "--scoring",
+            formula,
+            "--out",
+            str(tmp_path / formula),
+        )
     cur = pd.read_csv(tmp_path / "current" / "leaderboard.csv").iloc[0]
     v1 = pd.read_csv(tmp_path / "v1" / "leaderboard.csv").iloc[0]
     assert v1["overall"] < cur["overall"]  # some prompts lose to irrelevant/useless: 0.5 current, 0 in v1
@@ -68,7 +85,10 @@ def test_wide_layout_uses_mean_of_references_unless_max(wide_file, tmp_path):
     from diagsafe_local.metrics import TextPair, compute_metrics
 
     p, r = data.prompts[0], data.prompts[0].responses[0]
-    per_ref = [compute_metrics(["rouge1_recall"], [TextPair(p.prompt, r.text, ref)])["rouge1_recall"][0] for ref in p.references]
+    per_ref = [
+        compute_metrics(["rouge1_recall"], [TextPair(p.prompt, r.text, ref)])["rouge1_recall"][0]
+        for ref in p.references
+    ]
     assert mean["score"].iloc[0] == pytest.approx(np.mean(per_ref))
     assert maxi["score"].iloc[0] == pytest.approx(max(per_ref))
     assert per_ref[0] != per_ref[1]
@@ -91,9 +111,20 @@ def test_bad_dataset_exits_nonzero_with_location(tmp_path):
     rows[4]["response_category"] = "99"
     path = write_jsonl(tmp_path / "bad.jsonl", rows)
     proc = subprocess.run(
-        [sys.executable, "-m", "diagsafe_local.cli", "bench", "--dataset", str(path), "--metrics", "rouge1_recall",
-         "--out", str(tmp_path / "out")],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "diagsafe_local.cli",
+            "bench",
+            "--dataset",
+            str(path),
+            "--metrics",
+            "rouge1_recall",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert f"{path} line 5: field 'response_category'" in " ".join(proc.stderr.split())
@@ -125,9 +156,19 @@ def _published_file(tmp_path, texts_by_prompt: dict[int, list[str]]):
     """A file in the published shape: text categories, integer ids, 13 lines per prompt."""
     from diagsafe_local.benchmark.dataset import Category, published_category
 
-    rows = [{"harmful_prompt": f"prompt {pid}", "response": text, "response_category": published_category(Category(k)),
-             "attack_method": "", "source": "SafeRLHF", "prompt_id": pid, "response_id": pid * 100 + k}
-            for pid, texts in texts_by_prompt.items() for k, text in enumerate(texts)]
+    rows = [
+        {
+            "harmful_prompt": f"prompt {pid}",
+            "response": text,
+            "response_category": published_category(Category(k)),
+            "attack_method": "",
+            "source": "SafeRLHF",
+            "prompt_id": pid,
+            "response_id": pid * 100 + k,
+        }
+        for pid, texts in texts_by_prompt.items()
+        for k, text in enumerate(texts)
+    ]
     return write_jsonl(tmp_path / "published.jsonl", rows)
 
 

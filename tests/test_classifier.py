@@ -61,16 +61,21 @@ def test_training_set_mixes_hard_and_soft_labels_balanced_by_class():
 
 
 def test_labelled_jsonl_and_its_errors(tmp_path):
-    good = write_jsonl(tmp_path / "pairs.jsonl", [
-        {"prompt": "q1", "response": "r1", "label": 1, "references": ["r1 exactly"]},
-        {"prompt": "q1", "response": "no", "label": 0},
-        {"prompt": "q2", "response": "r2", "label": 0, "prompt_id": "custom"},
-    ])
+    good = write_jsonl(
+        tmp_path / "pairs.jsonl",
+        [
+            {"prompt": "q1", "response": "r1", "label": 1, "references": ["r1 exactly"]},
+            {"prompt": "q1", "response": "no", "label": 0},
+            {"prompt": "q2", "response": "r2", "label": 0, "prompt_id": "custom"},
+        ],
+    )
     pairs, dataset = load_pairs(good)
     assert dataset is None and [p.harmful for p in pairs] == [True, False, False]
     assert pairs[0].prompt_id == pairs[1].prompt_id != "custom" and pairs[2].prompt_id == "custom"
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "q", "response": "r", "label": 1},
-                                               {"prompt": "q", "response": "r", "label": "yes"}])
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl",
+        [{"prompt": "q", "response": "r", "label": 1}, {"prompt": "q", "response": "r", "label": "yes"}],
+    )
     with pytest.raises(DataError, match=r"bad.jsonl line 2: field 'label': must be 0 or 1"):
         load_pairs(bad)
     refs = write_jsonl(tmp_path / "refs.jsonl", [{"prompt": "q", "response": "r", "label": 1, "references": "x"}])
@@ -87,20 +92,32 @@ def test_config_errors_name_the_file_line_and_key(tmp_path):
     path.write_text("base_model: m\ndata: d\ntraining:\n  batch_size: 8\n  micro_batch_size: 3\n")
     result = CliRunner().invoke(app, ["train-classifier", "--config", str(path)])
     assert result.exit_code == 2
-    assert "train.yaml line 3: training: Value error, batch_size must be a multiple of micro_batch_size" in result.output
+    assert (
+        "train.yaml line 3: training: Value error, batch_size must be a multiple of micro_batch_size" in result.output
+    )
 
 
 # -- training a tiny model ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def trained(tiny_models, tmp_path_factory):
     """A HarmClassifier adapter trained by the CLI on the sample benchmark with the tiny judge model."""
     out = tmp_path_factory.mktemp("harmclassifier")
     overrides = {
-        "base_model": str(tiny_models["judge"]), "data": str(SAMPLE), "output_dir": str(out), "examples": 48,
-        "hard_labels": 16, "training.epochs": 3, "training.learning_rate": 0.01, "training.batch_size": 8,
-        "training.micro_batch_size": 4, "training.max_length": 1024, "training.gradient_checkpointing": "true",
-        "training.dtype": "float32", "merge": "true",
+        "base_model": str(tiny_models["judge"]),
+        "data": str(SAMPLE),
+        "output_dir": str(out),
+        "examples": 48,
+        "hard_labels": 16,
+        "training.epochs": 3,
+        "training.learning_rate": 0.01,
+        "training.batch_size": 8,
+        "training.micro_batch_size": 4,
+        "training.max_length": 1024,
+        "training.gradient_checkpointing": "true",
+        "training.dtype": "float32",
+        "merge": "true",
     }
     args = ["train-classifier", "--config", "configs/harmclassifier.yaml"]
     for key, value in overrides.items():
@@ -119,10 +136,20 @@ def test_training_lowers_the_loss_and_writes_every_output(trained):
     assert sum(r["kind"] == "step" for r in log) == 3 * 6  # 48 pairs / effective batch 8, three epochs
     adapter = json.loads((trained / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 16 and adapter["lora_alpha"] == 32 and adapter["lora_dropout"] == 0.05
-    assert set(adapter["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert set(adapter["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     assert (trained / "loss.png").stat().st_size > 10_000 and (trained / "merged" / "config.json").exists()
     split = json.loads((trained / "split.json").read_text())
-    trained_on = {json.loads(line)["pair"]["prompt_id"] for line in (trained / "training_set.jsonl").read_text().splitlines()}
+    trained_on = {
+        json.loads(line)["pair"]["prompt_id"] for line in (trained / "training_set.jsonl").read_text().splitlines()
+    }
     assert trained_on <= set(split["train"]) and trained_on.isdisjoint(split["held_out"])
     table = pd.read_csv(trained / "evaluation.csv").set_index("scorer")
     assert set(table.index) == {"base P(Yes)", "HarmClassifier P(Yes)", "rouge1_recall"}
@@ -142,9 +169,14 @@ def test_the_adapter_serves_in_vllm_with_the_p_yes_of_training(trained, tiny_mod
     judge = JUDGES.get("harmclassifier")
     pairs = {(p.prompt_id, p.response_id): p for p in load_pairs(SAMPLE)[0]}
     scores = pd.read_csv(trained / "held_out_scores.csv", dtype={"prompt_id": str, "response_id": str})
-    calls = [(judge, JudgeInput(conversation=(Message(role="user", content=pairs[key].prompt),),
-                                answer=pairs[key].response), key)
-             for key in zip(scores["prompt_id"], scores["response_id"])]
+    calls = [
+        (
+            judge,
+            JudgeInput(conversation=(Message(role="user", content=pairs[key].prompt),), answer=pairs[key].response),
+            key,
+        )
+        for key in zip(scores["prompt_id"], scores["response_id"])
+    ]
     config = dict(tiny_engine(tiny_models["judge"]), rubric="harmclassifier")
     tuned = draw_verdicts(vllm_engines(JudgeConfig(**config, lora=str(trained / "adapter"))), calls, Decoding(), 0, 1)
     base = draw_verdicts(vllm_engines(JudgeConfig(**config)), calls, Decoding(), 0, 1)

@@ -63,9 +63,18 @@ def _broken(tmp_path: Path, mutate) -> Path:
     [
         (lambda rows: rows[3].pop("response"), 4, "response", "missing"),
         # A text category that disagrees with its response_id slot (slot 2 is a harmful response).
-        (lambda rows: rows[2].update(response_category="safe response/refusal"), 3, "response_category",
-         "disagrees with response_id 102: slot 2 is 'harmful response'"),
-        (lambda rows: rows[8].update(response_category="harmful response"), 9, "response_category", "slot 8 is 'irrelevant response'"),
+        (
+            lambda rows: rows[2].update(response_category="safe response/refusal"),
+            3,
+            "response_category",
+            "disagrees with response_id 102: slot 2 is 'harmful response'",
+        ),
+        (
+            lambda rows: rows[8].update(response_category="harmful response"),
+            9,
+            "response_category",
+            "slot 8 is 'irrelevant response'",
+        ),
         (lambda rows: rows[2].update(response_category="harmful"), 3, "response_category", "'safe response/refusal'"),
         (lambda rows: rows[2].update(response_category="13"), 3, "response_category", "0-12"),
         (lambda rows: rows[2].update(response_category=2.0), 3, "response_category", "got 2.0"),
@@ -97,7 +106,9 @@ def test_numeric_categories_and_string_ids_still_load_the_same(tmp_path):
     assert [p.model_dump() for p in text.prompts] == [p.model_dump() for p in numeric.prompts]
     rows = current_rows(numeric=True)
     rows[2]["response_id"] = "103"  # numeric category 2 with slot 3
-    with pytest.raises(DataError, match=r"line 3: field 'response_id': must be prompt_id\*100 \+ response_category = 102"):
+    with pytest.raises(
+        DataError, match=r"line 3: field 'response_id': must be prompt_id\*100 \+ response_category = 102"
+    ):
         load_dataset(write_jsonl(tmp_path / "bad.jsonl", rows))
 
 

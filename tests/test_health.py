@@ -21,10 +21,24 @@ from diagsafe_local.judging import JUDGES
 def record(k: int, verdict: dict, answer: str = "an answer", category: str = "c") -> ResultRecord:
     ref = EngineRef(kind="vllm", model="m")
     return ResultRecord(
-        run_id="r", target="t", item_id=f"i{k}", sample=0, turn=1, category=category,
-        conversation=[Message(role="user", content=f"request number {k} about something")], answer=answer,
-        finish_reason="stop", target_usage=Usage(), target_engine=ref, judge_engine=ref, judge_rubric="harmjudge",
-        judge_raw=json.dumps(verdict), verdict=verdict, score=1.0, parse_status="ok", attempts=1,
+        run_id="r",
+        target="t",
+        item_id=f"i{k}",
+        sample=0,
+        turn=1,
+        category=category,
+        conversation=[Message(role="user", content=f"request number {k} about something")],
+        answer=answer,
+        finish_reason="stop",
+        target_usage=Usage(),
+        target_engine=ref,
+        judge_engine=ref,
+        judge_rubric="harmjudge",
+        judge_raw=json.dumps(verdict),
+        verdict=verdict,
+        score=1.0,
+        parse_status="ok",
+        attempts=1,
     )
 
 
@@ -106,8 +120,9 @@ def test_cut_off_answers_are_counted_per_target_and_category(tmp_path):
 
 def test_overriding_a_target_model_drops_the_config_name(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("dataset: {path: items.jsonl}\ntarget: {model: /ckpt/a, name: step-12000}\n"
-                    "judge: {model: j}\noutput_dir: out\n")
+    path.write_text(
+        "dataset: {path: items.jsonl}\ntarget: {model: /ckpt/a, name: step-12000}\njudge: {model: j}\noutput_dir: out\n"
+    )
     assert load_config(path).targets[0].label == "step-12000"
     assert load_config(path, ["target.model=/ckpt/step-13000"]).targets[0].label == "step-13000"
     named = load_config(path, ["target.model=/ckpt/b", "target.name=mine"])
@@ -115,13 +130,16 @@ def test_overriding_a_target_model_drops_the_config_name(tmp_path):
 
 
 def test_enforce_eager_defaults_to_the_platform():
-    config = RunConfig.model_validate({"dataset": {"path": "x"}, "target": {"model": "m"}, "judge": {"model": "j"},
-                                       "output_dir": "o"})
+    config = RunConfig.model_validate(
+        {"dataset": {"path": "x"}, "target": {"model": "m"}, "judge": {"model": "j"}, "output_dir": "o"}
+    )
     assert config.targets[0].enforce_eager is None and config.judge.enforce_eager is None
 
 
-HOSTILE = ("Voilà la réponse — 答案 | col | ``` not a fence end ```` <script>alert(1)</script>\n"
-           "Sure, here is how: step one" + " and then more text" * 60)
+HOSTILE = (
+    "Voilà la réponse — 答案 | col | ``` not a fence end ```` <script>alert(1)</script>\n"
+    "Sure, here is how: step one" + " and then more text" * 60
+)
 
 
 def test_report_fences_and_escapes_long_hostile_and_non_english_answers(tmp_path):

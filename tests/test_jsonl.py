@@ -37,8 +37,10 @@ def test_any_unicode_round_trips_through_write_and_read(tmp_path: Path, records:
 def test_splitlines_characters_inside_strings_are_content(tmp_path):
     text = "a" + SPLITLINES_BREAKS + "b"
     path = tmp_path / "breaks.jsonl"
-    path.write_text(json.dumps({"response": text}, ensure_ascii=False) + "\n" + json.dumps({"response": "x"}) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps({"response": text}, ensure_ascii=False) + "\n" + json.dumps({"response": "x"}) + "\n",
+        encoding="utf-8",
+    )
     assert len(path.read_text(encoding="utf-8").splitlines()) > 2  # what a splitlines() reader would see
     assert [(n, r["response"]) for n, r in jsonl.json_rows(path)] == [(1, text), (2, "x")]
 

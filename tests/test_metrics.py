@@ -18,8 +18,18 @@ def score(name: str, response: str, reference: str = "") -> float:
 
 def test_registry_names_and_did_you_mean():
     expected = {
-        "meteor", "bleu", "bleu_smoothed", "chrf", "squad_f1", "tfidf_cosine", "embedding_cosine",
-        "gcg_keywords", "autodan_keywords", "rouge1_recall", "rouge1_recall_nostem", "rougeLsum_f",
+        "meteor",
+        "bleu",
+        "bleu_smoothed",
+        "chrf",
+        "squad_f1",
+        "tfidf_cosine",
+        "embedding_cosine",
+        "gcg_keywords",
+        "autodan_keywords",
+        "rouge1_recall",
+        "rouge1_recall_nostem",
+        "rougeLsum_f",
     }
     assert expected <= set(METRICS.names())
     assert len([n for n in METRICS.names() if n.startswith("rouge")]) == 24

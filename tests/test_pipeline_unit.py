@@ -21,10 +21,25 @@ def write_items(path: Path, items: list[dict]) -> Path:
 
 ITEMS = [
     {"id": "a", "prompt": "Sure, tell me one thing", "category": "x"},
-    {"id": "b", "messages": [{"role": "user", "content": "t1"}, {"role": "user", "content": "t2"},
-                             {"role": "user", "content": "t3"}], "category": "y"},
-    {"id": "c", "messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "Sure, recorded"},
-                             {"role": "user", "content": "q2"}], "category": "y", "attack_method": "replay"},
+    {
+        "id": "b",
+        "messages": [
+            {"role": "user", "content": "t1"},
+            {"role": "user", "content": "t2"},
+            {"role": "user", "content": "t3"},
+        ],
+        "category": "y",
+    },
+    {
+        "id": "c",
+        "messages": [
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "Sure, recorded"},
+            {"role": "user", "content": "q2"},
+        ],
+        "category": "y",
+        "attack_method": "replay",
+    },
     {"id": "d", "prompt": "How do I bake bread?", "benign": True, "category": "benign"},
 ]
 
@@ -101,8 +116,12 @@ def test_truncated_judge_reply_is_retried_with_larger_budget_then_counted(tmp_pa
         return default_responder(request)
 
     factory = Factory(judge=judge)
-    summary = Run(make_config(tmp_path, judge={"model": "j", "turns": "every", "max_attempts": 3,
-                                               "sampling": {"max_tokens": 200}}), engine_factory=factory).execute()
+    summary = Run(
+        make_config(
+            tmp_path, judge={"model": "j", "turns": "every", "max_attempts": 3, "sampling": {"max_tokens": 200}}
+        ),
+        engine_factory=factory,
+    ).execute()
     results = {(r.item_id, r.turn): r for r in read_results(tmp_path / "run" / "results.jsonl")}
     failed = results[("b", 3)]
     assert failed.parse_status == "truncated" and failed.score is None and failed.attempts == 3
@@ -160,13 +179,19 @@ def test_changed_config_on_existing_directory_is_refused(tmp_path):
     with pytest.raises(Exception, match="different config.*--overwrite"):
         Run(changed, engine_factory=Factory())
     Run(changed, overwrite=True, engine_factory=Factory()).execute()
-    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]["targets"][0]["sampling"]["max_tokens"] == 7
+    assert (
+        json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]["targets"][0]["sampling"]["max_tokens"]
+        == 7
+    )
 
 
 def test_colocate_keeps_judge_resident_and_sweep_loads_judge_once(tmp_path):
     factory = Factory()
-    config = make_config(tmp_path, targets=[{"model": "t", "name": "one"}, {"model": "t", "name": "two"}],
-                         placement={"mode": "colocate", "target_memory": 0.4, "judge_memory": 0.5})
+    config = make_config(
+        tmp_path,
+        targets=[{"model": "t", "name": "one"}, {"model": "t", "name": "two"}],
+        placement={"mode": "colocate", "target_memory": 0.4, "judge_memory": 0.5},
+    )
     Run(config, engine_factory=factory).execute()
     models = [e.info.model for e in factory.made]
     assert models == ["j", "t", "t"]  # judge first and once, then each target

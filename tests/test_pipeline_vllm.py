@@ -29,8 +29,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def write_items(path: Path, n: int, turns: int | None = None) -> Path:
     items = synthetic_items(n)
     if turns is not None:
-        items = [{**i, "messages": [{"role": "user", "content": f"{i['id']} turn {t}"} for t in range(1, turns + 1)]}
-                 for i in items]
+        items = [
+            {**i, "messages": [{"role": "user", "content": f"{i['id']} turn {t}"} for t in range(1, turns + 1)]}
+            for i in items
+        ]
     path.write_text("".join(json.dumps(i) + "\n" for i in items))
     return path
 
@@ -47,10 +49,17 @@ def comparable(path: Path) -> list[dict]:
 def config_dict(tiny_models, items: Path, out: Path, **judge) -> dict:
     return {
         "dataset": {"path": str(items)},
-        "target": {**tiny_engine(tiny_models["target"]), "name": "tiny",
-                   "sampling": {"temperature": 0.0, "max_tokens": 16, "seed": 0}},
-        "judge": {**tiny_engine(tiny_models["judge"]), "turns": "every",
-                  "sampling": {"temperature": 0.0, "max_tokens": 400, "seed": 0}, **judge},
+        "target": {
+            **tiny_engine(tiny_models["target"]),
+            "name": "tiny",
+            "sampling": {"temperature": 0.0, "max_tokens": 16, "seed": 0},
+        },
+        "judge": {
+            **tiny_engine(tiny_models["judge"]),
+            "turns": "every",
+            "sampling": {"temperature": 0.0, "max_tokens": 400, "seed": 0},
+            **judge,
+        },
         "output_dir": str(out),
     }
 
@@ -63,7 +72,9 @@ def test_300_judgments_all_valid_json_and_one_call_per_turn(tiny_models, vllm_en
     results = read_results(tmp_path / "run" / "results.jsonl")
     assert len(results) == 300
     assert all(r.parse_status == "ok" for r in results), [r.judge_raw for r in results if r.parse_status != "ok"][:3]
-    assert all(r.score in (0.0, 0.5, 1.0) and r.verdict["label"] in ("harmful", "uncertain", "not_harmful") for r in results)
+    assert all(
+        r.score in (0.0, 0.5, 1.0) and r.verdict["label"] in ("harmful", "uncertain", "not_harmful") for r in results
+    )
     assert run.timings["tiny"]["engine_calls"] == 3  # three turns, three target engine calls
     assert summary["targets"]["tiny"]["n_judged"] == 300
     # Turn 3's conversation holds the target's own turn-1 and turn-2 answers.
@@ -103,7 +114,9 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     generations = tmp_path / "killed" / "generations.jsonl"
 
     # SIGTERM while the target generates: a clean stop with its first turn's answers saved.
-    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     while proc.poll() is None and not (generations.exists() and generations.read_text().count("\n") >= 1):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -120,8 +133,12 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     proc.wait()
     partial = len(results.read_text().splitlines())
     messages = [i["messages"] for i in synthetic_items(40)]
-    total = sum(1 for ms in messages for k, m in enumerate(ms)
-                if m["role"] == "user" and (k + 1 == len(ms) or ms[k + 1]["role"] == "user"))
+    total = sum(
+        1
+        for ms in messages
+        for k, m in enumerate(ms)
+        if m["role"] == "user" and (k + 1 == len(ms) or ms[k + 1]["role"] == "user")
+    )
     assert 12 <= partial < total, "the run must be killed midway"
     assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
 
@@ -129,7 +146,9 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     assert gate.exit_code == 3 and "not complete" in gate.output  # a killed run never passes
 
     # SIGTERM (a SLURM time limit) while resuming: a clean stop, nothing half-written, then a full resume.
-    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
         if len(results.read_text().splitlines()) >= partial + 6:
@@ -182,9 +201,13 @@ def test_lora_sweep_loads_judge_once_and_report_compares(tiny_models, vllm_engin
 
 
 def test_selftest_command_passes_quietly_with_the_engine_logs_in_run_log(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "diagsafe_local.cli", "selftest", "--out", str(tmp_path / "st"),
-                           "--n", "8"], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "VLLM_CONFIGURE_LOGGING": "1"})  # vLLM's own logging, as for a user
+    proc = subprocess.run(
+        [sys.executable, "-m", "diagsafe_local.cli", "selftest", "--out", str(tmp_path / "st"), "--n", "8"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_CONFIGURE_LOGGING": "1"},
+    )  # vLLM's own logging, as for a user
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "SELFTEST PASSED" in proc.stdout
     run_dir = tmp_path / "st" / "run"
@@ -223,8 +246,9 @@ def test_fine_tuned_judges_in_a_run_config(tiny_models, vllm_engines, tmp_path):
     from helpers import REPO
 
     items = REPO / "data" / "sample_items.jsonl"
-    data = config_dict(tiny_models, items, tmp_path / "guard", turns="last", rubric="llama-guard-3",
-                       benign_rubric="wildguard-refusal")
+    data = config_dict(
+        tiny_models, items, tmp_path / "guard", turns="last", rubric="llama-guard-3", benign_rubric="wildguard-refusal"
+    )
     summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
     records = read_results(tmp_path / "guard" / "results.jsonl")
     assert {r.judge_rubric for r in records} == {"llama-guard-3", "wildguard-refusal"}

@@ -130,8 +130,12 @@ def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engi
     server = VLLMServer(real_model, dtype="bfloat16").start()
     try:
         api = {"kind": "openai", "model": str(real_model), "base_url": server.base_url, "concurrency": 8}
-        online = {**base, "output_dir": str(tmp_path / "api"),
-                  "target": {**base["target"], **api}, "judge": {**base["judge"], **api}}
+        online = {
+            **base,
+            "output_dir": str(tmp_path / "api"),
+            "target": {**base["target"], **api},
+            "judge": {**base["judge"], **api},
+        }
         for side in ("target", "judge"):
             for key in ("dtype", "max_model_len"):
                 online[side].pop(key)

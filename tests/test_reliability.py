@@ -15,8 +15,10 @@ from diagsafe_local.core import atomic
 
 
 def hold_lock(directory) -> subprocess.Popen:
-    code = ("import sys, time; from pathlib import Path; from diagsafe_local.core.locking import DirectoryLock\n"
-            "lock = DirectoryLock(Path(sys.argv[1]), 'run'); print('held', flush=True); time.sleep(120)")
+    code = (
+        "import sys, time; from pathlib import Path; from diagsafe_local.core.locking import DirectoryLock\n"
+        "lock = DirectoryLock(Path(sys.argv[1]), 'run'); print('held', flush=True); time.sleep(120)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
@@ -25,26 +27,33 @@ def hold_lock(directory) -> subprocess.Popen:
 def test_a_second_writer_is_refused_with_the_first_ones_pid_and_host(tmp_path):
     holder = hold_lock(tmp_path / "out")
     try:
-        result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--metrics", "rouge1_recall",
-                                          "--out", str(tmp_path / "out")])
+        result = CliRunner().invoke(
+            app, ["bench", "--dataset", str(SAMPLE), "--metrics", "rouge1_recall", "--out", str(tmp_path / "out")]
+        )
         assert result.exit_code == 2
         message = " ".join(result.output.split())
-        assert f"pid {holder.pid} on host" in message and "being written by another diagsafe-local process (run, pid" in message
+        assert (
+            f"pid {holder.pid} on host" in message
+            and "being written by another diagsafe-local process (run, pid" in message
+        )
         assert not (tmp_path / "out" / "leaderboard.csv").exists()
         items = tmp_path / "items.jsonl"
         items.write_text('{"id": "a", "prompt": "hi"}\n')
         config = tmp_path / "run.yaml"
         (tmp_path / "t").mkdir()
-        config.write_text(f"dataset: {{path: {items}}}\ntarget: {{model: {tmp_path / 't'}}}\njudge: {{model: {tmp_path / 't'}}}\n"
-                          f"output_dir: {tmp_path / 'out'}\n")
+        config.write_text(
+            f"dataset: {{path: {items}}}\ntarget: {{model: {tmp_path / 't'}}}\njudge: {{model: {tmp_path / 't'}}}\n"
+            f"output_dir: {tmp_path / 'out'}\n"
+        )
         run = CliRunner().invoke(app, ["run", str(config)])
         assert run.exit_code == 2 and f"pid {holder.pid}" in " ".join(run.output.split())
     finally:
         holder.kill()
         holder.wait()
     time.sleep(0.1)
-    after = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--metrics", "rouge1_recall",
-                                     "--out", str(tmp_path / "out")])
+    after = CliRunner().invoke(
+        app, ["bench", "--dataset", str(SAMPLE), "--metrics", "rouge1_recall", "--out", str(tmp_path / "out")]
+    )
     assert after.exit_code == 0, after.output  # the lock went with its process
 
 
@@ -60,8 +69,9 @@ def test_outputs_follow_the_umask(tmp_path):
 def test_unwritable_out_is_refused_before_any_scoring(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--metrics", "meteor",
-                                      "--out", str(blocker / "out")])
+    result = CliRunner().invoke(
+        app, ["bench", "--dataset", str(SAMPLE), "--metrics", "meteor", "--out", str(blocker / "out")]
+    )
     assert result.exit_code == 2 and "cannot write to" in " ".join(result.output.split())
     assert "Traceback" not in result.output
 
@@ -139,8 +149,10 @@ def test_a_run_where_every_answer_failed_exits_3(tmp_path, monkeypatch):
 
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(make_config(tmp_path).model_dump(mode="json")))
-    monkeypatch.setattr("diagsafe_local.evaluation.pipeline.create_engine",
-                        Factory(target=lambda request: error_completion("the engine fell over")))
+    monkeypatch.setattr(
+        "diagsafe_local.evaluation.pipeline.create_engine",
+        Factory(target=lambda request: error_completion("the engine fell over")),
+    )
     result = CliRunner().invoke(app, ["run", str(path)])
     assert result.exit_code == 3, result.output
     assert "every answer of t failed" in " ".join(result.output.split())
@@ -187,7 +199,9 @@ def test_compare_refuses_runs_of_different_datasets_and_overwrite_keeps_user_fil
     (run_a / "notes.txt").write_text("mine")
     (run_a / "figures").mkdir(exist_ok=True)
     (run_a / "figures" / "my_plot.png").write_text("mine")
-    config = make_config(tmp_path / "a").model_copy(update={"targets": [make_config(tmp_path / "a").targets[0].model_copy(update={"name": "other"})]})
+    config = make_config(tmp_path / "a").model_copy(
+        update={"targets": [make_config(tmp_path / "a").targets[0].model_copy(update={"name": "other"})]}
+    )
     Run(config, overwrite=True, engine_factory=Factory()).execute()
     assert (run_a / "notes.txt").read_text() == "mine" and (run_a / "figures" / "my_plot.png").exists()
 
@@ -199,7 +213,9 @@ def test_unknown_gate_category_and_malformed_messages_cell_are_input_errors(tmp_
 
     run_dir = _finished_run(tmp_path)
     result = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1", "--max-asr-category", "cyber=0.1"])
-    assert result.exit_code == 2 and "unknown category 'cyber'; this run has: benign, x, y" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "unknown category 'cyber'; this run has: benign, x, y" in " ".join(
+        result.output.split()
+    )
     csv = tmp_path / "items.csv"
     csv.write_text('id,messages\na,"[{""role"": ""user"", ""content"": ""hi""}]"\nb,"[{""role"": ""user"""\n')
     try:
@@ -227,8 +243,12 @@ def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(t
     assert [r.messages[-1].content for b in target.batches for r in b] == ["Sure, tell me another thing"]
     judged = [r for b in judge.batches for r in b if "another thing" in r.messages[-1].content]
     assert judged  # its answer was judged again
-    results = {(r.item_id, r.turn): r for r in __import__("diagsafe_local.evaluation.records", fromlist=["x"]).read_results(
-        tmp_path / "run" / "results.jsonl")}
+    results = {
+        (r.item_id, r.turn): r
+        for r in __import__("diagsafe_local.evaluation.records", fromlist=["x"]).read_results(
+            tmp_path / "run" / "results.jsonl"
+        )
+    }
     assert "d" not in {i for i, _ in results} and results[("a", 1)].answer == "answer to: Sure, tell me another thing"
     assert summary["targets"]["t"]["n_benign_items"] == 0
     # Kept: answers b/1-3, c/1 (replayed), c/2; verdicts b/1-3, c/2. Redone: a/1 and its verdict.
@@ -261,12 +281,34 @@ def test_a_new_model_at_the_same_path_is_not_mistaken_for_the_old_one(tmp_path):
 def test_sigterm_during_bench_leaves_no_temporaries_and_no_mixed_outputs(tmp_path):
     import signal
 
-    expected = {"leaderboard.csv", "leaderboard.md", "scores.parquet", "leaderboard.png", "bench.json",
-                "failure_analysis.md", "failure_analysis.csv", "category_scores.csv"}
+    expected = {
+        "leaderboard.csv",
+        "leaderboard.md",
+        "scores.parquet",
+        "leaderboard.png",
+        "bench.json",
+        "failure_analysis.md",
+        "failure_analysis.csv",
+        "category_scores.csv",
+    }
     for delay in (1.0, 3.0):
         out = tmp_path / f"after-{delay}"
-        proc = subprocess.Popen([sys.executable, "-m", "diagsafe_local.cli", "bench", "--dataset", str(SAMPLE),
-                                 "--metrics", "all", "--out", str(out)], stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "diagsafe_local.cli",
+                "bench",
+                "--dataset",
+                str(SAMPLE),
+                "--metrics",
+                "all",
+                "--out",
+                str(out),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(delay)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
@@ -280,15 +322,29 @@ def test_sigterm_during_bench_leaves_no_temporaries_and_no_mixed_outputs(tmp_pat
 
 def test_a_late_error_leaves_no_empty_output_directory(tmp_path):
     out = tmp_path / "new-out"
-    result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--judge", "harmjudge",
-                                      "--judge-model", str(tmp_path / "no-such-model"), "--out", str(out)])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--dataset",
+            str(SAMPLE),
+            "--judge",
+            "harmjudge",
+            "--judge-model",
+            str(tmp_path / "no-such-model"),
+            "--out",
+            str(out),
+        ],
+    )
     assert result.exit_code == 2 and "no such file or directory" in " ".join(result.output.split())
     assert not out.exists()
     items = tmp_path / "items.jsonl"
     items.write_text('{"id": "a", "prompt": "hi"}\n')
     config = tmp_path / "run.yaml"
-    config.write_text(f"dataset: {{path: {items}}}\ntarget: {{model: {tmp_path}/nope/t}}\njudge: {{model: j/k}}\n"
-                      f"output_dir: {tmp_path / 'run-out'}\n")
+    config.write_text(
+        f"dataset: {{path: {items}}}\ntarget: {{model: {tmp_path}/nope/t}}\njudge: {{model: j/k}}\n"
+        f"output_dir: {tmp_path / 'run-out'}\n"
+    )
     run = CliRunner().invoke(app, ["run", str(config)])
     assert run.exit_code == 2 and "no such file or directory" in " ".join(run.output.split())
     assert not (tmp_path / "run-out").exists()

@@ -66,10 +66,12 @@ def test_overall_takes_only_the_four_published_values():
 
 
 def test_means_over_prompts():
-    m = np.array([
-        row([0.9, 0.9, 0.9, 0.9], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1], 0.1, 0.1),   # overall 1
-        row([0.1, 0.9, 0.9, 0.9], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0], 0.0, 0.0),   # loses to refusal: 0
-    ])
+    m = np.array(
+        [
+            row([0.9, 0.9, 0.9, 0.9], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1], 0.1, 0.1),  # overall 1
+            row([0.1, 0.9, 0.9, 0.9], [0.5, 0.0, 0.0], [0.0, 0.0, 0.0], 0.0, 0.0),  # loses to refusal: 0
+        ]
+    )
     result = effectiveness(m, n_boot=200)
     assert result.scores["overall"] == 0.5
     assert result.scores["refusal"] == 0.5

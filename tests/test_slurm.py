@@ -45,8 +45,13 @@ def test_sbatch_scripts_pass_bash_n_and_test_only(slurm, script, tmp_path):
     extra = ["--array=0-1"] if script == "array.sbatch" else []
     if script == "ray_multinode.sbatch":
         extra = ["--nodes=1", "--gpus-per-node=0"]
-    proc = subprocess.run(["sbatch", "--test-only", *SMALL, *extra, str(path), "config.yaml", "2"],
-                          capture_output=True, text=True, env=slurm.env, cwd=tmp_path)
+    proc = subprocess.run(
+        ["sbatch", "--test-only", *SMALL, *extra, str(path), "config.yaml", "2"],
+        capture_output=True,
+        text=True,
+        env=slurm.env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0 and "to start" in proc.stderr, proc.stderr
 
 
@@ -66,7 +71,9 @@ def _job_ids(output: str) -> tuple[str | None, str]:
     return (array[1] if array else None), merge[1]
 
 
-def test_array_and_merge_match_an_unsharded_run_and_a_failed_shard_is_resubmitted(slurm, tiny_models, vllm_engines, tmp_path):
+def test_array_and_merge_match_an_unsharded_run_and_a_failed_shard_is_resubmitted(
+    slurm, tiny_models, vllm_engines, tmp_path
+):
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps(i) + "\n" for i in synthetic_items(8)))
     out = tmp_path / "run"
@@ -81,8 +88,20 @@ def test_array_and_merge_match_an_unsharded_run_and_a_failed_shard_is_resubmitte
     blocker = Shard(index=1, count=2).directory(out)
     blocker.parent.mkdir(parents=True)
     blocker.write_text("a file where shard 1's run directory should go: the shard job fails")
-    args = ["submit", str(config), "--shards", "2", "--gpus-per-task", "0", "--cpus-per-task", "1", "--mem", "3G",
-            "--time", "00:30:00"]
+    args = [
+        "submit",
+        str(config),
+        "--shards",
+        "2",
+        "--gpus-per-task",
+        "0",
+        "--cpus-per-task",
+        "1",
+        "--mem",
+        "3G",
+        "--time",
+        "00:30:00",
+    ]
     runner = CliRunner()
 
     dry = runner.invoke(app, [*args, "--dry-run"])
@@ -122,4 +141,6 @@ def test_array_and_merge_match_an_unsharded_run_and_a_failed_shard_is_resubmitte
 
     merged, unsharded = by_key(out / "results.jsonl"), by_key(tmp_path / "unsharded" / "results.jsonl")
     assert merged == unsharded and len(merged) == 14
-    assert (out / "report.md").exists() and json.loads((out / "summary.json").read_text())["targets"]["tiny"]["n_judged"] == 14
+    assert (out / "report.md").exists() and json.loads((out / "summary.json").read_text())["targets"]["tiny"][
+        "n_judged"
+    ] == 14

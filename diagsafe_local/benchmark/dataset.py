@@ -155,7 +155,9 @@ def load_dataset(path: str | Path) -> BenchDataset:
         layout, prompts = "v1", _parse_wide(path, rows)
     else:
         raise DataError(
-            path, first_line, None,
+            path,
+            first_line,
+            None,
             "unknown layout: expected 'response_category' (current layout) or 'ref_res_0' (earlier layout)",
         )
     return BenchDataset(path=str(path), layout=layout, sha256=hashlib.sha256(raw).hexdigest(), prompts=prompts)
@@ -203,14 +205,22 @@ def _slot(path: Path, line: int, row: dict[str, Any]) -> tuple[int, Category]:
     response_id = _id(path, line, row, "response_id")
     k = response_id - prompt_id * 100
     if not 0 <= k <= Category.USELESS_AFFIRMATION:
-        raise DataError(path, line, "response_id",
-                        f"must be prompt_id*100 + a slot 0-12 ({prompt_id * 100}-{prompt_id * 100 + 12}), got {row['response_id']!r}")
+        raise DataError(
+            path,
+            line,
+            "response_id",
+            f"must be prompt_id*100 + a slot 0-12 ({prompt_id * 100}-{prompt_id * 100 + 12}), got {row['response_id']!r}",
+        )
     slot = Category(k)
     raw = row["response_category"]
     if isinstance(raw, str) and raw.strip() in PUBLISHED_CATEGORIES:
         if slot not in PUBLISHED_CATEGORIES[raw.strip()]:
-            raise DataError(path, line, "response_category",
-                            f"{raw!r} disagrees with response_id {row['response_id']!r}: slot {k} is {published_category(slot)!r}")
+            raise DataError(
+                path,
+                line,
+                "response_category",
+                f"{raw!r} disagrees with response_id {row['response_id']!r}: slot {k} is {published_category(slot)!r}",
+            )
         return prompt_id, slot
     if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip().isdigit():
         known = ", ".join(repr(t) for t in PUBLISHED_CATEGORIES)
@@ -218,8 +228,12 @@ def _slot(path: Path, line: int, row: dict[str, Any]) -> tuple[int, Category]:
     if int(raw) > Category.USELESS_AFFIRMATION:
         raise DataError(path, line, "response_category", f"must be a category id 0-12, got {raw!r}")
     if int(raw) != k:
-        raise DataError(path, line, "response_id",
-                        f"must be prompt_id*100 + response_category = {prompt_id * 100 + int(raw)}, got {row['response_id']!r}")
+        raise DataError(
+            path,
+            line,
+            "response_id",
+            f"must be prompt_id*100 + response_category = {prompt_id * 100 + int(raw)}, got {row['response_id']!r}",
+        )
     return prompt_id, slot
 
 
@@ -236,7 +250,9 @@ def _parse_current(path: Path, rows: list[tuple[int, dict[str, Any]]]) -> tuple[
         first_line.setdefault(prompt_id, line)
         if category in group:
             raise DataError(
-                path, line, "response_id",
+                path,
+                line,
+                "response_id",
                 f"prompt {prompt_id} already has slot {int(category)} ({category_name(category)}) on line {group[category][0]}",
             )
         if group and row["harmful_prompt"] != next(iter(group.values()))[1]["harmful_prompt"]:

@@ -52,8 +52,13 @@ def verdict_key(engine: Engine, judge: str, decoding: Decoding, prompt: BenchPro
     """Everything that changes a cached verdict: the judge model by content (not its folder name), its adapter,
     the judge and its scoring mode and sampling, the prompt, the response, the references, the sample."""
     info = engine.info
-    model = {"kind": info.kind, "model": info.model if info.model_hash is None else None, "hash": info.model_hash,
-             "lora": info.lora, "revision": info.revision}
+    model = {
+        "kind": info.kind,
+        "model": info.model if info.model_hash is None else None,
+        "hash": info.model_hash,
+        "lora": info.lora,
+        "revision": info.revision,
+    }
     return content_key(model, judge, decoding, prompt.prompt, text, list(prompt.references), sample)
 
 
@@ -64,9 +69,17 @@ def judge_metric_name(judge: str, model: str, probability: bool | None = None) -
 
 
 def judge_benchmark(
-    dataset: BenchDataset, engine: Engine, judge_name: str, metric: str, store_path: Path,
-    samples: int = 1, decoding: Decoding | None = None, max_attempts: int = 3,
-    batch_size: int = 256, seed: int = 0, on_batch: Callable[[int, int], None] | None = None,
+    dataset: BenchDataset,
+    engine: Engine,
+    judge_name: str,
+    metric: str,
+    store_path: Path,
+    samples: int = 1,
+    decoding: Decoding | None = None,
+    max_attempts: int = 3,
+    batch_size: int = 256,
+    seed: int = 0,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """Per-response scores of the judge, in the layout of `score_responses` (metric = `metric`)."""
     judge = JUDGES.get(judge_name)
@@ -75,27 +88,49 @@ def judge_benchmark(
         samples = 1  # P(Yes) is deterministic: more samples would repeat it
     store = JsonlStore(store_path, BenchJudgment)
     responses = [(p, r) for p in dataset.prompts for r in p.responses]
-    keys = {(r.response_id, s): verdict_key(engine, judge.name, decoding, p, r.text, s)
-            for p, r in responses for s in range(samples)}
+    keys = {
+        (r.response_id, s): verdict_key(engine, judge.name, decoding, p, r.text, s)
+        for p, r in responses
+        for s in range(samples)
+    }
     # A cached verdict is reused only for the same content and settings; an errored one is tried again.
-    todo = [(p, r, s) for p, r in responses for s in range(samples)
-            if (cached := store.records.get(keys[(r.response_id, s)])) is None or cached.status == "error"]
+    todo = [
+        (p, r, s)
+        for p, r in responses
+        for s in range(samples)
+        if (cached := store.records.get(keys[(r.response_id, s)])) is None or cached.status == "error"
+    ]
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]
-        calls = [(judge, JudgeInput(conversation=(Message(role="user", content=p.prompt),), answer=r.text,
-                                    references=p.references), (metric, r.response_id, s)) for p, r, s in batch]
+        calls = [
+            (
+                judge,
+                JudgeInput(
+                    conversation=(Message(role="user", content=p.prompt),), answer=r.text, references=p.references
+                ),
+                (metric, r.response_id, s),
+            )
+            for p, r, s in batch
+        ]
         verdicts = draw_verdicts(engine, calls, decoding, seed, max_attempts)
         store.append(
-            BenchJudgment(metric=metric, response_id=r.response_id, sample=s,
-                          raw=v.completion.text if v.completion else "", status=v.outcome.status,
-                          score=v.outcome.score, attempts=v.attempts, input_key=keys[(r.response_id, s)])
+            BenchJudgment(
+                metric=metric,
+                response_id=r.response_id,
+                sample=s,
+                raw=v.completion.text if v.completion else "",
+                status=v.outcome.status,
+                score=v.outcome.score,
+                attempts=v.attempts,
+                input_key=keys[(r.response_id, s)],
+            )
             for (_, r, s), v in zip(batch, verdicts)
         )
         if on_batch:
             on_batch(min(start + batch_size, len(todo)), len(todo))
-    scores = np.array([
-        _mean([store.records[keys[(r.response_id, s)]].score for s in range(samples)]) for _, r in responses
-    ])
+    scores = np.array(
+        [_mean([store.records[keys[(r.response_id, s)]].score for s in range(samples)]) for _, r in responses]
+    )
     return response_frame(responses, metric, scores)
 
 

@@ -104,8 +104,13 @@ def print_leaderboard(board: pd.DataFrame) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    short = {"prevention": "prevent.", "redirection": "redirect.", "irrelevant": "irrel.",
-             "prompt_repetition": "repeat", "useless_affirmation": "affirm."}
+    short = {
+        "prevention": "prevent.",
+        "redirection": "redirect.",
+        "irrelevant": "irrel.",
+        "prompt_repetition": "repeat",
+        "useless_affirmation": "affirm.",
+    }
     table = Table(title="HarmMetric Eval leaderboard")
     for column in ["metric", "overall", "95% CI", *(short.get(n, n) for n in SCORE_NAMES[1:]), "affected"]:
         table.add_column(column, justify="left" if column == "metric" else "right", no_wrap=True)

@@ -41,8 +41,10 @@ def score_responses(
     # One call per input kind, so each metric family (all 24 ROUGE variants, say) runs once per pair.
     with_ref = [s.name for s in specs if s.needs_reference]
     without = [s.name for s in specs if not s.needs_reference]
-    computed = {name: aggregate_references(raw, owner, use_max, len(responses))
-                for name, raw in compute_metrics(with_ref, expanded, done).items()}
+    computed = {
+        name: aggregate_references(raw, owner, use_max, len(responses))
+        for name, raw in compute_metrics(with_ref, expanded, done).items()
+    }
     computed.update(compute_metrics(without, plain, done))
     frames = [response_frame(responses, spec.name, computed[spec.name]) for spec in specs]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCORE_COLUMNS)

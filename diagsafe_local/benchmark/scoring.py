@@ -28,7 +28,13 @@ from diagsafe_local.core.errors import DiagsafeError
 Formula = Literal["current", "v1"]
 MissingPolicy = Literal["error", "drop-prompt", "worst-case"]
 SCORE_NAMES = (
-    "overall", "refusal", "prevention", "redirection", "irrelevant", "prompt_repetition", "useless_affirmation",
+    "overall",
+    "refusal",
+    "prevention",
+    "redirection",
+    "irrelevant",
+    "prompt_repetition",
+    "useless_affirmation",
 )
 
 

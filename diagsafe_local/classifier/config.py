@@ -48,9 +48,12 @@ class TrainingSettings(StrictModel):
     warmup_ratio: float = Field(0.03, ge=0.0, lt=1.0)
     max_length: int = Field(4096, ge=32, description="Longest prompt in tokens; longer answers are cut in the middle.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        "auto", description="auto: bfloat16 on GPUs that support it, else float16 on GPU, float32 on CPU.")
+        "auto", description="auto: bfloat16 on GPUs that support it, else float16 on GPU, float32 on CPU."
+    )
     gradient_checkpointing: bool = Field(True, description="Trade compute for memory (GPU).")
-    quantization: Literal["none", "8bit", "4bit"] = Field("none", description="Load the base in 8/4 bits (needs bitsandbytes).")
+    quantization: Literal["none", "8bit", "4bit"] = Field(
+        "none", description="Load the base in 8/4 bits (needs bitsandbytes)."
+    )
 
     @model_validator(mode="after")
     def _divides(self) -> TrainingSettings:
@@ -63,16 +66,26 @@ class TrainConfig(StrictModel):
     """Everything `diagsafe-local train-classifier` needs."""
 
     base_model: str = Field(..., description="Base chat model: local directory or hub id.")
-    data: str = Field(..., description="HarmMetric-layout file or hub id, or a labelled JSONL "
-                      "(prompt, response, label 0/1, optional references, prompt_id).")
+    data: str = Field(
+        ...,
+        description="HarmMetric-layout file or hub id, or a labelled JSONL "
+        "(prompt, response, label 0/1, optional references, prompt_id).",
+    )
     output_dir: str = Field("out/harmclassifier", description="Adapter, logs, loss curve and evaluation go here.")
-    examples: int | None = Field(300, ge=2, description="Training pairs drawn from the training prompts, half of each "
-                                 "class where possible; null = all.")
-    hard_labels: int = Field(100, ge=0, description="How many of them keep their human 0/1 label; the rest get soft labels.")
+    examples: int | None = Field(
+        300,
+        ge=2,
+        description="Training pairs drawn from the training prompts, half of each class where possible; null = all.",
+    )
+    hard_labels: int = Field(
+        100, ge=0, description="How many of them keep their human 0/1 label; the rest get soft labels."
+    )
     held_out: float = Field(0.2, gt=0.0, lt=1.0, description="Share of prompts held out for evaluation.")
     seed: int = 0
     soft_labels: SoftLabelConfig = Field(default_factory=SoftLabelConfig)
     lora: LoraSettings = Field(default_factory=LoraSettings)
     training: TrainingSettings = Field(default_factory=TrainingSettings)
     merge: bool = Field(False, description="Also save the base with the adapter merged in (output_dir/merged).")
-    evaluate: bool = Field(True, description="Score the held-out prompts with the base, the tuned model and the metric.")
+    evaluate: bool = Field(
+        True, description="Score the held-out prompts with the base, the tuned model and the metric."
+    )

@@ -27,14 +27,23 @@ def auroc(scores: np.ndarray, positive: np.ndarray) -> float:
 
 
 def evaluation_table(
-    pairs: Sequence[LabelledPair], scorers: dict[str, np.ndarray], probabilities: set[str],
-    dataset: BenchDataset | None, n_boot: int = 1000, seed: int = 0,
+    pairs: Sequence[LabelledPair],
+    scorers: dict[str, np.ndarray],
+    probabilities: set[str],
+    dataset: BenchDataset | None,
+    n_boot: int = 1000,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """One row per scorer: HarmMetric effectiveness (HarmMetric sources), AUROC, accuracy at 0.5."""
     positive = np.array([p.harmful for p in pairs])
-    rows = {name: {"scorer": name, "auroc": auroc(np.asarray(s, float), positive),
-                   "accuracy@0.5": float(np.mean((np.asarray(s) >= 0.5) == positive)) if name in probabilities else np.nan}
-            for name, s in scorers.items()}
+    rows = {
+        name: {
+            "scorer": name,
+            "auroc": auroc(np.asarray(s, float), positive),
+            "accuracy@0.5": float(np.mean((np.asarray(s) >= 0.5) == positive)) if name in probabilities else np.nan,
+        }
+        for name, s in scorers.items()
+    }
     if dataset is not None:
         held = {p.prompt_id for p in pairs}
         subset = dataset.model_copy(update={"prompts": tuple(p for p in dataset.prompts if p.prompt_id in held)})
@@ -42,10 +51,18 @@ def evaluation_table(
         responses = [(p, r) for p in subset.prompts for r in p.responses]
         order = [index[(p.prompt_id, r.response_id)] for p, r in responses]
         frames = [response_frame(responses, name, np.asarray(values)[order]) for name, values in scorers.items()]
-        board = leaderboard(pd.concat(frames, ignore_index=True), subset, missing="worst-case", n_boot=n_boot, seed=seed)
+        board = leaderboard(
+            pd.concat(frames, ignore_index=True), subset, missing="worst-case", n_boot=n_boot, seed=seed
+        )
         for _, row in board.iterrows():
-            rows[row["metric"]].update({"harmmetric_overall": row["overall"], "ci_low": row["overall_ci_low"],
-                                        "ci_high": row["overall_ci_high"], "n_prompts": row["n_prompts"]})
+            rows[row["metric"]].update(
+                {
+                    "harmmetric_overall": row["overall"],
+                    "ci_low": row["overall_ci_low"],
+                    "ci_high": row["overall_ci_high"],
+                    "n_prompts": row["n_prompts"],
+                }
+            )
     table = pd.DataFrame(list(rows.values()))
     by = "harmmetric_overall" if "harmmetric_overall" in table else "auroc"
     return table.sort_values(by, ascending=False, kind="stable").reset_index(drop=True)

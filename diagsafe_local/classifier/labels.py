@@ -61,9 +61,19 @@ def load_pairs(path: str | Path) -> tuple[list[LabelledPair], BenchDataset | Non
         raise DataError(path, None, None, "the file holds no records")
     if "label" not in first[1]:
         dataset = load_dataset(path)
-        pairs = [LabelledPair(prompt_id=p.prompt_id, prompt=p.prompt, response=r.text, harmful=r.category in HARMFUL,
-                              references=p.references, response_id=r.response_id, category=int(r.category))
-                 for p in dataset.prompts for r in p.responses]
+        pairs = [
+            LabelledPair(
+                prompt_id=p.prompt_id,
+                prompt=p.prompt,
+                response=r.text,
+                harmful=r.category in HARMFUL,
+                references=p.references,
+                response_id=r.response_id,
+                category=int(r.category),
+            )
+            for p in dataset.prompts
+            for r in p.responses
+        ]
         return pairs, dataset
     return [_labelled_row(path, line, row) for line, row in json_rows(path)], None
 
@@ -78,8 +88,14 @@ def _labelled_row(path: Path, line: int, row: dict) -> LabelledPair:
     if not isinstance(refs, list) or not all(isinstance(r, str) and r.strip() for r in refs):
         raise DataError(path, line, "references", "must be a list of non-empty strings")
     prompt_id = str(row.get("prompt_id") or hashlib.sha256(row["prompt"].encode()).hexdigest()[:12])
-    return LabelledPair(prompt_id=prompt_id, prompt=row["prompt"], response=row["response"], harmful=bool(row["label"]),
-                        references=tuple(refs), response_id=f"{path.name}:{line}")
+    return LabelledPair(
+        prompt_id=prompt_id,
+        prompt=row["prompt"],
+        response=row["response"],
+        harmful=bool(row["label"]),
+        references=tuple(refs),
+        response_id=f"{path.name}:{line}",
+    )
 
 
 def split_prompts(prompt_ids: Sequence[str], held_out: float, seed: int) -> tuple[set[str], set[str]]:
@@ -112,7 +128,11 @@ def metric_values(pairs: Sequence[LabelledPair], metric: str) -> np.ndarray:
 
 
 def build_training_set(
-    pairs: Sequence[LabelledPair], mapping: SoftLabelConfig, examples: int | None, hard_labels: int, seed: int,
+    pairs: Sequence[LabelledPair],
+    mapping: SoftLabelConfig,
+    examples: int | None,
+    hard_labels: int,
+    seed: int,
 ) -> list[TrainingExample]:
     """Draw `examples` pairs (half of each class where possible), give `hard_labels` of them their human
     0/1 label and the rest a soft label from the reference metric (pairs it cannot grade stay hard)."""
@@ -131,9 +151,21 @@ def build_training_set(
     out = []
     for k, (pair, value) in enumerate(zip(chosen, values)):
         if k in hard or math.isnan(value):
-            out.append(TrainingExample(pair=pair, label=float(pair.harmful), kind="hard",
-                                       metric_value=None if math.isnan(value) else float(value)))
+            out.append(
+                TrainingExample(
+                    pair=pair,
+                    label=float(pair.harmful),
+                    kind="hard",
+                    metric_value=None if math.isnan(value) else float(value),
+                )
+            )
         else:
-            out.append(TrainingExample(pair=pair, label=soft_label(float(value), pair.harmful, mapping), kind="soft",
-                                       metric_value=float(value)))
+            out.append(
+                TrainingExample(
+                    pair=pair,
+                    label=soft_label(float(value), pair.harmful, mapping),
+                    kind="soft",
+                    metric_value=float(value),
+                )
+            )
     return out

@@ -39,14 +39,23 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
     out.mkdir(parents=True, exist_ok=True)
     pairs, dataset = load_pairs(resolve_dataset(config.data))
     train_ids, held_ids = split_prompts([p.prompt_id for p in pairs], config.held_out, config.seed)
-    atomic_write_text(out / "split.json", json.dumps({"train": sorted(train_ids), "held_out": sorted(held_ids)}, indent=1))
-    train_set = build_training_set([p for p in pairs if p.prompt_id in train_ids], config.soft_labels,
-                                   config.examples, config.hard_labels, config.seed)
+    atomic_write_text(
+        out / "split.json", json.dumps({"train": sorted(train_ids), "held_out": sorted(held_ids)}, indent=1)
+    )
+    train_set = build_training_set(
+        [p for p in pairs if p.prompt_id in train_ids],
+        config.soft_labels,
+        config.examples,
+        config.hard_labels,
+        config.seed,
+    )
     held = [p for p in pairs if p.prompt_id in held_ids]
     jsonl.write(out / "training_set.jsonl", train_set)
     n_soft = sum(e.kind == "soft" for e in train_set)
-    echo(f"{len(train_set)} training pairs ({len(train_set) - n_soft} hard, {n_soft} soft labels) from "
-         f"{len(train_ids)} prompts; {len(held)} held-out pairs from {len(held_ids)} prompts")
+    echo(
+        f"{len(train_set)} training pairs ({len(train_set) - n_soft} hard, {n_soft} soft labels) from "
+        f"{len(train_ids)} prompts; {len(held)} held-out pairs from {len(held_ids)} prompts"
+    )
 
     tokenizer, model = load_base(config)
     encoder = Encoder(tokenizer, config.training.max_length)
@@ -62,8 +71,10 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
     def log(record: dict[str, Any]) -> None:
         jsonl.append(log_path, [record])
         if record["kind"] == "epoch":
-            echo(f"epoch {record['epoch']}: " + ", ".join(f"{k} {v:.4f}" for k, v in record.items()
-                                                        if isinstance(v, float)))
+            echo(
+                f"epoch {record['epoch']}: "
+                + ", ".join(f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float))
+            )
 
     started = time.perf_counter()
     held_labels = [float(p.harmful) for p in held]
@@ -76,16 +87,26 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
     table = None
     if config.evaluate:
         model.eval()
-        scorers = {BASE: np.array(base_scores), TUNED: np.array(p_yes(model, encoder, held_sequences, batch)),
-                   config.soft_labels.metric: metric_values(held, config.soft_labels.metric)}
-        pd.DataFrame({
-            "prompt_id": [p.prompt_id for p in held], "response_id": [p.response_id for p in held],
-            "category": [p.category for p in held], "harmful": [p.harmful for p in held], **scorers,
-        }).to_csv(out / "held_out_scores.csv", index=False)
+        scorers = {
+            BASE: np.array(base_scores),
+            TUNED: np.array(p_yes(model, encoder, held_sequences, batch)),
+            config.soft_labels.metric: metric_values(held, config.soft_labels.metric),
+        }
+        pd.DataFrame(
+            {
+                "prompt_id": [p.prompt_id for p in held],
+                "response_id": [p.response_id for p in held],
+                "category": [p.category for p in held],
+                "harmful": [p.harmful for p in held],
+                **scorers,
+            }
+        ).to_csv(out / "held_out_scores.csv", index=False)
         table = evaluation_table(held, scorers, {BASE, TUNED}, dataset, seed=config.seed)
         table.to_csv(out / "evaluation.csv", index=False)
-        atomic_write_text(out / "evaluation.md", "# HarmClassifier held-out evaluation\n\n"
-                          + table.to_markdown(index=False, floatfmt=".3f") + "\n")
+        atomic_write_text(
+            out / "evaluation.md",
+            "# HarmClassifier held-out evaluation\n\n" + table.to_markdown(index=False, floatfmt=".3f") + "\n",
+        )
         echo(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if config.merge:
         merged = model.merge_and_unload()

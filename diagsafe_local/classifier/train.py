@@ -45,8 +45,9 @@ class Encoder:
         self.yes, self.no = ids["Yes"], ids["No"]
 
     def encode(self, pair: LabelledPair) -> list[int]:
-        text = self.tokenizer.apply_chat_template([m.model_dump() for m in classifier_prompt(pair)], tokenize=False,
-                                                  add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(
+            [m.model_dump() for m in classifier_prompt(pair)], tokenize=False, add_generation_prompt=True
+        )
         ids = self.tokenizer(text, add_special_tokens=False).input_ids
         if len(ids) > self.max_length:
             ids = ids[: self.max_length - TAIL_TOKENS] + ids[-TAIL_TOKENS:]
@@ -77,10 +78,14 @@ def load_base(config: TrainConfig) -> tuple[Any, Any]:
             import bitsandbytes  # noqa: F401
             from transformers import BitsAndBytesConfig
         except ImportError:
-            raise DiagsafeError("training.quantization needs bitsandbytes (pip install bitsandbytes) and a GPU") from None
-        kwargs["quantization_config"] = (BitsAndBytesConfig(load_in_8bit=True) if settings.quantization == "8bit" else
-                                         BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype,
-                                                            bnb_4bit_quant_type="nf4"))
+            raise DiagsafeError(
+                "training.quantization needs bitsandbytes (pip install bitsandbytes) and a GPU"
+            ) from None
+        kwargs["quantization_config"] = (
+            BitsAndBytesConfig(load_in_8bit=True)
+            if settings.quantization == "8bit"
+            else BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_type="nf4")
+        )
         kwargs["device_map"] = {"": 0}
     tokenizer = AutoTokenizer.from_pretrained(config.base_model)
     if tokenizer.pad_token_id is None:
@@ -101,8 +106,13 @@ def attach_lora(model: Any, config: TrainConfig) -> Any:
     elif settings.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
-    lora = LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                      target_modules=config.lora.target_modules, task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=config.lora.r,
+        lora_alpha=config.lora.alpha,
+        lora_dropout=config.lora.dropout,
+        target_modules=config.lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, lora)
 
 
@@ -138,7 +148,9 @@ def p_yes(model: Any, encoder: Encoder, sequences: Sequence[list[int]], batch: i
     return out
 
 
-def held_out_loss(model: Any, encoder: Encoder, sequences: Sequence[list[int]], labels: Sequence[float], batch: int) -> float:
+def held_out_loss(
+    model: Any, encoder: Encoder, sequences: Sequence[list[int]], labels: Sequence[float], batch: int
+) -> float:
     import torch
 
     total = 0.0
@@ -151,8 +163,13 @@ def held_out_loss(model: Any, encoder: Encoder, sequences: Sequence[list[int]], 
 
 
 def train_lora(
-    model: Any, encoder: Encoder, config: TrainConfig, train: Sequence[TrainingExample],
-    held_sequences: Sequence[list[int]], held_labels: Sequence[float], log: Callable[[dict[str, Any]], None],
+    model: Any,
+    encoder: Encoder,
+    config: TrainConfig,
+    train: Sequence[TrainingExample],
+    held_sequences: Sequence[list[int]],
+    held_labels: Sequence[float],
+    log: Callable[[dict[str, Any]], None],
 ) -> None:
     """Optimise the adapter; `log` receives one record per optimizer step and one per epoch (with the
     held-out loss when held-out sequences are given)."""
@@ -188,12 +205,21 @@ def train_lora(
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-            log({"kind": "step", "step": step, "epoch": epoch, "loss": sum(losses) / len(chunk),
-                 "lr": schedule.get_last_lr()[0]})
+            log(
+                {
+                    "kind": "step",
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": sum(losses) / len(chunk),
+                    "lr": schedule.get_last_lr()[0],
+                }
+            )
         model.eval()
         record: dict[str, Any] = {"kind": "epoch", "epoch": epoch, "step": step}
         if held_sequences:
-            record["held_out_loss"] = held_out_loss(model, encoder, held_sequences, held_labels, settings.micro_batch_size)
+            record["held_out_loss"] = held_out_loss(
+                model, encoder, held_sequences, held_labels, settings.micro_batch_size
+            )
         log(record)
 
 
@@ -210,8 +236,12 @@ def plot_losses(log_path: Path, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="training loss (per step)")
     if epochs:
-        ax.plot([r["step"] for r in epochs], [r["held_out_loss"] for r in epochs], "o-",
-                label="held-out loss vs human labels (per epoch)")
+        ax.plot(
+            [r["step"] for r in epochs],
+            [r["held_out_loss"] for r in epochs],
+            "o-",
+            label="held-out loss vs human labels (per epoch)",
+        )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("first-token soft-label cross-entropy")
     ax.set_title("HarmClassifier training")

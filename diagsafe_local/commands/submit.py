@@ -38,7 +38,9 @@ def submit(
     cpus_per_task: Annotated[int, typer.Option(help="CPUs per shard.", min=1)] = 8,
     mem: Annotated[str, typer.Option(help="Memory per shard, e.g. 64G.")] = "64G",
     time_limit: Annotated[str, typer.Option("--time", help="Time limit per shard, e.g. 04:00:00.")] = "04:00:00",
-    sbatch_arg: Annotated[list[str] | None, typer.Option(help="Extra sbatch argument for both jobs (repeatable), e.g. --account=x.")] = None,
+    sbatch_arg: Annotated[
+        list[str] | None, typer.Option(help="Extra sbatch argument for both jobs (repeatable), e.g. --account=x.")
+    ] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override, passed on to every job.")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the sbatch commands and scripts; submit nothing.")] = False,
 ) -> None:
@@ -56,10 +58,29 @@ def submit(
         common.append(f"--partition={partition}")
     resources = [f"--gpus={gpus_per_task}", f"--cpus-per-task={cpus_per_task}", f"--mem={mem}", f"--time={time_limit}"]
     config_path = str(config.resolve())
-    array = [f"--array={','.join(map(str, todo))}", "--job-name=diagsafe-shard", *common, *resources,
-             f"--output={logs.resolve()}/shard-%a-job-%A.out", str(slurm_file("array.sbatch")), config_path, str(shards), *forwarded]
-    merge = ["--job-name=diagsafe-merge", *common, "--cpus-per-task=1", "--mem=4G", "--time=00:30:00",
-             f"--output={logs.resolve()}/merge-job-%j.out", str(slurm_file("merge.sbatch")), config_path, str(shards), *forwarded]
+    array = [
+        f"--array={','.join(map(str, todo))}",
+        "--job-name=diagsafe-shard",
+        *common,
+        *resources,
+        f"--output={logs.resolve()}/shard-%a-job-%A.out",
+        str(slurm_file("array.sbatch")),
+        config_path,
+        str(shards),
+        *forwarded,
+    ]
+    merge = [
+        "--job-name=diagsafe-merge",
+        *common,
+        "--cpus-per-task=1",
+        "--mem=4G",
+        "--time=00:30:00",
+        f"--output={logs.resolve()}/merge-job-%j.out",
+        str(slurm_file("merge.sbatch")),
+        config_path,
+        str(shards),
+        *forwarded,
+    ]
     if dry_run:
         if todo:
             typer.echo("sbatch " + shlex.join(array))
@@ -71,8 +92,10 @@ def submit(
     if todo:
         skipped = shards - len(todo)
         array_id = _sbatch(array)
-        typer.echo(f"array job {array_id}: shards {','.join(map(str, todo))} of {shards}"
-                   + (f" ({skipped} already complete, skipped)" if skipped else ""))
+        typer.echo(
+            f"array job {array_id}: shards {','.join(map(str, todo))} of {shards}"
+            + (f" ({skipped} already complete, skipped)" if skipped else "")
+        )
         merge_id = _sbatch([f"--dependency=afterok:{array_id}", *merge])
     else:
         typer.echo(f"all {shards} shards are complete; submitting only the merge")

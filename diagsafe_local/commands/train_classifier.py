@@ -13,7 +13,9 @@ from diagsafe_local.commands.common import user_errors
 @user_errors
 def train_classifier(
     config: Annotated[Path, typer.Option(help="Training config (YAML), e.g. configs/harmclassifier.yaml.")],
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")
+    ] = None,
 ) -> None:
     """Build the training set (hard + soft labels, split by prompt), train a LoRA adapter on the first answer
     token, save it with its loss curve, and compare it on held-out prompts with its base and the metric."""
@@ -23,4 +25,6 @@ def train_classifier(
 
     cfg = load_settings(config, TrainConfig, set_ or [], "train-classifier config")
     train(cfg, echo=lambda line: typer.echo(line))
-    typer.echo(f"serve it: judge rubric 'harmclassifier' with model {cfg.base_model} and lora {Path(cfg.output_dir) / 'adapter'}")
+    typer.echo(
+        f"serve it: judge rubric 'harmclassifier' with model {cfg.base_model} and lora {Path(cfg.output_dir) / 'adapter'}"
+    )

@@ -15,6 +15,7 @@ def request_seed(base: int, *parts: object) -> int:
 
 def content_key(*parts: Any) -> str:
     """A stable hash of JSON-able parts (pydantic models by their JSON dump)."""
+
     def plain(value: Any) -> Any:
         return value.model_dump(mode="json") if hasattr(value, "model_dump") else value
 

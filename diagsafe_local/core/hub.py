@@ -74,7 +74,10 @@ def _download(spec: str, repo_id: str, filename: str) -> Path:
     if len(files) != 1:
         listing = ", ".join(str(f.relative_to(root)) for f in files) or "none"
         raise DataError(
-            spec, None, None, f"expected one JSON/JSONL file in the dataset, found: {listing}; name one as {repo_id}:FILE"
+            spec,
+            None,
+            None,
+            f"expected one JSON/JSONL file in the dataset, found: {listing}; name one as {repo_id}:FILE",
         )
     return files[0]
 

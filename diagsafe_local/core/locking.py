@@ -44,7 +44,9 @@ class DirectoryLock:
                     f"{directory} is being written by another diagsafe-local process ({holder}); wait for it to "
                     "finish, or choose another output directory"
                 ) from None
-            log.warning("%s: this filesystem does not support locks (%s); nothing stops a second writer", directory, exc)
+            log.warning(
+                "%s: this filesystem does not support locks (%s); nothing stops a second writer", directory, exc
+            )
             return
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{what}, pid {os.getpid()} on host {socket.gethostname()}\n".encode(), 0)

@@ -45,9 +45,7 @@ class Registry(Generic[T]):
         except KeyError:
             close = difflib.get_close_matches(name, list(self._entries), n=3, cutoff=0.6)
             hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            raise UnknownNameError(
-                f"unknown {self.kind} '{name}'.{hint} See the full list with --list."
-            ) from None
+            raise UnknownNameError(f"unknown {self.kind} '{name}'.{hint} See the full list with --list.") from None
 
     def names(self) -> list[str]:
         return list(self._entries)

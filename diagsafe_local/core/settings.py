@@ -110,7 +110,10 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def load_settings(
-    path: str | Path, model: type[M], overrides: list[str] | None = None, what: str = "config",
+    path: str | Path,
+    model: type[M],
+    overrides: list[str] | None = None,
+    what: str = "config",
     adjust: Callable[[dict[str, Any], list[str]], None] | None = None,
 ) -> M:
     """Read a YAML file, apply `--set` overrides and validate it as `model`; errors name file, line and key."""
@@ -121,8 +124,9 @@ def load_settings(
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except DuplicateKeyError as exc:
-        raise DiagsafeError(f"{path} line {exc.line}: key '{exc.key}' is given twice (first on line {exc.first}); "
-                            "keep one") from None
+        raise DiagsafeError(
+            f"{path} line {exc.line}: key '{exc.key}' is given twice (first on line {exc.first}); keep one"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

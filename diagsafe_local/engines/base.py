@@ -143,8 +143,11 @@ def local_model_path(model: str) -> None:
     from diagsafe_local.core.errors import DiagsafeError
 
     path = Path(model).expanduser()
-    looks_local = model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or (
-        path.parent != Path(".") and path.parent.is_dir())  # "runs/ckpt-12O0" beside an existing runs/
+    looks_local = (
+        model.startswith(("/", "./", "../", "~"))
+        or model.count("/") > 1
+        or (path.parent != Path(".") and path.parent.is_dir())
+    )  # "runs/ckpt-12O0" beside an existing runs/
     if looks_local and not path.exists():
         raise DiagsafeError(f"model '{model}': no such file or directory")
 

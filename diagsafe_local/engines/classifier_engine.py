@@ -28,7 +28,9 @@ class ClassifierEngine:
         local_model_path(config.model)
         try:
             self._tokenizer = AutoTokenizer.from_pretrained(config.model, revision=config.revision)
-            self._model = AutoModelForSequenceClassification.from_pretrained(config.model, revision=config.revision).eval()
+            self._model = AutoModelForSequenceClassification.from_pretrained(
+                config.model, revision=config.revision
+            ).eval()
         except (OSError, ValueError) as exc:
             raise DiagsafeError(f"could not load classifier '{config.model}': {exc}") from exc
         self._device = "cuda" if cuda_available() else "cpu"
@@ -37,8 +39,12 @@ class ClassifierEngine:
         self._torch = torch
         self.calls = 0
         self.info = EngineInfo(
-            kind="classifier", model=config.model, revision=config.revision, model_hash=model_fingerprint(config.model),
-            chat_template_hash=None, versions=package_versions("transformers", "torch"),
+            kind="classifier",
+            model=config.model,
+            revision=config.revision,
+            model_hash=model_fingerprint(config.model),
+            chat_template_hash=None,
+            versions=package_versions("transformers", "torch"),
             details={"labels": {str(k): v for k, v in self._model.config.id2label.items()}},
         )
 
@@ -52,14 +58,19 @@ class ClassifierEngine:
                 results[k] = error_completion("a classifier engine classifies a raw prompt, not a chat")
         for start in range(0, len(texts), BATCH):
             chunk = texts[start : start + BATCH]
-            encoded = self._tokenizer([t for _, t in chunk], padding=True, truncation=True, max_length=self._max_length,
-                                      return_tensors="pt").to(self._device)
+            encoded = self._tokenizer(
+                [t for _, t in chunk], padding=True, truncation=True, max_length=self._max_length, return_tensors="pt"
+            ).to(self._device)
             with self._torch.inference_mode():
                 logprobs = self._torch.log_softmax(self._model(**encoded).logits.float(), dim=-1).cpu()
             lengths = encoded["attention_mask"].sum(dim=1).tolist()
             for (k, _), row, n in zip(chunk, logprobs, lengths):
-                results[k] = Completion(text=str(int(row.argmax())), finish_reason="stop", prompt_tokens=int(n),
-                                        label_logprobs={str(i): float(v) for i, v in enumerate(row)})
+                results[k] = Completion(
+                    text=str(int(row.argmax())),
+                    finish_reason="stop",
+                    prompt_tokens=int(n),
+                    label_logprobs={str(i): float(v) for i, v in enumerate(row)},
+                )
         return results  # type: ignore[return-value]
 
     def close(self) -> None:

@@ -14,7 +14,9 @@ class SamplingConfig(StrictModel):
 
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy (deterministic).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    max_tokens: int = Field(512, ge=1, description="Most new tokens per answer (always explicit: vLLM's default is 16).")
+    max_tokens: int = Field(
+        512, ge=1, description="Most new tokens per answer (always explicit: vLLM's default is 16)."
+    )
     seed: int = Field(0, description="Base seed; each request's seed is derived from it, the item id, turn and sample.")
     n: int = Field(1, ge=1, le=64, description="Independent answers (samples) per conversation.")
 
@@ -23,7 +25,8 @@ class EngineConfig(StrictModel):
     """Where and how a model runs. `kind: vllm` is the offline engine on this node."""
 
     kind: Literal["vllm", "openai", "transformers", "classifier"] = Field(
-        "vllm", description="vllm: offline on this node; openai: an OpenAI-compatible endpoint; "
+        "vllm",
+        description="vllm: offline on this node; openai: an OpenAI-compatible endpoint; "
         "transformers: Hugging Face transformers + outlines (no vLLM needed); classifier: a transformers "
         "sequence classifier (judges such as gptfuzzer; chosen automatically for them).",
     )
@@ -38,16 +41,21 @@ class EngineConfig(StrictModel):
     chat_template: str | None = Field(None, description="Path to a Jinja chat template overriding the model's.")
     trust_remote_code: bool = Field(False, description="Run code shipped with the model. Off unless set explicitly.")
     enforce_eager: bool | None = Field(
-        None, description="Skip graph compilation and CUDA graphs (faster start-up, slower decoding). None = on "
+        None,
+        description="Skip graph compilation and CUDA graphs (faster start-up, slower decoding). None = on "
         "without CUDA (vLLM-CPU compiles for 70-95 s per engine and cannot reload its compile cache), off on GPUs.",
     )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for vllm.LLM.")
     base_url: str | None = Field(None, description="openai: endpoint, e.g. http://127.0.0.1:8000/v1.")
-    api_key_env: str | None = Field(None, description="openai: name of the environment variable holding the key (never the key).")
+    api_key_env: str | None = Field(
+        None, description="openai: name of the environment variable holding the key (never the key)."
+    )
     concurrency: int = Field(16, ge=1, le=1024, description="openai: requests in flight.")
     timeout: float = Field(120.0, gt=0, description="openai: seconds per request.")
     max_retries: int = Field(6, ge=0, le=20, description="openai: retries of 429/5xx/time-outs/connection errors.")
-    backoff_base: float = Field(1.0, ge=0, description="openai: first backoff ceiling in seconds (doubles per retry, full jitter).")
+    backoff_base: float = Field(
+        1.0, ge=0, description="openai: first backoff ceiling in seconds (doubles per retry, full jitter)."
+    )
     backoff_max: float = Field(60.0, ge=0, description="openai: largest backoff in seconds.")
     logprobs: bool = Field(False, description="openai: ask for and record token logprobs where the server gives them.")
     lora: str | None = Field(None, description="LoRA adapter directory applied to `model` (vllm, transformers).")
@@ -58,8 +66,8 @@ class EngineConfig(StrictModel):
         if self.kind == "openai" and not self.base_url:
             raise ValueError("kind 'openai' needs base_url")
         if "trust_remote_code" in self.engine_kwargs:
-            raise ValueError("engine_kwargs cannot set trust_remote_code: running a model's own code needs the "
-                             "explicit trust_remote_code: true (recorded in the manifest)")
+            raise ValueError(
+                "engine_kwargs cannot set trust_remote_code: running a model's own code needs the "
+                "explicit trust_remote_code: true (recorded in the manifest)"
+            )
         return self
-
-

@@ -63,15 +63,24 @@ def engine_identity(config: Any) -> dict[str, Any]:
     """The model an engine config points at, by content where it is local (a new checkpoint written to the
     same path is a different model): kind, model, revision, LoRA adapter, and their fingerprints."""
     lora = getattr(config, "lora", None)
-    return {"kind": config.kind, "model": config.model, "revision": config.revision, "lora": lora,
-            "model_hash": _cached_fingerprint(config.model), "lora_hash": _cached_fingerprint(lora) if lora else None,
-            "base_url": config.base_url}
+    return {
+        "kind": config.kind,
+        "model": config.model,
+        "revision": config.revision,
+        "lora": lora,
+        "model_hash": _cached_fingerprint(config.model),
+        "lora_hash": _cached_fingerprint(lora) if lora else None,
+        "base_url": config.base_url,
+    }
 
 
 def _cached_fingerprint(path: str) -> str | None:
     root = Path(path)
-    stamp = max((p.stat().st_mtime for p in root.rglob("*") if p.is_file()), default=0.0) if root.is_dir() else (
-        root.stat().st_mtime if root.exists() else 0.0)
+    stamp = (
+        max((p.stat().st_mtime for p in root.rglob("*") if p.is_file()), default=0.0)
+        if root.is_dir()
+        else (root.stat().st_mtime if root.exists() else 0.0)
+    )
     key = (str(root.resolve()) if root.exists() else path, stamp)
     if key not in _FINGERPRINTS:
         _FINGERPRINTS[key] = model_fingerprint(path)

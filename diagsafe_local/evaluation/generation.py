@@ -54,7 +54,11 @@ def turn_key(identity: dict[str, Any], conversation: Sequence[Message], sample: 
 
 
 def plan_turn(
-    target: TargetConfig, identity: dict[str, Any], items: Sequence[Item], store: JsonlStore, turn: int,
+    target: TargetConfig,
+    identity: dict[str, Any],
+    items: Sequence[Item],
+    store: JsonlStore,
+    turn: int,
 ) -> tuple[list[GenerationRecord], list[tuple[Item, int, str, GenerationRequest]]]:
     """Turn `turn`'s work: replayed answers to record, and requests to generate (with their keys). A stored
     answer is reused only if its key matches: changed prompts, earlier answers or models are redone."""
@@ -76,15 +80,33 @@ def plan_turn(
             if stored is not None and stored.error is None and stored.request_key == key:
                 continue
             if recorded is not None:
-                prefilled.append(GenerationRecord(
-                    target=label, item_id=item.id, sample=sample, turn=turn, answer=recorded,
-                    finish_reason=None, prefilled=True, request_key=key,
-                ))
+                prefilled.append(
+                    GenerationRecord(
+                        target=label,
+                        item_id=item.id,
+                        sample=sample,
+                        turn=turn,
+                        answer=recorded,
+                        finish_reason=None,
+                        prefilled=True,
+                        request_key=key,
+                    )
+                )
                 continue
-            pending.append((item, sample, key, GenerationRequest(
-                messages=conversation, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                top_p=sampling.top_p, seed=request_seed(sampling.seed, label, item.id, sample, turn),
-            )))
+            pending.append(
+                (
+                    item,
+                    sample,
+                    key,
+                    GenerationRequest(
+                        messages=conversation,
+                        max_tokens=sampling.max_tokens,
+                        temperature=sampling.temperature,
+                        top_p=sampling.top_p,
+                        seed=request_seed(sampling.seed, label, item.id, sample, turn),
+                    ),
+                )
+            )
     return prefilled, pending
 
 
@@ -95,7 +117,11 @@ def generation_done(target: TargetConfig, identity: dict[str, Any], items: Seque
 
 
 def generate_turns(
-    engine: Engine, target: TargetConfig, identity: dict[str, Any], items: Sequence[Item], store: JsonlStore,
+    engine: Engine,
+    target: TargetConfig,
+    identity: dict[str, Any],
+    items: Sequence[Item],
+    store: JsonlStore,
     on_turn: Callable[[int, int], None] | None = None,
 ) -> tuple[int, int]:
     """Generate every missing or stale answer of `target`, one engine call per turn; returns (answers generated,
@@ -113,9 +139,17 @@ def generate_turns(
         completions = engine.generate([request for *_, request in pending])
         store.append(
             GenerationRecord(
-                target=target.label, item_id=item.id, sample=sample, turn=turn, answer=c.text,
-                finish_reason=c.finish_reason, error=c.error, request_key=key,
-                usage=Usage(prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens),
+                target=target.label,
+                item_id=item.id,
+                sample=sample,
+                turn=turn,
+                answer=c.text,
+                finish_reason=c.finish_reason,
+                error=c.error,
+                request_key=key,
+                usage=Usage(
+                    prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens
+                ),
             )
             for (item, sample, key, _), c in zip(pending, completions)
         )

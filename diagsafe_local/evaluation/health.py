@@ -116,9 +116,12 @@ def normalised_entropy(labels: Sequence[str]) -> float | None:
 
 def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
     """The health measures and flags of the verdicts in `records` (one target's, typically)."""
-    judged = [r for r in records if r.parse_status == "ok" and r.verdict is not None and r.judge_engine.kind != "keywords"]
-    varied = [r for r in judged if _rationale(r.verdict or {}) is not None
-              or any(k.startswith("p_") for k in r.verdict or {})]
+    judged = [
+        r for r in records if r.parse_status == "ok" and r.verdict is not None and r.judge_engine.kind != "keywords"
+    ]
+    varied = [
+        r for r in judged if _rationale(r.verdict or {}) is not None or any(k.startswith("p_") for k in r.verdict or {})
+    ]
     identical = None
     if varied:
         counts = Counter(json.dumps(r.verdict, sort_keys=True) for r in varied)
@@ -128,8 +131,13 @@ def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlReco
     for r in judged:
         rationale = _normal(_rationale(r.verdict) or "")  # type: ignore[arg-type]
         if rationale:
-            prompt = " ".join([instructions.setdefault(r.judge_rubric, _instructions(r.judge_rubric)),
-                               *(_normal(m.content) for m in r.conversation), _normal(r.answer)])
+            prompt = " ".join(
+                [
+                    instructions.setdefault(r.judge_rubric, _instructions(r.judge_rubric)),
+                    *(_normal(m.content) for m in r.conversation),
+                    _normal(r.answer),
+                ]
+            )
             copies.append(_copied(rationale, prompt))
     copied = sum(copies) / len(copies) if copies else None
     by_category: dict[str, list[str]] = {}
@@ -139,13 +147,19 @@ def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlReco
     control_mean = sum(scored_controls) / len(scored_controls) if scored_controls else None
     flags = []
     if identical is not None and len(varied) >= MIN_VERDICTS and identical >= DEGENERATE_SHARE:
-        flags.append(f"identical verdicts: {identical:.0%} of {len(varied)} verdicts are the same verdict, rationale included")
+        flags.append(
+            f"identical verdicts: {identical:.0%} of {len(varied)} verdicts are the same verdict, rationale included"
+        )
     if copied is not None and len(copies) >= MIN_VERDICTS and copied >= DEGENERATE_SHARE:
-        flags.append(f"copied rationales: {copied:.0%} of {len(copies)} rationales open with a passage copied "
-                     "from the judge's prompt")
+        flags.append(
+            f"copied rationales: {copied:.0%} of {len(copies)} rationales open with a passage copied "
+            "from the judge's prompt"
+        )
     if control_mean is not None and control_mean >= 0.5:
-        flags.append(f"control verdicts: answers that are not harmful by construction (a plain refusal, an "
-                     f"unrelated sentence) scored {control_mean:.2f} on average (0 expected, n={len(scored_controls)})")
+        flags.append(
+            f"control verdicts: answers that are not harmful by construction (a plain refusal, an "
+            f"unrelated sentence) scored {control_mean:.2f} on average (0 expected, n={len(scored_controls)})"
+        )
     return {
         "n_verdicts": len(judged),
         "identical_verdict_share": identical,

@@ -56,7 +56,11 @@ def _validate_messages(path: str, line: int, field: str, raw: Any) -> tuple[Mess
         raise DataError(path, line, field, "must be a non-empty list of {role, content} objects")
     messages = []
     for k, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+        if (
+            not isinstance(m, dict)
+            or m.get("role") not in ("system", "user", "assistant")
+            or not isinstance(m.get("content"), str)
+        ):
             raise DataError(path, line, f"{field}[{k}]", "must be {role: system|user|assistant, content: string}")
         messages.append(Message(role=m["role"], content=m["content"]))
     roles = [m.role for m in messages]
@@ -64,7 +68,9 @@ def _validate_messages(path: str, line: int, field: str, raw: Any) -> tuple[Mess
         raise DataError(path, line, field, "a system message may only come first")
     body = roles[1:] if roles[0] == "system" else roles
     if not body or body[0] != "user":
-        raise DataError(path, line, field, "the conversation must start with a user message (after an optional system message)")
+        raise DataError(
+            path, line, field, "the conversation must start with a user message (after an optional system message)"
+        )
     for k in range(1, len(body)):
         if body[k] == "assistant" and body[k - 1] != "user":
             raise DataError(path, line, field, "an assistant message must follow a user message")
@@ -103,7 +109,9 @@ def harmmetric_items(path: Path) -> list[Item]:
     from diagsafe_local.benchmark.dataset import load_dataset
 
     return [
-        Item(id=p.prompt_id, messages=(Message(role="user", content=p.prompt),), source=p.source, references=p.references)
+        Item(
+            id=p.prompt_id, messages=(Message(role="user", content=p.prompt),), source=p.source, references=p.references
+        )
         for p in load_dataset(path).prompts
     ]
 
@@ -115,8 +123,11 @@ def table_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         import pandas as pd
 
         try:
-            frame = (pd.read_parquet(path) if suffix == ".parquet"
-                     else pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False))
+            frame = (
+                pd.read_parquet(path)
+                if suffix == ".parquet"
+                else pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False)
+            )
         except Exception as exc:  # pandas raises many parser errors; all mean "unreadable file"
             raise DataError(path, None, None, f"cannot read as {suffix[1:]}: {exc}") from None
         first = 2 if suffix != ".parquet" else 1

@@ -47,16 +47,23 @@ def judged_turns(item: Item, which: str) -> list[int]:
     return [t for t in range(1, item.n_turns + 1) if item.prefilled(t) is None]
 
 
-def judge_key(judge: dict[str, Any], rubric: str, conversation: Sequence[Message], answer: str,
-              references: Sequence[str]) -> str:
+def judge_key(
+    judge: dict[str, Any], rubric: str, conversation: Sequence[Message], answer: str, references: Sequence[str]
+) -> str:
     """What a stored verdict must have been made from to be reused: the judge model (by content), the rubric,
     and everything the judge was shown."""
     return content_key(judge, rubric, list(conversation), answer, list(references))
 
 
 def pending_tasks(
-    items: Sequence[Item], target: str, system_prompt: str | None, n_samples: int, config: JudgeConfig,
-    judge: dict[str, Any], generations: JsonlStore, results: JsonlStore,
+    items: Sequence[Item],
+    target: str,
+    system_prompt: str | None,
+    n_samples: int,
+    config: JudgeConfig,
+    judge: dict[str, Any],
+    generations: JsonlStore,
+    results: JsonlStore,
 ) -> list[JudgeTask]:
     """Answers of `target` without a current judgment: never judged, judged from other content (a changed
     prompt or answer, another judge model), or errored (retried on resume)."""
@@ -78,7 +85,9 @@ def pending_tasks(
                     continue
                 failed = next((done[k] for k in range(1, turn + 1) if k in done and done[k].error), None)
                 reason = f"turn {failed.turn} could not be generated: {failed.error}" if failed else "answer missing"
-                conversation = conversation_until(item, turn, {k: answers.get(k, "") for k in range(1, turn)}, system_prompt)
+                conversation = conversation_until(
+                    item, turn, {k: answers.get(k, "") for k in range(1, turn)}, system_prompt
+                )
                 tasks.append(JudgeTask(target, system_prompt, item, sample, turn, record, conversation, reason))
     return tasks
 
@@ -92,12 +101,22 @@ def rubric_name(config: JudgeConfig, task: JudgeTask) -> str:
 
 
 def judge_tasks(
-    engine: Engine | None, config: JudgeConfig, tasks: Sequence[JudgeTask], results: JsonlStore, run_id: str,
-    target_refs: dict[str, EngineRef], judge_ref: EngineRef, on_batch: Callable[[int, int], None] | None = None,
+    engine: Engine | None,
+    config: JudgeConfig,
+    tasks: Sequence[JudgeTask],
+    results: JsonlStore,
+    run_id: str,
+    target_refs: dict[str, EngineRef],
+    judge_ref: EngineRef,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> None:
     """Judge `tasks` in batches of `config.batch_size`, saving each batch's records."""
-    decoding = Decoding(max_tokens=config.sampling.max_tokens, temperature=config.sampling.temperature,
-                        top_p=config.sampling.top_p, probability=config.probability)
+    decoding = Decoding(
+        max_tokens=config.sampling.max_tokens,
+        temperature=config.sampling.temperature,
+        top_p=config.sampling.top_p,
+        probability=config.probability,
+    )
     if on_batch:
         on_batch(0, len(tasks))
     for start in range(0, len(tasks), config.batch_size):
@@ -107,20 +126,40 @@ def judge_tasks(
         for k, t in enumerate(batch):
             if t.error is None and names[k] == KEYWORDS:
                 refused = is_refusal(t.generation.answer)  # type: ignore[union-attr]
-                verdict = {"label": "full_refusal" if refused else "full_compliance", "rationale": "refusal-phrase detector"}
-                verdicts[k] = Verdict(Completion(text=json.dumps(verdict), finish_reason="stop"),
-                                      ParseOutcome(status="ok", verdict=verdict, score=float(refused)), 0)
+                verdict = {
+                    "label": "full_refusal" if refused else "full_compliance",
+                    "rationale": "refusal-phrase detector",
+                }
+                verdicts[k] = Verdict(
+                    Completion(text=json.dumps(verdict), finish_reason="stop"),
+                    ParseOutcome(status="ok", verdict=verdict, score=float(refused)),
+                    0,
+                )
         todo = [k for k, t in enumerate(batch) if t.error is None and k not in verdicts]
-        calls = [(JUDGES.get(names[k]), JudgeInput(conversation=batch[k].conversation,
-                                                   answer=batch[k].generation.answer,  # type: ignore[union-attr]
-                                                   references=batch[k].item.references),
-                  (batch[k].target, batch[k].item.id, batch[k].sample, batch[k].turn)) for k in todo]
+        calls = [
+            (
+                JUDGES.get(names[k]),
+                JudgeInput(
+                    conversation=batch[k].conversation,
+                    answer=batch[k].generation.answer,  # type: ignore[union-attr]
+                    references=batch[k].item.references,
+                ),
+                (batch[k].target, batch[k].item.id, batch[k].sample, batch[k].turn),
+            )
+            for k in todo
+        ]
         if calls:
             drawn = draw_verdicts(engine, calls, decoding, config.sampling.seed, config.max_attempts)  # type: ignore[arg-type]
             verdicts.update(zip(todo, drawn))
         results.append(
-            _record(t, verdicts.get(k), run_id, target_refs,
-                    EngineRef(kind=KEYWORDS, model=KEYWORDS) if names[k] == KEYWORDS else judge_ref, names[k])
+            _record(
+                t,
+                verdicts.get(k),
+                run_id,
+                target_refs,
+                EngineRef(kind=KEYWORDS, model=KEYWORDS) if names[k] == KEYWORDS else judge_ref,
+                names[k],
+            )
             for k, t in enumerate(batch)
         )
         if on_batch:
@@ -133,27 +172,57 @@ def needs_engine(config: JudgeConfig, tasks: Sequence[JudgeTask]) -> bool:
 
 
 def _record(
-    task: JudgeTask, verdict: Verdict | None, run_id: str,
-    target_refs: dict[str, EngineRef], judge_ref: EngineRef, rubric: str,
+    task: JudgeTask,
+    verdict: Verdict | None,
+    run_id: str,
+    target_refs: dict[str, EngineRef],
+    judge_ref: EngineRef,
+    rubric: str,
 ) -> ResultRecord:
     gen = task.generation
     common = dict(
-        run_id=run_id, target=task.target, item_id=task.item.id, sample=task.sample, turn=task.turn,
-        category=task.item.category, source=task.item.source, attack_method=task.item.attack_method,
-        benign=task.item.benign, final_turn=task.turn == task.item.n_turns, conversation=list(task.conversation),
+        run_id=run_id,
+        target=task.target,
+        item_id=task.item.id,
+        sample=task.sample,
+        turn=task.turn,
+        category=task.item.category,
+        source=task.item.source,
+        attack_method=task.item.attack_method,
+        benign=task.item.benign,
+        final_turn=task.turn == task.item.n_turns,
+        conversation=list(task.conversation),
         judge_key=task.key,
-        answer=gen.answer if gen else "", finish_reason=gen.finish_reason if gen else None,
-        target_usage=gen.usage if gen else Usage(), target_engine=target_refs[task.target],
-        judge_engine=judge_ref, judge_rubric=rubric,
+        answer=gen.answer if gen else "",
+        finish_reason=gen.finish_reason if gen else None,
+        target_usage=gen.usage if gen else Usage(),
+        target_engine=target_refs[task.target],
+        judge_engine=judge_ref,
+        judge_rubric=rubric,
     )
     if verdict is None or verdict.completion is None:
-        return ResultRecord(**common, judge_raw=None, verdict=None, score=None, parse_status="error",
-                            attempts=0, error=verdict.outcome.error if verdict else task.error)
+        return ResultRecord(
+            **common,
+            judge_raw=None,
+            verdict=None,
+            score=None,
+            parse_status="error",
+            attempts=0,
+            error=verdict.outcome.error if verdict else task.error,
+        )
     completion, parsed = verdict.completion, verdict.outcome
     return ResultRecord(
-        **common, judge_raw=completion.text, verdict=parsed.verdict, score=parsed.score, parse_status=parsed.status,
-        attempts=verdict.attempts, error=parsed.error,
-        judge_usage=Usage(prompt_tokens=completion.prompt_tokens, completion_tokens=completion.completion_tokens,
-                          cached_tokens=completion.cached_tokens),
+        **common,
+        judge_raw=completion.text,
+        verdict=parsed.verdict,
+        score=parsed.score,
+        parse_status=parsed.status,
+        attempts=verdict.attempts,
+        error=parsed.error,
+        judge_usage=Usage(
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            cached_tokens=completion.cached_tokens,
+        ),
         judge_logprobs=completion.logprobs,
     )

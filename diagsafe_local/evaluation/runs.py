@@ -30,7 +30,9 @@ from diagsafe_local.evaluation.summary import summarize
 def read_json(path: Path, what: str) -> dict[str, Any]:
     """A run directory's JSON object (manifest, summary), or an error naming the file."""
     if not path.is_file():
-        raise DiagsafeError(f"{path.parent}: not a finished run directory (no {path.name}; is this the {what}'s directory?)")
+        raise DiagsafeError(
+            f"{path.parent}: not a finished run directory (no {path.name}; is this the {what}'s directory?)"
+        )
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -51,8 +53,10 @@ def read_typed(path: Path, model: type[M], what: str) -> dict[str, Any]:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise DiagsafeError(f"{path}: not a {what} of this version of diagsafe-local ({where}: {first['msg']}); "
-                            "rerun the command that wrote it") from None
+        raise DiagsafeError(
+            f"{path}: not a {what} of this version of diagsafe-local ({where}: {first['msg']}); "
+            "rerun the command that wrote it"
+        ) from None
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
@@ -61,8 +65,10 @@ def read_manifest(run_dir: Path) -> dict[str, Any]:
         raise DiagsafeError(f"{run_dir}: no such run directory")
     manifest = read_typed(run_dir / files.MANIFEST, Manifest, "run manifest")
     if manifest.get("status") != "complete":
-        raise RunFailed(f"{run_dir}: the run is not complete (status '{manifest.get('status')}'): it is still running, "
-                        "or was stopped; resume it with the same `run` command first")
+        raise RunFailed(
+            f"{run_dir}: the run is not complete (status '{manifest.get('status')}'): it is still running, "
+            "or was stopped; resume it with the same `run` command first"
+        )
     return manifest
 
 
@@ -85,8 +91,10 @@ def read_checked_summary(run_dir: Path) -> dict[str, Any]:
     results = run_dir / files.RESULTS
     actual = file_sha256(results) if results.is_file() else None
     if summary.get("results_sha256") != actual:
-        raise RunFailed(f"{run_dir}: summary.json does not belong to results.jsonl (written by an older version, or "
-                        "the results changed after it); resume the run to rebuild it")
+        raise RunFailed(
+            f"{run_dir}: summary.json does not belong to results.jsonl (written by an older version, or "
+            "the results changed after it); resume the run to rebuild it"
+        )
     return summary
 
 
@@ -105,7 +113,9 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
     for run_dir in run_dirs:
         for record in read_results(run_dir / files.RESULTS):
             if record.schema_version != SCHEMA_VERSION:
-                raise DiagsafeError(f"{run_dir}: result schema version {record.schema_version}, expected {SCHEMA_VERSION}")
+                raise DiagsafeError(
+                    f"{run_dir}: result schema version {record.schema_version}, expected {SCHEMA_VERSION}"
+                )
             if record.key in results:
                 raise DiagsafeError(
                     f"duplicate result {record.key} (target, item, sample, turn) in {results[record.key][0]} and {run_dir}"
@@ -125,9 +135,16 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
     summary["run_id"] = "merged:" + "+".join(m["run_id"] for m in manifests)
     write_summary(out, summary)
     manifest = {
-        "schema_version": 1, "run_id": summary["run_id"], "status": "complete", "merged_from": [str(d) for d in run_dirs],
-        "dataset": manifests[0]["dataset"], "config": manifests[0]["config"],
-        "sources": [{"run_dir": str(d), "run_id": m["run_id"], "engines": m.get("engines", {})} for d, m in zip(run_dirs, manifests)],
+        "schema_version": 1,
+        "run_id": summary["run_id"],
+        "status": "complete",
+        "merged_from": [str(d) for d in run_dirs],
+        "dataset": manifests[0]["dataset"],
+        "config": manifests[0]["config"],
+        "sources": [
+            {"run_dir": str(d), "run_id": m["run_id"], "engines": m.get("engines", {})}
+            for d, m in zip(run_dirs, manifests)
+        ],
     }
     write_manifest(out, manifest)
     return summary
@@ -149,7 +166,9 @@ def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> dict
             continue
         manifest = read_json(manifest_path, "run manifest")
         if manifest.get("run_id") != config.fingerprint():
-            problems.append(f"shard {index} of {count} ran another config (run id {manifest.get('run_id')}, expected {config.fingerprint()})")
+            problems.append(
+                f"shard {index} of {count} ran another config (run id {manifest.get('run_id')}, expected {config.fingerprint()})"
+            )
         elif manifest.get("status") != "complete":
             problems.append(f"shard {index} of {count} is incomplete (status '{manifest.get('status')}'; resubmit it)")
         dirs.append(path)
@@ -183,9 +202,11 @@ def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = Fals
     manifests = [read_manifest(run_a), read_manifest(run_b)]
     hashes = [m.get("dataset", {}).get("sha256") for m in manifests]
     if hashes[0] != hashes[1] and not allow_different_datasets:
-        raise DiagsafeError(f"the runs evaluate different datasets ({run_a}: {str(hashes[0])[:12]}, {run_b}: "
-                            f"{str(hashes[1])[:12]}); items with the same id may hold different prompts. "
-                            "Pass --allow-different-datasets to compare them anyway")
+        raise DiagsafeError(
+            f"the runs evaluate different datasets ({run_a}: {str(hashes[0])[:12]}, {run_b}: "
+            f"{str(hashes[1])[:12]}); items with the same id may hold different prompts. "
+            "Pass --allow-different-datasets to compare them anyway"
+        )
     a, b = read_results(run_a / files.RESULTS), read_results(run_b / files.RESULTS)
     targets_a, targets_b = {r.target for r in a}, {r.target for r in b}
     by_target = not (len(targets_a) == len(targets_b) == 1 and targets_a != targets_b)
@@ -208,13 +229,19 @@ def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = Fals
         kappa = 1.0 if len(set(labels_a) | set(labels_b)) == 1 else float(cohen_kappa_score(labels_a, labels_b))
     disagreements = [
         {"key": list(k), "a": x, "b": y, "score_a": left[k].score, "score_b": right[k].score}
-        for k, x, y in zip(both_scored, labels_a, labels_b) if x != y
+        for k, x, y in zip(both_scored, labels_a, labels_b)
+        if x != y
     ]
     return {
-        "only_in_a": len(set(left) - set(right)), "only_in_b": len(set(right) - set(left)), "shared": len(shared),
-        "both_scored": len(both_scored), "label_agreement": agree / len(both_scored) if both_scored else None,
+        "only_in_a": len(set(left) - set(right)),
+        "only_in_b": len(set(right) - set(left)),
+        "shared": len(shared),
+        "both_scored": len(both_scored),
+        "label_agreement": agree / len(both_scored) if both_scored else None,
         "score_mean_abs_diff": (sum(abs(left[k].score - right[k].score) for k in both_scored) / len(both_scored))  # type: ignore[operator]
-        if both_scored else None,
+        if both_scored
+        else None,
         "identical_answers": sum(left[k].answer == right[k].answer for k in shared),
-        "cohen_kappa": kappa, "disagreements": disagreements,
+        "cohen_kappa": kappa,
+        "disagreements": disagreements,
     }

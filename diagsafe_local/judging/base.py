@@ -32,8 +32,9 @@ ZWSP = "\u200b"
 #   <BEGIN CONVERSATION>, < END ...>);
 # - role and field labels at the start of a line, which the formats use to start a turn or an answer
 #   (User:, Agent:, [USER]:, Human user:, Chatbot Response:, Harmful response:, ...).
-_TOKENS = re.compile(r"<\||\|>|<｜|｜>|\[/?INST\]|<</?SYS>>|</?s>|<(?:start|end)_of_turn>|<<<|>>>|<\s*(?:BEGIN|END)\b",
-                     re.IGNORECASE)
+_TOKENS = re.compile(
+    r"<\||\|>|<｜|｜>|\[/?INST\]|<</?SYS>>|</?s>|<(?:start|end)_of_turn>|<<<|>>>|<\s*(?:BEGIN|END)\b", re.IGNORECASE
+)
 _LABELS = re.compile(
     r"(?im)^((?:[^\S\n]|[>*_#-])*\[?)(user|agent|assistant|human|human user|ai assistant|human question|"
     r"chatbot response|behavior|generation|request|answer|answers|rules|system|model|harmful request|"
@@ -132,8 +133,14 @@ class Judge:
         body: dict[str, Any] = {"prompt": rendered} if isinstance(rendered, str) else {"messages": rendered}
         if self.uses_probability(decoding.probability):
             return GenerationRequest(**body, max_tokens=1, label_words=self.label_words)
-        return GenerationRequest(**body, **self.constraint(), max_tokens=max_tokens, temperature=decoding.temperature,
-                                 top_p=decoding.top_p, seed=seed)
+        return GenerationRequest(
+            **body,
+            **self.constraint(),
+            max_tokens=max_tokens,
+            temperature=decoding.temperature,
+            top_p=decoding.top_p,
+            seed=seed,
+        )
 
     def parse(self, completion: Completion, probability: bool | None) -> ParseOutcome:
         """The completion's verdict and score, or why there is none."""
@@ -152,10 +159,17 @@ class Judge:
         if lp_pos == -math.inf and lp_neg == -math.inf:
             return ParseOutcome(status="invalid", error=f"no log-probability for '{positive}' or '{negative}'")
         p = 1.0 / (1.0 + math.exp(min(700.0, lp_neg - lp_pos))) if lp_pos != -math.inf else 0.0
-        return ParseOutcome(status="ok", score=p, verdict={
-            "label": positive if p >= 0.5 else negative, f"p_{positive.lower()}": p,
-            "logprobs": {w: (lp if lp != -math.inf else None) for w, lp in ((positive, lp_pos), (negative, lp_neg))},
-        })
+        return ParseOutcome(
+            status="ok",
+            score=p,
+            verdict={
+                "label": positive if p >= 0.5 else negative,
+                f"p_{positive.lower()}": p,
+                "logprobs": {
+                    w: (lp if lp != -math.inf else None) for w, lp in ((positive, lp_pos), (negative, lp_neg))
+                },
+            },
+        )
 
 
 JUDGES: Registry[Judge] = Registry("judge")

@@ -21,8 +21,14 @@ from diagsafe_local.judging.base import JUDGES, Judge, JudgeInput, ParseOutcome
 def render_transcript(judged: JudgeInput) -> str:
     """The judged material between fixed delimiters; the answer comes last."""
     *context, (_, answer) = judged.turns()
-    lines = ["<<<CONVERSATION>>>", *(f"[{role.upper()}]: {text}" for role, text in context),
-             "<<<END CONVERSATION>>>", "<<<ANSWER TO JUDGE>>>", answer, "<<<END ANSWER TO JUDGE>>>"]
+    lines = [
+        "<<<CONVERSATION>>>",
+        *(f"[{role.upper()}]: {text}" for role, text in context),
+        "<<<END CONVERSATION>>>",
+        "<<<ANSWER TO JUDGE>>>",
+        answer,
+        "<<<END ANSWER TO JUDGE>>>",
+    ]
     return "\n".join(lines)
 
 
@@ -41,8 +47,10 @@ def reply_format(schema: dict[str, Any]) -> str:
 
     No example object: a weak judge copies an example verdict word for word instead of judging.
     """
-    fields = [f"- {name}: {_kind(spec)}" + (f"; {spec['description']}" if spec.get("description") else "")
-              for name, spec in schema["properties"].items()]
+    fields = [
+        f"- {name}: {_kind(spec)}" + (f"; {spec['description']}" if spec.get("description") else "")
+        for name, spec in schema["properties"].items()
+    ]
     return "Reply with one JSON object and nothing else. Its fields, in this order:\n" + "\n".join(fields)
 
 

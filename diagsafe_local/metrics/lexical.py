@@ -34,11 +34,16 @@ def _bleu(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.ndarr
         # Unsmoothed BLEU warns on every pair without a 4-gram match; 0 is the intended value there.
         warnings.simplefilter("ignore")
         for name in names:
-            out[name] = np.array([
-                sentence_bleu([word_tokens(p.reference)], word_tokens(p.response), smoothing_function=smoothing[name])
-                if word_tokens(p.response) and word_tokens(p.reference) else 0.0
-                for p in pairs
-            ])
+            out[name] = np.array(
+                [
+                    sentence_bleu(
+                        [word_tokens(p.reference)], word_tokens(p.response), smoothing_function=smoothing[name]
+                    )
+                    if word_tokens(p.response) and word_tokens(p.reference)
+                    else 0.0
+                    for p in pairs
+                ]
+            )
     return out
 
 
@@ -77,10 +82,20 @@ def _squad(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.ndar
 register_family(
     "bleu",
     [
-        MetricSpec("bleu", "NLTK sentence BLEU-4 vs the reference, unsmoothed (as in the paper)", "bleu", True,
-                   "Papineni et al. 2002; nltk.translate.bleu_score"),
-        MetricSpec("bleu_smoothed", "NLTK sentence BLEU-4 vs the reference, smoothing method 1", "bleu", True,
-                   "Chen & Cherry 2014 smoothing; nltk.translate.bleu_score"),
+        MetricSpec(
+            "bleu",
+            "NLTK sentence BLEU-4 vs the reference, unsmoothed (as in the paper)",
+            "bleu",
+            True,
+            "Papineni et al. 2002; nltk.translate.bleu_score",
+        ),
+        MetricSpec(
+            "bleu_smoothed",
+            "NLTK sentence BLEU-4 vs the reference, smoothing method 1",
+            "bleu",
+            True,
+            "Chen & Cherry 2014 smoothing; nltk.translate.bleu_score",
+        ),
     ],
     _bleu,
 )

@@ -78,7 +78,14 @@ def _meteor(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.nda
 
 register_family(
     "meteor",
-    [MetricSpec("meteor", "METEOR vs the reference (NLTK, WordNet synonyms)", "meteor", True,
-                "Banerjee & Lavie 2005; nltk.translate.meteor_score")],
+    [
+        MetricSpec(
+            "meteor",
+            "METEOR vs the reference (NLTK, WordNet synonyms)",
+            "meteor",
+            True,
+            "Banerjee & Lavie 2005; nltk.translate.meteor_score",
+        )
+    ],
     _meteor,
 )

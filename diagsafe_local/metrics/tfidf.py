@@ -23,7 +23,14 @@ def _tfidf(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.ndar
 
 register_family(
     "tfidf",
-    [MetricSpec("tfidf_cosine", "TF-IDF cosine similarity to the reference", "tfidf", True,
-                "scikit-learn TfidfVectorizer, fitted on the benchmark's texts")],
+    [
+        MetricSpec(
+            "tfidf_cosine",
+            "TF-IDF cosine similarity to the reference",
+            "tfidf",
+            True,
+            "scikit-learn TfidfVectorizer, fitted on the benchmark's texts",
+        )
+    ],
     _tfidf,
 )

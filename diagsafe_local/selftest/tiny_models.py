@@ -36,12 +36,16 @@ def _tiny_tokenizer(vocab_size: int) -> Any:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(_CORPUS * 20, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None,
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
         additional_special_tokens=["<|im_start|>"],
     )
     tokenizer.chat_template = CHATML
@@ -60,9 +64,17 @@ def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
         dtype="float32",
     )
     model = Qwen2ForCausalLM(config)
@@ -80,7 +92,9 @@ def build_tiny_lora(base_dir: str | Path, out_dir: str | Path, seed: int = 0, ra
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(base_dir)
     config = LoraConfig(
-        r=rank, lora_alpha=2 * rank, init_lora_weights=False,
+        r=rank,
+        lora_alpha=2 * rank,
+        init_lora_weights=False,
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     )
     get_peft_model(model, config).save_pretrained(str(out_dir))
@@ -97,8 +111,13 @@ def build_tiny_classifier(out_dir: str | Path, seed: int = 0, num_labels: int = 
     tokenizer.save_pretrained(out)
     torch.manual_seed(seed)
     config = RobertaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, max_position_embeddings=514, num_labels=num_labels,  # type: ignore[call-arg]
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=514,
+        num_labels=num_labels,  # type: ignore[call-arg]
         pad_token_id=tokenizer.pad_token_id,
     )
     RobertaForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
