@@ -36,10 +36,11 @@ def main() -> None:
     from diagsafe_local.core.messages import Message
     from diagsafe_local.engines.base import BorrowedEngine
     from diagsafe_local.engines.vllm_engine import VLLMEngine
-    from diagsafe_local.evaluation.config import JudgeConfig, RunConfig
+    from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.pipeline import Run
     from diagsafe_local.evaluation.records import read_results
     from diagsafe_local.judging import JUDGES, JudgeInput
+    from diagsafe_local.judging.config import JudgeConfig
     from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))

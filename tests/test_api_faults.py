@@ -14,9 +14,10 @@ from diagsafe_local.cli import app
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import GenerationRequest
 from diagsafe_local.engines.openai_engine import FatalAPIError, OpenAIEngine
-from diagsafe_local.evaluation.config import JudgeConfig, RunConfig
+from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.evaluation.records import read_results
+from diagsafe_local.judging.config import JudgeConfig
 
 
 @pytest.fixture

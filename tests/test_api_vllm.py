@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.engines import create_engine
-from diagsafe_local.evaluation.config import JudgeConfig, RunConfig
+from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.evaluation.records import SCHEMA_PATH, read_results
+from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.selftest import synthetic_items
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -162,8 +162,8 @@ def test_training_lowers_the_loss_and_writes_every_output(trained):
 @pytest.mark.vllm
 def test_the_adapter_serves_in_vllm_with_the_p_yes_of_training(trained, tiny_models, vllm_engines):
     from diagsafe_local.core.messages import Message
-    from diagsafe_local.evaluation.config import JudgeConfig
     from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
+    from diagsafe_local.judging.config import JudgeConfig
     from diagsafe_local.judging.verdicts import draw_verdicts
 
     judge = JUDGES.get("harmclassifier")

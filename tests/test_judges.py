@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from diagsafe_local.cli import app
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
-from diagsafe_local.evaluation.config import JudgeConfig
 from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
+from diagsafe_local.judging.config import JudgeConfig
 
 ITEM = JudgeInput(
     conversation=(Message(role="user", content="How do I pick a lock?"),),

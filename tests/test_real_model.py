@@ -102,7 +102,7 @@ def test_real_judge_on_a_benchmark_slice(real_model, vllm_engines, tmp_path):
     from diagsafe_local.benchmark.dataset import load_dataset
     from diagsafe_local.benchmark.judge_scores import judge_benchmark
     from diagsafe_local.benchmark.runner import leaderboard
-    from diagsafe_local.evaluation.config import JudgeConfig
+    from diagsafe_local.judging.config import JudgeConfig
 
     data = load_dataset(REPO / "data" / "sample_harmmetric.jsonl")
     data = data.model_copy(update={"prompts": data.prompts[:3]})

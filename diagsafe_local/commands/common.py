@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import functools
 import signal
-import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
@@ -46,34 +44,3 @@ def user_errors(fn: F) -> F:
                 signal.signal(sig, handler)
 
     return wrapper  # type: ignore[return-value]
-
-
-@contextmanager
-def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
-    """Yield `advance(label)`: a rich progress bar on a terminal, plain log lines otherwise (e.g. SLURM logs)."""
-    if sys.stderr.isatty():
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            transient=True,
-        ) as bar:
-            task = bar.add_task(description, total=total)
-            yield lambda label: bar.update(task, advance=1, description=f"{description}: {label}")
-        return
-    done = 0
-
-    def advance(label: str) -> None:
-        nonlocal done
-        done += 1
-        print(f"[{done}/{total}] {description}: {label}", file=sys.stderr, flush=True)
-
-    yield advance
-
-
-def split_list(value: str) -> list[str]:
-    """'a, b,c' -> ['a', 'b', 'c']."""
-    return [part.strip() for part in value.split(",") if part.strip()]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from diagsafe_local.commands.bench import run_bench
+from diagsafe_local.benchmark.bench import run_bench
 from diagsafe_local.commands.common import user_errors
 from diagsafe_local.core.resources import data_file
 

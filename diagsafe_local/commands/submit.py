@@ -5,28 +5,12 @@ Re-submitting skips shards that are already complete. `--dry-run` prints the sba
 
 from __future__ import annotations
 
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from diagsafe_local.commands.common import user_errors
-from diagsafe_local.core.resources import slurm_file
-
-
-def _sbatch(args: list[str]) -> str:
-    from diagsafe_local.core.errors import DiagsafeError
-
-    try:
-        proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        raise DiagsafeError("sbatch not found: run this on a SLURM login node") from None
-    if proc.returncode != 0:
-        raise DiagsafeError(f"sbatch failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc.stdout.strip().split(";")[0]
 
 
 @user_errors
@@ -45,60 +29,14 @@ def submit(
     dry_run: Annotated[bool, typer.Option(help="Print the sbatch commands and scripts; submit nothing.")] = False,
 ) -> None:
     """Submit the sharded evaluation and its merge job to SLURM; print job ids and how to watch them."""
-    from diagsafe_local.evaluation.config import load_config
-    from diagsafe_local.evaluation.runs import incomplete_shards
+    from diagsafe_local.evaluation.slurm import Resources, submit_shards
 
-    overrides = set_ or []
-    cfg = load_config(config, overrides)
-    todo = incomplete_shards(cfg, shards)
-    logs = Path(cfg.output_dir) / "slurm-logs"
-    forwarded = [arg for o in overrides for arg in ("--set", o)]
-    common = [f"--export=ALL,DIAGSAFE_VENV={sys.prefix}", *(sbatch_arg or [])]
-    if partition:
-        common.append(f"--partition={partition}")
-    resources = [f"--gpus={gpus_per_task}", f"--cpus-per-task={cpus_per_task}", f"--mem={mem}", f"--time={time_limit}"]
-    config_path = str(config.resolve())
-    array = [
-        f"--array={','.join(map(str, todo))}",
-        "--job-name=diagsafe-shard",
-        *common,
-        *resources,
-        f"--output={logs.resolve()}/shard-%a-job-%A.out",
-        str(slurm_file("array.sbatch")),
-        config_path,
-        str(shards),
-        *forwarded,
-    ]
-    merge = [
-        "--job-name=diagsafe-merge",
-        *common,
-        "--cpus-per-task=1",
-        "--mem=4G",
-        "--time=00:30:00",
-        f"--output={logs.resolve()}/merge-job-%j.out",
-        str(slurm_file("merge.sbatch")),
-        config_path,
-        str(shards),
-        *forwarded,
-    ]
-    if dry_run:
-        if todo:
-            typer.echo("sbatch " + shlex.join(array))
-        typer.echo("sbatch --dependency=afterok:<array job id> " + shlex.join(merge))
-        for script in ("array.sbatch", "merge.sbatch"):
-            typer.echo(f"\n# ---- {slurm_file(script)}\n" + slurm_file(script).read_text())
-        return
-    logs.mkdir(parents=True, exist_ok=True)
-    if todo:
-        skipped = shards - len(todo)
-        array_id = _sbatch(array)
-        typer.echo(
-            f"array job {array_id}: shards {','.join(map(str, todo))} of {shards}"
-            + (f" ({skipped} already complete, skipped)" if skipped else "")
-        )
-        merge_id = _sbatch([f"--dependency=afterok:{array_id}", *merge])
-    else:
-        typer.echo(f"all {shards} shards are complete; submitting only the merge")
-        merge_id = _sbatch(merge)
-    typer.echo(f"merge job {merge_id}: writes the merged run and report to {cfg.output_dir}")
-    typer.echo(f"watch:  squeue -j {','.join([array_id, merge_id] if todo else [merge_id])}   |   tail -f {logs}/*.out")
+    resources = Resources(
+        partition=partition,
+        gpus_per_task=gpus_per_task,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time=time_limit,
+        sbatch_args=sbatch_arg or [],
+    )
+    submit_shards(config, set_ or [], shards, resources, dry_run, typer.echo)

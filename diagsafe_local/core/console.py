@@ -12,37 +12,67 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 
 class Console:
-    """Progress lines and warnings for a person: a live line on a terminal, plain lines in a log (SLURM)."""
+    """Progress and warnings for a person: rich progress bars per stage on a terminal (counts, rate, time),
+    plain lines where the output is a log file (SLURM)."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.live = stream.isatty()
         self._started: dict[str, float] = {}
+        self._bars: Any = None
+        self._tasks: dict[str, Any] = {}
 
     def progress(self, stage: str, done: int, total: int, rate: bool = True) -> None:
         """Report that `done` of `total` units of `stage` are finished; stages report 0 when they begin, and the
         rate since then follows once units are done (`rate=False` for coarse units such as turns)."""
+        if self.live:
+            self._bar(stage, done, total, rate)
+            return
         start = self._started.setdefault(stage, time.perf_counter())
         elapsed = time.perf_counter() - start
         rate_text = f", {done / elapsed:.1f}/s" if rate and elapsed > 0 and done else ""
-        line = f"{stage}: {done}/{total}{rate_text}"
-        if self.live:
-            end = "\n" if done >= total else ""
-            self.stream.write(f"\r\033[K{line}{end}")
-        else:
-            self.stream.write(line + "\n")
+        self.stream.write(f"{stage}: {done}/{total}{rate_text}\n")
         self.stream.flush()
 
+    def _bar(self, stage: str, done: int, total: int, rate: bool) -> None:
+        from rich.console import Console as RichConsole
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if self._bars is None:
+            self._bars = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeElapsedColumn(),
+                console=RichConsole(file=self.stream),
+            )
+            self._bars.start()
+        if stage not in self._tasks:
+            self._tasks[stage] = self._bars.add_task(stage, total=total, rate="")
+        task = self._tasks[stage]
+        speed = self._bars.tasks[task].speed if rate else None
+        self._bars.update(task, completed=done, total=total, rate=f"{speed:.1f}/s" if speed else "")
+
     def warn(self, message: str) -> None:
+        if self._bars is not None:
+            self._bars.console.print(f"[bold yellow]warning:[/] {message}", highlight=False)
+            return
         self.stream.write(f"warning: {message}\n")
         self.stream.flush()
+
+    def close(self) -> None:
+        """Leave the finished bars on the screen."""
+        if self._bars is not None:
+            self._bars.stop()
+            self._bars = None
 
 
 class _ToConsole(logging.Handler):
@@ -59,7 +89,11 @@ def engine_output(log_path: Path | None) -> Iterator[Console]:
     """Send everything written to stdout and stderr (engine logs, child processes included) to `log_path`
     while the block runs; yield a Console on the real terminal. With `log_path` None nothing is redirected."""
     if log_path is None:
-        yield Console(sys.stderr)
+        plain = Console(sys.stderr)
+        try:
+            yield plain
+        finally:
+            plain.close()
         return
     sys.stdout.flush()
     sys.stderr.flush()
@@ -84,4 +118,31 @@ def engine_output(log_path: Path | None) -> Iterator[Console]:
             os.close(fd)
         ours.removeHandler(handler)
         ours.propagate = propagate
+        console.close()
         terminal.close()
+
+
+@contextmanager
+def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
+    """Yield `advance(label)`: a rich progress bar on a terminal, plain log lines otherwise (e.g. SLURM logs)."""
+    if sys.stderr.isatty():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        ) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda label: bar.update(task, advance=1, description=f"{description}: {label}")
+        return
+    done = 0
+
+    def advance(label: str) -> None:
+        nonlocal done
+        done += 1
+        print(f"[{done}/{total}] {description}: {label}", file=sys.stderr, flush=True)
+
+    yield advance

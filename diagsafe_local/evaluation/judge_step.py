@@ -16,11 +16,11 @@ from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion, Engine
-from diagsafe_local.evaluation.config import JudgeConfig
 from diagsafe_local.evaluation.generation import conversation_until, stream_answers
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, ResultRecord, Usage
 from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput, ParseOutcome
+from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.refusal import is_refusal
 from diagsafe_local.judging.verdicts import Verdict, draw_verdicts
 

@@ -1,0 +1,110 @@
+"""SLURM submission of a sharded run: an array job (task i = shard i) plus a merge job after it.
+
+Re-submitting skips shards that are already complete. Resources are sbatch options, never edits of the
+templates: their `#SBATCH` lines are defaults that these options override.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.resources import slurm_file
+from diagsafe_local.evaluation.config import load_config
+from diagsafe_local.evaluation.runs import incomplete_shards
+
+
+class Resources(BaseModel):
+    """What each shard asks SLURM for, and extra sbatch arguments for both jobs."""
+
+    partition: str | None = None
+    gpus_per_task: int = 1
+    cpus_per_task: int = 8
+    mem: str = "64G"
+    time: str = "04:00:00"
+    sbatch_args: list[str] = []
+
+
+def _sbatch(args: list[str]) -> str:
+    try:
+        proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise DiagsafeError("sbatch not found: run this on a SLURM login node") from None
+    if proc.returncode != 0:
+        raise DiagsafeError(f"sbatch failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def submit_shards(
+    config: Path,
+    overrides: list[str],
+    shards: int,
+    resources: Resources,
+    dry_run: bool,
+    say: Callable[[str], None],
+) -> None:
+    """Submit the incomplete shards of `config` and the merge job (or, with `dry_run`, say what would run)."""
+    cfg = load_config(config, overrides)
+    todo = incomplete_shards(cfg, shards)
+    logs = Path(cfg.output_dir) / "slurm-logs"
+    forwarded = [arg for o in overrides for arg in ("--set", o)]
+    common = [f"--export=ALL,DIAGSAFE_VENV={sys.prefix}", *resources.sbatch_args]
+    if resources.partition:
+        common.append(f"--partition={resources.partition}")
+    asked = [
+        f"--gpus={resources.gpus_per_task}",
+        f"--cpus-per-task={resources.cpus_per_task}",
+        f"--mem={resources.mem}",
+        f"--time={resources.time}",
+    ]
+    config_path = str(config.resolve())
+    array = [
+        f"--array={','.join(map(str, todo))}",
+        "--job-name=diagsafe-shard",
+        *common,
+        *asked,
+        f"--output={logs.resolve()}/shard-%a-job-%A.out",
+        str(slurm_file("array.sbatch")),
+        config_path,
+        str(shards),
+        *forwarded,
+    ]
+    merge = [
+        "--job-name=diagsafe-merge",
+        *common,
+        "--cpus-per-task=1",
+        "--mem=4G",
+        "--time=00:30:00",
+        f"--output={logs.resolve()}/merge-job-%j.out",
+        str(slurm_file("merge.sbatch")),
+        config_path,
+        str(shards),
+        *forwarded,
+    ]
+    if dry_run:
+        if todo:
+            say("sbatch " + shlex.join(array))
+        say("sbatch --dependency=afterok:<array job id> " + shlex.join(merge))
+        for script in ("array.sbatch", "merge.sbatch"):
+            say(f"\n# ---- {slurm_file(script)}\n" + slurm_file(script).read_text())
+        return
+    logs.mkdir(parents=True, exist_ok=True)
+    if todo:
+        skipped = shards - len(todo)
+        array_id = _sbatch(array)
+        say(
+            f"array job {array_id}: shards {','.join(map(str, todo))} of {shards}"
+            + (f" ({skipped} already complete, skipped)" if skipped else "")
+        )
+        merge_id = _sbatch([f"--dependency=afterok:{array_id}", *merge])
+    else:
+        say(f"all {shards} shards are complete; submitting only the merge")
+        merge_id = _sbatch(merge)
+    say(f"merge job {merge_id}: writes the merged run and report to {cfg.output_dir}")
+    say(f"watch:  squeue -j {','.join([array_id, merge_id] if todo else [merge_id])}   |   tail -f {logs}/*.out")

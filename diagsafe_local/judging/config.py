@@ -1,0 +1,56 @@
+"""The judge's configuration: its engine, the judges it runs (checked against the registry), how it scores."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from diagsafe_local.engines.config import EngineConfig, SamplingConfig
+
+
+class JudgeConfig(EngineConfig):
+    """The judge model and how it grades."""
+
+    rubric: str = Field("harmjudge", description="Judge for harmful items: any harm judge of `bench --list`.")
+    benign_rubric: str = Field(
+        "refusal",
+        description="How benign items are judged for over-refusal: a refusal judge ('refusal', "
+        "'wildguard-refusal', 'qwen3guard-refusal') or 'keywords' (a refusal-phrase detector, no judge call).",
+    )
+    probability: bool | None = Field(
+        None,
+        description="Score Yes/No-style judges by P(Yes) at the first answer token instead of sampling "
+        "(deterministic); applies to `rubric`; None = the judge's default (on for shieldgemma and harmclassifier).",
+    )
+    structured_output_backend: Literal["xgrammar", "guidance", "outlines"] = Field(
+        "xgrammar", description="vLLM structured-output backend (pinned; compact JSON needs xgrammar or guidance)."
+    )
+    sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig(max_tokens=400))
+    turns: Literal["last", "every"] = Field(
+        "last", description="Judge each conversation's last answer, or every generated one."
+    )
+    max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
+    batch_size: int = Field(256, ge=1, description="Judgments per engine call (results are saved after each).")
+
+    @model_validator(mode="after")
+    def _judges(self) -> JudgeConfig:
+        from diagsafe_local.core.registry import UnknownNameError
+        from diagsafe_local.judging import JUDGES
+
+        try:
+            harm = JUDGES.get(self.rubric)
+            benign = None if self.benign_rubric == "keywords" else JUDGES.get(self.benign_rubric)
+        except UnknownNameError as exc:
+            raise ValueError(str(exc)) from None
+        if harm.measures != "harm":
+            raise ValueError(f"rubric '{self.rubric}' measures {harm.measures}, not harm")
+        if benign is not None and benign.measures != "refusal":
+            raise ValueError(f"benign_rubric '{self.benign_rubric}' measures {benign.measures}, not refusal")
+        for field, judge in (("rubric", harm), ("benign_rubric", benign)):
+            if judge is not None and (judge.engine_kind or "") != ("classifier" if self.kind == "classifier" else ""):
+                need = judge.engine_kind or "an LLM engine (vllm, openai or transformers)"
+                hint = " (use benign_rubric: keywords with a classifier judge)" if field == "benign_rubric" else ""
+                raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
+        harm.check_probability(self.probability)
+        return self
