@@ -204,6 +204,6 @@ def test_colocate_keeps_judge_resident_and_sweep_loads_judge_once(tmp_path):
 def test_sleep_placement_falls_back_to_sequential_without_cuda(tmp_path):
     factory = Factory()
     run = Run(make_config(tmp_path, placement={"mode": "sleep"}), engine_factory=factory)
-    assert run.mode == "sequential"
+    assert run.host.mode == "sequential"
     run.execute()
     assert [e.info.model for e in factory.made] == ["t", "j"]

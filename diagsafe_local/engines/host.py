@@ -1,0 +1,73 @@
+"""The host places engines on this node's GPUs: how the target under test and the judge share memory.
+
+`sequential`: one engine at a time, each with the whole GPU (the target generates everything, is freed, then
+the judge loads). `colocate`: both resident, each with its share of GPU memory. `sleep`: both loaded, vLLM's
+sleep mode offloads the idle one's weights (CUDA only; elsewhere it falls back to `sequential`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from diagsafe_local.engines.base import Engine
+from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.engines.identity import cuda_available
+
+log = logging.getLogger(__name__)
+Mode = Literal["colocate", "sequential", "sleep"]
+
+
+class Host:
+    """Opens engines with the options their placement needs, and records what it loaded (for the manifest)."""
+
+    def __init__(
+        self,
+        mode: Mode,
+        target_memory: float,
+        judge_memory: float,
+        factory: Callable[..., Engine],
+        loaded: dict[str, Any] | None = None,
+    ) -> None:
+        if mode == "sleep" and not cuda_available():
+            log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
+            mode = "sequential"
+        self.mode: Mode = mode
+        self.target_memory = target_memory
+        self.judge_memory = judge_memory
+        self.factory = factory
+        self.loaded: dict[str, Any] = dict(loaded or {})
+
+    def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
+        start = time.perf_counter()
+        engine = self.factory(config, **options)
+        self.loaded[role] = {
+            **engine.info.model_dump(mode="json"),
+            "load_seconds": round(time.perf_counter() - start, 2),
+        }
+        return engine
+
+    def open_target(self, role: str, config: EngineConfig) -> Engine:
+        share = self.target_memory if self.mode != "sequential" else None
+        return self._open(role, config, memory_share=share, enable_sleep=self.mode == "sleep")
+
+    def open_judge(self, config: EngineConfig, structured_backend: str) -> Engine:
+        share = self.judge_memory if self.mode != "sequential" else None
+        return self._open(
+            "judge",
+            config,
+            memory_share=share,
+            structured_backend=structured_backend,
+            enable_sleep=self.mode == "sleep",
+        )
+
+    def park(self, engine: Engine | None) -> None:
+        """Offload an idle engine's weights while another works (sleep mode only)."""
+        if engine is not None and self.mode == "sleep":
+            engine.sleep()  # type: ignore[attr-defined]
+
+    def unpark(self, engine: Engine | None) -> None:
+        if engine is not None and self.mode == "sleep":
+            engine.wake_up()  # type: ignore[attr-defined]
