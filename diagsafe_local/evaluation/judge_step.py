@@ -19,7 +19,7 @@ from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.evaluation.generation import conversation_until, stream_answers
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, ResultRecord, Usage
-from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput, ParseOutcome
+from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.refusal import is_refusal
 from diagsafe_local.judging.verdicts import Verdict, draw_verdicts
@@ -111,12 +111,7 @@ def judge_tasks(
     on_batch: Callable[[int, int], None] | None = None,
 ) -> None:
     """Judge `tasks` in batches of `config.batch_size`, saving each batch's records."""
-    decoding = Decoding(
-        max_tokens=config.sampling.max_tokens,
-        temperature=config.sampling.temperature,
-        top_p=config.sampling.top_p,
-        probability=config.probability,
-    )
+    decoding = config.decoding()
     if on_batch:
         on_batch(0, len(tasks))
     for start in range(0, len(tasks), config.batch_size):

@@ -39,7 +39,7 @@ from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, Resul
 from diagsafe_local.evaluation.runs import read_json, write_manifest, write_summary
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.evaluation.summary import summarize
-from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
+from diagsafe_local.judging.base import JUDGES, JudgeInput
 from diagsafe_local.judging.verdicts import draw_verdicts
 
 log = logging.getLogger(__name__)
@@ -210,12 +210,7 @@ class Run:
             return
         judge = JUDGES.get(self.config.judge.rubric)
         config = self.config.judge
-        decoding = Decoding(
-            max_tokens=config.sampling.max_tokens,
-            temperature=config.sampling.temperature,
-            top_p=config.sampling.top_p,
-            probability=config.probability,
-        )
+        decoding = config.decoding()
         calls = [
             (
                 judge,

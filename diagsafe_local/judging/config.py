@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
+from diagsafe_local.judging.base import Decoding
 
 
 class JudgeConfig(EngineConfig):
@@ -54,3 +55,12 @@ class JudgeConfig(EngineConfig):
                 raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
         harm.check_probability(self.probability)
         return self
+
+    def decoding(self) -> Decoding:
+        """How this judge's verdicts are drawn (the pipeline's judge step and its controls alike)."""
+        return Decoding(
+            max_tokens=self.sampling.max_tokens,
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            probability=self.probability,
+        )
