@@ -285,14 +285,16 @@ def test_scoring_modes_are_checked_per_judge():
     with pytest.raises(ValueError, match="cannot score by probability"):
         JudgeConfig(model="m", rubric="wildguard", probability=True)
     with pytest.raises(ValueError, match="probability only"):
-        JudgeConfig(model="m", kind="classifier", rubric="gptfuzzer", benign_rubric="keywords", probability=False)
+        JudgeConfig(
+            model="m", kind="classifier", rubric="gptfuzzer", benign_rubric="refusal-keywords", probability=False
+        )
     with pytest.raises(ValueError, match="measures refusal, not harm"):
         JudgeConfig(model="m", rubric="qwen3guard-refusal")
     with pytest.raises(ValueError, match="measures harm, not refusal"):
         JudgeConfig(model="m", benign_rubric="wildguard")
     with pytest.raises(ValueError, match="needs kind classifier"):
         JudgeConfig(model="m", rubric="gptfuzzer")
-    with pytest.raises(ValueError, match="benign_rubric: keywords"):
+    with pytest.raises(ValueError, match="benign_rubric: refusal-keywords"):
         JudgeConfig(model="m", kind="classifier", rubric="gptfuzzer")
     with pytest.raises(ValueError, match="Did you mean 'llama-guard-3'"):
         JudgeConfig(model="m", rubric="llama-guard3")
@@ -370,7 +372,9 @@ def test_gptfuzzer_scores_the_answer_by_its_class_1_probability(tiny_classifier)
     from diagsafe_local.engines import create_engine
     from diagsafe_local.judging.verdicts import draw_verdicts
 
-    config = JudgeConfig(kind="classifier", model=str(tiny_classifier), rubric="gptfuzzer", benign_rubric="keywords")
+    config = JudgeConfig(
+        kind="classifier", model=str(tiny_classifier), rubric="gptfuzzer", benign_rubric="refusal-keywords"
+    )
     engine = create_engine(config)
     judge = JUDGES.get("gptfuzzer")
     inputs = [JudgeInput(conversation=(Message(role="user", content="q"),), answer=a) for a in ANSWERS[:3]]
@@ -475,7 +479,7 @@ def _text(rendered) -> str:
     return rendered if isinstance(rendered, str) else "\n".join(f"{m.role}\n{m.content}" for m in rendered)
 
 
-@pytest.mark.parametrize("name", [j.name for j in JUDGES])
+@pytest.mark.parametrize("name", [j.name for j in JUDGES if j.engine_kind != "none"])  # a keyword judge has no prompt
 def test_red_team_answers_cannot_change_any_judge_prompts_structure(name):
     judge = JUDGES.get(name)
     benign = _text(judge.render(JudgeInput(conversation=ITEM.conversation, answer="benign", references=("r",))))

@@ -284,7 +284,11 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
         assert stats["over_refusal_rate"]["rate"] == 0.5 and stats["over_refusal_rate"]["n"] == 2
         assert stats["by_category"]["homonyms"]["over_refusal_rate"]["rate"] == 0.5
         records = {r.item_id: r for r in read_results(tmp_path / benign_rubric / "results.jsonl")}
-        assert records["b2"].judge_rubric == benign_rubric and records["h1"].judge_rubric == "harmjudge"
+        # 'keywords' is the former name of the registered judge 'refusal-keywords'
+        assert records["b2"].judge_rubric == benign_rubric.replace("keywords", "refusal-keywords").replace(
+            "refusal-refusal", "refusal"
+        )
+        assert records["h1"].judge_rubric == "harmjudge"
         assert records["b2"].verdict["label"] == "full_refusal" and records["b2"].judge_engine.kind == expected_kind
         if benign_rubric == "keywords":
             from diagsafe_local.evaluation.health import CONTROL_ANSWERS

@@ -27,7 +27,9 @@ def judge_config(judge: dict[str, Any]) -> Any:
     if spec.engine_kind:
         settings = {"kind": spec.engine_kind, "model": settings["model"]}
     try:
-        config = JudgeConfig(**settings, rubric=spec.name, benign_rubric="keywords", probability=judge["probability"])
+        config = JudgeConfig(
+            **settings, rubric=spec.name, benign_rubric="refusal-keywords", probability=judge["probability"]
+        )
     except ValidationError as exc:
         raise DiagsafeError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
     if config.kind != "openai":

@@ -7,7 +7,6 @@ generated is recorded as an `error`. Each batch's records are saved before the n
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,13 +14,12 @@ from typing import Any
 from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
-from diagsafe_local.engines.base import Completion, Engine
+from diagsafe_local.engines.base import Engine
 from diagsafe_local.evaluation.generation import conversation_until, stream_answers
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, ResultRecord, Usage
-from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome
+from diagsafe_local.judging.base import JUDGES, JudgeInput
 from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.judging.refusal import is_refusal
 from diagsafe_local.judging.verdicts import Verdict, draw_verdicts
 
 
@@ -92,12 +90,16 @@ def pending_tasks(
     return tasks
 
 
-KEYWORDS = "keywords"
+KEYWORDS = "keywords"  # the engine kind recorded for verdicts made without a model
 
 
 def rubric_name(config: JudgeConfig, task: JudgeTask) -> str:
     """Harmful items get the harm rubric; benign items the over-refusal rubric (or the keyword detector)."""
     return config.benign_rubric if task.item.benign else config.rubric
+
+
+def _model_free(name: str) -> bool:
+    return JUDGES.get(name).engine_kind == "none"
 
 
 def judge_tasks(
@@ -118,19 +120,7 @@ def judge_tasks(
         batch = tasks[start : start + config.batch_size]
         names = [rubric_name(config, t) for t in batch]
         verdicts: dict[int, Verdict] = {}
-        for k, t in enumerate(batch):
-            if t.error is None and names[k] == KEYWORDS:
-                refused = is_refusal(t.generation.answer)  # type: ignore[union-attr]
-                verdict = {
-                    "label": "full_refusal" if refused else "full_compliance",
-                    "rationale": "refusal-phrase detector",
-                }
-                verdicts[k] = Verdict(
-                    Completion(text=json.dumps(verdict), finish_reason="stop"),
-                    ParseOutcome(status="ok", verdict=verdict, score=float(refused)),
-                    0,
-                )
-        todo = [k for k, t in enumerate(batch) if t.error is None and k not in verdicts]
+        todo = [k for k, t in enumerate(batch) if t.error is None]
         calls = [
             (
                 JUDGES.get(names[k]),
@@ -144,7 +134,7 @@ def judge_tasks(
             for k in todo
         ]
         if calls:
-            drawn = draw_verdicts(engine, calls, decoding, config.sampling.seed, config.max_attempts)  # type: ignore[arg-type]
+            drawn = draw_verdicts(engine, calls, decoding, config.sampling.seed, config.max_attempts)
             verdicts.update(zip(todo, drawn))
         results.append(
             _record(
@@ -152,7 +142,7 @@ def judge_tasks(
                 verdicts.get(k),
                 run_id,
                 target_refs,
-                EngineRef(kind=KEYWORDS, model=KEYWORDS) if names[k] == KEYWORDS else judge_ref,
+                EngineRef(kind=KEYWORDS, model=KEYWORDS) if _model_free(names[k]) else judge_ref,
                 names[k],
             )
             for k, t in enumerate(batch)
@@ -163,7 +153,7 @@ def judge_tasks(
 
 def needs_engine(config: JudgeConfig, tasks: Sequence[JudgeTask]) -> bool:
     """Whether any task needs the judge model (keyword-only over-refusal checks do not)."""
-    return any(t.error is None and rubric_name(config, t) != KEYWORDS for t in tasks)
+    return any(t.error is None and not _model_free(rubric_name(config, t)) for t in tasks)
 
 
 def _record(

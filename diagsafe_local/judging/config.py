@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
 from diagsafe_local.judging.base import Decoding
@@ -17,7 +17,8 @@ class JudgeConfig(EngineConfig):
     benign_rubric: str = Field(
         "refusal",
         description="How benign items are judged for over-refusal: a refusal judge ('refusal', "
-        "'wildguard-refusal', 'qwen3guard-refusal') or 'keywords' (a refusal-phrase detector, no judge call).",
+        "'wildguard-refusal', 'qwen3guard-refusal') or 'refusal-keywords' (the refusal-phrase detector, no model "
+        "call; 'keywords' is its former name).",
     )
     probability: bool | None = Field(
         None,
@@ -34,6 +35,11 @@ class JudgeConfig(EngineConfig):
     max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
     batch_size: int = Field(256, ge=1, description="Judgments per engine call (results are saved after each).")
 
+    @field_validator("benign_rubric")
+    @classmethod
+    def _former_name(cls, value: str) -> str:
+        return "refusal-keywords" if value == "keywords" else value
+
     @model_validator(mode="after")
     def _judges(self) -> JudgeConfig:
         from diagsafe_local.core.registry import UnknownNameError
@@ -41,17 +47,21 @@ class JudgeConfig(EngineConfig):
 
         try:
             harm = JUDGES.get(self.rubric)
-            benign = None if self.benign_rubric == "keywords" else JUDGES.get(self.benign_rubric)
+            benign = JUDGES.get(self.benign_rubric)
         except UnknownNameError as exc:
             raise ValueError(str(exc)) from None
         if harm.measures != "harm":
             raise ValueError(f"rubric '{self.rubric}' measures {harm.measures}, not harm")
-        if benign is not None and benign.measures != "refusal":
+        if benign.measures != "refusal":
             raise ValueError(f"benign_rubric '{self.benign_rubric}' measures {benign.measures}, not refusal")
         for field, judge in (("rubric", harm), ("benign_rubric", benign)):
-            if judge is not None and (judge.engine_kind or "") != ("classifier" if self.kind == "classifier" else ""):
+            if judge.engine_kind != "none" and (judge.engine_kind or "") != (
+                "classifier" if self.kind == "classifier" else ""
+            ):
                 need = judge.engine_kind or "an LLM engine (vllm, openai or transformers)"
-                hint = " (use benign_rubric: keywords with a classifier judge)" if field == "benign_rubric" else ""
+                hint = (
+                    " (use benign_rubric: refusal-keywords with a classifier judge)" if field == "benign_rubric" else ""
+                )
                 raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
         harm.check_probability(self.probability)
         return self

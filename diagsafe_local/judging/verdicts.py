@@ -3,7 +3,7 @@
 A sampled reply is parsed only if it finished with `stop`; a truncated or unparseable reply is retried
 with twice the token budget, up to `max_attempts`, and then kept as a parse failure with no score. An
 engine error is not retried here (the engines retry transient faults themselves; a rerun retries it).
-Both the pipeline's judge step and `bench --judge` draw their verdicts through `draw_verdicts`.
+A judge that needs no model (`refusal-keywords`) decides at once, without an engine call. Both the\npipeline's judge step and `bench --judge` draw their verdicts through `draw_verdicts`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ParseOutcome
+from diagsafe_local.judging.refusal import KeywordJudge
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class Verdict:
 
 
 def draw_verdicts(
-    engine: Engine,
+    engine: Engine | None,
     calls: Sequence[tuple[Judge, JudgeInput, tuple]],
     decoding: Decoding,
     seed: int,
@@ -36,7 +37,9 @@ def draw_verdicts(
     verdicts: dict[int, Verdict] = {}
     todo = []
     for k, (judge, judged, _) in enumerate(calls):
-        if judge.needs_reference and not judged.references:
+        if isinstance(judge, KeywordJudge):
+            verdicts[k] = Verdict(*judge.decide(judged), 0)
+        elif judge.needs_reference and not judged.references:
             verdicts[k] = Verdict(
                 None, ParseOutcome(status="error", error=f"judge '{judge.name}' needs a reference answer"), 0
             )
@@ -46,6 +49,8 @@ def draw_verdicts(
     for attempt in range(1, max_attempts + 1):
         if not todo:
             break
+        if engine is None:
+            raise ValueError("these judges need a model engine")
         requests = [
             calls[k][0].request(calls[k][1], decoding, budget, request_seed(seed, *calls[k][2], attempt)) for k in todo
         ]
