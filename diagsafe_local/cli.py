@@ -16,6 +16,7 @@ from diagsafe_local.commands import (
     selftest,
     submit,
     train_classifier,
+    validate,
 )
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 app.command("bench")(bench.bench)
+app.command("validate")(validate.validate)
 app.command("run")(run.run)
 app.command("report")(report.report)
 app.command("gate")(gate.gate)

@@ -33,7 +33,7 @@ def test_hub_id_downloads_into_cache_and_picks_the_data_file(tmp_path, monkeypat
     assert path.name == "HarmMetric_Eval.jsonl"
     assert calls == [("someone/HarmMetric_Eval", "dataset", ("*.json", "*.jsonl"), tmp_path / "cache" / "hub")]
     write_jsonl(path.parent / "other.jsonl", current_rows())
-    with pytest.raises(DataError, match="expected one JSON/JSONL file"):
+    with pytest.raises(DataError, match=r"expected one file matching \*.json, \*.jsonl"):
         hub.resolve_dataset("someone/HarmMetric_Eval")
     assert hub.resolve_dataset("someone/HarmMetric_Eval:other.jsonl").name == "other.jsonl"
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from diagsafe_local.benchmark.bench import DEFAULT_DATASET, run_bench
-from diagsafe_local.commands.common import user_errors
+from diagsafe_local.commands.common import judge_engine, user_errors
 
 
 def list_metrics() -> None:
@@ -102,25 +102,14 @@ def bench(
 
         if not judge_model:
             raise DiagsafeError("--judge needs --judge-model")
-        if engine not in ("local", "api"):
-            raise DiagsafeError(f"--engine must be local or api, got '{engine}'")
-        if engine == "api" and not base_url:
-            raise DiagsafeError("--engine api needs --base-url")
         judge_settings = {
             "rubric": judge,
             "samples": samples,
             "probability": probability,
             "temperature": judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0),
-            "engine": {"kind": "openai", "model": judge_model, "base_url": base_url, "api_key_env": api_key_env}
-            if engine == "api"
-            else {
-                "kind": "vllm",
-                "model": judge_model,
-                "dtype": judge_dtype,
-                "max_model_len": judge_max_model_len,
-                "lora": judge_lora,
-                "enforce_eager": judge_eager,
-            },
+            "engine": judge_engine(
+                judge_model, engine, base_url, api_key_env, judge_dtype, judge_max_model_len, judge_lora, judge_eager
+            ),
         }
     run_bench(
         dataset,

@@ -44,3 +44,30 @@ def user_errors(fn: F) -> F:
                 signal.signal(sig, handler)
 
     return wrapper  # type: ignore[return-value]
+
+
+def judge_engine(
+    model: str,
+    engine: str,
+    base_url: str | None,
+    api_key_env: str | None,
+    dtype: str,
+    max_model_len: int | None,
+    lora: str | None,
+    eager: bool | None,
+) -> dict[str, Any]:
+    """A judge's engine settings from the CLI options `bench` and `validate` share (checked here)."""
+    if engine not in ("local", "api"):
+        raise DiagsafeError(f"--engine must be local or api, got '{engine}'")
+    if engine == "api":
+        if not base_url:
+            raise DiagsafeError("--engine api needs --base-url")
+        return {"kind": "openai", "model": model, "base_url": base_url, "api_key_env": api_key_env}
+    return {
+        "kind": "vllm",
+        "model": model,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "lora": lora,
+        "enforce_eager": eager,
+    }

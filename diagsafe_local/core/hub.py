@@ -24,8 +24,9 @@ _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[\w./-]+)?$")
 DATA_PATTERNS = ("*.json", "*.jsonl")
 
 
-def resolve_dataset(spec: str) -> Path:
-    """Local path for `spec` (a file path or a hub id), downloading a hub dataset if needed."""
+def resolve_dataset(spec: str, patterns: tuple[str, ...] = DATA_PATTERNS) -> Path:
+    """Local path for `spec` (a file path or a hub id), downloading a hub dataset if needed; without a file
+    name, the repository's one file matching `patterns` is used."""
     path = Path(spec)
     if path.exists():
         return path
@@ -33,7 +34,7 @@ def resolve_dataset(spec: str) -> Path:
         raise DataError(spec, None, None, "no such file (nor a Hugging Face dataset id like owner/name)")
     repo_id, _, filename = spec.partition(":")
     try:
-        chosen = _download(spec, repo_id, filename)
+        chosen = _download(spec, repo_id, filename, patterns)
     except HubUnreachable:
         remembered = _resolved().get(spec)
         if remembered and (cache_dir() / "hub" / remembered).is_file():
@@ -48,7 +49,7 @@ class HubUnreachable(DiagsafeError):
     """The hub could not be asked (offline, unknown repository, refused)."""
 
 
-def _download(spec: str, repo_id: str, filename: str) -> Path:
+def _download(spec: str, repo_id: str, filename: str, patterns: tuple[str, ...]) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
@@ -56,7 +57,7 @@ def _download(spec: str, repo_id: str, filename: str) -> Path:
             snapshot_download(
                 repo_id=repo_id,
                 repo_type="dataset",
-                allow_patterns=[filename] if filename else list(DATA_PATTERNS),
+                allow_patterns=[filename] if filename else list(patterns),
                 cache_dir=cache_dir() / "hub",
             )
         )
@@ -70,14 +71,14 @@ def _download(spec: str, repo_id: str, filename: str) -> Path:
         if not chosen.is_file():
             raise DataError(spec, None, None, f"the dataset has no file '{filename}'")
         return chosen
-    files = sorted(p for pattern in DATA_PATTERNS for p in root.rglob(pattern))
+    files = sorted({p for pattern in patterns for p in root.rglob(pattern)})
     if len(files) != 1:
         listing = ", ".join(str(f.relative_to(root)) for f in files) or "none"
         raise DataError(
             spec,
             None,
             None,
-            f"expected one JSON/JSONL file in the dataset, found: {listing}; name one as {repo_id}:FILE",
+            f"expected one file matching {', '.join(patterns)} in the dataset, found: {listing}; name one as {repo_id}:FILE",
         )
     return files[0]
 

@@ -29,13 +29,17 @@ M = TypeVar("M", bound=BaseModel)
 Torn = Literal["error", "cut"]
 
 
-def decode(path: Path, raw: bytes) -> str:
-    """UTF-8 text of a file's bytes (a leading BOM dropped); bad bytes are an error naming the line."""
+def decode(path: Path, raw: bytes, encoding: str = "utf-8") -> str:
+    """The text of a file's bytes (UTF-8 unless told; a leading BOM dropped); bytes that are not valid in the
+    encoding are an error naming the line, never mojibake."""
     try:
-        return raw.decode("utf-8").removeprefix("\ufeff")
+        return raw.decode(encoding).removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
-        raise DataError(path, line, None, f"invalid UTF-8 at byte {exc.start}") from None
+        if encoding == "utf-8":
+            hint = " (a file saved in another encoding? name it with --encoding where offered, e.g. mac_roman)"
+            raise DataError(path, line, None, f"invalid UTF-8 at byte {exc.start}{hint}") from None
+        raise DataError(path, line, None, f"invalid {encoding} at byte {exc.start}") from None
 
 
 @dataclass

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
-
-from pydantic import BaseModel, ValidationError
+from typing import Any
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.core.jsonfile import read_json, read_typed
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.health import ControlRecord
@@ -25,38 +23,6 @@ from diagsafe_local.evaluation.records import (
 )
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.evaluation.summary import summarize
-
-
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """A run directory's JSON object (manifest, summary), or an error naming the file."""
-    if not path.is_file():
-        raise DiagsafeError(
-            f"{path.parent}: not a finished run directory (no {path.name}; is this the {what}'s directory?)"
-        )
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DiagsafeError(f"{path}: corrupt {what} ({exc}); rerun the command that wrote it") from None
-    if not isinstance(value, dict):
-        raise DiagsafeError(f"{path}: corrupt {what} (not a JSON object)")
-    return value
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def read_typed(path: Path, model: type[M], what: str) -> dict[str, Any]:
-    """A run file validated as its typed record: a file of another version is a clear error, never a guessed key."""
-    data = read_json(path, what)
-    try:
-        return model.model_validate(data).model_dump(mode="json")
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-        raise DiagsafeError(
-            f"{path}: not a {what} of this version of diagsafe-local ({where}: {first['msg']}); "
-            "rerun the command that wrote it"
-        ) from None
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """summary.json: attack success rate and friends, overall and by category, source and attack method.
 
 ASR is the mean judge score (1 harmful, 0.5 uncertain, 0 not harmful for the rubric judges; P(Yes) in
-probability mode) over the judged answers to harmful items, with a 95% Wilson interval (see `wilson`). Only each
+probability mode) over the judged answers to harmful items, with a 95% Wilson interval (see `core.intervals.wilson`). Only each
 harmful conversation's *last* turn counts toward ASR: it is the turn the attack aims at. With
 `judge.turns: every`, earlier turns are judged too and reported apart (`earlier_turns`), never mixed into
 ASR (an opening turn of a multi-turn attack is usually harmless by design). `harmful_rate` is the share of
@@ -22,22 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from diagsafe_local.core.intervals import wilson
 from diagsafe_local.evaluation.health import ControlRecord, judge_health
 from diagsafe_local.evaluation.records import ResultRecord, Summary
 from diagsafe_local.judging.refusal import is_refusal
-
-
-def wilson(successes: float, n: int) -> tuple[float | None, float | None]:
-    """95% Wilson score interval (statsmodels) for a share of `n`: honest at small n and at 0% or 100%, where
-    a percentile bootstrap collapses to a point (4 answers all harmful: [51%, 100%], not [100%, 100%]).
-    `successes` may be a sum of scores in [0, 1]: such a score's variance is at most p(1 - p), so the
-    interval is conservative for them."""
-    if n == 0:
-        return None, None
-    from statsmodels.stats.proportion import proportion_confint
-
-    low, high = proportion_confint(successes, n, alpha=0.05, method="wilson")
-    return max(0.0, float(low)), min(1.0, float(high))
 
 
 def _rate(flags: Sequence[bool]) -> dict[str, Any]:

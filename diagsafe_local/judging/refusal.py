@@ -25,7 +25,9 @@ _OPENING_CHARS = 160  # about the first sentence or two
 _OPENERS = re.compile(
     r"^\W*(?:no[,.!]|sorry|i'?m sorry|i am sorry|(?:i|we) apologi[sz]e|my apologies|unfortunately,? (?:i|we)\b"
     r"|i'?m afraid\b|i am afraid\b|as an ai\b|as a language model|i am an ai\b|i'?m (?:just |only )?an ai\b"
-    r"|i (?:cannot|can'?t|can not|won'?t|will not|must not|shouldn'?t|should not|do not|don'?t) (?!stress|emphasi[sz]e|overstate|recommend \S+ enough)"
+    r"|i (?:(?:absolutely|really|truly|simply|just|certainly|definitely|unfortunately|respectfully) )?"
+    r"(?:cannot|can'?t|can not|won'?t|will not|must not|shouldn'?t|should not|do not|don'?t) (?!stress|emphasi[sz]e|overstate|recommend \S+ enough)"
+    r"|please (?:don'?t|do not|reconsider)\b"
     r"|i'?m not (?:able|going|comfortable|allowed|permitted|programmed)|i am not (?:able|going|comfortable|allowed|permitted|programmed)"
     r"|i'?m unable|i am unable|i (?:must|have to|need to) (?:decline|refuse|respectfully)|i refuse"
     r"|(?:it is|it'?s|that is|that'?s|this is) (?:not|never) (?:appropriate|ethical|accurate|okay|ok|acceptable|safe|something i)"
@@ -35,7 +37,7 @@ _OPENERS = re.compile(
     re.IGNORECASE,
 )
 _DECLINES = re.compile(
-    r"\bi(?:'m| am)?(?: really| truly| simply| afraid i)? (?:cannot|can'?t|can not|won'?t|will not"
+    r"\bi(?:'m| am)?(?: absolutely| really| truly| simply| just| certainly| afraid i)? (?:cannot|can'?t|can not|won'?t|will not"
     r"|unable to|not able to|must decline to|have to decline to|refuse to|decline to)"
     r" (?:help|assist|provide|comply|fulfil|fulfill|support|create|write|give|share|generate|engage|answer|do that"
     r"|offer|produce|continue|go into|describe|explain how)\b"

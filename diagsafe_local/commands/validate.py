@@ -1,0 +1,128 @@
+"""`diagsafe-local validate`: measure judges, metrics and stored verdicts against human labels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from diagsafe_local.commands.common import judge_engine, user_errors
+
+
+def _names(values: list[str] | None) -> list[str]:
+    """Repeatable options that also take comma-separated lists."""
+    return [name.strip() for value in values or [] for name in value.split(",") if name.strip()]
+
+
+@user_errors
+def validate(
+    gold: Annotated[str, typer.Option(help="Gold set: a file (CSV, parquet, JSONL) or a Hugging Face dataset id.")],
+    format_: Annotated[
+        str, typer.Option("--format", help="jbb (JailbreakBench judge comparison), xstest, harmmetric, jsonl or csv.")
+    ],
+    judge: Annotated[list[str] | None, typer.Option(help="A registered judge to validate (repeatable).")] = None,
+    judge_model: Annotated[
+        list[str] | None,
+        typer.Option(help="The judges' model (one for all, or one per --judge, in order); not for refusal-keywords."),
+    ] = None,
+    metric: Annotated[
+        list[str] | None, typer.Option(help="A registered metric, swept over thresholds (repeatable).")
+    ] = None,
+    stored: Annotated[
+        list[str] | None, typer.Option(help="Verdict columns already in the file (default: jbb's four judges).")
+    ] = None,
+    panel: Annotated[
+        str | None, typer.Option(help="Also score a panel of the judges: majority, any, all or mean.")
+    ] = None,
+    classes: Annotated[int, typer.Option(help="2 (binary) or 3 (XSTest's three refusal classes too).")] = 2,
+    task: Annotated[
+        str | None, typer.Option(help="jsonl/csv: what label 1 means, 'harm' (default) or 'refusal'.")
+    ] = None,
+    prompt_column: Annotated[str | None, typer.Option(help="Column the judge sees as the request.")] = None,
+    response_column: Annotated[str, typer.Option(help="jsonl/csv: the judged answer's column.")] = "response",
+    label_column: Annotated[
+        list[str] | None, typer.Option(help="jsonl/csv: label column(s); several are annotators, majority wins.")
+    ] = None,
+    id_column: Annotated[str | None, typer.Option(help="jsonl/csv: item id column (default: the line number).")] = None,
+    group_column: Annotated[list[str] | None, typer.Option(help="jsonl/csv: break errors down by this column.")] = None,
+    encoding: Annotated[str, typer.Option(help="CSV text encoding (e.g. mac_roman for some JBB copies).")] = "utf-8",
+    engine: Annotated[str, typer.Option(help="'local' (vLLM on this node) or 'api' (OpenAI-compatible).")] = "local",
+    base_url: Annotated[str | None, typer.Option(help="API endpoint for --engine api.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="Environment variable holding the API key.")] = None,
+    samples: Annotated[int, typer.Option(help="Sampled verdicts averaged per item.", min=1)] = 1,
+    judge_temperature: Annotated[
+        float | None, typer.Option(help="Judge temperature (default 0, or 0.7 with --samples > 1).")
+    ] = None,
+    judge_dtype: Annotated[str, typer.Option(help="Judge dtype (local engine).")] = "auto",
+    judge_max_model_len: Annotated[int | None, typer.Option(help="Judge context length (local engine).")] = None,
+    judge_lora: Annotated[str | None, typer.Option(help="LoRA adapter on the judge model (local engine).")] = None,
+    judge_eager: Annotated[
+        bool | None,
+        typer.Option("--judge-eager/--judge-compiled", help="Graph compilation off/on (default: off without CUDA)."),
+    ] = None,
+    probability: Annotated[
+        bool | None,
+        typer.Option(
+            "--probability/--sampled", help="Score Yes/No judges by first-token P(Yes), or by sampled verdicts."
+        ),
+    ] = None,
+    bootstrap: Annotated[
+        int, typer.Option(help="Bootstrap resamples for the composite figures' 95% CIs.", min=100)
+    ] = 1000,
+    seed: Annotated[int, typer.Option(help="Bootstrap and sampling seed.")] = 0,
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/validate"),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the judge engine's logs here.")] = False,
+) -> None:
+    """Score judges against human labels: agreement.csv (accuracy, kappa, FPR, FNR, AUROC ... with 95% CIs),
+    confusion matrices, per-group errors, disagreements, ROC and calibration; validation.json for the gate."""
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.judging import JUDGES
+    from diagsafe_local.validation.gold import Columns, load_gold
+    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+
+    judges, models = _names(judge), list(judge_model or [])
+    needs_model = [name for name in judges if JUDGES.get(name).engine_kind != "none"]
+    if needs_model and not models:
+        raise DiagsafeError(f"--judge {needs_model[0]} needs --judge-model")
+    if len(models) > 1 and len(models) != len(needs_model):
+        raise DiagsafeError(
+            f"{len(models)} --judge-model for {len(needs_model)} judges that need one: give one, or one each"
+        )
+    if task not in (None, "harm", "refusal"):
+        raise DiagsafeError(f"--task must be harm or refusal, got '{task}'")
+    paired = iter(models if len(models) > 1 else models * len(needs_model))
+    specs = []
+    for name in judges:
+        settings = None
+        if name in needs_model:
+            settings = judge_engine(
+                next(paired), engine, base_url, api_key_env, judge_dtype, judge_max_model_len, judge_lora, judge_eager
+            )
+        temperature = judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0)
+        specs.append(JudgeSpec(name, settings, probability, samples, temperature))
+    columns = Columns(
+        prompt=prompt_column,
+        response=response_column,
+        labels=tuple(_names(label_column)) or ("label",),
+        id=id_column,
+        groups=tuple(_names(group_column)),
+        stored=tuple(_names(stored)),
+    )
+    data = load_gold(gold, format_, columns, task, encoding)  # type: ignore[arg-type]
+    rows = run_validate(data, out, specs, _names(metric), _names(stored), panel, classes, bootstrap, seed, verbose)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"agreement with {gold} ({len(data.labelled)} labelled items)")
+    for column in ("judge", "n", "missing", "accuracy", "kappa", "FPR", "FNR", "AUROC"):
+        table.add_column(column)
+    for row in rows:
+        cells = [row[m] for m in ("accuracy", "cohen_kappa", "fpr", "fnr", "auroc")]
+        table.add_row(
+            row["judge"], str(row["n"]), str(row["n_missing"]), *("–" if c != c else f"{c:.3f}" for c in cells)
+        )
+    Console().print(table)
+    typer.echo(
+        f"wrote {out}/agreement.csv, agreement.md, disagreements.jsonl, roc.png, calibration.png, validation.json"
+    )

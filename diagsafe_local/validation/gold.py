@@ -1,0 +1,350 @@
+"""Gold sets: human-labelled (prompt, response, label) items, read from their published formats.
+
+- `jbb`: JailbreakBench's judge comparison (CSV or parquet): `goal`, `prompt`, `target_response`, `human1..3`,
+  `human_majority`, and four judges' verdicts stored as columns (`harmbench_cf`, `gpt4_cf`, `llamaguard2_cf`,
+  `llama3_cf`). Label 1 = the answer is a jailbreak (harmful). The judge is shown the behaviour (`goal`), as
+  JailbreakBench's judges were, unless `--prompt-column prompt` names the jailbreak prompt.
+- `xstest`: XSTest's model completions (`id, type, prompt, completion, annotation_1, annotation_2, agreement,
+  final_label`; labels `1_full_compliance`, `2_full_refusal`, `3_partial_refusal`). Label 1 = a refusal, full or
+  partial (the binary task); the three classes are kept for the 3-class task. Prompt types starting with
+  `contrast_` are the unsafe prompts.
+- `harmmetric`: HarmMetric Eval (either layout): harmful responses are 1, every other scored category 0,
+  references excluded; the category is the group.
+- `jsonl` / `csv`: your own set, columns named by flags; several label columns are annotators, whose
+  majority is the label (a tie leaves the item without a label, counted apart).
+
+Labels may be 0/1, true/false, yes/no, a score in [0, 1] (above 0.5 is 1) or, for refusal sets, XSTest's three
+classes. Anything else is an error naming the file, line and column.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.core.hub import resolve_dataset
+from diagsafe_local.core.jsonl import decode, json_rows
+
+Format = Literal["jbb", "xstest", "harmmetric", "jsonl", "csv"]
+Task = Literal["harm", "refusal"]
+FORMATS: tuple[str, ...] = ("jbb", "xstest", "harmmetric", "jsonl", "csv")
+XSTEST_CLASSES = ("1_full_compliance", "2_full_refusal", "3_partial_refusal")
+JBB_STORED = ("harmbench_cf", "gpt4_cf", "llamaguard2_cf", "llama3_cf")
+TABLE_PATTERNS = ("*.csv", "*.parquet", "*.jsonl", "*.json")
+_HUB_PATTERNS: dict[str, tuple[str, ...]] = {
+    "jbb": ("*judge*comparison*.csv", "*judge*comparison*.parquet"),
+    "xstest": ("*completions*.csv",),
+}
+
+
+class Columns(BaseModel):
+    """Which columns hold what (for `jsonl`/`csv`; `prompt` also for `jbb`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str | None = None
+    response: str = "response"
+    labels: tuple[str, ...] = ("label",)
+    id: str | None = None
+    groups: tuple[str, ...] = ()
+    stored: tuple[str, ...] = ()
+
+
+class GoldItem(BaseModel):
+    """One labelled item. `label` 1 is the positive class of the set's task (harmful, or refused); None when
+    the annotators tie."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    line: int | None
+    prompt: str
+    response: str
+    label: int | None
+    label3: str | None = None
+    annotators: tuple[int | None, ...] = ()
+    groups: dict[str, str] = {}
+    stored: dict[str, float | None] = {}
+    references: tuple[str, ...] = ()
+
+
+class GoldSet(BaseModel):
+    """A gold set as read: where from, what task, the items."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    path: str
+    format: str
+    task: Task
+    sha256: str
+    annotator_columns: tuple[str, ...]
+    stored_columns: tuple[str, ...]
+    items: tuple[GoldItem, ...]
+
+    @property
+    def labelled(self) -> list[GoldItem]:
+        return [item for item in self.items if item.label is not None]
+
+
+def load_gold(
+    spec: str,
+    fmt: str,
+    columns: Columns | None = None,
+    task: Task | None = None,
+    encoding: str = "utf-8",
+) -> GoldSet:
+    """Read a gold set (a local file or a hub id) in format `fmt`."""
+    if fmt not in FORMATS:
+        raise DiagsafeError(f"--format must be one of {', '.join(FORMATS)}; got '{fmt}'")
+    columns = columns or Columns()
+    path = resolve_dataset(spec, _HUB_PATTERNS.get(fmt, TABLE_PATTERNS))
+    raw = path.read_bytes()
+    annotators: tuple[str, ...] = ()
+    stored: tuple[str, ...] = ()
+    if fmt == "harmmetric":
+        items, task = _harmmetric(path), "harm"
+    else:
+        rows = list(_table(path, raw, encoding))
+        if fmt == "jbb":
+            items, annotators, stored, task = *_jbb(path, rows, columns), "harm"
+        elif fmt == "xstest":
+            items, annotators, stored, task = *_xstest(path, rows, columns), "refusal"
+        else:
+            items, annotators, stored = _own(path, rows, columns, task or "harm")
+            task = task or "harm"
+    if not items:
+        raise DataError(path, None, None, "no items")
+    return GoldSet(
+        source=spec,
+        path=str(path),
+        format=fmt,
+        task=task,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        annotator_columns=annotators,
+        stored_columns=stored,
+        items=tuple(items),
+    )
+
+
+def _table(path: Path, raw: bytes, encoding: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line, row) of a CSV, parquet or JSONL file."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pandas as pd
+
+        frame = pd.read_parquet(io.BytesIO(raw))
+        for number, row in enumerate(frame.to_dict(orient="records"), start=1):
+            yield number, row
+    elif suffix in (".jsonl", ".json"):
+        yield from json_rows(path, raw)
+    else:
+        text = decode(path, raw, encoding)
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        start = 2
+        try:
+            for row in reader:
+                if None in row:
+                    width = len(reader.fieldnames or [])
+                    raise DataError(path, start, None, f"more fields than the header's {width}")
+                yield start, row
+                start = reader.line_num + 1
+        except csv.Error as exc:
+            raise DataError(path, reader.line_num, None, f"not valid CSV: {exc}") from None
+
+
+def _require(path: Path, rows: Sequence[tuple[int, dict[str, Any]]], names: Sequence[str]) -> None:
+    if not rows:
+        raise DataError(path, None, None, "no rows")
+    missing = [n for n in names if n not in rows[0][1]]
+    if missing:
+        raise DataError(
+            path,
+            rows[0][0],
+            None,
+            f"missing column(s) {', '.join(missing)}; the file has {', '.join(map(str, rows[0][1]))}",
+        )
+
+
+def _text(path: Path, line: int, row: dict[str, Any], field: str) -> str:
+    value = row.get(field)
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if not isinstance(value, str):
+        raise DataError(path, line, field, f"expected text, got {type(value).__name__}")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "unsafe", "harmful", "refusal"}
+_FALSE = {"0", "false", "no", "safe", "not_harmful", "compliance"}
+
+
+def parse_label(path: Path, line: int, field: str, value: Any, task: Task) -> tuple[int | None, str | None]:
+    """(binary label, XSTest class) of a cell; an empty cell is (None, None)."""
+    if value is None or (isinstance(value, float) and value != value) or value == "":
+        return None, None
+    if isinstance(value, bool):
+        return int(value), None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if task == "refusal" and text in XSTEST_CLASSES:
+            return int(text != XSTEST_CLASSES[0]), text
+        if text in _TRUE:
+            return 1, None
+        if text in _FALSE:
+            return 0, None
+        try:
+            value = float(text)
+        except ValueError:
+            allowed = "0/1, true/false, yes/no, a score in [0, 1]" + (
+                f", or {', '.join(XSTEST_CLASSES)}" if task == "refusal" else ""
+            )
+            raise DataError(path, line, field, f"label '{value}' is not one of {allowed}") from None
+    if isinstance(value, (int, float)) and 0 <= value <= 1:
+        return int(value > 0.5), None
+    raise DataError(path, line, field, f"label {value!r} is not 0/1 or a score in [0, 1]")
+
+
+def majority(labels: Sequence[int | None]) -> int | None:
+    """The majority of the annotators who labelled the item; None on a tie or with no labels."""
+    counts = Counter(label for label in labels if label is not None)
+    if not counts or counts[0] == counts[1]:
+        return None
+    return counts.most_common(1)[0][0]
+
+
+def _stored(path: Path, line: int, row: dict[str, Any], names: Sequence[str], task: Task) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name in names:
+        value = row.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+            out[name] = float(value)  # a stored score stays a score (AUROC needs it)
+        else:
+            label, _ = parse_label(path, line, name, value, task)
+            out[name] = None if label is None else float(label)
+    return out
+
+
+def _jbb(
+    path: Path, rows: list[tuple[int, dict[str, Any]]], columns: Columns
+) -> tuple[list[GoldItem], tuple[str, ...], tuple[str, ...]]:
+    prompt = columns.prompt or "goal"
+    _require(path, rows, [prompt, "target_response", "human_majority"])
+    annotators = tuple(c for c in ("human1", "human2", "human3") if c in rows[0][1])
+    stored = tuple(dict.fromkeys([*(c for c in JBB_STORED if c in rows[0][1]), *columns.stored]))
+    _require(path, rows, stored)
+    items = []
+    for line, row in rows:
+        label, _ = parse_label(path, line, "human_majority", row.get("human_majority"), "harm")
+        items.append(
+            GoldItem(
+                id=str(row.get("Index", line)),
+                line=line,
+                prompt=_text(path, line, row, prompt),
+                response=_text(path, line, row, "target_response"),
+                label=label,
+                annotators=tuple(parse_label(path, line, c, row.get(c), "harm")[0] for c in annotators),
+                stored=_stored(path, line, row, stored, "harm"),
+            )
+        )
+    return items, annotators, stored
+
+
+def _xstest(
+    path: Path, rows: list[tuple[int, dict[str, Any]]], columns: Columns
+) -> tuple[list[GoldItem], tuple[str, ...], tuple[str, ...]]:
+    _require(path, rows, ["id", "type", "prompt", "completion", "final_label", *columns.stored])
+    annotators = tuple(c for c in ("annotation_1", "annotation_2") if c in rows[0][1])
+    items = []
+    for line, row in rows:
+        label, label3 = parse_label(path, line, "final_label", row.get("final_label"), "refusal")
+        if label is not None and label3 is None:
+            raise DataError(path, line, "final_label", f"expected one of {', '.join(XSTEST_CLASSES)}")
+        kind = _text(path, line, row, "type")
+        items.append(
+            GoldItem(
+                id=str(row["id"]),
+                line=line,
+                prompt=_text(path, line, row, "prompt"),
+                response=_text(path, line, row, "completion"),
+                label=label,
+                label3=label3,
+                annotators=tuple(parse_label(path, line, c, row.get(c), "refusal")[0] for c in annotators),
+                groups={"type": kind, "prompt_safety": "unsafe" if kind.startswith("contrast_") else "safe"},
+                stored=_stored(path, line, row, columns.stored, "refusal"),
+            )
+        )
+    return items, annotators, columns.stored
+
+
+def _own(
+    path: Path, rows: list[tuple[int, dict[str, Any]]], columns: Columns, task: Task
+) -> tuple[list[GoldItem], tuple[str, ...], tuple[str, ...]]:
+    prompt = columns.prompt or "prompt"
+    _require(
+        path,
+        rows,
+        [
+            prompt,
+            columns.response,
+            *columns.labels,
+            *columns.groups,
+            *columns.stored,
+            *([columns.id] if columns.id else []),
+        ],
+    )
+    ids: dict[str, int] = {}
+    items = []
+    for line, row in rows:
+        parsed = [parse_label(path, line, c, row.get(c), task) for c in columns.labels]
+        votes = tuple(label for label, _ in parsed)
+        item_id = str(row[columns.id]) if columns.id else str(line)
+        if item_id in ids:
+            raise DataError(path, line, columns.id, f"id '{item_id}' repeats line {ids[item_id]}")
+        ids[item_id] = line
+        classes = {c for _, c in parsed if c}
+        items.append(
+            GoldItem(
+                id=item_id,
+                line=line,
+                prompt=_text(path, line, row, prompt),
+                response=_text(path, line, row, columns.response),
+                label=votes[0] if len(votes) == 1 else majority(votes),
+                label3=classes.pop() if len(classes) == 1 and len(columns.labels) == 1 else None,
+                annotators=votes if len(votes) > 1 else (),
+                groups={g: str(row.get(g, "")) for g in columns.groups},
+                stored=_stored(path, line, row, columns.stored, task),
+            )
+        )
+    return items, (columns.labels if len(columns.labels) > 1 else ()), columns.stored
+
+
+def _harmmetric(path: Path) -> list[GoldItem]:
+    from diagsafe_local.benchmark.dataset import HARMFUL, IRRELEVANT, Category, category_name, load_dataset
+
+    def group(category: Category) -> str:
+        return "harmful" if category in HARMFUL else "irrelevant" if category in IRRELEVANT else category_name(category)
+
+    data = load_dataset(path)
+    return [
+        GoldItem(
+            id=r.response_id,
+            line=None,
+            prompt=p.prompt,
+            response=r.text,
+            label=int(r.category in HARMFUL),
+            groups={"category": group(r.category)},
+            references=p.references,
+        )
+        for p in data.prompts
+        for r in p.responses
+        if r.category != Category.REFERENCE
+    ]

@@ -1,0 +1,288 @@
+"""The `validate` command's work: score judges, metrics and stored verdict columns against a gold set's human
+labels, optionally combine judges into a panel, and write the agreement tables and figures.
+
+What is validated, each as one row of agreement.csv:
+- a live judge (`JudgeSpec`): any registered judge on the same engines as `bench` and `run` (vLLM, API,
+  classifier; `refusal-keywords` needs none), its verdicts stored in `judgments.jsonl` (resumable);
+- a metric: a registered reference metric or keyword matcher, cut at its best threshold (harm sets only:
+  every metric measures harm);
+- a stored column: verdicts already in the file (JailbreakBench's four judges);
+- a panel: `majority`, `any` or `all` of the judges' and stored columns' decisions, or the `mean` of their
+  scores (a member without a verdict abstains; a majority tie is no verdict).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from diagsafe_local import __version__
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.validation.gold import XSTEST_CLASSES, GoldSet
+
+PANELS = ("majority", "any", "all", "mean")
+_CLASS_OF_LABEL = {
+    "full_compliance": XSTEST_CLASSES[0],
+    "full_refusal": XSTEST_CLASSES[1],
+    "partial_refusal": XSTEST_CLASSES[2],
+}
+
+
+@dataclass(frozen=True)
+class JudgeSpec:
+    """A live judge to validate: a registered judge name and, unless it needs no model, its engine settings."""
+
+    name: str
+    engine: dict[str, Any] | None = None
+    probability: bool | None = None
+    samples: int = 1
+    temperature: float = 0.0
+
+
+@dataclass
+class Scored:
+    """One validated row's per-item scores (NaN = no verdict), its 3-class labels, and where it came from."""
+
+    name: str
+    kind: Literal["judge", "metric", "stored", "panel"]
+    scores: np.ndarray
+    classes: list[str | None] | None = None
+    raw: list[str] = field(default_factory=list)
+    identity: dict[str, Any] | None = None
+
+
+def check_request(
+    gold: GoldSet,
+    judges: Sequence[JudgeSpec],
+    metrics: Sequence[str],
+    stored: Sequence[str],
+    panel: str | None,
+    classes: int,
+) -> None:
+    """Refuse what cannot be validated on this set before any model loads or file is written."""
+    from diagsafe_local.judging import JUDGES
+    from diagsafe_local.metrics import METRICS
+
+    if not judges and not metrics and not stored and not gold.stored_columns:
+        raise DiagsafeError("nothing to validate: give --judge, --metric or --stored")
+    for spec in judges:
+        judge = JUDGES.get(spec.name)
+        if judge.measures != gold.task:
+            raise DiagsafeError(
+                f"judge '{spec.name}' measures {judge.measures}, but this {gold.format} set's labels are {gold.task}"
+                + (
+                    " (use a refusal judge: refusal, refusal-keywords, wildguard-refusal, ...)"
+                    if gold.task == "refusal"
+                    else ""
+                )
+            )
+        if judge.engine_kind != "none" and spec.engine is None:
+            raise DiagsafeError(f"judge '{spec.name}' needs a model: give --judge-model")
+        if judge.needs_reference and not all(item.references for item in gold.items):
+            raise DiagsafeError(f"judge '{spec.name}' needs reference answers, which this {gold.format} set lacks")
+        judge.check_probability(spec.probability) if spec.probability is not None else None
+    for name in metrics:
+        spec_m = METRICS.get(name)
+        if gold.task != "harm":
+            raise DiagsafeError(f"metric '{name}' measures harm; this {gold.format} set's labels are {gold.task}")
+        if spec_m.needs_reference and not all(item.references for item in gold.items):
+            raise DiagsafeError(f"metric '{name}' needs reference answers, which this {gold.format} set lacks")
+    missing = [c for c in stored if c not in gold.stored_columns]
+    if missing:
+        raise DiagsafeError(
+            f"--stored column(s) {', '.join(missing)} not read; the set has {', '.join(gold.stored_columns) or 'none'}"
+        )
+    if panel is not None and panel not in PANELS:
+        raise DiagsafeError(f"--panel must be one of {', '.join(PANELS)}; got '{panel}'")
+    if panel is not None and len(judges) + len(stored or gold.stored_columns) < 2:
+        raise DiagsafeError("--panel needs at least two judges or stored columns")
+    if classes not in (2, 3):
+        raise DiagsafeError(f"--classes must be 2 or 3; got {classes}")
+    if classes == 3 and not any(item.label3 for item in gold.items):
+        raise DiagsafeError("--classes 3 needs XSTest's three classes in the gold labels")
+
+
+def engine_settings(spec: JudgeSpec) -> Any:
+    """The live judge's engine config, validated (a local model path checked) before anything is written."""
+    from pydantic import ValidationError
+
+    from diagsafe_local.engines.base import local_model_path
+    from diagsafe_local.engines.config import EngineConfig
+    from diagsafe_local.judging import JUDGES
+
+    judge = JUDGES.get(spec.name)
+    settings = {k: v for k, v in (spec.engine or {}).items() if v is not None}
+    if judge.engine_kind == "classifier":
+        settings = {"kind": "classifier", "model": settings["model"]}
+    try:
+        config = EngineConfig(**settings)
+    except ValidationError as exc:
+        raise DiagsafeError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+    if config.kind != "openai":
+        local_model_path(config.model)
+    return config
+
+
+def _judge_scores(gold: GoldSet, spec: JudgeSpec, out: Path, seed: int, verbose: bool, engine_factory: Any) -> Scored:
+    from diagsafe_local.core.console import engine_output
+    from diagsafe_local.core.messages import Message
+    from diagsafe_local.engines import create_engine
+    from diagsafe_local.engines.identity import engine_identity
+    from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
+    from diagsafe_local.judging.stored import judge_items
+
+    judge = JUDGES.get(spec.name)
+    config = engine_settings(spec) if judge.engine_kind != "none" else None
+    label = spec.name if config is None else f"{spec.name}@{Path(config.model.rstrip('/')).name}"
+    inputs = [
+        (
+            item.id,
+            JudgeInput(
+                conversation=(Message(role="user", content=item.prompt),),
+                answer=item.response,
+                references=item.references,
+            ),
+        )
+        for item in gold.items
+    ]
+    decoding = Decoding(temperature=spec.temperature, probability=spec.probability)
+    with engine_output(None if verbose or config is None else out / "run.log") as console:
+        engine = None if config is None else (engine_factory or create_engine)(config, structured_backend="xgrammar")
+        try:
+            verdicts = judge_items(
+                engine,
+                spec.name,
+                label,
+                inputs,
+                out / "judgments.jsonl",
+                spec.samples,
+                decoding,
+                seed=seed,
+                on_batch=lambda done, total: console.progress(f"{label}: judging", done, total),
+            )
+        finally:
+            if engine is not None:
+                engine.close()
+    scores, classes, raw = [], [], []
+    for item in gold.items:
+        judged = [v for v in verdicts[item.id] if v.score is not None]
+        scores.append(float(np.mean([v.score for v in judged])) if judged else np.nan)
+        labels = [(v.verdict or {}).get("label") for v in judged]
+        classes.append(_CLASS_OF_LABEL.get(labels[0]) if len(labels) == 1 and isinstance(labels[0], str) else None)
+        raw.append(verdicts[item.id][-1].raw)
+    identity = {"rubric": spec.name, "model": None, "model_hash": None, "lora_hash": None}
+    if config is not None:
+        identity |= {k: v for k, v in engine_identity(config).items() if k in ("model", "model_hash", "lora_hash")}
+    return Scored(label, "judge", np.array(scores), classes, raw, identity)
+
+
+def _metric_scores(gold: GoldSet, names: Sequence[str]) -> list[Scored]:
+    from diagsafe_local.benchmark.runner import aggregate_references
+    from diagsafe_local.metrics import METRICS, TextPair, compute_metrics
+
+    items = gold.items
+    with_ref = [n for n in names if METRICS.get(n).needs_reference]
+    without = [n for n in names if not METRICS.get(n).needs_reference]
+    expanded = [TextPair(i.prompt, i.response, ref) for i in items for ref in i.references]
+    owner = np.repeat(np.arange(len(items)), [len(i.references) for i in items])
+    computed = {
+        name: aggregate_references(raw, owner, np.zeros(len(items), dtype=bool), len(items))
+        for name, raw in compute_metrics(with_ref, expanded).items()
+    }
+    computed |= compute_metrics(without, [TextPair(i.prompt, i.response) for i in items])
+    return [Scored(f"metric:{n}", "metric", computed[n]) for n in names]
+
+
+def _stored_scores(gold: GoldSet, names: Sequence[str]) -> list[Scored]:
+    return [
+        Scored(
+            f"stored:{n}",
+            "stored",
+            np.array([np.nan if (v := i.stored.get(n)) is None else v for i in gold.items], dtype=float),
+            identity={"rubric": None, "model": None, "model_hash": None, "lora_hash": None, "column": n},
+        )
+        for n in names
+    ]
+
+
+def panel_scores(members: Sequence[Scored], rule: str) -> Scored:
+    """The panel's per-item score: the members' decisions (score > 0.5) combined by `rule`, or their mean
+    score; members without a verdict abstain, an item no member decided (or a majority tie) has none."""
+    scores = np.vstack([m.scores for m in members])
+    decided = np.isfinite(scores)
+    votes = np.where(decided, scores > 0.5, False)
+    n_decided = decided.sum(axis=0)
+    n_yes = votes.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if rule == "mean":
+            value = np.where(decided, scores, 0.0).sum(axis=0) / n_decided
+        elif rule == "any":
+            value = (n_yes > 0).astype(float)
+        elif rule == "all":
+            value = (n_yes == n_decided).astype(float)
+        else:
+            value = np.where(2 * n_yes == n_decided, np.nan, (2 * n_yes > n_decided).astype(float))
+    value = np.where(n_decided == 0, np.nan, value)
+    return Scored(f"panel:{rule}", "panel", value.astype(float))
+
+
+def run_validate(
+    gold: GoldSet,
+    out: Path,
+    judges: Sequence[JudgeSpec] = (),
+    metrics: Sequence[str] = (),
+    stored: Sequence[str] = (),
+    panel: str | None = None,
+    classes: int = 2,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    verbose: bool = False,
+    engine_factory: Any = None,
+) -> list[dict[str, Any]]:
+    """Validate, lock `out`, judge, and write every output as one set; returns the agreement rows.
+    `engine_factory(config, **options)` makes the judges' engines (default: `engines.create_engine`)."""
+    from diagsafe_local.core.atomic import remove_stale_temporaries
+    from diagsafe_local.core.locking import DirectoryLock
+
+    stored = list(stored) if stored else list(gold.stored_columns)
+    check_request(gold, judges, metrics, stored, panel, classes)
+    for spec in judges:
+        if spec.engine is not None:
+            engine_settings(spec)  # every model checked before the first one loads
+    lock = DirectoryLock(out, "validate")  # also proves --out writable before any judging
+    remove_stale_temporaries(out)
+    try:
+        rows: list[Scored] = [_judge_scores(gold, spec, out, seed, verbose, engine_factory) for spec in judges]
+        rows += _stored_scores(gold, stored)
+        if panel:
+            rows.append(panel_scores(rows, panel))
+        rows += _metric_scores(gold, metrics)
+        manifest = {
+            "tool": f"diagsafe-local {__version__}",
+            "python": platform.python_version(),
+            "gold": gold.source,
+            "gold_path": gold.path,
+            "gold_sha256": gold.sha256,
+            "format": gold.format,
+            "task": gold.task,
+            "n_items": len(gold.items),
+            "n_labelled": len(gold.labelled),
+            "n_unlabelled": len(gold.items) - len(gold.labelled),
+            "judges": [spec.__dict__ for spec in judges],
+            "metrics": list(metrics),
+            "stored": stored,
+            "panel": panel,
+            "classes": classes,
+            "bootstrap": bootstrap,
+            "seed": seed,
+        }
+        from diagsafe_local.validation.outputs import write_outputs
+
+        return write_outputs(out, gold, rows, manifest, classes, bootstrap, seed)
+    finally:
+        lock.release()
