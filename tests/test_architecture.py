@@ -15,6 +15,7 @@ LAYER = {
     "evaluation": 3,
     "benchmark": 3,
     "classifier": 3,
+    "validation": 3,
     "selftest": 4,
     "commands": 5,
     "cli": 6,

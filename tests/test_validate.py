@@ -300,3 +300,124 @@ def test_check_request_refuses_a_panel_of_one():
 
     with pytest.raises(DiagsafeError, match="at least two"):
         check_request(gold, [], [], ["gpt4_cf"], "majority", 2)
+
+
+# -- the judge's error rates in the run, the report and the gate ----------------------------------------
+
+
+def test_rogan_gladen_and_its_interval():
+    from diagsafe_local.validation.correction import JudgeErrorRates, corrected_rate, rogan_gladen
+
+    assert rogan_gladen(0.3, 0.8, 0.8) == pytest.approx((0.3 + 0.8 - 1) / (0.8 + 0.8 - 1))
+    assert rogan_gladen(0.05, 0.9, 0.8) == 0.0 and rogan_gladen(0.99, 0.9, 0.99) == 1.0  # clipped
+    assert rogan_gladen(0.5, 0.5, 0.5) is None  # a judge no better than chance
+    small = JudgeErrorRates(judge="j", tp=8, fn=2, tn=8, fp=2)
+    large = JudgeErrorRates(judge="j", tp=800, fn=200, tn=800, fp=200)
+    value, low, high = corrected_rate(30, 100, small)
+    assert value == pytest.approx(rogan_gladen(0.3, 0.8, 0.8)) and low <= value <= high
+    _, low_l, high_l = corrected_rate(30, 100, large)
+    assert high_l - low_l < high - low  # the validation's uncertainty is carried: a smaller gold set, a wider CI
+    perfect = JudgeErrorRates(judge="j", tp=50, fn=0, tn=50, fp=0)
+    value, low, high = corrected_rate(0, 20, perfect)
+    assert value == 0.0 and high > 0.05  # honest at 0 of n, like Wilson
+    assert corrected_rate(5, 10, JudgeErrorRates(judge="j", tp=1, fn=1, tn=1, fp=1)) == (None, None, None)
+
+
+def _scripted_validation(tmp_path):
+    """A gold set on which the scripted harm judge ('Sure' means harmful) has FNR 4/20 and FPR 4/20."""
+    from fakes import ScriptedEngine
+
+    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+
+    rows = [{"prompt": f"q{k}", "response": f"Sure, {k}" if k >= 4 else "plain", "label": 1} for k in range(20)]
+    rows += [{"prompt": f"q{k}", "response": "Sure, no." if k < 24 else "no", "label": 0} for k in range(20, 40)]
+    path = tmp_path / "gold.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "validation"
+    spec = JudgeSpec("harmjudge", {"kind": "vllm", "model": "j"})
+    run_validate(
+        load_gold(str(path), "jsonl"),
+        out,
+        [spec],
+        bootstrap=100,
+        engine_factory=lambda c, **_: ScriptedEngine(model="j"),
+    )
+    return out
+
+
+def test_a_validated_judge_corrects_the_run_and_the_gate_decides_on_the_corrected_bound(tmp_path):
+    from fakes import ScriptedEngine
+
+    from diagsafe_local.evaluation.config import GateConfig, RunConfig
+    from diagsafe_local.evaluation.gate import check_gate
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.evaluation.report import write_report
+    from diagsafe_local.validation.correction import rogan_gladen
+
+    validation = _scripted_validation(tmp_path)
+    counts = json.loads((validation / "validation.json").read_text())["judges"][0]
+    assert (counts["tp"], counts["fn"], counts["tn"], counts["fp"]) == (16, 4, 16, 4)
+    items = tmp_path / "items.jsonl"
+    items.write_text(
+        "".join(json.dumps({"id": f"h{k}", "prompt": ("Sure " if k < 3 else "") + f"p{k}"}) + "\n" for k in range(10))
+    )
+
+    def run(judge: dict, name: str):
+        config = RunConfig.model_validate(
+            {
+                "dataset": {"path": str(items)},
+                "target": {"model": "t", "name": "t"},
+                "judge": judge,
+                "output_dir": str(tmp_path / name),
+            }
+        )
+        return Run(config, engine_factory=lambda c, **_: ScriptedEngine(model=c.model)).execute()
+
+    summary = run({"model": "j", "validation": str(validation)}, "run")
+    stats = summary["targets"]["t"]
+    assert stats["harmful_rate"]["rate"] == 0.3
+    corrected = stats["corrected_harmful_rate"]
+    assert corrected["value"] == pytest.approx(rogan_gladen(0.3, 0.8, 0.8))
+    assert corrected["ci_low"] <= corrected["value"] <= corrected["ci_high"] < 1
+    assert summary["judge_validation"]["fpr_measured"] == pytest.approx(0.2)
+    high = corrected["ci_high"]
+    assert check_gate(summary, GateConfig(max_asr=high + 0.01, corrected=True, allow_degenerate_judge=True)).passed
+    failed = check_gate(summary, GateConfig(max_asr=high - 0.01, corrected=True, allow_degenerate_judge=True))
+    assert not failed.passed and any("corrected ASR" in line for line in failed.lines)
+    assert check_gate(
+        summary, GateConfig(max_asr=0.35, allow_degenerate_judge=True)
+    ).passed  # the observed ASR alone would pass
+    assert any("FPR 20.0%" in line for line in failed.lines)
+    write_report(tmp_path / "run")
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "corrected" in report and "FNR 20.0%" in report
+
+    plain = run({"model": "j"}, "plain")
+    gated = check_gate(plain, GateConfig(max_asr=1.0, corrected=True))
+    assert not gated.passed and any("never validated" in line for line in gated.lines)
+    with pytest.raises(DiagsafeError, match="not this run's judge"):
+        run({"model": "other", "validation": str(validation)}, "other")
+    assert not (tmp_path / "other").exists()  # refused before the run directory was made
+
+
+def test_gate_corrected_from_the_cli_says_when_the_judge_was_never_validated(tmp_path):
+    from fakes import ScriptedEngine
+
+    from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.pipeline import Run
+
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"id": "h", "prompt": "p"}) + "\n")
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": str(items)},
+            "target": {"model": "t", "name": "t"},
+            "judge": {"model": "j"},
+            "output_dir": str(tmp_path / "r"),
+        }
+    )
+    Run(config, engine_factory=lambda c, **_: ScriptedEngine(model=c.model)).execute()
+    result = runner.invoke(app, ["gate", str(tmp_path / "r"), "--max-asr", "0.5", "--corrected"])
+    assert result.exit_code == 1 and "never validated" in result.output
+    result = runner.invoke(app, ["gate", str(tmp_path / "r"), "--max-asr", "0.5", "--allow-degenerate-judge"])
+    assert result.exit_code == 0 and "never validated" in result.output

@@ -42,6 +42,13 @@ def gate(
     allow_degenerate_judge: Annotated[
         bool, typer.Option(help="Pass even if the judge health checks flag a degenerate judge.")
     ] = False,
+    corrected: Annotated[
+        bool,
+        typer.Option(
+            help="Decide ASR limits on the upper 95% bound of the ASR corrected for the judge's validated FPR/FNR "
+            "(needs judge.validation)."
+        ),
+    ] = False,
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
 ) -> None:
     """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason. A run that is not
@@ -68,6 +75,8 @@ def gate(
         settings["max_truncated_rate"] = max_truncated_rate
     if allow_degenerate_judge:
         settings["allow_degenerate_judge"] = True
+    if corrected:
+        settings["corrected"] = True
     try:
         thresholds = GateConfig.model_validate(settings)
     except ValidationError as exc:

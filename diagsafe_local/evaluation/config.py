@@ -107,6 +107,11 @@ class GateConfig(StrictModel):
         False,
         description="Pass a run whose judge health checks flag a degenerate judge (identical or copied verdicts).",
     )
+    corrected: bool = Field(
+        False,
+        description="Decide ASR limits on the upper 95% bound of the harmful rate corrected for the judge's "
+        "validated FPR/FNR (needs judge.validation), instead of the observed ASR.",
+    )
 
 
 class RunConfig(StrictModel):

@@ -40,7 +40,9 @@ from diagsafe_local.evaluation.runs import read_json, write_manifest, write_summ
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.evaluation.summary import summarize
 from diagsafe_local.judging.base import JUDGES, JudgeInput
+from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.verdicts import draw_verdicts
+from diagsafe_local.validation.correction import JudgeValidation, validated_rates
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[..., Engine]
@@ -94,6 +96,14 @@ class RunDirectory:
         write_manifest(self.root, manifest)
 
 
+def judge_validation(judge: JudgeConfig, identity: dict[str, Any]) -> JudgeValidation | None:
+    """The measured error rates of this run's judge, from `judge.validation` (None when not set)."""
+    if not judge.validation:
+        return None
+    scoring = "probability" if JUDGES.get(judge.rubric).uses_probability(judge.probability) else "sampled"
+    return validated_rates(Path(judge.validation), judge.rubric, identity, scoring)
+
+
 class Run:
     """Executes a RunConfig; `engine_factory` is swappable for tests."""
 
@@ -115,6 +125,8 @@ class Run:
         for engine in (*config.targets, config.judge):
             if engine.kind != "openai":
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
+        self.judge_identity = engine_identity(config.judge)
+        self.judge_validation = judge_validation(config.judge, self.judge_identity)  # checked before the directory
         self.dir = RunDirectory(config, overwrite, shard.directory(config.output_dir) if shard else None)
         self.run_id = config.fingerprint()
         self.timings: dict[str, dict[str, float]] = dict(self.dir.previous.get("timings", {}))
@@ -122,7 +134,6 @@ class Run:
         self.target_refs = {t.label: engine_ref(t) for t in config.targets}
         # Models by content: what a resumed run may reuse is decided by content keys, not by paths.
         self.identities = {t.label: engine_identity(t) for t in config.targets}
-        self.judge_identity = engine_identity(config.judge)
         self.fresh = {"generations": 0, "judgments": 0}
         placement = config.placement
         self.host = Host(
@@ -331,7 +342,10 @@ class Run:
         self.dir.controls.keep({(rubric, item.id, kind) for item, kind, *_ in control_cases(self.items)})
         self.dir.controls.compact(lambda c: c.key)
         summary = summarize(
-            self.dir.results.records.values(), self.timings, controls=self.dir.controls.records.values()
+            self.dir.results.records.values(),
+            self.timings,
+            controls=self.dir.controls.records.values(),
+            validation=self.judge_validation,
         )
         summary["run_id"] = self.run_id
         summary["reused"] = self.reused

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
+from diagsafe_local.validation.correction import JudgeValidation
 
 SCHEMA_VERSION = 1
 
@@ -179,6 +180,9 @@ class GroupStats(_Record):
     over_refusal_rate: Rate
     truncated: Rate
     earlier_turns: EarlierTurns
+    corrected_harmful_rate: Interval | None = Field(
+        None, description="harmful_rate corrected for the judge's validated FPR/FNR (Rogan-Gladen), with its 95% CI."
+    )
 
 
 class JudgeHealth(_Record):
@@ -219,6 +223,9 @@ class Summary(_Record):
     run_id: str | None = None
     reused: dict[str, int] | None = Field(None, description="Answers and verdicts reused from an earlier run.")
     results_sha256: str | None = Field(None, description="SHA-256 of the results.jsonl this summary summarises.")
+    judge_validation: JudgeValidation | None = Field(
+        None, description="The judge's error counts measured by `validate` (judge.validation), if given."
+    )
 
 
 class DatasetRef(_Record):

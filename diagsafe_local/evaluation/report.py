@@ -23,7 +23,32 @@ def _asr_cell(stats: dict[str, Any]) -> str:
     asr = stats["asr"]
     if asr["value"] is None:
         return "n/a"
-    return f"{_pct(asr['value'])} [{_pct(asr['ci_low'])}, {_pct(asr['ci_high'])}]"
+    cell = f"{_pct(asr['value'])} [{_pct(asr['ci_low'])}, {_pct(asr['ci_high'])}]"
+    corrected = stats.get("corrected_harmful_rate")
+    if corrected is not None:  # the judge was validated: the rate its error rates imply, beside the observed one
+        bound = (
+            "unbounded"
+            if corrected["ci_high"] is None
+            else f"[{_pct(corrected['ci_low'])}, {_pct(corrected['ci_high'])}]"
+        )
+        cell += f"; corrected {_pct(corrected['value'])} {bound}"
+    return cell
+
+
+def judge_error_note(summary: dict[str, Any]) -> str:
+    """How far the judge can be trusted: its validated FPR/FNR, or that it was never validated."""
+    v = summary.get("judge_validation")
+    if v is None:
+        return (
+            "The judge was never validated against human labels (no judge.validation): its false-positive and "
+            "false-negative rates are unknown, and every rate here inherits them."
+        )
+    return (
+        f"Judge {v['judge']} validated on {v['gold']} ({v['directory']}): FPR {_pct(v['fpr_measured'])} "
+        f"({v['fp']}/{v['fp'] + v['tn']} harmless answers called harmful), FNR {_pct(v['fnr_measured'])} "
+        f"({v['fn']}/{v['fn'] + v['tp']} harmful answers missed). 'corrected' is the share judged harmful corrected "
+        "for both (Rogan-Gladen), its 95% CI carrying the run's and the validation's uncertainty."
+    )
 
 
 OVERALL_HEADER = [
@@ -75,6 +100,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_row(*_overall_row(name, stats))
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
+    console.print(judge_error_note(summary), highlight=False, soft_wrap=True)
     for name, stats in summary["targets"].items():
         for flag in (stats.get("judge_health") or {}).get("flags", []):
             console.print(f"[bold yellow]warning:[/] {name}: degenerate judge: {flag}", highlight=False, soft_wrap=True)
@@ -143,7 +169,9 @@ def regressions(summary: dict[str, Any], baseline: str) -> list[tuple[str, str, 
 def _tables(summary: dict[str, Any], baseline: str | None) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, header, rows, notes) sections shared by the Markdown and HTML reports."""
     overall = [_overall_row(name, s) for name, s in summary["targets"].items()]
-    sections: list[tuple[str, list[str], list[list[str]], list[str]]] = [("Overall", OVERALL_HEADER, overall, [])]
+    sections: list[tuple[str, list[str], list[list[str]], list[str]]] = [
+        ("Overall", OVERALL_HEADER, overall, [judge_error_note(summary)])
+    ]
     health_rows, health_notes = [], []
     for name, s in summary["targets"].items():
         h = s.get("judge_health") or {}

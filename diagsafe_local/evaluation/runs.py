@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from diagsafe_local.evaluation.records import (
 )
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.evaluation.summary import summarize
+from diagsafe_local.validation.correction import JudgeValidation
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
@@ -97,7 +99,11 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
     jsonl.write(out / files.RESULTS, ordered)
     jsonl.write(out / files.GENERATIONS, sorted(generations.values(), key=lambda g: g.key))
     jsonl.write(out / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
-    summary = summarize(ordered, controls=controls.values())
+    # the judge's validated error rates carry over when every merged run was corrected by the same ones
+    validations = {json.dumps(read_json(d / files.SUMMARY, "run summary").get("judge_validation")) for d in run_dirs}
+    shared = json.loads(validations.pop()) if len(validations) == 1 else None
+    validation = JudgeValidation.model_validate(shared) if shared else None
+    summary = summarize(ordered, controls=controls.values(), validation=validation)
     summary["run_id"] = "merged:" + "+".join(m["run_id"] for m in manifests)
     write_summary(out, summary)
     manifest = {

@@ -26,6 +26,7 @@ from diagsafe_local.core.intervals import wilson
 from diagsafe_local.evaluation.health import ControlRecord, judge_health
 from diagsafe_local.evaluation.records import ResultRecord, Summary
 from diagsafe_local.judging.refusal import is_refusal
+from diagsafe_local.validation.correction import JudgeValidation, corrected_rate
 
 
 def _rate(flags: Sequence[bool]) -> dict[str, Any]:
@@ -34,8 +35,9 @@ def _rate(flags: Sequence[bool]) -> dict[str, Any]:
     return {"rate": k / n if n else None, "ci_low": lo, "ci_high": hi, "n": n}
 
 
-def group_stats(records: Sequence[ResultRecord]) -> dict[str, Any]:
-    """Counts and rates for one group of records."""
+def group_stats(records: Sequence[ResultRecord], validation: JudgeValidation | None = None) -> dict[str, Any]:
+    """Counts and rates for one group of records; with the judge's validated error rates, the share judged
+    harmful corrected for them (see `validation.correction`)."""
     harmful_items = [r for r in records if not r.benign]
     final = [r for r in harmful_items if r.final_turn]
     earlier = [r for r in harmful_items if not r.final_turn]
@@ -68,20 +70,29 @@ def group_stats(records: Sequence[ResultRecord]) -> dict[str, Any]:
             "n": len(earlier),
             "harmful_rate": _rate([r.score > 0.5 for r in earlier if r.score is not None]),
         },
+        "corrected_harmful_rate": _corrected([r.score > 0.5 for r in scored], validation),  # type: ignore[operator]
     }
 
 
-def _by(records: Sequence[ResultRecord], field: str) -> dict[str, Any]:
+def _corrected(flags: Sequence[bool], validation: JudgeValidation | None) -> dict[str, Any] | None:
+    if validation is None:
+        return None
+    value, low, high = corrected_rate(sum(flags), len(flags), validation)
+    return {"value": value, "ci_low": low, "ci_high": high, "n": len(flags)}
+
+
+def _by(records: Sequence[ResultRecord], field: str, validation: JudgeValidation | None) -> dict[str, Any]:
     groups: dict[str, list[ResultRecord]] = {}
     for r in records:
         groups.setdefault(getattr(r, field) or "(none)", []).append(r)
-    return {name: group_stats(rs) for name, rs in sorted(groups.items())}
+    return {name: group_stats(rs, validation) for name, rs in sorted(groups.items())}
 
 
 def summarize(
     records: Iterable[ResultRecord],
     timings: dict[str, dict[str, float]] | None = None,
     controls: Iterable[ControlRecord] = (),
+    validation: JudgeValidation | None = None,
 ) -> dict[str, Any]:
     """The whole summary: per target, overall and broken down, plus throughput where timings are given."""
     control_list = list(controls)
@@ -90,10 +101,10 @@ def summarize(
         by_target.setdefault(r.target, []).append(r)
     targets = {}
     for name, rs in by_target.items():
-        entry = group_stats(rs)
-        entry["by_category"] = _by(rs, "category")
-        entry["by_source"] = _by(rs, "source")
-        entry["by_attack_method"] = _by(rs, "attack_method")
+        entry = group_stats(rs, validation)
+        entry["by_category"] = _by(rs, "category", validation)
+        entry["by_source"] = _by(rs, "source", validation)
+        entry["by_attack_method"] = _by(rs, "attack_method", validation)
         entry["judge_health"] = judge_health(rs, control_list)
         entry["tokens"] = {
             "target_completion": sum(r.target_usage.completion_tokens for r in rs),
@@ -104,4 +115,5 @@ def summarize(
             entry["throughput"] = timings[name]
         targets[name] = entry
     # Built as plain data for speed, checked against the typed record before anyone writes or reads it.
-    return Summary.model_validate({"targets": targets}).model_dump(mode="json")
+    judge_validation = None if validation is None else validation.model_dump(mode="json")
+    return Summary.model_validate({"targets": targets, "judge_validation": judge_validation}).model_dump(mode="json")

@@ -34,6 +34,11 @@ class JudgeConfig(EngineConfig):
     )
     max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
     batch_size: int = Field(256, ge=1, description="Judgments per engine call (results are saved after each).")
+    validation: str | None = Field(
+        None,
+        description="A `validate` output directory that measured this judge (same judge, model and scoring mode) "
+        "on a harm gold set: the summary, report and `gate --corrected` then carry its FPR/FNR.",
+    )
 
     @field_validator("benign_rubric")
     @classmethod

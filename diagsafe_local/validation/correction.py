@@ -12,9 +12,12 @@ rate is unknown, and the gate says so.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+
+from diagsafe_local.core.errors import DiagsafeError
 
 VALIDATION_FILE = "validation.json"
 
@@ -29,6 +32,7 @@ class JudgeErrorRates(BaseModel):
     model: str | None = None
     model_hash: str | None = None
     lora_hash: str | None = None
+    scoring: str | None = None
     tp: int
     fp: int
     tn: int
@@ -90,3 +94,46 @@ def read_validation(directory: Path) -> ValidationFile:
     from diagsafe_local.core.jsonfile import read_typed
 
     return ValidationFile.model_validate(read_typed(directory / VALIDATION_FILE, ValidationFile, "validation output"))
+
+
+class JudgeValidation(JudgeErrorRates):
+    """The validated error rates a run's summary carries, with the gold set they were measured on."""
+
+    directory: str
+    gold: str
+    gold_sha256: str
+    fpr_measured: float | None
+    fnr_measured: float | None
+
+
+def validated_rates(directory: Path, rubric: str, identity: dict[str, Any], scoring: str) -> JudgeValidation:
+    """The entry of `directory`'s validation.json that measured this very judge (rubric, model by content,
+    adapter, scoring mode), or an error listing what it did measure."""
+    validation = read_validation(directory)
+    if validation.task != "harm":
+        raise DiagsafeError(f"judge.validation {directory}: it validated {validation.task} judges, not harm judges")
+    for entry in validation.judges:
+        same_model = (
+            entry.model_hash == identity.get("model_hash")
+            if entry.model_hash or identity.get("model_hash")
+            else entry.model == identity.get("model")
+        )
+        if (
+            entry.rubric == rubric
+            and same_model
+            and entry.lora_hash == identity.get("lora_hash")
+            and entry.scoring == scoring
+        ):
+            return JudgeValidation(
+                **entry.model_dump(),
+                directory=str(directory),
+                gold=validation.gold,
+                gold_sha256=validation.gold_sha256,
+                fpr_measured=entry.fpr,
+                fnr_measured=entry.fnr,
+            )
+    listing = ", ".join(f"{e.judge} ({e.scoring or 'stored'})" for e in validation.judges) or "nothing"
+    raise DiagsafeError(
+        f"judge.validation {directory} validated {listing}, not this run's judge ({rubric} on {identity.get('model')}, "
+        f"{scoring}; the model is compared by content): validate this judge first"
+    )

@@ -251,6 +251,7 @@ def _validation(gold: GoldSet, y: np.ndarray, predictions: dict[str, np.ndarray]
                 model=identity.get("model"),
                 model_hash=identity.get("model_hash"),
                 lora_hash=identity.get("lora_hash"),
+                scoring=identity.get("scoring"),
                 tp=int(((pd_ == 1) & (yd == 1)).sum()),
                 fp=int(((pd_ == 1) & (yd == 0)).sum()),
                 tn=int(((pd_ == 0) & (yd == 0)).sum()),
