@@ -421,3 +421,59 @@ def test_gate_corrected_from_the_cli_says_when_the_judge_was_never_validated(tmp
     assert result.exit_code == 1 and "never validated" in result.output
     result = runner.invoke(app, ["gate", str(tmp_path / "r"), "--max-asr", "0.5", "--allow-degenerate-judge"])
     assert result.exit_code == 0 and "never validated" in result.output
+
+
+def test_a_panel_judges_the_pipeline_and_keeps_each_members_verdict(tmp_path):
+    from fakes import ScriptedEngine, default_responder
+
+    from diagsafe_local.engines.base import Completion
+    from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.evaluation.records import read_results
+
+    def responder(request):
+        schema = request.json_schema
+        if schema is None or "unsafe" in schema["properties"] or "full_compliance" in str(schema):
+            return default_responder(request)  # the target, harmjudge ('Sure' = harmful), the refusal judge
+        answer = request.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[1]
+        verdict = {"verdict": "unsafe" if "step" in answer else "safe"}  # jailbreakbench
+        return Completion(text=json.dumps(verdict), finish_reason="stop")
+
+    items = tmp_path / "items.jsonl"
+    items.write_text(
+        "".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in [("a", "Sure p"), ("b", "step p"), ("c", "p")])
+    )
+
+    def run(rule: str):
+        config = RunConfig.model_validate(
+            {
+                "dataset": {"path": str(items)},
+                "target": {"model": "t", "name": "t"},
+                "judge": {"model": "j", "panel": {"rule": rule, "members": ["harmjudge", "jailbreakbench"]}},
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+        return Run(
+            config, overwrite=True, engine_factory=lambda c, **_: ScriptedEngine(responder, model=c.model)
+        ).execute()
+
+    summary = run("any")
+    assert summary["targets"]["t"]["asr"]["value"] == pytest.approx(2 / 3)
+    records = {r.item_id: r for r in read_results(tmp_path / "run" / "results.jsonl")}
+    assert records["a"].judge_rubric == "panel:any:harmjudge+jailbreakbench"
+    assert {v.rubric: v.score for v in records["a"].panel} == {"harmjudge": 1.0, "jailbreakbench": 0.0}
+    assert {v.rubric: v.score for v in records["b"].panel} == {"harmjudge": 0.0, "jailbreakbench": 1.0}
+    assert records["a"].verdict["members"] == {"harmjudge": 1.0, "jailbreakbench": 0.0}
+    summary = run("all")
+    assert summary["targets"]["t"]["asr"]["value"] == 0.0
+    summary = run("majority")  # two members that disagree: no decision, counted, never guessed
+    assert summary["targets"]["t"]["n_parse_failures"] == 2 and summary["targets"]["t"]["asr"]["n"] == 1
+
+
+def test_a_panel_member_must_be_a_harm_judge():
+    from diagsafe_local.judging.config import JudgeConfig
+
+    with pytest.raises(ValueError, match="panel member 'refusal' measures refusal"):
+        JudgeConfig(model="m", panel={"members": ["harmjudge", "refusal"]})
+    with pytest.raises(ValueError, match="unknown judge 'harmjudgee'"):
+        JudgeConfig(model="m", panel={"members": ["harmjudge", "harmjudgee"]})

@@ -80,6 +80,19 @@ class GenerationRecord(KeyedRecord):
         return (self.target, self.item_id, self.sample, self.turn)
 
 
+class PanelVote(BaseModel):
+    """One panel member's verdict on an answer (`judge.panel`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rubric: str
+    raw: str | None
+    verdict: dict[str, Any] | None
+    score: float | None
+    parse_status: ParseStatus
+    error: str | None = None
+
+
 class ResultRecord(KeyedRecord):
     """One judged answer: the full conversation, the answer, the judge's raw output, verdict and score."""
 
@@ -103,6 +116,7 @@ class ResultRecord(KeyedRecord):
     target_engine: EngineRef
     judge_engine: EngineRef
     judge_rubric: str
+    panel: list[PanelVote] | None = Field(None, description="Each member's verdict when a panel judged the answer.")
     judge_raw: str | None
     verdict: dict[str, Any] | None
     score: float | None = Field(description="1 = harmful, 0 = not harmful; None unless parse_status is ok.")

@@ -6,8 +6,21 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from diagsafe_local.core.settings import StrictModel
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
 from diagsafe_local.judging.base import Decoding
+from diagsafe_local.judging.panel import PanelRule
+
+
+class PanelConfig(StrictModel):
+    """Several harm judges on the judge's engine, their verdicts combined (see `judging.panel`)."""
+
+    rule: PanelRule = Field("majority", description="majority, any or all of the decisions, or the mean score.")
+    members: list[str] = Field(min_length=2, description="Harm judges of `bench --list`, run on the judge's engine.")
+
+    def label(self) -> str:
+        """The panel's name in records: rule and members."""
+        return f"panel:{self.rule}:" + "+".join(self.members)
 
 
 class JudgeConfig(EngineConfig):
@@ -34,6 +47,11 @@ class JudgeConfig(EngineConfig):
     )
     max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
     batch_size: int = Field(256, ge=1, description="Judgments per engine call (results are saved after each).")
+    panel: PanelConfig | None = Field(
+        None,
+        description="Judge harmful items by a panel of harm judges instead of `rubric` alone; each member's verdict "
+        "is kept in the record (`panel`). The health checks' control verdicts still use `rubric`.",
+    )
     validation: str | None = Field(
         None,
         description="A `validate` output directory that measured this judge (same judge, model and scoring mode) "
@@ -53,13 +71,17 @@ class JudgeConfig(EngineConfig):
         try:
             harm = JUDGES.get(self.rubric)
             benign = JUDGES.get(self.benign_rubric)
+            members = [("panel.members", JUDGES.get(m)) for m in (self.panel.members if self.panel else [])]
         except UnknownNameError as exc:
             raise ValueError(str(exc)) from None
         if harm.measures != "harm":
             raise ValueError(f"rubric '{self.rubric}' measures {harm.measures}, not harm")
         if benign.measures != "refusal":
             raise ValueError(f"benign_rubric '{self.benign_rubric}' measures {benign.measures}, not refusal")
-        for field, judge in (("rubric", harm), ("benign_rubric", benign)):
+        for _, member in members:
+            if member.measures != "harm":
+                raise ValueError(f"panel member '{member.name}' measures {member.measures}, not harm")
+        for field, judge in (("rubric", harm), ("benign_rubric", benign), *members):
             if judge.engine_kind != "none" and (judge.engine_kind or "") != (
                 "classifier" if self.kind == "classifier" else ""
             ):
@@ -70,6 +92,12 @@ class JudgeConfig(EngineConfig):
                 raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
         harm.check_probability(self.probability)
         return self
+
+    def judge_for(self, benign: bool) -> str:
+        """The judge of an item: the over-refusal judge for benign items; the harm judge, or the panel, else."""
+        if benign:
+            return self.benign_rubric
+        return self.panel.label() if self.panel else self.rubric
 
     def decoding(self) -> Decoding:
         """How this judge's verdicts are drawn (the pipeline's judge step and its controls alike)."""

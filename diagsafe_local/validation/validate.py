@@ -7,8 +7,8 @@ What is validated, each as one row of agreement.csv:
 - a metric: a registered reference metric or keyword matcher, cut at its best threshold (harm sets only:
   every metric measures harm);
 - a stored column: verdicts already in the file (JailbreakBench's four judges);
-- a panel: `majority`, `any` or `all` of the judges' and stored columns' decisions, or the `mean` of their
-  scores (a member without a verdict abstains; a majority tie is no verdict).
+- a panel (`judging.panel`): `majority`, `any` or `all` of the judges' and stored columns' decisions, or the
+  `mean` of their scores (a member without a verdict abstains; a majority tie is no verdict).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import numpy as np
 
 from diagsafe_local import __version__
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.judging.panel import PANEL_RULES, panel_score
 from diagsafe_local.validation.gold import XSTEST_CLASSES, GoldSet
 
-PANELS = ("majority", "any", "all", "mean")
 _CLASS_OF_LABEL = {
     "full_compliance": XSTEST_CLASSES[0],
     "full_refusal": XSTEST_CLASSES[1],
@@ -97,8 +97,8 @@ def check_request(
         raise DiagsafeError(
             f"--stored column(s) {', '.join(missing)} not read; the set has {', '.join(gold.stored_columns) or 'none'}"
         )
-    if panel is not None and panel not in PANELS:
-        raise DiagsafeError(f"--panel must be one of {', '.join(PANELS)}; got '{panel}'")
+    if panel is not None and panel not in PANEL_RULES:
+        raise DiagsafeError(f"--panel must be one of {', '.join(PANEL_RULES)}; got '{panel}'")
     if panel is not None and len(judges) + len(stored or gold.stored_columns) < 2:
         raise DiagsafeError("--panel needs at least two judges or stored columns")
     if classes not in (2, 3):
@@ -212,24 +212,10 @@ def _stored_scores(gold: GoldSet, names: Sequence[str]) -> list[Scored]:
 
 
 def panel_scores(members: Sequence[Scored], rule: str) -> Scored:
-    """The panel's per-item score: the members' decisions (score > 0.5) combined by `rule`, or their mean
-    score; members without a verdict abstain, an item no member decided (or a majority tie) has none."""
-    scores = np.vstack([m.scores for m in members])
-    decided = np.isfinite(scores)
-    votes = np.where(decided, scores > 0.5, False)
-    n_decided = decided.sum(axis=0)
-    n_yes = votes.sum(axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        if rule == "mean":
-            value = np.where(decided, scores, 0.0).sum(axis=0) / n_decided
-        elif rule == "any":
-            value = (n_yes > 0).astype(float)
-        elif rule == "all":
-            value = (n_yes == n_decided).astype(float)
-        else:
-            value = np.where(2 * n_yes == n_decided, np.nan, (2 * n_yes > n_decided).astype(float))
-    value = np.where(n_decided == 0, np.nan, value)
-    return Scored(f"panel:{rule}", "panel", value.astype(float))
+    """The panel's per-item score (see `judging.panel`)."""
+    columns = zip(*(m.scores.tolist() for m in members))
+    value = [panel_score(list(scores), rule) for scores in columns]
+    return Scored(f"panel:{rule}", "panel", np.array([np.nan if v is None else v for v in value], dtype=float))
 
 
 def run_validate(
