@@ -113,6 +113,29 @@ def test_real_judge_on_a_benchmark_slice(real_model, vllm_engines, tmp_path):
     assert board.iloc[0]["metric"] == "judge:harmjudge@smollm2" and 0.0 <= board.iloc[0]["overall"] <= 1.0
 
 
+def test_real_judges_validated_against_gold_labels(real_model, vllm_engines, tmp_path):
+    """validate with the real model as a live harm judge (JailbreakBench format) and refusal judge (XSTest
+    format): every verdict parsed or counted missing, the figures in range, disagreements kept."""
+    import pandas as pd
+
+    from diagsafe_local.validation.gold import load_gold
+    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+
+    engine = {"kind": "vllm", "model": str(real_model), "dtype": "bfloat16", "max_model_len": 2048}
+    for fmt, judge in (("jbb", "harmjudge"), ("xstest", "refusal")):
+        gold = load_gold(str(REPO / "data" / f"gold_{fmt}_sample.csv"), fmt)
+        out = tmp_path / fmt
+        specs = [JudgeSpec(judge, engine)] + ([JudgeSpec("refusal-keywords")] if fmt == "xstest" else [])
+        run_validate(gold, out, specs, bootstrap=200, engine_factory=vllm_engines)
+        table = pd.read_csv(out / "agreement.csv").set_index("judge")
+        row = table.loc[f"{judge}@{real_model.name}"]
+        assert row["n"] + row["n_missing"] == len(gold.items) and row["n"] >= 0.9 * len(gold.items)
+        assert 0.0 <= row["accuracy"] <= 1.0 and -1.0 <= row["cohen_kappa"] <= 1.0
+        verdicts = [json.loads(line) for line in (out / "judgments.jsonl").read_text().splitlines()]
+        assert len(verdicts) == len(gold.items) * len(specs)
+        print(f"{fmt}: {table[['n', 'n_missing', 'accuracy', 'cohen_kappa', 'fpr', 'fnr']].to_string()}")
+
+
 def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engines, tmp_path):
     from servers import VLLMServer
 

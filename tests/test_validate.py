@@ -477,3 +477,31 @@ def test_a_panel_member_must_be_a_harm_judge():
         JudgeConfig(model="m", panel={"members": ["harmjudge", "refusal"]})
     with pytest.raises(ValueError, match="unknown judge 'harmjudgee'"):
         JudgeConfig(model="m", panel={"members": ["harmjudge", "harmjudgee"]})
+
+
+@pytest.mark.vllm
+def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, vllm_engines, tmp_path):
+    """A tiny random-weight judge through vLLM: every item gets a verdict or is counted missing, every
+    verdict is stored, and a second validate reuses them all."""
+    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+
+    gold = load_gold(str(JBB), "jbb")
+    spec = JudgeSpec("harmjudge", {"kind": "vllm", "model": str(tiny_models["judge"]), "max_model_len": 2048})
+    out = tmp_path / "o"
+    calls = []
+
+    def factory(config, **options):
+        engine = vllm_engines(config, **options)
+        generate = engine.generate
+        engine.generate = lambda requests: calls.append(len(requests)) or generate(requests)
+        return engine
+
+    rows = run_validate(gold, out, [spec], stored=["gpt4_cf"], bootstrap=100, engine_factory=factory)
+    live = rows[0]
+    assert live["judge"] == f"harmjudge@{tiny_models['judge'].name}" and live["n"] + live["n_missing"] == 20
+    stored = [json.loads(line) for line in (out / "judgments.jsonl").read_text().splitlines()]
+    assert len(stored) == 20 and {s["status"] for s in stored} <= {"ok", "invalid", "truncated"}
+    assert sum(s["status"] == "ok" for s in stored) == live["n"]  # unparsed verdicts are missing, never guessed
+    first = len(calls)
+    run_validate(gold, out, [spec], stored=["gpt4_cf"], bootstrap=100, engine_factory=factory)
+    assert first > 0 and len(calls) == first  # every stored verdict reused: no engine call

@@ -90,6 +90,8 @@ def judge_items(
         for s in range(samples)
         if (cached := store.records.get(keys[(item_id, s)])) is None or cached.status == "error"
     ]
+    if on_batch:
+        on_batch(0, len(todo))  # starts the clock of the rate shown
     for start in range(0, len(todo), batch_size):
         batch = todo[start : start + batch_size]
         calls = [(judge, judged, (metric, item_id, s)) for item_id, judged, s in batch]
