@@ -95,3 +95,57 @@ def test_missing_wordnet_says_how_to_install(tmp_path):
     with pytest.raises(DiagsafeError, match="apt-get install wordnet-base"):
         prepare_debian_wordnet(tmp_path / "x", source=tmp_path / "nowhere")
     assert DEBIAN_WORDNET.is_dir()  # set-up installs it; METEOR must never run without synonyms
+
+
+def test_a_gold_set_by_url_is_fetched_once_over_real_http_then_read_offline(tmp_path, monkeypatch):
+    """XSTest's completions live on GitHub, not on the hub: validate takes their URL. Served here by a real
+    HTTP server; after the server stops, the same URL resolves to the cached copy."""
+    import functools
+    import http.server
+    import shutil
+    import threading
+
+    from helpers import REPO
+
+    from diagsafe_local.validation.gold import load_gold
+
+    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copy(REPO / "data" / "gold_xstest_sample.csv", served / "xstest_v2_completions_gpt4.csv")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/xstest_v2_completions_gpt4.csv"
+    try:
+        first = load_gold(url, "xstest")
+    finally:
+        server.shutdown()
+        server.server_close()
+    again = load_gold(url, "xstest")
+    assert first.sha256 == again.sha256 and len(again.items) == 36 and again.path == first.path
+    with pytest.raises(DiagsafeError, match="could not download"):
+        load_gold(url.replace("gpt4", "llama2new"), "xstest")
+    assert not list((tmp_path / "cache" / "hub" / "urls").rglob("*.partial"))
+
+
+def test_a_jbb_hub_id_picks_the_judge_comparison_file(tmp_path, monkeypatch):
+    from helpers import REPO
+
+    from diagsafe_local.validation.gold import load_gold
+
+    def fake_snapshot_download(repo_id, repo_type, allow_patterns, cache_dir):
+        root = Path(cache_dir) / "snap"
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        import fnmatch
+        import shutil
+
+        for name in ("judge_comparison.csv", "harmful-behaviors.csv"):
+            if any(fnmatch.fnmatch(f"data/{name}", p) for p in allow_patterns):
+                shutil.copy(REPO / "data" / "gold_jbb_sample.csv", root / "data" / name)
+        return str(root)
+
+    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    gold = load_gold("JailbreakBench/JBB-Behaviors", "jbb")
+    assert gold.path.endswith("data/judge_comparison.csv") and len(gold.items) == 20

@@ -505,3 +505,24 @@ def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, v
     first = len(calls)
     run_validate(gold, out, [spec], stored=["gpt4_cf"], bootstrap=100, engine_factory=factory)
     assert first > 0 and len(calls) == first  # every stored verdict reused: no engine call
+
+
+def test_target_fpr_picks_the_most_sensitive_cut_within_the_rate(tmp_path):
+    out = tmp_path / "o"
+    result = validate(
+        "--gold", str(SAMPLE), "--format", "harmmetric", "--metric", "rouge1_recall", "--target-fpr", "0.1",
+        "--out", str(out), "--bootstrap", "100",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    row = pd.read_csv(out / "agreement.csv").iloc[0]
+    gold = load_gold(str(SAMPLE), "harmmetric")
+    y = np.array([i.label for i in gold.items])
+    from diagsafe_local.validation.validate import _metric_scores
+
+    scores = _metric_scores(gold, ["rouge1_recall"])[0].scores
+    cut = row["threshold_at_target_fpr"]
+    fpr = ((scores >= cut) & (y == 0)).sum() / (y == 0).sum()
+    tpr = ((scores >= cut) & (y == 1)).sum() / (y == 1).sum()
+    assert fpr <= 0.1 and (row["fpr_at_threshold"], row["tpr_at_threshold"]) == pytest.approx((fpr, tpr))
+    lower = scores[scores < cut].max()  # the next cut down breaks the FPR limit
+    assert ((scores >= lower) & (y == 0)).sum() / (y == 0).sum() > 0.1

@@ -67,6 +67,12 @@ def validate(
             "--probability/--sampled", help="Score Yes/No judges by first-token P(Yes), or by sampled verdicts."
         ),
     ] = None,
+    target_fpr: Annotated[
+        float | None,
+        typer.Option(
+            help="Also report, for score-valued rows, the cut whose FPR stays within this rate.", min=0, max=1
+        ),
+    ] = None,
     bootstrap: Annotated[
         int, typer.Option(help="Bootstrap resamples for the composite figures' 95% CIs.", min=100)
     ] = 1000,
@@ -110,7 +116,19 @@ def validate(
         stored=tuple(_names(stored)),
     )
     data = load_gold(gold, format_, columns, task, encoding)  # type: ignore[arg-type]
-    rows = run_validate(data, out, specs, _names(metric), _names(stored), panel, classes, bootstrap, seed, verbose)
+    rows = run_validate(
+        data,
+        out,
+        specs,
+        _names(metric),
+        _names(stored),
+        panel,
+        classes,
+        bootstrap,
+        seed,
+        verbose,
+        target_fpr=target_fpr,
+    )
     from rich.console import Console
     from rich.table import Table
 

@@ -24,12 +24,43 @@ _HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+(:[\w./-]+)?$")
 DATA_PATTERNS = ("*.json", "*.jsonl")
 
 
+def download(url: str, target: Path) -> Path:
+    """Fetch `url` into `target` once (through a `.partial` file, so a broken download leaves nothing)."""
+    import shutil
+    import urllib.request
+
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(target.suffix + ".partial")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+            shutil.copyfileobj(response, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.rename(target)
+    return target
+
+
 def resolve_dataset(spec: str, patterns: tuple[str, ...] = DATA_PATTERNS) -> Path:
-    """Local path for `spec` (a file path or a hub id), downloading a hub dataset if needed; without a file
-    name, the repository's one file matching `patterns` is used."""
+    """Local path for `spec` (a file path, an http(s) URL or a hub id), downloading it once into the cache if
+    needed; for a hub id without a file name, the repository's one file matching `patterns` is used."""
     path = Path(spec)
     if path.exists():
         return path
+    if spec.startswith(("https://", "http://")):
+        import hashlib
+
+        name = spec.rstrip("/").rsplit("/", 1)[-1] or "download"
+        target = cache_dir() / "hub" / "urls" / hashlib.sha256(spec.encode()).hexdigest()[:16] / name
+        try:
+            return download(spec, target)
+        except Exception as exc:  # network errors of every kind mean the same to the user
+            raise HubUnreachable(
+                f"could not download {spec} ({type(exc).__name__}: {exc}). Offline? Fetch it once where you are "
+                "online (same DIAGSAFE_CACHE), or pass a local file."
+            ) from None
     if not _HUB_ID.match(spec):
         raise DataError(spec, None, None, "no such file (nor a Hugging Face dataset id like owner/name)")
     repo_id, _, filename = spec.partition(":")

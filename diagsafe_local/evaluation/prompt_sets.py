@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from diagsafe_local.core.cache import cache_dir
 from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.core.hub import download
 from diagsafe_local.core.messages import Message
 from diagsafe_local.core.registry import Registry
 from diagsafe_local.evaluation.config import DatasetConfig
@@ -280,8 +280,7 @@ def fetch(name: str) -> Path:
     partial = target.with_suffix(target.suffix + ".partial")
     try:
         if spec.url:
-            with urllib.request.urlopen(spec.url, timeout=60) as response, open(partial, "wb") as out:
-                shutil.copyfileobj(response, out)
+            return download(spec.url, target)
         else:
             from huggingface_hub import hf_hub_download
 

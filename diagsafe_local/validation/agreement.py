@@ -87,6 +87,20 @@ def best_threshold(y: np.ndarray, score: np.ndarray) -> float:
     return float(thresholds[int(np.argmax(agreement))])
 
 
+def threshold_at_fpr(y: np.ndarray, score: np.ndarray, target: float) -> tuple[float, float, float]:
+    """(threshold, its FPR, its TPR): the lowest cut on sklearn's ROC curve whose FPR stays within `target`."""
+    from sklearn.metrics import roc_curve
+
+    if len(set(y)) < 2:
+        return float("nan"), float("nan"), float("nan")
+    fpr, tpr, thresholds = roc_curve(y, score)
+    allowed = np.flatnonzero((fpr <= target) & np.isfinite(thresholds))
+    if not len(allowed):
+        return float("nan"), float("nan"), float("nan")
+    k = allowed[-1]
+    return float(thresholds[k]), float(fpr[k]), float(tpr[k])
+
+
 def three_class_metrics(gold: Sequence[str], pred: Sequence[str]) -> dict[str, float]:
     from sklearn.metrics import accuracy_score, cohen_kappa_score, f1_score
 
@@ -128,6 +142,7 @@ def agreement_row(
     seed: int,
     gold3: Sequence[str | None] | None = None,
     pred3: Sequence[str | None] | None = None,
+    target_fpr: float | None = None,
 ) -> tuple[dict[str, Any], np.ndarray]:
     """One row of agreement.csv for a judge's scores (NaN = no verdict) on gold labels `y`, and the 0/1
     predictions it was scored on (-1 where missing). `decision` is 'verdict' (score > 0.5) or 'best-threshold'."""
@@ -159,6 +174,9 @@ def agreement_row(
         low, high = intervals.get(metric, (np.nan, np.nan))
         row[f"{metric}_ci_low"], row[f"{metric}_ci_high"] = _unit(low), _unit(high)
     row["best_threshold"] = threshold
+    if target_fpr is not None:
+        cut = threshold_at_fpr(yj, sj, target_fpr) if scored else (float("nan"),) * 3
+        row["threshold_at_target_fpr"], row["fpr_at_threshold"], row["tpr_at_threshold"] = cut
     row["decision"] = (
         "score >= best_threshold (fitted on this set)" if decision == "best-threshold" else "verdict (score > 0.5)"
     )

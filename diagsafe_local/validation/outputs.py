@@ -64,7 +64,14 @@ class Disagreement(BaseModel):
 
 
 def write_outputs(
-    out: Path, gold: GoldSet, rows: list[Scored], manifest: dict[str, Any], classes: int, bootstrap: int, seed: int
+    out: Path,
+    gold: GoldSet,
+    rows: list[Scored],
+    manifest: dict[str, Any],
+    classes: int,
+    bootstrap: int,
+    seed: int,
+    target_fpr: float | None = None,
 ) -> list[dict[str, Any]]:
     """Compute every table and write the directory as one set; returns the agreement rows."""
     labelled = np.array([item.label is not None for item in gold.items])
@@ -83,11 +90,14 @@ def write_outputs(
             seed,
             gold3 if scored.classes is not None else None,
             pred3 if scored.classes is not None else None,
+            target_fpr,
         )
         table.append({"kind": scored.kind, **row})
         predictions[scored.name] = predicted
-    columns = AGREEMENT_COLUMNS + (
-        [c for m in THREE_CLASS for c in (m, f"{m}_ci_low", f"{m}_ci_high")] if classes == 3 else []
+    columns = (
+        AGREEMENT_COLUMNS
+        + (["threshold_at_target_fpr", "fpr_at_threshold", "tpr_at_threshold"] if target_fpr is not None else [])
+        + ([c for m in THREE_CLASS for c in (m, f"{m}_ci_low", f"{m}_ci_high")] if classes == 3 else [])
     )
     agreement = pd.DataFrame(table).reindex(columns=columns)
     raw = {scored.name: [r for r, keep in zip(scored.raw, labelled) if keep] for scored in rows if scored.raw}

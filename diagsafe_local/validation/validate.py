@@ -230,6 +230,7 @@ def run_validate(
     seed: int = 0,
     verbose: bool = False,
     engine_factory: Any = None,
+    target_fpr: float | None = None,
 ) -> list[dict[str, Any]]:
     """Validate, lock `out`, judge, and write every output as one set; returns the agreement rows.
     `engine_factory(config, **options)` makes the judges' engines (default: `engines.create_engine`)."""
@@ -267,9 +268,10 @@ def run_validate(
             "classes": classes,
             "bootstrap": bootstrap,
             "seed": seed,
+            "target_fpr": target_fpr,
         }
         from diagsafe_local.validation.outputs import write_outputs
 
-        return write_outputs(out, gold, rows, manifest, classes, bootstrap, seed)
+        return write_outputs(out, gold, rows, manifest, classes, bootstrap, seed, target_fpr)
     finally:
         lock.release()
