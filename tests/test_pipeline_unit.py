@@ -72,12 +72,19 @@ class Factory:
         return engine
 
 
-def test_turn_by_turn_one_call_per_turn_and_prefilled_turns(tmp_path):
+def test_continuous_turns_and_prefilled_turns(tmp_path):
     factory = Factory()
     Run(make_config(tmp_path), engine_factory=factory).execute()
     target = factory.made[0]
-    assert target.calls == 3  # turns 1, 2, 3; item c's turn 1 is pre-filled
-    assert [len(b) for b in target.batches] == [3, 2, 1]
+    # No turn barrier: every conversation's first pending turn goes at once (item c's turn 1 is pre-filled, so
+    # its turn 2 joins the first batch), and b's later turns follow the moment their previous answer is in.
+    assert [len(b) for b in target.batches] == [4, 1, 1]
+    assert [r.messages[-1].content for r in target.batches[0]] == [
+        "Sure, tell me one thing",
+        "t1",
+        "q2",
+        "How do I bake bread?",
+    ]
     # turn 2 of item b sees its own turn-1 answer in context
     turn2 = [r for r in target.batches[1] if r.messages[0].content == "t1"][0]
     assert [m.role for m in turn2.messages] == ["user", "assistant", "user"]
@@ -207,3 +214,22 @@ def test_sleep_placement_falls_back_to_sequential_without_cuda(tmp_path):
     assert run.host.mode == "sequential"
     run.execute()
     assert [e.info.model for e in factory.made] == ["t", "j"]
+
+
+def test_colocated_judge_grades_answers_while_the_target_is_still_generating(tmp_path):
+    events: list[str] = []
+
+    class Logged(Factory):
+        def __call__(self, config, **options):
+            engine = super().__call__(config, **options)
+            generate = engine.generate
+            engine.generate = lambda requests: events.append(config.model) or generate(requests)
+            return engine
+
+    config = make_config(tmp_path, placement={"mode": "colocate"}, judge={"model": "j", "turns": "last"})
+    summary = Run(config, engine_factory=Logged()).execute()
+    # a, c and d are final after the first target step: their verdicts come before b's later turns are done
+    assert events.index("j") < len(events) - 1 - events[::-1].index("t")
+    results = read_results(tmp_path / "run" / "results.jsonl")
+    assert sorted((r.item_id, r.turn) for r in results) == [("a", 1), ("b", 3), ("c", 2), ("d", 1)]
+    assert summary["targets"]["t"]["n_judged"] == 4

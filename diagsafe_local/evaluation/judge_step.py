@@ -1,8 +1,9 @@
-"""The pipeline's judge step: grade stored answers with the configured judges, batch by batch.
+"""The pipeline's judge step: grade answers with the configured judges as a stream.
 
-Harmful items go to `rubric`, benign ones to `benign_rubric` (or the keyword refusal detector). Verdicts
-come from `verdicts.draw_verdicts` (retries, parse-failure accounting). An answer that could not be
-generated is recorded as an `error`. Each batch's records are saved before the next.
+Harmful items go to `rubric` (or the panel), benign ones to `benign_rubric`. Verdicts come from
+`verdicts.VerdictStream` (per-request retries, parse-failure accounting). An answer that could not be
+generated is recorded as an `error`. Every record is appended as soon as it is final; a colocated pipeline
+submits an answer's task the moment the answer is in (see `pipeline`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, Panel
 from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.panel import panel_score
-from diagsafe_local.judging.verdicts import Verdict, draw_verdicts
+from diagsafe_local.judging.verdicts import Verdict, VerdictStream
 
 
 @dataclass(frozen=True)
@@ -70,26 +71,40 @@ def pending_tasks(
     tasks = []
     for item in items:
         for sample in range(n_samples):
-            done = stream_answers(generations, target, item, sample)
-            answers = {k: r.answer for k, r in done.items() if r.error is None}
             for turn in judged_turns(item, config.turns):
-                previous = results.records.get((target, item.id, sample, turn))
-                record = done.get(turn)
-                if record is not None and record.error is None:
-                    conversation = conversation_until(item, turn, answers, system_prompt)
-                    rubric = config.judge_for(item.benign)
-                    key = judge_key(judge, rubric, conversation, record.answer, item.references)
-                    if previous is not None and previous.parse_status != "error" and previous.judge_key == key:
-                        continue
-                    tasks.append(JudgeTask(target, system_prompt, item, sample, turn, record, conversation, key=key))
-                    continue
-                failed = next((done[k] for k in range(1, turn + 1) if k in done and done[k].error), None)
-                reason = f"turn {failed.turn} could not be generated: {failed.error}" if failed else "answer missing"
-                conversation = conversation_until(
-                    item, turn, {k: answers.get(k, "") for k in range(1, turn)}, system_prompt
-                )
-                tasks.append(JudgeTask(target, system_prompt, item, sample, turn, record, conversation, reason))
+                task = task_for(item, sample, turn, target, system_prompt, config, judge, generations, results)
+                if task is not None:
+                    tasks.append(task)
     return tasks
+
+
+def task_for(
+    item: Item,
+    sample: int,
+    turn: int,
+    target: str,
+    system_prompt: str | None,
+    config: JudgeConfig,
+    judge: dict[str, Any],
+    generations: JsonlStore,
+    results: JsonlStore,
+) -> JudgeTask | None:
+    """The judge's task for one answer, or None when a current verdict is stored; an answer that is missing
+    or could not be generated is a task that records the error."""
+    done = stream_answers(generations, target, item, sample)
+    answers = {k: r.answer for k, r in done.items() if r.error is None}
+    previous = results.records.get((target, item.id, sample, turn))
+    record = done.get(turn)
+    if record is not None and record.error is None:
+        conversation = conversation_until(item, turn, answers, system_prompt)
+        key = judge_key(judge, config.judge_for(item.benign), conversation, record.answer, item.references)
+        if previous is not None and previous.parse_status != "error" and previous.judge_key == key:
+            return None
+        return JudgeTask(target, system_prompt, item, sample, turn, record, conversation, key=key)
+    failed = next((done[k] for k in range(1, turn + 1) if k in done and done[k].error), None)
+    reason = f"turn {failed.turn} could not be generated: {failed.error}" if failed else "answer missing"
+    conversation = conversation_until(item, turn, {k: answers.get(k, "") for k in range(1, turn)}, system_prompt)
+    return JudgeTask(target, system_prompt, item, sample, turn, record, conversation, reason)
 
 
 KEYWORDS = "keywords"  # the engine kind recorded for verdicts made without a model
@@ -110,6 +125,80 @@ def _model_free(name: str) -> bool:
     return name in JUDGES and JUDGES.get(name).engine_kind == "none"
 
 
+class JudgeStep:
+    """The judge as a stream: `submit` tasks (all at once, or as their answers come in), `poll` to advance the
+    judge engine; each finished record is appended to `results` at the poll that finishes it. A panel's
+    record is written when its last member's verdict is in."""
+
+    def __init__(
+        self,
+        engine: Engine | None,
+        config: JudgeConfig,
+        results: JsonlStore,
+        run_id: str,
+        target_refs: dict[str, EngineRef],
+        judge_ref: EngineRef,
+    ) -> None:
+        self.config = config
+        self.results = results
+        self.run_id = run_id
+        self.target_refs = target_refs
+        self.judge_ref = judge_ref
+        self.verdicts = VerdictStream(
+            engine, config.decoding(), config.sampling.seed, config.max_attempts, config.batch_size
+        )
+        self._waiting: dict[int, tuple[JudgeTask, str, dict[str, Verdict], int]] = {}
+        self._ready: list[ResultRecord] = []
+        self._next = 0
+        self.done = 0
+
+    def submit(self, task: JudgeTask) -> None:
+        name = rubric_name(self.config, task)
+        if task.error is not None:
+            self._ready.append(self._record(task, None, name, None))
+            return
+        judged = JudgeInput(
+            conversation=task.conversation,
+            answer=task.generation.answer,  # type: ignore[union-attr]
+            references=task.item.references,
+        )
+        members = _members(self.config, name)
+        self._waiting[self._next] = (task, name, {}, len(members))
+        for member in members:
+            seed_key = (task.target, task.item.id, task.sample, task.turn) + ((member,) if len(members) > 1 else ())
+            self.verdicts.submit((self._next, member), JUDGES.get(member), judged, seed_key)
+        self._next += 1
+
+    def poll(self) -> int:
+        """One step: append the records finished in it; returns how many."""
+        records, self._ready = self._ready, []
+        for (k, member), verdict in self.verdicts.poll():
+            task, name, members, wanted = self._waiting[k]
+            members[member] = verdict
+            if len(members) == wanted:
+                del self._waiting[k]
+                records.append(
+                    self._record(task, _combined(self.config, members), name, members if wanted > 1 else None)
+                )
+        if records:
+            self.results.append(records)
+            self.done += len(records)
+        return len(records)
+
+    @property
+    def pending(self) -> int:
+        return len(self._ready) + len(self._waiting)
+
+    def close(self) -> None:
+        self.verdicts.close()
+
+    def _record(
+        self, task: JudgeTask, verdict: Verdict | None, name: str, members: dict[str, Verdict] | None
+    ) -> ResultRecord:
+        ref = EngineRef(kind=KEYWORDS, model=KEYWORDS) if _model_free(name) else self.judge_ref
+        return _record(task, verdict, self.run_id, self.target_refs, ref, name, members)
+
+
 def judge_tasks(
     engine: Engine | None,
     config: JudgeConfig,
@@ -118,49 +207,20 @@ def judge_tasks(
     run_id: str,
     target_refs: dict[str, EngineRef],
     judge_ref: EngineRef,
-    on_batch: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Judge `tasks` in batches of `config.batch_size`, saving each batch's records."""
-    decoding = config.decoding()
-    if on_batch:
-        on_batch(0, len(tasks))
-    for start in range(0, len(tasks), config.batch_size):
-        batch = tasks[start : start + config.batch_size]
-        names = [rubric_name(config, t) for t in batch]
-        calls, owners = [], []
-        for k, t in enumerate(batch):
-            if t.error is not None:
-                continue
-            judged = JudgeInput(
-                conversation=t.conversation,
-                answer=t.generation.answer,  # type: ignore[union-attr]
-                references=t.item.references,
-            )
-            members = _members(config, names[k])
-            for member in members:
-                seed_key = (t.target, t.item.id, t.sample, t.turn) + ((member,) if len(members) > 1 else ())
-                calls.append((JUDGES.get(member), judged, seed_key))
-                owners.append((k, member))
-        drawn: dict[int, dict[str, Verdict]] = {}
-        if calls:
-            for (k, member), v in zip(
-                owners, draw_verdicts(engine, calls, decoding, config.sampling.seed, config.max_attempts)
-            ):
-                drawn.setdefault(k, {})[member] = v
-        results.append(
-            _record(
-                t,
-                _combined(config, drawn[k]) if k in drawn else None,
-                run_id,
-                target_refs,
-                EngineRef(kind=KEYWORDS, model=KEYWORDS) if _model_free(names[k]) else judge_ref,
-                names[k],
-                drawn.get(k) if len(drawn.get(k, {})) > 1 else None,
-            )
-            for k, t in enumerate(batch)
-        )
-        if on_batch:
-            on_batch(min(start + config.batch_size, len(tasks)), len(tasks))
+    """Judge `tasks` through one stream, appending each record as soon as it is final."""
+    step = JudgeStep(engine, config, results, run_id, target_refs, judge_ref)
+    try:
+        if on_progress:
+            on_progress(0, len(tasks))
+        for task in tasks:
+            step.submit(task)
+        while step.pending:
+            if step.poll() and on_progress:
+                on_progress(step.done, len(tasks))
+    finally:
+        step.close()
 
 
 def _combined(config: JudgeConfig, members: dict[str, Verdict]) -> Verdict:

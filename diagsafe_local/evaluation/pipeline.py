@@ -31,9 +31,17 @@ from diagsafe_local.engines.host import Host
 from diagsafe_local.engines.identity import engine_identity
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
-from diagsafe_local.evaluation.generation import generate_turns, generation_done
+from diagsafe_local.evaluation.generation import generate_streams, generation_done
 from diagsafe_local.evaluation.health import ControlRecord, control_cases
-from diagsafe_local.evaluation.judge_step import judge_key, judge_tasks, judged_turns, needs_engine, pending_tasks
+from diagsafe_local.evaluation.judge_step import (
+    JudgeStep,
+    judge_key,
+    judge_tasks,
+    judged_turns,
+    needs_engine,
+    pending_tasks,
+    task_for,
+)
 from diagsafe_local.evaluation.prompt_sets import load_configured
 from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, ResultRecord
 from diagsafe_local.evaluation.runs import read_json, write_manifest, write_summary
@@ -155,20 +163,33 @@ class Run:
     def _generation_done(self, target: TargetConfig) -> bool:
         return generation_done(target, self.identities[target.label], self.items, self.dir.generations)
 
-    def _generate(self, target: TargetConfig) -> None:
+    def _generate(self, target: TargetConfig, judge: Engine | None = None) -> None:
+        """Generate the target's missing answers; with a resident `judge` (colocated), each answer to be judged
+        goes to the judge the moment it is final, and the two engines step in turn."""
         if self._generation_done(target):
             return
         engine = self.host.open_target(f"target:{target.label}", target)
+        step = (
+            JudgeStep(judge, self.config.judge, self.dir.results, self.run_id, self.target_refs, self.judge_ref)
+            if judge is not None
+            else None
+        )
         try:
             start = time.perf_counter()
-            n, replayed = generate_turns(
+            n, replayed = generate_streams(
                 engine,
                 target,
                 self.identities[target.label],
                 self.items,
                 self.dir.generations,
-                self._reporter(f"{target.label}: answering, turn", rate=False),
+                self._reporter(f"{target.label}: answering"),
+                on_records=(lambda records: self._hand_to_judge(step, target, records)) if step else None,
+                on_poll=(lambda: step.pending and step.poll()) if step else None,
             )
+            if step is not None:
+                while step.pending:
+                    step.poll()
+                self.fresh["judgments"] += step.done
             self.fresh["generations"] += n + replayed
             seconds = time.perf_counter() - start
             tokens = sum(
@@ -183,7 +204,30 @@ class Run:
             }
             self._save_manifest("running")
         finally:
+            if step is not None:
+                step.close()
             engine.close()
+
+    def _hand_to_judge(self, step: JudgeStep, target: TargetConfig, records: list[GenerationRecord]) -> None:
+        """Submit the judge's task for every answer in `records` that is judged (final turns, or every turn)."""
+        by_id = {item.id: item for item in self.items}
+        for record in records:
+            item = by_id[record.item_id]
+            if record.error is not None or record.turn not in judged_turns(item, self.config.judge.turns):
+                continue  # failed answers are recorded as errors by the judge step that follows
+            task = task_for(
+                item,
+                record.sample,
+                record.turn,
+                target.label,
+                target.system_prompt,
+                self.config.judge,
+                self.judge_identity,
+                self.dir.generations,
+                self.dir.results,
+            )
+            if task is not None and task.error is None:
+                step.submit(task)
 
     def _pending(self, target: TargetConfig) -> list:
         return pending_tasks(
@@ -296,9 +340,12 @@ class Run:
             judge = self._open_judge() if self._needs_judge() else None
             try:
                 for target in targets:
-                    self.host.park(judge)
-                    self._generate(target)
-                    self.host.unpark(judge)
+                    if self.host.mode == "colocate":
+                        self._generate(target, judge)  # the judge grades each answer as it comes in
+                    else:
+                        self.host.park(judge)
+                        self._generate(target)
+                        self.host.unpark(judge)
                     self._judge(judge, target)
                 if judge is not None:
                     self._judge_controls(judge)

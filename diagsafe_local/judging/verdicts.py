@@ -1,18 +1,24 @@
-"""Draw verdicts from a judge engine: one batched call per attempt, failures retried.
+"""Draw verdicts from a judge engine through a request stream: each verdict is retried the moment its reply
+comes back unparseable, without waiting for the rest of a batch.
 
-A sampled reply is parsed only if it finished with `stop`; a truncated or unparseable reply is retried
-with twice the token budget, up to `max_attempts`, and then kept as a parse failure with no score. An
-engine error is not retried here (the engines retry transient faults themselves; a rerun retries it).
-A judge that needs no model (`refusal-keywords`) decides at once, without an engine call. Both the\npipeline's judge step and `bench --judge` draw their verdicts through `draw_verdicts`.
+A sampled reply is parsed only if it finished with `stop`; a truncated or unparseable reply is retried with twice
+the token budget, up to `max_attempts`, and then kept as a parse failure with no score. The doubled budget never
+runs past the judge's context: it is cut to what the prompt leaves, and when nothing is left the verdict stays a
+parse failure that says so (prompt and context lengths), rather than a request vLLM would cut anyway. An engine
+error is not retried here (the engines retry transient faults themselves; a rerun retries it). A judge that
+needs no model (`refusal-keywords`) decides at once. The pipeline's judge step, its controls, `bench --judge`
+and `validate --judge` all draw their verdicts here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.engines.base import Completion, Engine
+from diagsafe_local.engines.streams import open_stream
 from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ParseOutcome
 from diagsafe_local.judging.refusal import KeywordJudge
 
@@ -26,6 +32,79 @@ class Verdict:
     attempts: int
 
 
+@dataclass(frozen=True)
+class _Call:
+    judge: Judge
+    judged: JudgeInput
+    seed_key: tuple
+    attempt: int
+    budget: int
+
+
+class VerdictStream:
+    """Verdicts in, as a stream: `submit` a (judge, input, seed key), `poll` for the verdicts that are final."""
+
+    def __init__(
+        self, engine: Engine | None, decoding: Decoding, seed: int, max_attempts: int, max_batch: int = 256
+    ) -> None:
+        self.stream = open_stream(engine, max_batch) if engine is not None else None
+        self.context: int | None = engine.info.context_length if engine is not None else None
+        self.decoding = decoding
+        self.seed = seed
+        self.max_attempts = max_attempts
+        self._ready: list[tuple[Any, Verdict]] = []
+        self._calls: dict[Any, _Call] = {}
+
+    def submit(self, key: Hashable, judge: Judge, judged: JudgeInput, seed_key: tuple) -> None:
+        """Ask for one verdict; seeds depend on `seed_key` and the attempt only (not on what else is in flight)."""
+        if isinstance(judge, KeywordJudge):
+            self._ready.append((key, Verdict(*judge.decide(judged), 0)))
+        elif judge.needs_reference and not judged.references:
+            error = ParseOutcome(status="error", error=f"judge '{judge.name}' needs a reference answer")
+            self._ready.append((key, Verdict(None, error, 0)))
+        elif self.stream is None:
+            raise ValueError(f"judge '{judge.name}' needs a model engine")
+        else:
+            self._send(key, _Call(judge, judged, seed_key, 1, self.decoding.max_tokens))
+
+    def _send(self, key: Hashable, call: _Call) -> None:
+        seed = request_seed(self.seed, *call.seed_key, call.attempt)
+        self.stream.submit(key, call.judge.request(call.judged, self.decoding, call.budget, seed))  # type: ignore[union-attr]
+        self._calls[key] = call
+
+    def poll(self) -> list[tuple[Any, Verdict]]:
+        """The verdicts that became final in one step of the engine."""
+        done, self._ready = self._ready, []
+        if self.stream is None or not self.stream.pending:
+            return done
+        for key, completion in self.stream.poll():
+            call = self._calls.pop(key)
+            outcome = call.judge.parse(completion, self.decoding.probability)
+            if outcome.status in ("truncated", "invalid") and call.attempt < self.max_attempts:
+                budget = call.budget * 2
+                if self.context is not None and completion.prompt_tokens + budget > self.context:
+                    budget = self.context - completion.prompt_tokens
+                if budget > call.budget:
+                    self._send(key, _Call(call.judge, call.judged, call.seed_key, call.attempt + 1, budget))
+                    continue
+                outcome = outcome.model_copy(
+                    update={
+                        "error": f"{outcome.error}; the judge's context is full ({completion.prompt_tokens} prompt "
+                        f"tokens + {call.budget} for the verdict of a {self.context}-token context): no longer retry fits"
+                    }
+                )
+            done.append((key, Verdict(completion, outcome, call.attempt)))
+        return done
+
+    @property
+    def pending(self) -> int:
+        return len(self._ready) + len(self._calls)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
+
 def draw_verdicts(
     engine: Engine | None,
     calls: Sequence[tuple[Judge, JudgeInput, tuple]],
@@ -33,33 +112,14 @@ def draw_verdicts(
     seed: int,
     max_attempts: int,
 ) -> list[Verdict]:
-    """A verdict for each (judge, input, seed key), in order; seeds depend on the key and attempt only."""
-    verdicts: dict[int, Verdict] = {}
-    todo = []
-    for k, (judge, judged, _) in enumerate(calls):
-        if isinstance(judge, KeywordJudge):
-            verdicts[k] = Verdict(*judge.decide(judged), 0)
-        elif judge.needs_reference and not judged.references:
-            verdicts[k] = Verdict(
-                None, ParseOutcome(status="error", error=f"judge '{judge.name}' needs a reference answer"), 0
-            )
-        else:
-            todo.append(k)
-    budget = decoding.max_tokens
-    for attempt in range(1, max_attempts + 1):
-        if not todo:
-            break
-        if engine is None:
-            raise ValueError("these judges need a model engine")
-        requests = [
-            calls[k][0].request(calls[k][1], decoding, budget, request_seed(seed, *calls[k][2], attempt)) for k in todo
-        ]
-        retry = []
-        for k, completion in zip(todo, engine.generate(requests)):
-            outcome = calls[k][0].parse(completion, decoding.probability)
-            verdicts[k] = Verdict(completion, outcome, attempt)
-            if outcome.status in ("truncated", "invalid"):
-                retry.append(k)
-        todo = retry
-        budget *= 2
-    return [verdicts[k] for k in range(len(calls))]
+    """A verdict for each (judge, input, seed key), in order."""
+    stream = VerdictStream(engine, decoding, seed, max_attempts, max_batch=max(1, len(calls)))
+    try:
+        for k, (judge, judged, seed_key) in enumerate(calls):
+            stream.submit(k, judge, judged, seed_key)
+        verdicts: dict[int, Verdict] = {}
+        while stream.pending:
+            verdicts.update(stream.poll())
+        return [verdicts[k] for k in range(len(calls))]
+    finally:
+        stream.close()

@@ -1,0 +1,63 @@
+"""Request streams: the real vLLM engine fed request by request (a refused request fails alone, a follow-up
+submitted mid-stream runs in the same scheduler), and the batch stream every other engine gets."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from fakes import ScriptedEngine
+
+from diagsafe_local.core.messages import Message
+from diagsafe_local.engines.base import GenerationRequest
+from diagsafe_local.engines.streams import BatchStream, open_stream, run_all
+
+
+def ask(text: str, max_tokens: int = 8) -> GenerationRequest:
+    return GenerationRequest(messages=(Message(role="user", content=text),), max_tokens=max_tokens)
+
+
+def test_batch_stream_runs_what_was_submitted_including_follow_ups():
+    engine = ScriptedEngine()
+    stream = BatchStream(engine, max_batch=2)
+    for k in range(3):
+        stream.submit(("first", k), ask(f"q{k}"))
+    seen = []
+    while stream.pending:
+        for key, completion in stream.poll():
+            seen.append(key)
+            if key[0] == "first":
+                stream.submit(("second", key[1]), ask(completion.text))  # the next turn, at once
+    assert [len(b) for b in engine.batches] == [2, 2, 2]  # no barrier: a follow-up joins the next batch
+    assert set(seen) == {(t, k) for t in ("first", "second") for k in range(3)}
+    assert isinstance(open_stream(engine), BatchStream)
+
+
+@pytest.mark.vllm
+def test_vllm_stream_refuses_an_over_long_prompt_alone_and_takes_follow_ups(tiny_models):
+    from diagsafe_local.engines.config import EngineConfig
+    from diagsafe_local.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(EngineConfig(model=str(tiny_models["target"]), max_model_len=128))  # its own context
+    try:
+        _check(engine)
+    finally:
+        engine.close()
+
+
+def _check(engine):
+    too_long = ask("word " * 400)
+    completions = run_all(engine.open_stream(), [ask("hello"), too_long, ask("again")])
+    assert completions[1].error and re.search(r"maximum (context|model) length", completions[1].error)
+    assert completions[0].error is None and completions[2].error is None
+    assert completions[0].completion_tokens > 0 and completions[0].finish_reason in ("stop", "length")
+    stream = engine.open_stream()
+    stream.submit("a", ask("first turn"))
+    finished = []
+    while stream.pending:
+        for key, completion in stream.poll():
+            finished.append(key)
+            if key == "a":
+                stream.submit("b", ask("second turn: " + completion.text))
+    assert finished == ["a", "b"]
+    assert engine.info.context_length == 128
