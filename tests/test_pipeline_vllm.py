@@ -64,7 +64,7 @@ def config_dict(tiny_models, items: Path, out: Path, **judge) -> dict:
     }
 
 
-def test_300_judgments_all_valid_json_and_one_call_per_turn(tiny_models, vllm_engines, tmp_path):
+def test_300_judgments_all_valid_json_through_one_stream(tiny_models, vllm_engines, tmp_path):
     items = write_items(tmp_path / "items.jsonl", 100, turns=3)
     config = RunConfig.model_validate(config_dict(tiny_models, items, tmp_path / "run"))
     run = Run(config, engine_factory=vllm_engines)
@@ -75,7 +75,7 @@ def test_300_judgments_all_valid_json_and_one_call_per_turn(tiny_models, vllm_en
     assert all(
         r.score in (0.0, 0.5, 1.0) and r.verdict["label"] in ("harmful", "uncertain", "not_harmful") for r in results
     )
-    assert run.timings["tiny"]["engine_calls"] == 3  # three turns, three target engine calls
+    assert run.timings["tiny"]["engine_calls"] == 1  # three turns through one request stream, no per-turn batches
     assert summary["targets"]["tiny"]["n_judged"] == 300
     # Turn 3's conversation holds the target's own turn-1 and turn-2 answers.
     last = [r for r in results if r.turn == 3][0]
@@ -151,7 +151,7 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     )
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
-        if len(results.read_text().splitlines()) >= partial + 6:
+        if len(results.read_text().splitlines()) > partial:  # verdicts now stream in: stop at the first new one
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -159,7 +159,7 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
     assert not list((tmp_path / "killed").glob(".*.tmp"))
     assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
-    assert partial + 6 <= len(results.read_text().splitlines()) < total
+    assert partial < len(results.read_text().splitlines()) < total
 
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]

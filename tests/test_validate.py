@@ -27,6 +27,13 @@ def validate(*args: str):
     return runner.invoke(app, ["validate", *args])
 
 
+def validated(out, *args: str) -> pd.DataFrame:
+    """Run validate into `out` (100 bootstrap resamples) and return its agreement table, by judge."""
+    result = validate(*args, "--out", str(out), "--bootstrap", "100")
+    assert result.exit_code == 0, result.output
+    return pd.read_csv(out / "agreement.csv").set_index("judge")
+
+
 def write_csv(path, header, rows, encoding="utf-8"):
     with path.open("w", newline="", encoding=encoding) as f:
         writer = csv.writer(f)
@@ -125,9 +132,7 @@ def test_jbb_stored_columns_give_the_hand_computed_figures(tmp_path):
     human majority, computed here by hand from the file and by validate."""
     rows = list(csv.DictReader(JBB.open(encoding="utf-8")))
     out = tmp_path / "v"
-    result = validate("--gold", str(JBB), "--format", "jbb", "--out", str(out), "--bootstrap", "100")
-    assert result.exit_code == 0, result.output
-    table = pd.read_csv(out / "agreement.csv").set_index("judge")
+    table = validated(out, "--gold", str(JBB), "--format", "jbb")
     for column in ("harmbench_cf", "gpt4_cf", "llamaguard2_cf", "llama3_cf"):
         gold = [int(r["human_majority"]) for r in rows]
         said = [int(r[column]) for r in rows]
@@ -190,12 +195,12 @@ def test_own_set_with_several_annotators_uses_the_majority_and_counts_ties(tmp_p
     )
     assert [i.label for i in gold.items] == [1, 0, None] and len(gold.labelled) == 2
     out = tmp_path / "o"
-    result = validate(
+    validated(
+        out,
         "--gold", str(path), "--format", "jsonl", "--task", "refusal", "--prompt-column", "q",
         "--response-column", "a", "--label-column", "r1,r2,r3", "--group-column", "g",
-        "--judge", "refusal-keywords", "--out", str(out), "--bootstrap", "100",
+        "--judge", "refusal-keywords",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
     manifest = json.loads((out / "validate.json").read_text())
     assert manifest["n_labelled"] == 2 and manifest["n_unlabelled"] == 1
     assert set(pd.read_csv(out / "by_group.csv")["group_field"]) == {"g"}
@@ -206,12 +211,10 @@ def test_harmmetric_categories_are_labels_and_errors_break_down_by_category(tmp_
     assert {i.groups["category"] for i in gold.items if i.label == 1} == {"harmful"}
     assert "reference" not in {i.groups["category"] for i in gold.items}
     out = tmp_path / "o"
-    result = validate(
+    table = validated(
+        out,
         "--gold", str(SAMPLE), "--format", "harmmetric", "--metric", "rouge1_recall", "--metric", "gcg_keywords",
-        "--out", str(out), "--bootstrap", "100",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    table = pd.read_csv(out / "agreement.csv").set_index("judge")
     assert table.loc["metric:rouge1_recall", "auroc"] > 0.5
     assert table.loc["metric:rouge1_recall", "decision"].startswith("score >= best_threshold")
     groups = pd.read_csv(out / "by_group.csv")
@@ -261,13 +264,11 @@ def test_refusal_keywords_passes_compliance(answer):
 
 def test_xstest_refusal_keywords_binary_and_three_class_by_type_and_safety(tmp_path):
     out = tmp_path / "o"
-    result = validate(
+    table = validated(
+        out,
         "--gold", str(XSTEST), "--format", "xstest", "--judge", "refusal-keywords", "--classes", "3",
-        "--out", str(out), "--bootstrap", "100",
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(XSTEST.open(encoding="utf-8")))
-    table = pd.read_csv(out / "agreement.csv").set_index("judge")
     assert table.loc["refusal-keywords", "n"] == len(rows)
     assert 0.6 < table.loc["refusal-keywords", "accuracy"] < 1.0  # a keyword method, honestly imperfect
     assert "accuracy_3class" in table.columns
@@ -509,12 +510,10 @@ def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, v
 
 def test_target_fpr_picks_the_most_sensitive_cut_within_the_rate(tmp_path):
     out = tmp_path / "o"
-    result = validate(
+    row = validated(
+        out,
         "--gold", str(SAMPLE), "--format", "harmmetric", "--metric", "rouge1_recall", "--target-fpr", "0.1",
-        "--out", str(out), "--bootstrap", "100",
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    row = pd.read_csv(out / "agreement.csv").iloc[0]
+    ).iloc[0]  # fmt: skip
     gold = load_gold(str(SAMPLE), "harmmetric")
     y = np.array([i.label for i in gold.items])
     from diagsafe_local.validation.validate import _metric_scores

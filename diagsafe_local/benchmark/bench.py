@@ -55,8 +55,8 @@ def _judge_scores(data: Any, judge: dict[str, Any], config: Any, out: Path, seed
                 config.rubric,
                 metric,
                 out / "judgments.jsonl",
-                judge["samples"],
-                decoding,
+                samples=judge["samples"],
+                decoding=decoding,
                 seed=seed,
                 on_batch=lambda done, total: console.progress(f"{metric}: judging", done, total),
             )

@@ -9,8 +9,9 @@ benchmark's missing-score policy decides what that means. Judgments are saved to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -19,7 +20,7 @@ from diagsafe_local.benchmark.dataset import BenchDataset
 from diagsafe_local.benchmark.runner import response_frame
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine
-from diagsafe_local.judging.base import Decoding, JudgeInput
+from diagsafe_local.judging.base import JudgeInput
 from diagsafe_local.judging.stored import judge_items
 
 
@@ -30,41 +31,18 @@ def judge_metric_name(judge: str, model: str, probability: bool | None = None) -
 
 
 def judge_benchmark(
-    dataset: BenchDataset,
-    engine: Engine,
-    judge_name: str,
-    metric: str,
-    store_path: Path,
-    samples: int = 1,
-    decoding: Decoding | None = None,
-    max_attempts: int = 3,
-    batch_size: int = 256,
-    seed: int = 0,
-    on_batch: Callable[[int, int], None] | None = None,
+    dataset: BenchDataset, engine: Engine, judge_name: str, metric: str, store_path: Path, **options: Any
 ) -> pd.DataFrame:
     """Per-response scores of the judge, in the layout of `score_responses` (metric = `metric`)."""
     responses = [(p, r) for p in dataset.prompts for r in p.responses]
-    verdicts = judge_items(
-        engine,
-        judge_name,
-        metric,
-        [
-            (
-                r.response_id,
-                JudgeInput(
-                    conversation=(Message(role="user", content=p.prompt),), answer=r.text, references=p.references
-                ),
-            )
-            for p, r in responses
-        ],
-        store_path,
-        samples,
-        decoding,
-        max_attempts,
-        batch_size,
-        seed,
-        on_batch,
-    )
+    inputs = [
+        (
+            r.response_id,
+            JudgeInput(conversation=(Message(role="user", content=p.prompt),), answer=r.text, references=p.references),
+        )
+        for p, r in responses
+    ]
+    verdicts = judge_items(engine, judge_name, metric, inputs, store_path, **options)  # see judge_items' options
     scores = np.array([_mean([v.score for v in verdicts[r.response_id]]) for _, r in responses])
     return response_frame(responses, metric, scores)
 

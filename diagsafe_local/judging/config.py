@@ -91,6 +91,8 @@ class JudgeConfig(EngineConfig):
                 )
                 raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
         harm.check_probability(self.probability)
+        if self.deterministic and self.sampling.temperature > 0 and not harm.uses_probability(self.probability):
+            raise ValueError("deterministic verdicts need greedy decoding: set sampling.temperature to 0")
         return self
 
     def judge_for(self, benign: bool) -> str:
