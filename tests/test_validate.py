@@ -16,7 +16,8 @@ from diagsafe_local.cli import app
 from diagsafe_local.core.errors import DataError, DiagsafeError
 from diagsafe_local.validation.agreement import agreement_row, pairwise_kappa, score_metrics
 from diagsafe_local.validation.gold import Columns, load_gold
-from diagsafe_local.validation.validate import Scored, panel_scores
+from diagsafe_local.validation.outputs import Scored
+from diagsafe_local.validation.validate import panel_scores
 
 runner = CliRunner()
 JBB = REPO / "data" / "gold_jbb_sample.csv"

@@ -170,11 +170,10 @@ class BorrowedEngine:
         return self._engine.generate(requests)
 
     def open_stream(self) -> Any:
-        """The shared engine's stream."""
-        from diagsafe_local.engines.streams import open_stream
-
+        """The shared engine's own stream; None where it has none (a batch stream is made instead)."""
         self.calls += 1
-        return open_stream(self._engine)
+        opener = getattr(self._engine, "open_stream", None)
+        return opener() if opener is not None else None
 
     def close(self) -> None:
         """Leave the shared engine to its owner."""

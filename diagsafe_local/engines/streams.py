@@ -58,7 +58,8 @@ class BatchStream:
 def open_stream(engine: Engine, max_batch: int = 256) -> Stream:
     """The engine's own stream where it has one, else a `BatchStream` of `max_batch` requests per poll."""
     opener = getattr(engine, "open_stream", None)
-    return opener() if opener is not None else BatchStream(engine, max_batch)
+    stream = opener() if opener is not None else None
+    return stream if stream is not None else BatchStream(engine, max_batch)
 
 
 def run_all(stream: Stream, requests: Sequence[GenerationRequest]) -> list[Completion]:

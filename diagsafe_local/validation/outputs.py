@@ -14,8 +14,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -32,7 +33,19 @@ from diagsafe_local.validation.agreement import (
 )
 from diagsafe_local.validation.correction import VALIDATION_FILE, JudgeErrorRates, ValidationFile
 from diagsafe_local.validation.gold import GoldItem, GoldSet
-from diagsafe_local.validation.validate import Scored
+
+
+@dataclass
+class Scored:
+    """One validated row's per-item scores (NaN = no verdict), its 3-class labels, and where it came from."""
+
+    name: str
+    kind: Literal["judge", "metric", "stored", "panel"]
+    scores: np.ndarray
+    classes: list[str | None] | None = None
+    raw: list[str] = field(default_factory=list)
+    identity: dict[str, Any] | None = None
+
 
 AGREEMENT_COLUMNS = [
     "judge",

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from diagsafe_local import __version__
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.judging.panel import PANEL_RULES, panel_score
 from diagsafe_local.validation.gold import XSTEST_CLASSES, GoldSet
+from diagsafe_local.validation.outputs import Scored, write_outputs
 
 _CLASS_OF_LABEL = {
     "full_compliance": XSTEST_CLASSES[0],
@@ -42,18 +43,6 @@ class JudgeSpec:
     probability: bool | None = None
     samples: int = 1
     temperature: float = 0.0
-
-
-@dataclass
-class Scored:
-    """One validated row's per-item scores (NaN = no verdict), its 3-class labels, and where it came from."""
-
-    name: str
-    kind: Literal["judge", "metric", "stored", "panel"]
-    scores: np.ndarray
-    classes: list[str | None] | None = None
-    raw: list[str] = field(default_factory=list)
-    identity: dict[str, Any] | None = None
 
 
 def check_request(
@@ -270,8 +259,6 @@ def run_validate(
             "seed": seed,
             "target_fpr": target_fpr,
         }
-        from diagsafe_local.validation.outputs import write_outputs
-
         return write_outputs(out, gold, rows, manifest, classes, bootstrap, seed, target_fpr)
     finally:
         lock.release()
