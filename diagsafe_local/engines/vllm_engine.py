@@ -189,6 +189,7 @@ class VLLMEngine:
 
     def open_stream(self) -> VLLMStream:
         """Requests one at a time into vLLM's scheduler, completions back as each finishes."""
+        self.calls += 1
         return VLLMStream(self)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
@@ -196,7 +197,6 @@ class VLLMEngine:
         longer than the context, say) fails alone and is never retried one by one."""
         if not requests:
             return []
-        self.calls += 1
         return run_all(self.open_stream(), requests)
 
     def sleep(self) -> bool:

@@ -46,7 +46,12 @@ class JudgeConfig(EngineConfig):
         "last", description="Judge each conversation's last answer, or every generated one."
     )
     max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
-    batch_size: int = Field(256, ge=1, description="Judgments per engine call (results are saved after each).")
+    batch_size: int = Field(
+        256,
+        ge=1,
+        description="Judgments in flight at once: more go in as each finishes (no barrier); each record is saved "
+        "as it finishes.",
+    )
     panel: PanelConfig | None = Field(
         None,
         description="Judge harmful items by a panel of harm judges instead of `rubric` alone; each member's verdict "

@@ -12,6 +12,7 @@ and `validate --judge` all draw their verdicts here.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,9 @@ class VerdictStream:
     def __init__(
         self, engine: Engine | None, decoding: Decoding, seed: int, max_attempts: int, max_batch: int = 256
     ) -> None:
+        # At most `max_batch` requests in flight; the rest wait here and go in as others finish (no barrier).
+        self.max_in_flight = max_batch
+        self._backlog: deque[tuple[Hashable, _Call]] = deque()
         self.stream = open_stream(engine, max_batch) if engine is not None else None
         self.context: int | None = engine.info.context_length if engine is not None else None
         self.decoding = decoding
@@ -68,6 +72,9 @@ class VerdictStream:
             self._send(key, _Call(judge, judged, seed_key, 1, self.decoding.max_tokens))
 
     def _send(self, key: Hashable, call: _Call) -> None:
+        if len(self._calls) >= self.max_in_flight:
+            self._backlog.append((key, call))
+            return
         seed = request_seed(self.seed, *call.seed_key, call.attempt)
         self.stream.submit(key, call.judge.request(call.judged, self.decoding, call.budget, seed))  # type: ignore[union-attr]
         self._calls[key] = call
@@ -94,11 +101,13 @@ class VerdictStream:
                     }
                 )
             done.append((key, Verdict(completion, outcome, call.attempt)))
+        while self._backlog and len(self._calls) < self.max_in_flight:
+            self._send(*self._backlog.popleft())
         return done
 
     @property
     def pending(self) -> int:
-        return len(self._ready) + len(self._calls)
+        return len(self._ready) + len(self._calls) + len(self._backlog)
 
     def close(self) -> None:
         if self.stream is not None:
