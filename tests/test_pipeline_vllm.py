@@ -221,7 +221,8 @@ def test_selftest_command_passes_quietly_with_the_engine_logs_in_run_log(tmp_pat
     assert " INFO " not in console and "Loading safetensors" not in console, console[-2000:]
     log = (run_dir / "run.log").read_text(errors="replace")
     assert " INFO " in log and "EngineCore" in log
-    assert re.search(r"judging, verdicts: (\d+)/\1, [\d.]+/s", proc.stderr) and "answering, turn: 3/3" in proc.stderr
+    assert re.search(r"judging, verdicts: (\d+)/\1, [\d.]+/s", proc.stderr)
+    assert re.search(r"answering: (\d+)/\1, [\d.]+/s", proc.stderr)  # answers streamed, counted with a rate
 
 
 def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_gate(tiny_models, vllm_engines, tmp_path):
