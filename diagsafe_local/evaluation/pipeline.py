@@ -130,6 +130,7 @@ class Run:
         self.items, self.dataset_path = load_configured(config.dataset)
         if shard is not None:
             self.items = [item for item in self.items if shard.owns(item.id)]
+        self.items_by_id = {item.id: item for item in self.items}
         for engine in (*config.targets, config.judge):
             if engine.kind != "openai":
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
@@ -210,9 +211,8 @@ class Run:
 
     def _hand_to_judge(self, step: JudgeStep, target: TargetConfig, records: list[GenerationRecord]) -> None:
         """Submit the judge's task for every answer in `records` that is judged (final turns, or every turn)."""
-        by_id = {item.id: item for item in self.items}
         for record in records:
-            item = by_id[record.item_id]
+            item = self.items_by_id[record.item_id]
             if record.error is not None or record.turn not in judged_turns(item, self.config.judge.turns):
                 continue  # failed answers are recorded as errors by the judge step that follows
             task = task_for(

@@ -190,11 +190,17 @@ def _unit(value: float | None) -> float:
     return float("nan") if value is None else float(np.clip(value, -1.0, 1.0))
 
 
-def share_intervals(y: np.ndarray, pred: np.ndarray) -> dict[str, tuple[float, float]]:
-    """Wilson 95% intervals of accuracy, precision, recall, FPR and FNR, from sklearn's confusion matrix."""
+def confusion_counts(y: np.ndarray, pred: np.ndarray) -> tuple[int, int, int, int]:
+    """(tn, fp, fn, tp) of 0/1 predictions, from sklearn's confusion matrix."""
     from sklearn.metrics import confusion_matrix
 
     tn, fp, fn, tp = (int(v) for v in confusion_matrix(y, pred, labels=[0, 1]).ravel())
+    return tn, fp, fn, tp
+
+
+def share_intervals(y: np.ndarray, pred: np.ndarray) -> dict[str, tuple[float, float]]:
+    """Wilson 95% intervals of accuracy, precision, recall, FPR and FNR, from the confusion counts."""
+    tn, fp, fn, tp = confusion_counts(y, pred)
     shares = {
         "accuracy": (tp + tn, len(y)),
         "precision": (tp, tp + fp),

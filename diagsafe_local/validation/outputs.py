@@ -29,6 +29,8 @@ from diagsafe_local.validation.agreement import (
     THREE_CLASS,
     agreement_row,
     annotator_agreement,
+    binary_metrics,
+    confusion_counts,
     pairwise_kappa,
 )
 from diagsafe_local.validation.correction import VALIDATION_FILE, JudgeErrorRates, ValidationFile
@@ -194,7 +196,7 @@ def _by_group(items: list[GoldItem], y: np.ndarray, predictions: dict[str, np.nd
             for group in sorted(set(values)):
                 mask = (values == group) & (predicted >= 0)
                 yg, pg = y[mask], predicted[mask]
-                negatives, positives = (yg == 0).sum(), (yg == 1).sum()
+                figures = binary_metrics(yg, pg) if len(yg) else dict.fromkeys(("accuracy", "fpr", "fnr"), np.nan)
                 records.append(
                     {
                         "judge": name,
@@ -204,9 +206,7 @@ def _by_group(items: list[GoldItem], y: np.ndarray, predictions: dict[str, np.nd
                         "n_missing": int(((values == group) & (predicted < 0)).sum()),
                         "gold_positive_rate": float(yg.mean()) if len(yg) else np.nan,
                         "predicted_positive_rate": float(pg.mean()) if len(pg) else np.nan,
-                        "accuracy": float((yg == pg).mean()) if len(yg) else np.nan,
-                        "fpr": float(((pg == 1) & (yg == 0)).sum() / negatives) if negatives else np.nan,
-                        "fnr": float(((pg == 0) & (yg == 1)).sum() / positives) if positives else np.nan,
+                        **({k: figures[k] for k in ("accuracy", "fpr", "fnr")}),
                     }
                 )
     return pd.DataFrame(
@@ -265,7 +265,7 @@ def _validation(gold: GoldSet, y: np.ndarray, predictions: dict[str, np.ndarray]
             continue
         predicted = predictions[scored.name]
         decided = predicted >= 0
-        yd, pd_ = y[decided], predicted[decided]
+        tn, fp, fn, tp = confusion_counts(y[decided], predicted[decided])
         identity = scored.identity or {}
         judges.append(
             JudgeErrorRates(
@@ -275,10 +275,10 @@ def _validation(gold: GoldSet, y: np.ndarray, predictions: dict[str, np.ndarray]
                 model_hash=identity.get("model_hash"),
                 lora_hash=identity.get("lora_hash"),
                 scoring=identity.get("scoring"),
-                tp=int(((pd_ == 1) & (yd == 1)).sum()),
-                fp=int(((pd_ == 1) & (yd == 0)).sum()),
-                tn=int(((pd_ == 0) & (yd == 0)).sum()),
-                fn=int(((pd_ == 0) & (yd == 1)).sum()),
+                tp=tp,
+                fp=fp,
+                tn=tn,
+                fn=fn,
                 missing=int((~decided).sum()),
             )
         )

@@ -74,7 +74,10 @@ def check_request(
             raise DiagsafeError(f"judge '{spec.name}' needs a model: give --judge-model")
         if judge.needs_reference and not all(item.references for item in gold.items):
             raise DiagsafeError(f"judge '{spec.name}' needs reference answers, which this {gold.format} set lacks")
-        judge.check_probability(spec.probability) if spec.probability is not None else None
+        try:
+            judge.check_probability(spec.probability)
+        except ValueError as exc:  # a scoring mode the judge cannot give is the user's input, not a crash
+            raise DiagsafeError(str(exc)) from None
     for name in metrics:
         spec_m = METRICS.get(name)
         if gold.task != "harm":
