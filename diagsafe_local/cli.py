@@ -10,6 +10,7 @@ from diagsafe_local.commands import (
     demo,
     gate,
     models,
+    plan,
     report,
     run,
     runs,
@@ -33,6 +34,7 @@ app.command("report")(report.report)
 app.command("gate")(gate.gate)
 app.command("merge")(runs.merge)
 app.command("compare")(runs.compare)
+app.command("plan")(plan.plan)
 app.command("submit")(submit.submit)
 app.command("train-classifier")(train_classifier.train_classifier)
 app.command("selftest")(selftest.selftest)

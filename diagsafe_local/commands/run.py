@@ -29,21 +29,34 @@ def run(
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
     from diagsafe_local.core.console import engine_output
-    from diagsafe_local.core.errors import RunFailed
     from diagsafe_local.evaluation.config import load_config
-    from diagsafe_local.evaluation.pipeline import Run
-    from diagsafe_local.evaluation.report import print_summary, write_report
+    from diagsafe_local.evaluation.pipeline import Run, plan_run
+    from diagsafe_local.evaluation.prompt_sets import load_configured
+    from diagsafe_local.evaluation.replicas import run_replicas, unsharded_run
     from diagsafe_local.evaluation.sharding import Shard
 
     cfg = load_config(config, set_ or [])
     part = Shard.parse(shard) if shard else None
+    if part is None and not overwrite and not unsharded_run(cfg):
+        plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
+        if plan.replicas > 1:
+            summary = run_replicas(config, set_ or [], cfg, plan, typer.echo)
+            _finish(summary, Path(cfg.output_dir))
+            return
     run = Run(cfg, overwrite=overwrite, shard=part)
     with engine_output(None if verbose else run.dir.root / files.RUN_LOG) as console:
         run.on_progress = console.progress
         summary = run.execute()
+    _finish(summary, run.dir.root)
+
+
+def _finish(summary: dict, root: Path) -> None:
+    from diagsafe_local.core.errors import RunFailed
+    from diagsafe_local.evaluation.report import print_summary, write_report
+
     print_summary(summary)
-    write_report(run.dir.root)
-    typer.echo(f"run directory: {run.dir.root} (report.md, report.html)")
+    write_report(root)
+    typer.echo(f"run directory: {root} (report.md, report.html)")
     failed = [
         name
         for name, stats in summary["targets"].items()

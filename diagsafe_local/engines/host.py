@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from diagsafe_local.engines.base import Engine
 from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.engines.gpu_plan import GpuPlan
 from diagsafe_local.engines.identity import cuda_available
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class Host:
         judge_memory: float,
         factory: Callable[..., Engine],
         loaded: dict[str, Any] | None = None,
+        plan: GpuPlan | None = None,
     ) -> None:
         if mode == "sleep" and not cuda_available():
             log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
@@ -39,9 +41,13 @@ class Host:
         self.judge_memory = judge_memory
         self.factory = factory
         self.loaded: dict[str, Any] = dict(loaded or {})
+        self.plan = plan
 
     def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
         start = time.perf_counter()
+        planned = self.plan.tensor_parallel(role) if self.plan else 1
+        if config.kind == "vllm" and planned > config.tensor_parallel_size:
+            config = config.model_copy(update={"tensor_parallel_size": planned})
         engine = self.factory(config, **options)
         self.loaded[role] = {
             **engine.info.model_dump(mode="json"),

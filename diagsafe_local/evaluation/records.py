@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
+from diagsafe_local.engines.gpu_plan import GpuPlan
 from diagsafe_local.validation.correction import JudgeValidation
 
 SCHEMA_VERSION = 1
@@ -264,6 +265,7 @@ class Manifest(_Record):
     seeds: dict[str, int] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
     engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    gpu_plan: GpuPlan | None = Field(None, description="How the run used the node's GPUs (replicas, tensor parallel).")
     timings: dict[str, dict[str, float]] = Field(default_factory=dict)
     merged_from: list[str] | None = Field(None, description="The run directories a merged run was made from.")
     sources: list[dict[str, Any]] | None = None

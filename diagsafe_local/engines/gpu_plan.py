@@ -1,0 +1,190 @@
+"""How a run uses a node's GPUs: tensor parallelism for a model too large for one GPU, data parallelism
+(one replica of the whole pipeline per group of GPUs) for everything else.
+
+The decision is a pure function of the visible GPUs, their memory, the models' weight sizes and the
+placement, so it is tested without GPUs. Rules:
+
+* An engine's weights must fit in `WEIGHT_SHARE` of the GPU memory it may use (its colocated share, or vLLM's
+  default 0.9 when it has the GPU to itself); the rest is for activations and the KV cache. Tensor parallel
+  size is the smallest power of two (vLLM shards attention heads evenly) that makes the weights fit, and
+  never less than the config's own `tensor_parallel_size`.
+* A replica needs the larger of the target's and the judge's tensor parallel sizes; the node runs as many
+  replicas as whole groups fit (never more than there are items).
+* Weight sizes come from the files of a local model, a cached hub model's safetensors index, or, failing those,
+  the parameter count in the name at 16 bits ("Qwen2.5-72B-Instruct": 144 GB); the plan says which.
+* A model whose size cannot be read (a hub id not in the local cache) is assumed to fit one GPU, and the plan
+  says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.engines.identity import cuda_available
+
+WEIGHT_SHARE = 0.6  # of an engine's GPU memory: the weights; the rest holds activations and the KV cache
+ALONE_SHARE = 0.9  # vLLM's default gpu_memory_utilization, for an engine that has its GPUs to itself
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
+GIB = 1024**3
+PARAMETERS_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
+
+
+class EnginePlan(BaseModel):
+    """One model's place in the plan."""
+
+    role: str
+    model: str
+    weight_bytes: int | None = Field(description="Weights on disk; None when they could not be read.")
+    memory_share: float = Field(description="Share of each GPU's memory this engine may use.")
+    tensor_parallel_size: int
+
+
+class GpuPlan(BaseModel):
+    """Replicas of the pipeline, each on its own group of GPUs."""
+
+    gpus: int
+    gpu_memory_bytes: int
+    replicas: int
+    gpus_per_replica: int
+    engines: list[EnginePlan]
+    notes: list[str] = []
+
+    def tensor_parallel(self, role: str) -> int:
+        return next((e.tensor_parallel_size for e in self.engines if e.role == role), 1)
+
+    def device_groups(self, visible: Sequence[str]) -> list[str]:
+        """CUDA_VISIBLE_DEVICES for each replica, from the devices this process sees."""
+        size = self.gpus_per_replica
+        return [",".join(visible[k * size : (k + 1) * size]) for k in range(self.replicas)]
+
+
+def weight_bytes(model: str) -> tuple[int | None, str]:
+    """Size of a model's weights and where it came from: a local directory's weight files, a cached hub
+    model's safetensors index, or the parameter count in its name ("...-72B-...") at 2 bytes each."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        files = {f for pattern in WEIGHT_FILES for f in path.glob(pattern)}
+        return sum(f.stat().st_size for f in files) or None, "weight files"
+    if model.count("/") <= 1 and not path.is_absolute():
+        from huggingface_hub import try_to_load_from_cache
+
+        for name in ("model.safetensors.index.json", "model.safetensors"):
+            cached = try_to_load_from_cache(model, name)
+            if isinstance(cached, str):
+                if name.endswith(".json"):
+                    total = json.loads(Path(cached).read_text()).get("metadata", {}).get("total_size")
+                    return (int(total), "hub cache") if total else (None, "unknown")
+                return Path(cached).stat().st_size, "hub cache"
+    named = PARAMETERS_IN_NAME.search(path.name)
+    if named:
+        return int(float(named[1]) * 1e9 * 2), "name, as 16-bit weights"
+    return None, "unknown"
+
+
+def visible_devices(count: int) -> list[str]:
+    """The device names this process's CUDA_VISIBLE_DEVICES gives (indices or UUIDs), else 0..count-1."""
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return listed[:count] if listed else [str(k) for k in range(count)]
+
+
+def visible_gpu_memory() -> list[int]:
+    """Total memory of each GPU this process may use (empty without CUDA). NVML reads it without creating a
+    CUDA context in this process (the engines' workers must be the first to); torch is the fallback."""
+    if not cuda_available():
+        return []
+    import torch
+
+    count = torch.cuda.device_count()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handles = []
+        for device in visible_devices(count):
+            if device.isdigit():
+                handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(device)))
+            else:
+                handles.append(pynvml.nvmlDeviceGetHandleByUUID(device))
+        return [int(pynvml.nvmlDeviceGetMemoryInfo(h).total) for h in handles]
+    except Exception:  # no NVML (or MIG devices it cannot map): ask torch
+        return [int(torch.cuda.get_device_properties(k).total_memory) for k in range(count)]
+
+
+def _tensor_parallel(weights: int | None, usable: float, configured: int) -> int:
+    size = 1
+    if weights is not None:
+        while weights > WEIGHT_SHARE * usable * size:
+            size *= 2
+    return max(size, configured)
+
+
+def plan_gpus(
+    gpu_memory: Sequence[int],
+    targets: Sequence[EngineConfig],
+    judge: EngineConfig | None,  # None: the judge needs no model
+    mode: str,
+    target_memory: float,
+    judge_memory: float,
+    n_items: int | None = None,
+    sizes: dict[str, int | None] | None = None,
+) -> GpuPlan:
+    """Decide tensor and data parallelism for a run on GPUs of `gpu_memory` bytes each. `sizes` maps a model
+    to its weight bytes (read from disk when not given). Raises when a model cannot fit the visible GPUs."""
+    gpus = len(gpu_memory)
+    memory = min(gpu_memory) if gpu_memory else 0
+    sizes = dict(sizes or {})
+    notes: list[str] = []
+    engines: list[EnginePlan] = []
+    gpu_engines = [(f"target:{getattr(t, 'label', t.model)}", t, target_memory) for t in targets if t.kind != "openai"]
+    if judge is not None and judge.kind != "openai":
+        gpu_engines.append(("judge", judge, judge_memory))
+    for role, config, colocated_share in gpu_engines:
+        share = colocated_share if mode == "colocate" else ALONE_SHARE
+        if config.model in sizes:
+            weights = sizes[config.model]
+        else:
+            weights, source = weight_bytes(config.model)
+            if weights is None:
+                notes.append(
+                    f"{config.model}: weight size unknown (not local, cached, or in its name); assumed to fit one GPU"
+                )
+            elif source != "weight files":
+                notes.append(f"{config.model}: size from the {source}")
+        tp = _tensor_parallel(weights, share * memory, config.tensor_parallel_size) if gpus else 1
+        gib = (weights or 0) / GIB
+        if config.kind != "vllm" and tp > 1:
+            raise DiagsafeError(
+                f"{config.model} ({gib:.1f} GiB) does not fit one GPU and engine kind '{config.kind}' "
+                "cannot shard it; use kind: vllm"
+            )
+        if tp > max(gpus, 1):
+            raise DiagsafeError(
+                f"{role.split(':')[0]} {config.model} needs {tp} GPUs of {memory / GIB:.0f} GiB "
+                f"({gib:.1f} GiB of weights, at most {WEIGHT_SHARE:.0%} of its "
+                f"{share:.0%} memory share per GPU), but {gpus} are visible"
+                + ("; placement sequential gives each model the whole GPU" if mode == "colocate" else "")
+            )
+        engines.append(
+            EnginePlan(
+                role=role,
+                model=config.model,
+                weight_bytes=weights,
+                memory_share=share,
+                tensor_parallel_size=tp,
+            )
+        )
+    group = max((e.tensor_parallel_size for e in engines), default=1)
+    replicas = max(1, min(gpus // group if gpus else 1, n_items or gpus))
+    if gpus and gpus % group:
+        notes.append(f"{gpus % group} of {gpus} GPUs stay idle: a replica needs {group}")
+    return GpuPlan(
+        gpus=gpus, gpu_memory_bytes=memory, replicas=replicas, gpus_per_replica=group, engines=engines, notes=notes
+    )

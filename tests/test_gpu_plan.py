@@ -1,0 +1,178 @@
+"""GPU planning (the decision, on CPU) and data-parallel replicas (real processes, on CPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.engines.gpu_plan import GIB, plan_gpus, weight_bytes
+from diagsafe_local.engines.host import Host
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.pipeline import plan_run
+from diagsafe_local.evaluation.records import Manifest
+from diagsafe_local.evaluation.runs import read_results
+from diagsafe_local.selftest import synthetic_items
+
+H100 = 80 * GIB
+
+
+def engine(model: str, **extra) -> EngineConfig:
+    return EngineConfig(model=model, **extra)
+
+
+def plan(gpus: int, target: int, judge: int, mode: str = "colocate", n_items: int | None = None, **extra):
+    sizes = {"t": target, "j": judge}
+    return plan_gpus([H100] * gpus, [engine("t", **extra)], engine("j"), mode, 0.45, 0.45, n_items, sizes)
+
+
+def test_models_that_fit_one_gpu_get_one_replica_per_gpu():
+    chosen = plan(8, 15 * GIB, 15 * GIB)
+    assert (chosen.replicas, chosen.gpus_per_replica) == (8, 1)
+    assert [e.tensor_parallel_size for e in chosen.engines] == [1, 1]
+
+
+def test_a_large_judge_is_sharded_and_the_node_holds_fewer_replicas():
+    sequential = plan(8, 15 * GIB, 140 * GIB, mode="sequential")  # 140 GiB > 0.6 * 0.9 * 80 * 2
+    assert sequential.tensor_parallel("judge") == 4 and sequential.tensor_parallel("target:t") == 1
+    assert (sequential.replicas, sequential.gpus_per_replica) == (2, 4)
+    colocated = plan(8, 15 * GIB, 140 * GIB)  # the judge has 45% of each GPU: 8 of them
+    assert (colocated.tensor_parallel("judge"), colocated.replicas) == (8, 1)
+
+
+def test_a_model_larger_than_the_visible_gpus_is_refused_with_the_arithmetic():
+    with pytest.raises(DiagsafeError, match=r"judge j needs 8 GPUs of 80 GiB .* 4 are visible; placement sequential"):
+        plan(4, 15 * GIB, 140 * GIB)
+
+
+def test_configured_tensor_parallel_is_a_minimum_and_leftover_gpus_are_named():
+    chosen = plan(6, 15 * GIB, 15 * GIB, tensor_parallel_size=4)
+    assert chosen.tensor_parallel("target:t") == 4 and chosen.replicas == 1
+    assert any("2 of 6 GPUs stay idle" in note for note in chosen.notes)
+
+
+def test_replicas_never_outnumber_items_and_cpu_runs_one_process():
+    assert plan(8, GIB, GIB, n_items=3).replicas == 3
+    cpu = plan(0, 140 * GIB, 140 * GIB)
+    assert (cpu.replicas, cpu.tensor_parallel("judge")) == (1, 1)
+
+
+def test_api_targets_take_no_gpu_and_other_engines_cannot_shard():
+    chosen = plan_gpus(
+        [H100] * 2,
+        [engine("t", kind="openai", base_url="http://x/v1")],
+        engine("j"),
+        "sequential",
+        0.45,
+        0.45,
+        None,
+        {"j": GIB},
+    )
+    assert [e.role for e in chosen.engines] == ["judge"]
+    with pytest.raises(DiagsafeError, match="engine kind 'transformers' cannot shard it"):
+        plan_gpus(
+            [H100] * 4, [engine("t", kind="transformers")], None, "sequential", 0.45, 0.45, None, {"t": 200 * GIB}
+        )
+
+
+def test_weight_sizes_come_from_files_then_the_name(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
+    (tmp_path / "config.json").write_text("{}")
+    assert weight_bytes(str(tmp_path)) == (1000, "weight files")
+    assert weight_bytes("Qwen/Qwen2.5-72B-Instruct") == (144 * 10**9, "name, as 16-bit weights")
+    assert weight_bytes("meta-llama/Llama-3.1-8B-Instruct")[0] == 16 * 10**9
+    assert weight_bytes(str(tmp_path / "step-12000")) == (None, "unknown")
+
+
+def test_device_groups_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
+    from diagsafe_local.engines.gpu_plan import visible_devices
+
+    chosen = plan(4, GIB, 70 * GIB, mode="sequential")  # 70 GiB: two GPUs of 43 GiB for weights
+    assert chosen.device_groups(visible_devices(4)) == ["3,5", "6,7"]
+
+
+def run_config(tmp_path: Path, **placement) -> RunConfig:
+    return RunConfig.model_validate(
+        {
+            "dataset": {"path": str(tmp_path / "items.jsonl")},
+            "target": {"model": "t", "name": "t"},
+            "judge": {"model": "j"},
+            "placement": {"mode": "sequential", **placement},
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
+
+
+def test_explicit_replicas_split_the_gpus_and_are_checked(tmp_path, monkeypatch):
+    from diagsafe_local.engines import gpu_plan
+
+    sizes = {"t": GIB, "j": 70 * GIB}
+    monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model: (sizes[model], "test"))
+    two = plan_run(run_config(tmp_path, replicas=2), None, [H100] * 8)
+    assert (two.replicas, two.gpus_per_replica) == (2, 4)
+    with pytest.raises(DiagsafeError, match="placement.replicas 5 needs 10 GPUs"):
+        plan_run(run_config(tmp_path, replicas=5), None, [H100] * 8)
+    one = plan_run(run_config(tmp_path, replicas=2), None, [H100] * 8, replicate=False)
+    assert one.replicas == 1 and one.tensor_parallel("judge") == 2
+
+
+def test_the_host_opens_each_engine_with_its_planned_tensor_parallel_size():
+    opened = {}
+
+    def factory(config, **options):
+        opened[config.model] = config.tensor_parallel_size
+        raise RuntimeError("stop after recording")
+
+    chosen = plan(8, 15 * GIB, 140 * GIB, mode="sequential")
+    host = Host("sequential", 0.45, 0.45, factory, plan=chosen)
+    for open_engine in (
+        lambda: host.open_target("target:t", engine("t")),
+        lambda: host.open_judge(engine("j"), "xgrammar"),
+    ):
+        with pytest.raises(RuntimeError):
+            open_engine()
+    assert opened == {"t": 1, "j": 4}
+
+
+@pytest.mark.slow
+def test_replicas_run_as_shard_processes_and_merge(tiny_models, tmp_path):
+    """Two replicas on the CPU: two real `run --shard` processes, merged into the run directory; a rerun
+    finds every shard complete and only merges."""
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps(i) + "\n" for i in synthetic_items(6)))
+    engine_settings = {"kind": "transformers", "dtype": "float32"}
+    config = {
+        "dataset": {"path": str(items)},
+        "target": {
+            **engine_settings,
+            "model": str(tiny_models["target"]),
+            "name": "tiny",
+            "sampling": {"max_tokens": 8},
+        },
+        "judge": {**engine_settings, "model": str(tiny_models["judge"]), "sampling": {"max_tokens": 300}},
+        "placement": {"replicas": 2},
+        "output_dir": str(tmp_path / "run"),
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "diagsafe_local.cli", "run", str(path)]
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    assert "2 shards over 2 replicas" in first.stdout and "shard 1/2 finished" in first.stdout
+    shards = sorted((tmp_path / "run" / "shards").glob("shard-*-of-0002"))
+    assert len(shards) == 2 and all((s / "results.jsonl").is_file() for s in shards)
+    merged = read_results(tmp_path / "run" / "results.jsonl")
+    per_shard = [read_results(s / "results.jsonl") for s in shards]
+    assert all(per_shard) and len(merged) == sum(len(r) for r in per_shard)
+    assert {r.item_id for r in merged} == {i["id"] for i in synthetic_items(6)}
+    manifest = Manifest.model_validate_json((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest.merged_from and len(manifest.merged_from) == 2
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "2 already complete" in again.stdout and "started" not in again.stdout
