@@ -1,11 +1,13 @@
-"""Benchmark (not a test): the API path at concurrency 1, 16 and 64 against a local vLLM server, versus
-the offline engine, on the same workload (single-turn conversations answered, then judged).
+"""Benchmark (not a test): the API path through vLLM's OpenAI server versus the offline engine, on the same
+workload (single-turn conversations answered, then judged), repeated so the spread shows.
 
-Throughput = (answers + judgments) per second of Run.execute (engine/server start-up excluded).
-Concurrency 1 runs on a subset (a rate needs no extrapolation). Target: at concurrency 64 the API
-path reaches >= 70% of the offline throughput.
+Both engines are started once and stay loaded; each repeat times the offline engine, then the API path at
+16 and 64 requests in flight, back to back, so every ratio compares runs made under the same machine load.
+Throughput = (answers + judgments) per second of Run.execute (start-up excluded), default settings
+otherwise. Prints the median and range of each over --repeats, the median of the per-repeat API/offline
+ratios, and the 1-minute load average before and after. Target: at 64 in flight >= 70% of offline.
 
-Run: .venv/bin/python scripts/bench_api.py [--n 128]
+Run: .venv/bin/python scripts/bench_api.py [--n 128] [--repeats 3] [--json]
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -22,10 +25,20 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
+def spread(values: list[float]) -> dict[str, float | list[float]]:
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+        "runs": [round(v, 2) for v in values],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=128)
-    parser.add_argument("--n-serial", type=int, default=24, help="conversations for concurrency 1")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
     from servers import VLLMServer
@@ -39,49 +52,67 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench_api_"))
     model = build_tiny_chat_model(work / "model")
+    items = work / "items.jsonl"
+    items.write_text(
+        "".join(json.dumps({"id": f"q{k}", "prompt": f"Question {k}: explain step {k}."}) + "\n" for k in range(args.n))
+    )
+    runs = iter(range(10**6))
 
-    def items(n: int) -> Path:
-        path = work / f"items{n}.jsonl"
-        path.write_text(
-            "".join(json.dumps({"id": f"q{k}", "prompt": f"Question {k}: explain step {k}."}) + "\n" for k in range(n))
-        )
-        return path
-
-    def run(engine: dict, n: int, name: str, factory=None) -> float:  # type: ignore[no-untyped-def]
+    def run(engine: dict, factory=None) -> float:  # type: ignore[no-untyped-def]
         config = RunConfig.model_validate(
             {
-                "dataset": {"path": str(items(n))},
+                "dataset": {"path": str(items)},
                 "target": {**engine, "name": "t", "sampling": {"max_tokens": 32}},
-                "judge": {**engine, "sampling": {"max_tokens": 400}, "batch_size": 100_000},
-                "output_dir": str(work / name),
+                "judge": {**engine, "sampling": {"max_tokens": 400}},
+                "output_dir": str(work / f"run{next(runs)}"),
             }
         )
         kwargs = {"engine_factory": factory} if factory else {}
         start = time.perf_counter()
         Run(config, **kwargs).execute()
-        return 2 * n / (time.perf_counter() - start)
+        return 2 * args.n / (time.perf_counter() - start)
 
     local = {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
     offline_engine = VLLMEngine(JudgeConfig(**local), structured_backend="xgrammar")
-
-    run(local, 8, "warm", lambda *a, **k: BorrowedEngine(offline_engine))
-    offline = run(local, args.n, "offline", lambda *a, **k: BorrowedEngine(offline_engine))
-    offline_engine.close()
-
+    borrowed = lambda *a, **k: BorrowedEngine(offline_engine)  # noqa: E731
     server = VLLMServer(model).start()
+    remote = {"kind": "openai", "model": str(model), "base_url": server.base_url}
+    rates: dict[str, list[float]] = {"offline": [], "api_16": [], "api_64": []}
+    load_before = os.getloadavg()[0]
     try:
-        remote = {"kind": "openai", "model": str(model), "base_url": server.base_url}
-        run({**remote, "concurrency": 8}, 8, "warm-api")
-        rates = {
-            c: run({**remote, "concurrency": c}, args.n_serial if c == 1 else args.n, f"api{c}") for c in (1, 16, 64)
-        }
+        run(local, borrowed)  # warm both paths once
+        run({**remote, "concurrency": 16})
+        for _ in range(args.repeats):
+            rates["offline"].append(run(local, borrowed))
+            for c in (16, 64):
+                rates[f"api_{c}"].append(run({**remote, "concurrency": c}))
     finally:
         server.stop()
-    print(f"workload: {args.n} single-turn conversations answered and judged (tiny model, CPU)")
-    print(f"offline vLLM engine          : {offline:7.1f} texts/s")
-    for c, rate in rates.items():
-        print(f"API path, concurrency {c:3d}   : {rate:7.1f} texts/s  ({100 * rate / offline:5.1f}% of offline)")
-    print("target: concurrency 64 >= 70% of offline")
+        offline_engine.close()
+    result = {
+        "workload": f"{args.n} single-turn conversations answered and judged (tiny random model, CPU)",
+        "cpus": os.cpu_count(),
+        "load_1min_before": round(load_before, 2),
+        "load_1min_after": round(os.getloadavg()[0], 2),
+        **{f"{name}_texts_per_s": spread(values) for name, values in rates.items()},
+        **{
+            f"api_{c}_share_of_offline": spread([a / o for a, o in zip(rates[f"api_{c}"], rates["offline"])])
+            for c in (16, 64)
+        },
+    }
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(result["workload"] + f"; {args.repeats} repeats; load {load_before:.2f} -> {result['load_1min_after']}")
+    for name, values in rates.items():
+        s = spread(values)
+        print(f"{name:8s}: median {s['median']:6.1f} texts/s  (range {s['min']:.1f}-{s['max']:.1f})")
+    for c in (16, 64):
+        s = result[f"api_{c}_share_of_offline"]
+        print(
+            f"API at {c} in flight: median {100 * s['median']:.0f}% of offline (range {100 * s['min']:.0f}-{100 * s['max']:.0f}%)"
+        )
+    print("target: 64 in flight >= 70% of offline")
 
 
 if __name__ == "__main__":

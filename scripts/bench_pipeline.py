@@ -1,13 +1,24 @@
-"""Benchmark (not a test): pipeline overhead over bare vLLM, speed-up over a naive loop, judge prefix-cache hits.
+"""Benchmark (not a test): the pipeline against bare vLLM fed the same way, and against per-turn batches.
 
-One engine (a tiny random-weight model built here; pass --model DIR for a real one) serves as target
-and judge. The workload: N two-turn conversations (two target calls), then every answer judged under
-the HarmJudge rubric's JSON schema. Three ways, each after resetting the prefix cache, best of --repeat:
-  pipeline  diagsafe-local's Run (turn batching, records, fsync, summary);
-  bare      the identical requests through LLM.chat, one call per turn and one for the judge;
-  naive     one conversation at a time (timed on a subset, extrapolated).
+One engine serves as target and judge: the real small chat model (SmolLM2-135M-Instruct, prepared from PyPI
+once; its answers end when it decides, so their lengths vary), or `--model tiny` for a random-weight one. The
+workload mixes conversation lengths (1-4 user turns) and prompt lengths; each conversation's last answer is
+judged under the HarmJudge rubric's JSON schema (the default `judge.turns: last`). Three ways, each after
+resetting the prefix cache, best of --repeat:
 
-Run: .venv/bin/python scripts/bench_pipeline.py [--n 256] [--model DIR] [--repeat 2]
+  pipeline  `Run` with default settings (sequential placement: generate everything, then judge; records,
+            fsync, retries, summary).
+  bare      the identical requests straight into vLLM's scheduler (`LLM.enqueue_chat` + `LLMEngine.step`),
+            fed as the pipeline feeds them: a conversation's next turn the moment its answer is in, then
+            the judge requests with the same 256 in flight; nothing written.
+  barrier   the same requests as one `LLM.chat` batch per turn, then the judge in batches of 256 (the
+            pipeline before it streamed).
+
+Prints one JSON object with --json: bare_s, pipeline_s, ratio (pipeline/bare; target <= 1.05), barrier_s,
+speedup_vs_barrier (barrier/pipeline; target >= 1.3), prefix_cache_hit (judge prompt tokens served from the
+prefix cache), judge_tokens_per_verdict, each way's runs, and the workload.
+
+Run: .venv/bin/python scripts/bench_pipeline.py [--n 64] [--model tiny|DIR] [--repeat 2] [--json]
 """
 
 from __future__ import annotations
@@ -15,123 +26,198 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
+from collections import deque
+from collections.abc import Callable, Hashable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+JUDGE_IN_FLIGHT = 256  # judge.batch_size's default
+
+
+def workload(n: int) -> list[dict]:
+    """Conversations of 1-4 user turns, with questions of one to five sentences."""
+    items = []
+    for k in range(n):
+        turns = 1 + k % 4
+        sentences = 1 + (7 * k) % 5
+        messages = [
+            {
+                "role": "user",
+                "content": " ".join(
+                    f"Part {t + 1} of question {k}: describe step {s + 1} of the procedure." for s in range(sentences)
+                ),
+            }
+            for t in range(turns)
+        ]
+        items.append({"id": f"c{k:04d}", "messages": messages})
+    return items
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--n", type=int, default=256, help="conversations")
-    parser.add_argument("--naive", type=int, default=24, help="conversations timed for the naive loop")
-    parser.add_argument("--model", default=None, help="model directory (default: build a tiny one)")
+    parser.add_argument("--n", type=int, default=64, help="conversations")
+    parser.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a model directory")
+    parser.add_argument("--target-tokens", type=int, default=96, help="target max_tokens")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
-    from vllm import SamplingParams
-    from vllm.sampling_params import StructuredOutputsParams
-
-    from diagsafe_local.core.messages import Message
-    from diagsafe_local.engines.base import BorrowedEngine
+    from diagsafe_local.engines.base import BorrowedEngine, GenerationRequest
+    from diagsafe_local.engines.prepared_models import prepare
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.generation import conversation_until
+    from diagsafe_local.evaluation.items import Item
     from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.evaluation.prompt_sets import load_configured
     from diagsafe_local.evaluation.records import read_results
     from diagsafe_local.judging import JUDGES, JudgeInput
     from diagsafe_local.judging.config import JudgeConfig
     from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
     work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))
-    model = args.model or str(build_tiny_chat_model(work / "model"))
-    engine_settings = {"model": model, "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
-    engine = VLLMEngine(JudgeConfig(**engine_settings), structured_backend="xgrammar")
+    if args.model == "tiny":
+        model = str(build_tiny_chat_model(work / "model"))
+    elif args.model == "smollm2":
+        model = str(prepare("smollm2-135m-instruct"))
+    else:
+        model = args.model
+    settings = {"model": model, "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
+    engine = VLLMEngine(JudgeConfig(**settings), structured_backend="xgrammar")
     llm = engine._llm
-    items = [
-        {
-            "id": f"c{k}",
-            "messages": [
-                {"role": "user", "content": f"Conversation {k}: first question about step {k}."},
-                {"role": "user", "content": f"Conversation {k}: and the next step?"},
-            ],
-        }
-        for k in range(args.n)
-    ]
-    (work / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
-    target_tokens, judge_tokens = 48, 400
-    rubric = JUDGES.get("harmjudge")
+    (work / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in workload(args.n)))
 
-    def pipeline(out: Path) -> float:
-        config = RunConfig.model_validate(
+    def config(out: Path) -> RunConfig:
+        return RunConfig.model_validate(
             {
                 "dataset": {"path": str(work / "items.jsonl")},
-                "target": {**engine_settings, "name": "t", "sampling": {"max_tokens": target_tokens}},
-                "judge": {
-                    **engine_settings,
-                    "turns": "every",
-                    "batch_size": 100_000,
-                    "sampling": {"max_tokens": judge_tokens},
-                },
+                "target": {**settings, "name": "t", "sampling": {"max_tokens": args.target_tokens}},
+                "judge": settings,
                 "output_dir": str(out),
             }
         )
+
+    defaults = config(work / "unused")
+    items: list[Item] = load_configured(defaults.dataset)[0]
+    rubric = JUDGES.get(defaults.judge.rubric)
+    decoding = defaults.judge.decoding()
+
+    def target_request(item: Item, turn: int, answers: dict[int, str]) -> GenerationRequest:
+        return GenerationRequest(
+            messages=conversation_until(item, turn, answers), max_tokens=args.target_tokens, temperature=0.0
+        )
+
+    def judge_request(item: Item, answers: dict[int, str]) -> GenerationRequest:
+        last = item.n_turns
+        judged = JudgeInput(conversation=conversation_until(item, last, answers), answer=answers[last])
+        return rubric.request(judged, decoding, defaults.judge.sampling.max_tokens, None)
+
+    def pipeline(out: Path) -> float:
         llm.reset_prefix_cache()
         start = time.perf_counter()
-        Run(config, engine_factory=lambda *a, **k: BorrowedEngine(engine)).execute()
+        Run(config(out), engine_factory=lambda *a, **k: BorrowedEngine(engine)).execute()
         return time.perf_counter() - start
 
-    plain = SamplingParams(max_tokens=target_tokens, temperature=0.0)
-    judged = SamplingParams(
-        max_tokens=judge_tokens, temperature=0.0, structured_outputs=StructuredOutputsParams(json=rubric.schema)
-    )
+    def drive(
+        first: list[tuple[Hashable, GenerationRequest]],
+        then: Callable[[Any, str], list[tuple[Hashable, GenerationRequest]]],
+        limit: int | None = None,
+    ) -> None:
+        """vLLM's scheduler fed directly: requests in as `then` releases them, at most `limit` in flight."""
+        queue, running = deque(first), {}
+        while queue or running:
+            while queue and (limit is None or len(running) < limit):
+                key, request = queue.popleft()
+                messages = [[m.model_dump() for m in request.messages]]
+                [internal] = llm.enqueue_chat(messages, sampling_params=engine._sampling(request), use_tqdm=False)
+                running[internal.rsplit("-", 1)[0]] = key
+            for out in llm.llm_engine.step():
+                if out.finished and out.request_id in running:
+                    queue.extend(then(running.pop(out.request_id), out.outputs[0].text))
 
-    def judge_messages(conversation: list[dict], answer: str) -> list[dict]:
-        judged = JudgeInput(conversation=tuple(Message(**m) for m in conversation), answer=answer)
-        return [m.model_dump() for m in rubric.render(judged)]
-
-    def bare(subset: list[dict], one_by_one: bool = False) -> float:
+    def bare() -> float:
         llm.reset_prefix_cache()
+        answers: dict[str, dict[int, str]] = {item.id: {} for item in items}
+        by_id = {item.id: item for item in items}
 
-        def chat(batch: list[list[dict]], params: SamplingParams) -> list[str]:
-            if one_by_one:
-                return [llm.chat([c], params, use_tqdm=False)[0].outputs[0].text for c in batch]
-            return [o.outputs[0].text for o in llm.chat(batch, params, use_tqdm=False)]
+        def next_turn(key: tuple[str, int], text: str) -> list[tuple[Hashable, GenerationRequest]]:
+            item_id, turn = key
+            answers[item_id][turn] = text
+            item = by_id[item_id]
+            return (
+                [((item_id, turn + 1), target_request(item, turn + 1, answers[item_id]))] if turn < item.n_turns else []
+            )
 
         start = time.perf_counter()
-        first = [[i["messages"][0]] for i in subset]
-        answers1 = chat(first, plain)
-        second = [
-            [i["messages"][0], {"role": "assistant", "content": a}, i["messages"][1]] for i, a in zip(subset, answers1)
-        ]
-        answers2 = chat(second, plain)
-        judge_inputs = [judge_messages(c, a) for c, a in zip(first, answers1)]
-        judge_inputs += [judge_messages(c, a) for c, a in zip(second, answers2)]
-        chat(judge_inputs, judged)
+        drive([((item.id, 1), target_request(item, 1, {})) for item in items], next_turn)
+        drive([(item.id, judge_request(item, answers[item.id])) for item in items], lambda k, t: [], JUDGE_IN_FLIGHT)
         return time.perf_counter() - start
 
-    times_pipeline, times_bare = [], []
+    def barrier() -> float:
+        llm.reset_prefix_cache()
+        answers: dict[str, dict[int, str]] = {item.id: {} for item in items}
+
+        def chat(requests: list[GenerationRequest]) -> list[str]:
+            outputs = llm.chat(
+                [[m.model_dump() for m in r.messages] for r in requests],  # type: ignore[misc]
+                [engine._sampling(r) for r in requests],
+                use_tqdm=False,
+            )
+            return [o.outputs[0].text for o in outputs]
+
+        start = time.perf_counter()
+        for turn in range(1, 5):
+            active = [item for item in items if item.n_turns >= turn]
+            for item, text in zip(active, chat([target_request(i, turn, answers[i.id]) for i in active])):
+                answers[item.id][turn] = text
+        for k in range(0, len(items), JUDGE_IN_FLIGHT):
+            chat([judge_request(i, answers[i.id]) for i in items[k : k + JUDGE_IN_FLIGHT]])
+        return time.perf_counter() - start
+
+    pipeline(work / "warm")  # compile, load the grammar, warm caches
+    times: dict[str, list[float]] = {"pipeline": [], "bare": [], "barrier": []}
     for k in range(args.repeat):
-        times_pipeline.append(pipeline(work / f"run{k}"))
-        times_bare.append(bare(items))
-    t_pipe, t_bare = min(times_pipeline), min(times_bare)
-    t_naive = bare(items[: args.naive], one_by_one=True) * args.n / args.naive
-
+        times["pipeline"].append(pipeline(work / f"run{k}"))
+        times["bare"].append(bare())
+        times["barrier"].append(barrier())
+    best = {way: min(values) for way, values in times.items()}
     results = read_results(work / "run0" / "results.jsonl")
     prompt = sum(r.judge_usage.prompt_tokens for r in results)
     cached = sum(r.judge_usage.cached_tokens for r in results)
-    print(f"workload: {args.n} two-turn conversations, {len(results)} judgments, model {model}")
-    print(f"bare LLM.chat (one call per turn + one judge call): {t_bare:7.2f} s")
-    print(
-        f"diagsafe-local pipeline                           : {t_pipe:7.2f} s  "
-        f"(overhead {100 * (t_pipe / t_bare - 1):+.1f}%; target <= 5%)"
-    )
-    print(
-        f"naive one-conversation-at-a-time loop (extrapolated from {args.naive}): {t_naive:7.2f} s  "
-        f"(pipeline is {t_naive / t_pipe:.1f}x faster)"
-    )
-    print(f"judge prefix-cache hits: {cached}/{prompt} prompt tokens = {100 * cached / prompt:.1f}% (target >= 50%)")
+    judge_tokens = sum(r.judge_usage.completion_tokens for r in results)
+    generated = (work / "run0" / "generations.jsonl").read_text().splitlines()
+    lengths = [json.loads(line)["usage"]["completion_tokens"] for line in generated]
+    report = {
+        "workload": {
+            "conversations": args.n,
+            "turns": "1-4 (n % 4 + 1)",
+            "answers": len(lengths),
+            "answer_tokens_median": statistics.median(lengths),
+            "answer_tokens_range": [min(lengths), max(lengths)],
+            "verdicts": len(results),
+            "model": args.model,
+            "cpus": os.cpu_count(),
+            "load_1min": round(os.getloadavg()[0], 2),
+        },
+        "bare_s": round(best["bare"], 2),
+        "pipeline_s": round(best["pipeline"], 2),
+        "ratio": round(best["pipeline"] / best["bare"], 3),
+        "barrier_s": round(best["barrier"], 2),
+        "speedup_vs_barrier": round(best["barrier"] / best["pipeline"], 3),
+        "prefix_cache_hit": round(cached / prompt, 3) if prompt else None,
+        "judge_tokens_per_verdict": round(judge_tokens / len(results), 1),
+        "runs_s": {way: [round(t, 2) for t in values] for way, values in times.items()},
+    }
     engine.close()
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(json.dumps(report, indent=2))
+    print("targets: ratio <= 1.05, speedup_vs_barrier >= 1.3")
 
 
 if __name__ == "__main__":

@@ -90,7 +90,8 @@ class FakeOpenAIServer:
     """A tiny OpenAI-compatible server on 127.0.0.1 that plays a script of faults, then answers properly.
 
     Steps: ("status", code[, retry_after]), ("malformed",), ("ignore_schema",), ("ok",),
-    ("top_logprobs", {token: logprob}) (a one-token reply with those first-position alternatives); taken
+    ("top_logprobs", {token: logprob}) (a one-token reply with those first-position alternatives),
+    ("delay", seconds) (a proper answer, that late); taken
     from `by_content` (keyed by the last message's text), else `always`, else the script in order. Like a
     hosted API, it has no vLLM `/tokenize` (404).
     """
@@ -102,10 +103,13 @@ class FakeOpenAIServer:
         self.always = always
         self.by_content = by_content or {}
         self.requests: list[tuple[float, dict]] = []
+        self.peers: set[int] = set()  # client ports: one per connection the client opened (HTTP/1.1 keeps them)
         self.lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def log_message(self, *args) -> None:  # keep test output clean
                 pass
 
@@ -116,6 +120,7 @@ class FakeOpenAIServer:
                     return
                 with server.lock:
                     server.requests.append((time.monotonic(), body))
+                    server.peers.add(self.client_address[1])
                     step = (
                         server.by_content.get(body["messages"][-1]["content"])
                         or server.always
@@ -129,6 +134,8 @@ class FakeOpenAIServer:
 
     def respond(self, handler: BaseHTTPRequestHandler, step: tuple, body: dict) -> None:
         kind = step[0]
+        if kind == "delay":
+            time.sleep(step[1])
         if kind == "status":
             payload = json.dumps({"error": {"message": f"scripted {step[1]}", "type": "test"}}).encode()
             handler.send_response(step[1])

@@ -77,6 +77,30 @@ def test_exhausted_retries_become_an_error_completion_and_others_succeed(fake):
     assert second.error is None and second.text == "answer to: b"
 
 
+def test_one_connection_pool_serves_every_call_of_the_engine(fake):
+    """The engine keeps one HTTP client for its lifetime: a second call reuses the first call's connections
+    (per-call clients opened new ones each time)."""
+    server = fake()
+    engine = OpenAIEngine(JudgeConfig(**api(server, concurrency=2)))
+    for call in range(3):
+        assert all(c.error is None for c in engine.generate([request(f"{call}-{k}") for k in range(8)]))
+    engine.close()
+    assert len(server.requests) == 24 and 1 <= len(server.peers) <= 2
+
+
+def test_the_stream_returns_each_reply_as_it_finishes(fake):
+    server = fake(by_content={"slow": ("delay", 1.0)})
+    engine = OpenAIEngine(JudgeConfig(**api(server, concurrency=4)))
+    stream = engine.open_stream()
+    stream.submit("slow", request("slow"))
+    stream.submit("fast", request("fast"))
+    order = []
+    while stream.pending:
+        order += [key for key, completion in stream.poll() if completion.error is None]
+    assert order == ["fast", "slow"]
+    engine.close()
+
+
 def test_judge_schema_is_sent_as_response_format(fake):
     server = fake()
     schema = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}

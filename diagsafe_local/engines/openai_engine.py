@@ -1,6 +1,8 @@
 """The API engine: OpenAI-compatible chat completions (a vLLM server, a hosted judge, a commercial API).
 
-Requests go out concurrently (`concurrency` in flight). 429, 5xx, time-outs, connection errors and
+Requests stream (`OpenAIStream`): each goes out as it is submitted and comes back as it finishes, at most
+`concurrency` in flight, through one HTTP client (and connection pool) that the engine keeps for its
+lifetime on a private event loop. 429, 5xx, time-outs, connection errors and
 malformed bodies are retried with exponential backoff and full jitter, honouring `Retry-After`; a request
 that still fails comes back as an error completion and the run goes on (a rerun retries it). A rejected
 API key or an unknown model stops the run at once with one clear error. Judge replies are constrained
@@ -13,10 +15,12 @@ The key is read from the environment variable named in the config and never writ
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import random
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Coroutine, Hashable, Sequence
+from typing import Any, TypeVar
 
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
 from diagsafe_local.engines.base import (
@@ -29,6 +33,10 @@ from diagsafe_local.engines.base import (
 )
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import package_versions
+from diagsafe_local.engines.streams import run_all
+
+T = TypeVar("T")
+POLL_WAIT = 0.05  # seconds a poll waits for the first reply to finish (callers loop while requests are pending)
 
 
 class FatalAPIError(DiagsafeError):
@@ -90,6 +98,10 @@ class OpenAIEngine:
         self._key = key or "EMPTY"
         self.config = config
         self._label_ids: dict[tuple[str, ...], dict[str, list[int]] | None] = {}
+        self._loop: _Loop | None = None
+        self._fatal: FatalAPIError | None = None
+        self._client: Any = None
+        self._gate: asyncio.Semaphore
         self.calls = 0
         self.info = EngineInfo(
             kind="openai",
@@ -98,28 +110,40 @@ class OpenAIEngine:
             details={"base_url": config.base_url, "concurrency": config.concurrency, "api_key_env": config.api_key_env},
         )
 
+    def _started(self) -> _Loop:
+        """The event loop and HTTP client, started on first use and kept until close()."""
+        if self._loop is None:
+            from openai import AsyncOpenAI
+
+            async def client() -> Any:  # made inside the loop that will use it
+                return AsyncOpenAI(
+                    base_url=self.config.base_url, api_key=self._key, max_retries=0, timeout=self.config.timeout
+                )
+
+            loop = _Loop()
+            self._client = loop.run(client()).result()
+            self._gate = asyncio.Semaphore(self.config.concurrency)
+            self._loop = loop
+        return self._loop
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future[Completion]:
+        """Send one request; its completion arrives on the returned future."""
+        loop = self._started()
+        words = request.label_words
+        if words and words not in self._label_ids:
+            self._label_ids[words] = loop.run(self._tokenize_labels(words)).result()
+        return loop.run(self._one(self._client, self._gate, request))
+
+    def open_stream(self) -> OpenAIStream:
+        """Requests out as they are submitted, completions back as each finishes."""
+        self.calls += 1
+        return OpenAIStream(self)
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        """All requests concurrently; results in request order."""
+        """All requests through one stream; results in request order."""
         if not requests:
             return []
-        self.calls += 1
-        return asyncio.run(self._all(requests))
-
-    async def _all(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        from openai import AsyncOpenAI
-
-        gate = asyncio.Semaphore(self.config.concurrency)
-        async with AsyncOpenAI(
-            base_url=self.config.base_url, api_key=self._key, max_retries=0, timeout=self.config.timeout
-        ) as client:
-            for words in {r.label_words for r in requests if r.label_words} - set(self._label_ids):
-                self._label_ids[words] = await self._tokenize_labels(words)
-            try:
-                async with asyncio.TaskGroup() as group:  # a fatal error cancels the rest
-                    tasks = [group.create_task(self._one(client, gate, r)) for r in requests]
-            except* FatalAPIError as errors:
-                raise errors.exceptions[0] from None
-        return [t.result() for t in tasks]
+        return run_all(self.open_stream(), requests)
 
     async def _one(self, client: Any, gate: asyncio.Semaphore, request: GenerationRequest) -> Completion:
         import openai
@@ -168,13 +192,16 @@ class OpenAIEngine:
         for attempt in range(self.config.max_retries + 1):
             wait: float | None = None
             async with gate:
+                if self._fatal is not None:  # the endpoint already refused the engine: send nothing more
+                    raise self._fatal
                 try:
                     return self._completion(await create(**params), request.label_words, label_ids)
                 except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
-                    raise FatalAPIError(
+                    self._fatal = FatalAPIError(
                         f"{self.config.base_url} refused the request ({exc.status_code}): {exc.message}. "
                         f"Check the model name and the key in ${self.config.api_key_env or 'the api_key_env variable'}."
-                    ) from None
+                    )
+                    raise self._fatal from None
                 except openai.BadRequestError as exc:
                     return error_completion(f"HTTP 400: {exc.message}")
                 except (
@@ -240,4 +267,63 @@ class OpenAIEngine:
         )
 
     def close(self) -> None:
-        """Nothing to free: each batch opens and closes its own HTTP client."""
+        """Close the HTTP client and stop its event loop."""
+        if self._loop is not None:
+            self._loop.run(self._client.close()).result()
+            self._loop.stop()
+            self._loop = None
+
+
+class _Loop:
+    """An asyncio loop on a daemon thread: the engine's one HTTP client (and its connection pool) lives here
+    across streams and calls, while the caller's thread submits and polls synchronously."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="diagsafe-openai", daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+class OpenAIStream:
+    """A stream over the API engine: every submitted request is on its way at once (the engine's semaphore
+    keeps `concurrency` of them on the wire); a poll returns those that finished. An endpoint that refuses
+    every request (bad key, unknown model) cancels the rest and raises."""
+
+    def __init__(self, engine: OpenAIEngine) -> None:
+        self.engine = engine
+        self._futures: dict[concurrent.futures.Future[Completion], Hashable] = {}
+
+    def submit(self, key: Hashable, request: GenerationRequest) -> None:
+        self._futures[self.engine.submit(request)] = key
+
+    def poll(self) -> list[tuple[Any, Completion]]:
+        if not self._futures:
+            return []
+        done, _ = concurrent.futures.wait(self._futures, timeout=POLL_WAIT, return_when="FIRST_COMPLETED")
+        finished = []
+        for future in done:
+            key = self._futures.pop(future)
+            try:
+                finished.append((key, future.result()))
+            except BaseException:
+                self.close()
+                raise
+        return finished
+
+    @property
+    def pending(self) -> int:
+        return len(self._futures)
+
+    def close(self) -> None:
+        """Cancel whatever is still in flight."""
+        for future in self._futures:
+            future.cancel()
+        self._futures = {}
