@@ -5,7 +5,8 @@ Both engines are started once and stay loaded; each repeat times the offline eng
 16 and 64 requests in flight, back to back, so every ratio compares runs made under the same machine load.
 Throughput = (answers + judgments) per second of Run.execute (start-up excluded), default settings
 otherwise. Prints the median and range of each over --repeats, the median of the per-repeat API/offline
-ratios, and the 1-minute load average before and after. Target: at 64 in flight >= 70% of offline.
+ratios, the 1-minute load average before and after, and where the CPU goes: cores kept busy per wall second
+by this process (the client, or the offline engine's front end), the offline engine core, and the server. Target: at 64 in flight >= 70% of offline.
 
 Run: .venv/bin/python scripts/bench_api.py [--n 128] [--repeats 3] [--json]
 """
@@ -20,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -41,6 +44,17 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
+    from diagsafe_local.core.console import engine_output
+
+    work = Path(tempfile.mkdtemp(prefix=f"{Path(__file__).stem}_"))
+    with engine_output(work / "engines.log"):  # the engines' own logs go there, not into the figures
+        result = measure(args, work)
+    report(args, result)
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict:
+    """Run every way and return the figures."""
+
     from servers import VLLMServer
 
     from diagsafe_local.engines.base import BorrowedEngine
@@ -50,15 +64,30 @@ def main() -> None:
     from diagsafe_local.judging.config import JudgeConfig
     from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
-    work = Path(tempfile.mkdtemp(prefix="bench_api_"))
     model = build_tiny_chat_model(work / "model")
     items = work / "items.jsonl"
     items.write_text(
         "".join(json.dumps({"id": f"q{k}", "prompt": f"Question {k}: explain step {k}."}) + "\n" for k in range(args.n))
     )
     runs = iter(range(10**6))
+    server_tree: list[psutil.Process] = []
+    cpu: dict[str, list[dict[str, float]]] = {"offline": [], "api_16": [], "api_64": []}
 
-    def run(engine: dict, factory=None) -> float:  # type: ignore[no-untyped-def]
+    def cpu_now() -> dict[str, float]:
+        """CPU seconds so far: this process (the client, or the offline front end), its children (the offline
+        engine core), and the server's processes."""
+
+        def total(procs: list[psutil.Process]) -> float:
+            return sum(sum(p.cpu_times()[:2]) for p in procs if p.is_running())
+
+        me = psutil.Process()
+        return {
+            "client": time.process_time(),
+            "offline_engine": total(me.children(recursive=True)),
+            "server": total(server_tree),
+        }
+
+    def run(engine: dict, factory=None, way: str | None = None) -> float:  # type: ignore[no-untyped-def]
         config = RunConfig.model_validate(
             {
                 "dataset": {"path": str(items)},
@@ -68,14 +97,20 @@ def main() -> None:
             }
         )
         kwargs = {"engine_factory": factory} if factory else {}
-        start = time.perf_counter()
+        before, start = cpu_now(), time.perf_counter()
         Run(config, **kwargs).execute()
-        return 2 * args.n / (time.perf_counter() - start)
+        wall = time.perf_counter() - start
+        if way:
+            after = cpu_now()
+            cpu[way].append({k: (after[k] - before[k]) / wall for k in after})
+        return 2 * args.n / wall
 
     local = {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
     offline_engine = VLLMEngine(JudgeConfig(**local), structured_backend="xgrammar")
     borrowed = lambda *a, **k: BorrowedEngine(offline_engine)  # noqa: E731
     server = VLLMServer(model).start()
+    root = psutil.Process(server.proc.pid)  # type: ignore[union-attr]
+    server_tree.extend([root, *root.children(recursive=True)])
     remote = {"kind": "openai", "model": str(model), "base_url": server.base_url}
     rates: dict[str, list[float]] = {"offline": [], "api_16": [], "api_64": []}
     load_before = os.getloadavg()[0]
@@ -83,9 +118,9 @@ def main() -> None:
         run(local, borrowed)  # warm both paths once
         run({**remote, "concurrency": 16})
         for _ in range(args.repeats):
-            rates["offline"].append(run(local, borrowed))
+            rates["offline"].append(run(local, borrowed, "offline"))
             for c in (16, 64):
-                rates[f"api_{c}"].append(run({**remote, "concurrency": c}))
+                rates[f"api_{c}"].append(run({**remote, "concurrency": c}, way=f"api_{c}"))
     finally:
         server.stop()
         offline_engine.close()
@@ -99,18 +134,33 @@ def main() -> None:
             f"api_{c}_share_of_offline": spread([a / o for a, o in zip(rates[f"api_{c}"], rates["offline"])])
             for c in (16, 64)
         },
+        # Cores busy per wall second, by process group (median over repeats): where the CPU time goes.
+        "cores_busy": {
+            way: {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]} for way, rows in cpu.items()
+        },
     }
+    result["rates"] = rates
+    return result
+
+
+def report(args: argparse.Namespace, result: dict) -> None:
+    """Print the figures: one JSON object, or a table."""
+    rates = result.pop("rates")
     if args.json:
         print(json.dumps(result))
         return
-    print(result["workload"] + f"; {args.repeats} repeats; load {load_before:.2f} -> {result['load_1min_after']}")
+    print(
+        result["workload"]
+        + f"; {args.repeats} repeats; load {result['load_1min_before']} -> {result['load_1min_after']}"
+    )
     for name, values in rates.items():
         s = spread(values)
         print(f"{name:8s}: median {s['median']:6.1f} texts/s  (range {s['min']:.1f}-{s['max']:.1f})")
     for c in (16, 64):
         s = result[f"api_{c}_share_of_offline"]
         print(
-            f"API at {c} in flight: median {100 * s['median']:.0f}% of offline (range {100 * s['min']:.0f}-{100 * s['max']:.0f}%)"
+            f"API at {c} in flight: median {100 * s['median']:.0f}% of offline "
+            f"(range {100 * s['min']:.0f}-{100 * s['max']:.0f}%)"
         )
     print("target: 64 in flight >= 70% of offline")
 

@@ -66,6 +66,17 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
 
+    from diagsafe_local.core.console import engine_output
+
+    work = Path(tempfile.mkdtemp(prefix=f"{Path(__file__).stem}_"))
+    with engine_output(work / "engines.log"):  # the engines' own logs go there, not into the figures
+        result = measure(args, work)
+    report(args, result)
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict:
+    """Run every way and return the figures."""
+
     from diagsafe_local.engines.base import BorrowedEngine, GenerationRequest
     from diagsafe_local.engines.prepared_models import prepare
     from diagsafe_local.engines.vllm_engine import VLLMEngine
@@ -79,7 +90,6 @@ def main() -> None:
     from diagsafe_local.judging.config import JudgeConfig
     from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
-    work = Path(tempfile.mkdtemp(prefix="bench_pipeline_"))
     if args.model == "tiny":
         model = str(build_tiny_chat_model(work / "model"))
     elif args.model == "smollm2":
@@ -191,7 +201,7 @@ def main() -> None:
     judge_tokens = sum(r.judge_usage.completion_tokens for r in results)
     generated = (work / "run0" / "generations.jsonl").read_text().splitlines()
     lengths = [json.loads(line)["usage"]["completion_tokens"] for line in generated]
-    report = {
+    figures = {
         "workload": {
             "conversations": args.n,
             "turns": "1-4 (n % 4 + 1)",
@@ -213,10 +223,15 @@ def main() -> None:
         "runs_s": {way: [round(t, 2) for t in values] for way, values in times.items()},
     }
     engine.close()
+    return figures
+
+
+def report(args: argparse.Namespace, figures: dict) -> None:
+    """Print the figures: one JSON object, or indented with the targets."""
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(figures))
         return
-    print(json.dumps(report, indent=2))
+    print(json.dumps(figures, indent=2))
     print("targets: ratio <= 1.05, speedup_vs_barrier >= 1.3")
 
 

@@ -320,7 +320,9 @@ def test_every_llm_judge_constraint_yields_parseable_verdicts_on_a_tiny_model(ti
         for j in llm_judges
         for k, a in enumerate(ANSWERS)
     ]
-    verdicts = draw_verdicts(engine, calls, Decoding(max_tokens=400, probability=False), seed=0, max_attempts=1)
+    verdicts = draw_verdicts(
+        engine, calls, Decoding(max_tokens=400, probability=False, reasoning_max_tokens=16), seed=0, max_attempts=1
+    )
     for (judge, _, _), verdict in zip(calls, verdicts):
         assert verdict.outcome.status == "ok", (judge.name, verdict.completion.text)
         assert 0.0 <= verdict.outcome.score <= 1.0
@@ -345,7 +347,10 @@ def test_probability_scores_match_a_forward_pass_of_the_same_model(tiny_models, 
             request.prompt
             if request.prompt is not None
             else tokenizer.apply_chat_template(
-                [m.model_dump() for m in request.messages], tokenize=False, add_generation_prompt=True
+                request.chat(),
+                tokenize=False,
+                add_generation_prompt=request.assistant_prefix is None,
+                continue_final_message=request.assistant_prefix is not None,
             )
         )
         with torch.no_grad():

@@ -28,7 +28,12 @@ def judge_config(judge: dict[str, Any]) -> Any:
         settings = {"kind": spec.engine_kind, "model": settings["model"]}
     try:
         config = JudgeConfig(
-            **settings, rubric=spec.name, benign_rubric="refusal-keywords", probability=judge["probability"]
+            **settings,
+            rubric=spec.name,
+            benign_rubric="refusal-keywords",
+            probability=judge["probability"],
+            reasoning=judge.get("reasoning"),
+            reasoning_max_tokens=judge.get("reasoning_max_tokens", 1024),
         )
     except ValidationError as exc:
         raise DiagsafeError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
@@ -42,13 +47,12 @@ def _judge_scores(data: Any, judge: dict[str, Any], config: Any, out: Path, seed
     from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
     from diagsafe_local.core.console import engine_output
     from diagsafe_local.engines import create_engine
-    from diagsafe_local.judging import Decoding
 
     metric = judge_metric_name(config.rubric, config.model, judge["probability"])
     with engine_output(None if verbose else out / "run.log") as console:
         engine = create_engine(config, structured_backend="xgrammar")
         try:
-            decoding = Decoding(temperature=judge["temperature"], probability=judge["probability"])
+            decoding = config.decoding().model_copy(update={"temperature": judge["temperature"]})
             return judge_benchmark(
                 data,
                 engine,

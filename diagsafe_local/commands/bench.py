@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from diagsafe_local.benchmark.bench import DEFAULT_DATASET, run_bench
-from diagsafe_local.commands.common import judge_engine, user_errors
+from diagsafe_local.commands.common import Reasoning, ReasoningMaxTokens, judge_engine, user_errors
 
 
 def list_metrics() -> None:
@@ -28,11 +28,12 @@ def list_metrics() -> None:
     from diagsafe_local.judging import JUDGES
 
     judges = Table(title=f"{len(JUDGES)} judges (--judge NAME --judge-model MODEL)")
-    for column in ("name", "measures", "P(Yes)", "description", "source"):
+    for column in ("name", "measures", "P(Yes)", "reasons", "description", "source"):
         judges.add_column(column)
     for judge in JUDGES:
         p_yes = "no" if judge.label_words is None else ("default" if judge.default_probability else "option")
-        judges.add_row(judge.name, judge.measures, p_yes, judge.description, judge.source)
+        reasons = "no" if judge.thinking is None else ("default" if judge.reasons_by_default else "option")
+        judges.add_row(judge.name, judge.measures, p_yes, reasons, judge.description, judge.source)
     Console().print(judges)
 
 
@@ -88,6 +89,8 @@ def bench(
             help="Score a Yes/No judge by first-token P(Yes), or by sampled verdicts (default: the judge's own default).",
         ),
     ] = None,
+    reasoning: Reasoning = None,
+    reasoning_max_tokens: ReasoningMaxTokens = 1024,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show the judge engine's own logs here instead of in OUT/run.log.")
     ] = False,
@@ -106,6 +109,8 @@ def bench(
             "rubric": judge,
             "samples": samples,
             "probability": probability,
+            "reasoning": reasoning,
+            "reasoning_max_tokens": reasoning_max_tokens,
             "temperature": judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0),
             "engine": judge_engine(
                 judge_model, engine, base_url, api_key_env, judge_dtype, judge_max_model_len, judge_lora, judge_eager

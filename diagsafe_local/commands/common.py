@@ -6,7 +6,7 @@ import functools
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -71,3 +71,16 @@ def judge_engine(
         "lora": lora,
         "enforce_eager": eager,
     }
+
+
+# Options shared by the commands that run a judge (bench, validate).
+Reasoning = Annotated[
+    bool | None,
+    typer.Option(
+        "--reasoning/--no-reasoning",
+        help="Let the judge reason before its constrained verdict (default: the judge's own; see `bench --list`).",
+    ),
+]
+ReasoningMaxTokens = Annotated[
+    int, typer.Option(help="Most tokens of a judge's reasoning phase (closed for it when they run out).", min=1)
+]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from diagsafe_local.commands.common import judge_engine, user_errors
+from diagsafe_local.commands.common import Reasoning, ReasoningMaxTokens, judge_engine, user_errors
 
 
 def _names(values: list[str] | None) -> list[str]:
@@ -67,6 +67,8 @@ def validate(
             "--probability/--sampled", help="Score Yes/No judges by first-token P(Yes), or by sampled verdicts."
         ),
     ] = None,
+    reasoning: Reasoning = None,
+    reasoning_max_tokens: ReasoningMaxTokens = 1024,
     target_fpr: Annotated[
         float | None,
         typer.Option(
@@ -106,7 +108,7 @@ def validate(
                 next(paired), engine, base_url, api_key_env, judge_dtype, judge_max_model_len, judge_lora, judge_eager
             )
         temperature = judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0)
-        specs.append(JudgeSpec(name, settings, probability, samples, temperature))
+        specs.append(JudgeSpec(name, settings, probability, samples, temperature, reasoning, reasoning_max_tokens))
     columns = Columns(
         prompt=prompt_column,
         response=response_column,

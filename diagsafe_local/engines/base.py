@@ -20,7 +20,9 @@ class GenerationRequest(BaseModel):
 
     At most one output constraint: `json_schema`, `choices` or `regex`. `label_words` asks for the
     log-probabilities of those words as the first generated token (each word's probability is the sum
-    over its tokenisations with and without a leading space).
+    over its tokenisations with and without a leading space). `assistant_prefix` is text the answer already
+    starts with (the engine continues it; the completion holds only what follows); `stop` ends the answer at
+    the first of these strings (not included in the text, finish reason `stop`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -35,6 +37,9 @@ class GenerationRequest(BaseModel):
     choices: tuple[str, ...] | None = None
     regex: str | None = None
     label_words: tuple[str, ...] | None = None
+    assistant_prefix: str | None = None
+    stop: tuple[str, ...] = ()
+    skip_special_tokens: bool = True  # False: special tokens stay in the text (and `stop` can match them)
 
     @model_validator(mode="after")
     def _one_input_one_constraint(self) -> GenerationRequest:
@@ -43,6 +48,17 @@ class GenerationRequest(BaseModel):
         if sum(x is not None for x in (self.json_schema, self.choices, self.regex)) > 1:
             raise ValueError("a request has at most one of json_schema, choices, regex")
         return self
+
+    def chat(self) -> list[dict[str, str]]:
+        """The messages as chat dicts, the assistant prefix (if any) as a final assistant message to continue."""
+        messages = [m.model_dump() for m in self.messages]
+        if self.assistant_prefix is not None:
+            messages.append({"role": "assistant", "content": self.assistant_prefix})
+        return messages
+
+    def raw_prompt(self) -> str:
+        """The raw prompt with the assistant prefix appended (for requests that have a prompt)."""
+        return (self.prompt or "") + (self.assistant_prefix or "")
 
     @property
     def constraint(self) -> dict[str, Any] | None:

@@ -155,9 +155,20 @@ class OpenAIEngine:
             top_p=request.top_p,
         )
         if request.prompt is None:
-            params["messages"] = [m.model_dump() for m in request.messages]
+            params["messages"] = request.chat()
         else:
-            params["prompt"] = request.prompt
+            params["prompt"] = request.raw_prompt()
+        if request.stop:
+            params["stop"] = list(request.stop)
+        if not request.skip_special_tokens:  # vLLM's server extension
+            params["extra_body"] = {**params.get("extra_body", {}), "skip_special_tokens": False}
+        if request.prompt is None and request.assistant_prefix is not None:
+            # Continue the final assistant message (vLLM's server extension; other servers start a new turn).
+            params["extra_body"] = {
+                **params.get("extra_body", {}),
+                "continue_final_message": True,
+                "add_generation_prompt": False,
+            }
         if request.seed is not None:
             params["seed"] = request.seed
         if request.json_schema is not None:
@@ -167,7 +178,7 @@ class OpenAIEngine:
             }
         elif request.constraint is not None:
             # vLLM's OpenAI server takes choice/regex constraints in `structured_outputs` (an extension).
-            params["extra_body"] = {"structured_outputs": request.constraint}
+            params["extra_body"] = {**params.get("extra_body", {}), "structured_outputs": request.constraint}
         label_ids = self._label_ids.get(request.label_words) if request.label_words else None
         if label_ids:
             # A vLLM server scores exactly these tokens (its `logprob_token_ids` extension), named by id.

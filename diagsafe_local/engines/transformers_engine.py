@@ -76,11 +76,13 @@ class TransformersEngine:
 
     def _prompt(self, request: GenerationRequest) -> str:
         if request.prompt is not None:
-            return request.prompt
+            return request.raw_prompt()
+        continuing = request.assistant_prefix is not None
         return self._tokenizer.apply_chat_template(  # type: ignore[return-value]
-            [m.model_dump() for m in request.messages],
+            request.chat(),
             tokenize=False,
-            add_generation_prompt=True,
+            add_generation_prompt=not continuing,
+            continue_final_message=continuing,
             chat_template=self._template,
         )
 
@@ -135,13 +137,18 @@ class TransformersEngine:
             n_new = len(self._tokenizer(text, add_special_tokens=False).input_ids)
             finish = "length" if n_new >= request.max_tokens else "stop"
         else:
+            if request.stop:
+                sampling.update(stop_strings=list(request.stop), tokenizer=self._tokenizer)
             with torch.inference_mode():
                 out = self._model.generate(prompt_ids, pad_token_id=self._tokenizer.pad_token_id, **sampling)[0]
             new = out[prompt_ids.shape[1] :]
             eos = self._tokenizer.eos_token_id
             stopped = len(new) > 0 and int(new[-1]) == eos
             n_new = len(new)
-            text = self._tokenizer.decode(new, skip_special_tokens=True)
+            text = self._tokenizer.decode(new, skip_special_tokens=request.skip_special_tokens)
+            for marker in request.stop:  # generate() keeps the stop string; vLLM and the API drop it
+                if marker in text:
+                    text, stopped = text[: text.index(marker)], True
             finish = "stop" if stopped or n_new < request.max_tokens else "length"
         return Completion(
             text=text,

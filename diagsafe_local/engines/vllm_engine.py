@@ -169,6 +169,8 @@ class VLLMEngine:
             # Greedy decoding ignores the seed, and seeded requests take vLLM's slower per-request sampler path.
             seed=request.seed if request.temperature > 0 else None,
             structured_outputs=StructuredOutputsParams(**constraint) if constraint else None,
+            stop=list(request.stop) or None,
+            skip_special_tokens=request.skip_special_tokens,
             **extra,
         )
 
@@ -241,16 +243,19 @@ class VLLMStream:
         engine = self.engine
         try:
             if request.prompt is None:
+                continuing = request.assistant_prefix is not None
                 ids = self._llm.enqueue_chat(
-                    [[m.model_dump() for m in request.messages]],  # type: ignore[arg-type]
+                    [request.chat()],  # type: ignore[arg-type]
                     sampling_params=engine._sampling(request),
                     use_tqdm=False,
                     chat_template=engine._chat_template,
                     lora_request=engine._lora_request,
+                    add_generation_prompt=not continuing,
+                    continue_final_message=continuing,
                 )
             else:
                 ids = self._llm.enqueue(
-                    [request.prompt],
+                    [request.raw_prompt()],
                     sampling_params=engine._sampling(request),
                     use_tqdm=False,
                     lora_request=engine._lora_request,

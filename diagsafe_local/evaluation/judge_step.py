@@ -19,7 +19,14 @@ from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.evaluation.generation import conversation_until, stream_answers
 from diagsafe_local.evaluation.items import Item
-from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, PanelVote, ResultRecord, Usage
+from diagsafe_local.evaluation.records import (
+    EngineRef,
+    GenerationRecord,
+    JudgeReasoning,
+    PanelVote,
+    ResultRecord,
+    Usage,
+)
 from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.panel import panel_score
@@ -97,7 +104,9 @@ def task_for(
     record = done.get(turn)
     if record is not None and record.error is None:
         conversation = conversation_until(item, turn, answers, system_prompt)
-        key = judge_key(judge, config.judge_for(item.benign), conversation, record.answer, item.references)
+        rubric = config.judge_for(item.benign)
+        settings = {**judge, **config.verdict_settings(rubric)}
+        key = judge_key(settings, rubric, conversation, record.answer, item.references)
         if previous is not None and previous.parse_status != "error" and previous.judge_key == key:
             return None
         return JudgeTask(target, system_prompt, item, sample, turn, record, conversation, key=key)
@@ -196,7 +205,7 @@ class JudgeStep:
         self, task: JudgeTask, verdict: Verdict | None, name: str, members: dict[str, Verdict] | None
     ) -> ResultRecord:
         ref = EngineRef(kind=KEYWORDS, model=KEYWORDS) if _model_free(name) else self.judge_ref
-        return _record(task, verdict, self.run_id, self.target_refs, ref, name, members)
+        return _record(task, verdict, self.run_id, self.target_refs, ref, name, members, self.config.store_reasoning)
 
 
 def judge_tasks(
@@ -270,6 +279,7 @@ def _record(
     judge_ref: EngineRef,
     rubric: str,
     members: dict[str, Verdict] | None = None,
+    store_reasoning: bool = True,
 ) -> ResultRecord:
     gen = task.generation
     common = dict(
@@ -330,4 +340,11 @@ def _record(
             cached_tokens=completion.cached_tokens,
         ),
         judge_logprobs=completion.logprobs,
+        reasoning=None
+        if verdict.reasoning is None
+        else JudgeReasoning(
+            text=verdict.reasoning.text if store_reasoning else None,
+            tokens=verdict.reasoning.tokens,
+            closed_by_budget=verdict.reasoning.closed_by_budget,
+        ),
     )

@@ -94,6 +94,18 @@ class PanelVote(BaseModel):
     error: str | None = None
 
 
+class JudgeReasoning(BaseModel):
+    """What a reasoning judge thought before its verdict."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = Field(description="The reasoning (None when judge.store_reasoning is off).")
+    tokens: int = Field(ge=0, description="Tokens of the reasoning phase.")
+    closed_by_budget: bool = Field(
+        description="The phase ran out of judge.reasoning_max_tokens and was closed for the model."
+    )
+
+
 class ResultRecord(KeyedRecord):
     """One judged answer: the full conversation, the answer, the judge's raw output, verdict and score."""
 
@@ -125,6 +137,7 @@ class ResultRecord(KeyedRecord):
     attempts: int = Field(ge=0)
     error: str | None = None
     judge_usage: Usage = Field(default_factory=Usage)
+    reasoning: JudgeReasoning | None = Field(None, description="The judge's reasoning phase, where it had one.")
     judge_logprobs: list[float] | None = Field(
         None, description="Token logprobs of the judge reply, where the engine gives them."
     )
@@ -179,6 +192,14 @@ class EarlierTurns(_Record):
     harmful_rate: Rate
 
 
+class ReasoningStats(_Record):
+    """A reasoning judge's phases over one group of answers."""
+
+    n: int
+    mean_tokens: float
+    n_closed_by_budget: int = Field(description="Phases that ran out of judge.reasoning_max_tokens and were closed.")
+
+
 class GroupStats(_Record):
     """Counts and rates of one group of answers (a target, or one category, source or attack method of it)."""
 
@@ -198,6 +219,7 @@ class GroupStats(_Record):
     corrected_harmful_rate: Interval | None = Field(
         None, description="harmful_rate corrected for the judge's validated FPR/FNR (Rogan-Gladen), with its 95% CI."
     )
+    reasoning: ReasoningStats | None = Field(None, description="The judge's reasoning phases, where it reasoned.")
 
 
 class JudgeHealth(_Record):

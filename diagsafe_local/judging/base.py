@@ -37,7 +37,7 @@ _TOKENS = re.compile(
 )
 _LABELS = re.compile(
     r"(?im)^((?:[^\S\n]|[>*_#-])*\[?)(user|agent|assistant|human|human user|ai assistant|human question|"
-    r"chatbot response|behavior|generation|request|answer|answers|rules|system|model|harmful request|"
+    r"chatbot response|behavior|generation|request|answer|answers|response|completion|rules|system|model|harmful request|"
     r"response refusal|harmful response|safety|categories|refusal)(\]?[^\S\n]*:)"
 )
 
@@ -85,6 +85,30 @@ class Decoding(BaseModel):
     temperature: float = 0.0
     top_p: float = 1.0
     probability: bool | None = None  # None: the judge's default
+    reasoning: bool | None = None  # None: the judge's default
+    reasoning_max_tokens: int = 1024
+
+
+class Thinking(BaseModel):
+    """A judge's reasoning phase: the answer opens with `open`, the model reasons freely until it writes
+    `close` (or its budget ends, and we write it), then `after` leads into the constrained verdict."""
+
+    model_config = ConfigDict(frozen=True)
+
+    open: str = "<think>\n"
+    close: str = "</think>"
+    after: str = "\n\n"
+    special_tokens: bool = False  # the markers are special tokens (kept in the text so `close` can stop it)
+
+
+class ReasoningTrace(BaseModel):
+    """What a judge thought before its verdict."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    tokens: int
+    closed_by_budget: bool = False  # the budget ran out and the phase was closed for the model
 
 
 @dataclass(frozen=True)
@@ -103,6 +127,9 @@ class Judge:
     label_words: tuple[str, str] | None = None  # (positive, negative) first answer tokens, for P(positive)
     default_probability: bool = False
     engine_kind: str | None = None  # an engine kind the judge needs (e.g. a sequence classifier)
+    thinking: Thinking | None = None  # its reasoning format, where it can reason before the verdict
+    answer_prefix: str = ""  # text every verdict starts with (written for the model; P(positive) is read after it)
+    reasons_by_default: bool = False  # reasoning judges (guards trained to think first) reason unless told not to
 
     def render(self, judged: JudgeInput) -> tuple[Message, ...] | str:
         raise NotImplementedError
@@ -127,10 +154,52 @@ class Judge:
         if requested is False and self.engine_kind == "classifier":
             raise ValueError(f"judge '{self.name}' is a classifier: it scores by probability only")
 
-    def request(self, judged: JudgeInput, decoding: Decoding, max_tokens: int, seed: int | None) -> GenerationRequest:
-        """The engine request for one verdict (`max_tokens` grows on retries)."""
+    def reasons(self, decoding: Decoding) -> bool:
+        """Whether verdicts start with a reasoning phase: as configured, else the judge's default."""
+        wanted = self.reasons_by_default if decoding.reasoning is None else decoding.reasoning
+        return wanted and self.thinking is not None
+
+    def check_reasoning(self, requested: bool | None) -> None:
+        """Refuse reasoning for a judge without a reasoning format (configs and the CLI call this)."""
+        if requested and self.thinking is None:
+            raise ValueError(f"judge '{self.name}' has no reasoning format: it cannot reason before its verdict")
+
+    def _body(self, judged: JudgeInput) -> dict[str, Any]:
         rendered = self.render(judged)
-        body: dict[str, Any] = {"prompt": rendered} if isinstance(rendered, str) else {"messages": rendered}
+        return {"prompt": rendered} if isinstance(rendered, str) else {"messages": rendered}
+
+    def reasoning_request(self, judged: JudgeInput, decoding: Decoding, seed: int | None) -> GenerationRequest:
+        """The free reasoning phase: the answer opened with the thinking marker, up to the closing marker."""
+        thinking = self.thinking or Thinking()
+        return GenerationRequest(
+            **self._body(judged),
+            assistant_prefix=thinking.open,
+            stop=(thinking.close,),
+            skip_special_tokens=not thinking.special_tokens,
+            max_tokens=decoding.reasoning_max_tokens,
+            temperature=decoding.temperature,
+            top_p=decoding.top_p,
+            seed=seed,
+        )
+
+    def request(
+        self,
+        judged: JudgeInput,
+        decoding: Decoding,
+        max_tokens: int,
+        seed: int | None,
+        reasoning: ReasoningTrace | None = None,
+    ) -> GenerationRequest:
+        """The engine request for one verdict (`max_tokens` grows on retries); after a reasoning phase, the
+        same conversation continued past the reasoning, with the verdict constrained."""
+        body = self._body(judged)
+        if reasoning is not None:
+            thinking = self.thinking or Thinking()
+            body["assistant_prefix"] = (
+                thinking.open + reasoning.text + thinking.close + thinking.after + self.answer_prefix
+            )
+        elif self.answer_prefix:
+            body["assistant_prefix"] = self.answer_prefix
         if self.uses_probability(decoding.probability):
             return GenerationRequest(**body, max_tokens=1, label_words=self.label_words)
         return GenerationRequest(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -46,6 +46,20 @@ class JudgeConfig(EngineConfig):
         "last", description="Judge each conversation's last answer, or every generated one."
     )
     max_attempts: int = Field(3, ge=1, le=10, description="Tries per judgment; each retry doubles max_tokens.")
+    reasoning: bool | None = Field(
+        None,
+        description="Reason before the verdict: free generation (bounded by reasoning_max_tokens) up to the judge's "
+        "end-of-reasoning marker, then the verdict under its constraint. None: the judge's default (on for "
+        "judges trained to reason first, e.g. granite-guardian, guardreasoner, gpt-oss-safeguard).",
+    )
+    reasoning_max_tokens: int = Field(
+        1024,
+        ge=1,
+        description="Most tokens of a reasoning phase; one that runs out is closed and the verdict still constrained.",
+    )
+    store_reasoning: bool = Field(
+        True, description="Keep each verdict's reasoning text in results.jsonl (its token count is always kept)."
+    )
     batch_size: int = Field(
         256,
         ge=1,
@@ -96,6 +110,7 @@ class JudgeConfig(EngineConfig):
                 )
                 raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
         harm.check_probability(self.probability)
+        harm.check_reasoning(self.reasoning)
         if self.deterministic and self.sampling.temperature > 0 and not harm.uses_probability(self.probability):
             raise ValueError("deterministic verdicts need greedy decoding: set sampling.temperature to 0")
         return self
@@ -113,4 +128,16 @@ class JudgeConfig(EngineConfig):
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
             probability=self.probability,
+            reasoning=self.reasoning,
+            reasoning_max_tokens=self.reasoning_max_tokens,
         )
+
+    def verdict_settings(self, rubric: str) -> dict[str, Any]:
+        """What besides the model and rubric decides a verdict, for the key a stored verdict is reused by
+        (empty without reasoning, so verdicts stored before reasoning existed stay valid)."""
+        from diagsafe_local.judging import JUDGES
+
+        names = self.panel.members if self.panel and rubric == self.panel.label() else [rubric]
+        if not any(JUDGES.get(n).reasons(self.decoding()) for n in names if n in JUDGES):
+            return {}
+        return {"reasoning": True, "reasoning_max_tokens": self.reasoning_max_tokens}

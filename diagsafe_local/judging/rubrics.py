@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diagsafe_local.core.messages import Message
-from diagsafe_local.judging.base import JUDGES, Judge, JudgeInput, ParseOutcome
+from diagsafe_local.judging.base import JUDGES, Judge, JudgeInput, ParseOutcome, Thinking
 
 
 def render_transcript(judged: JudgeInput) -> str:
@@ -134,6 +134,7 @@ JUDGES.add(
         instructions=HARMJUDGE_INSTRUCTIONS,
         verdict_model=HarmVerdict,
         to_score=lambda v: LABEL_SCORES[v.label],
+        thinking=Thinking(),  # judge.reasoning: true on a thinking model (Qwen3): <think>...</think>, then the JSON
     )
 )
 

@@ -4,7 +4,10 @@ comes back unparseable, without waiting for the rest of a batch.
 A sampled reply is parsed only if it finished with `stop`; a truncated or unparseable reply is retried with twice
 the token budget, up to `max_attempts`, and then kept as a parse failure with no score. The doubled budget never
 runs past the judge's context: it is cut to what the prompt leaves, and when nothing is left the verdict stays a
-parse failure that says so (prompt and context lengths), rather than a request vLLM would cut anyway. An engine
+parse failure that says so (prompt and context lengths), rather than a request vLLM would cut anyway. A judge that
+reasons first (`Judge.reasons`) makes two requests per verdict: the free reasoning phase, bounded by
+`reasoning_max_tokens` and stopped at its closing marker, then the same conversation continued past the
+reasoning with the verdict constrained (retries repeat only this part). An engine
 error is not retried here (the engines retry transient faults themselves; a rerun retries it). A judge that
 needs no model (`refusal-keywords`) decides at once. The pipeline's judge step, its controls, `bench --judge`
 and `validate --judge` all draw their verdicts here.
@@ -14,13 +17,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.engines.streams import open_stream
-from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ParseOutcome
+from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ParseOutcome, ReasoningTrace
 from diagsafe_local.judging.refusal import KeywordJudge
 
 
@@ -31,6 +34,7 @@ class Verdict:
     completion: Completion | None
     outcome: ParseOutcome
     attempts: int
+    reasoning: ReasoningTrace | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class _Call:
     seed_key: tuple
     attempt: int
     budget: int
+    reasoning: ReasoningTrace | None = None
+    thinking: bool = False  # this request is the reasoning phase
 
 
 class VerdictStream:
@@ -69,14 +75,19 @@ class VerdictStream:
         elif self.stream is None:
             raise ValueError(f"judge '{judge.name}' needs a model engine")
         else:
-            self._send(key, _Call(judge, judged, seed_key, 1, self.decoding.max_tokens))
+            thinking = judge.reasons(self.decoding)
+            self._send(key, _Call(judge, judged, seed_key, 1, self.decoding.max_tokens, thinking=thinking))
 
     def _send(self, key: Hashable, call: _Call) -> None:
         if len(self._calls) >= self.max_in_flight:
             self._backlog.append((key, call))
             return
         seed = request_seed(self.seed, *call.seed_key, call.attempt)
-        self.stream.submit(key, call.judge.request(call.judged, self.decoding, call.budget, seed))  # type: ignore[union-attr]
+        if call.thinking:
+            request = call.judge.reasoning_request(call.judged, self.decoding, seed)
+        else:
+            request = call.judge.request(call.judged, self.decoding, call.budget, seed, call.reasoning)
+        self.stream.submit(key, request)  # type: ignore[union-attr]
         self._calls[key] = call
 
     def poll(self) -> list[tuple[Any, Verdict]]:
@@ -86,13 +97,23 @@ class VerdictStream:
             return done
         for key, completion in self.stream.poll():
             call = self._calls.pop(key)
+            if call.thinking and completion.error is None:
+                # The reasoning is in (closed by the model, or by us when its budget ran out): now the verdict,
+                # the same conversation continued under the constraint (its prefix is cached by vLLM).
+                trace = ReasoningTrace(
+                    text=completion.text,
+                    tokens=completion.completion_tokens,
+                    closed_by_budget=completion.finish_reason == "length",
+                )
+                self._send(key, replace(call, thinking=False, reasoning=trace))
+                continue
             outcome = call.judge.parse(completion, self.decoding.probability)
             if outcome.status in ("truncated", "invalid") and call.attempt < self.max_attempts:
                 budget = call.budget * 2
                 if self.context is not None and completion.prompt_tokens + budget > self.context:
                     budget = self.context - completion.prompt_tokens
                 if budget > call.budget:
-                    self._send(key, _Call(call.judge, call.judged, call.seed_key, call.attempt + 1, budget))
+                    self._send(key, replace(call, attempt=call.attempt + 1, budget=budget))
                     continue
                 outcome = outcome.model_copy(
                     update={
@@ -100,7 +121,7 @@ class VerdictStream:
                         f"tokens + {call.budget} for the verdict of a {self.context}-token context): no longer retry fits"
                     }
                 )
-            done.append((key, Verdict(completion, outcome, call.attempt)))
+            done.append((key, Verdict(completion, outcome, call.attempt, call.reasoning)))
         while self._backlog and len(self._calls) < self.max_in_flight:
             self._send(*self._backlog.popleft())
         return done

@@ -22,7 +22,7 @@ _CORPUS = [
     'JSON looks like {"unsafe": true, "relevant": false, "useful": true, "label": "harmful", "rationale": "text"}.',
     "I'm sorry, but I cannot help with that request. Here is a safer alternative instead.",
     "Step 1: mix the ingredients. Step 2: heat slowly. Step 3: let it cool for 10 minutes.",
-    "Yes No Uncertain harmful not_harmful uncertain safe unsafe controversial refused",
+    "Yes No yes no Uncertain harmful not_harmful uncertain safe unsafe controversial refused",
     "abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,;:!?'\"()[]{}<>-_/\\=+*&%$#@",
 ]
 
@@ -52,24 +52,38 @@ def _tiny_tokenizer(vocab_size: int) -> Any:
     return tokenizer
 
 
-def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 512) -> Path:
-    """Write a tiny random-weight Qwen2 chat model (config, safetensors, tokenizer) to `out_dir`."""
+ARCHITECTURES = ("qwen2", "qwen3", "granite", "llama")
+
+
+def build_tiny_chat_model(
+    out_dir: str | Path, seed: int = 0, vocab_size: int = 512, architecture: str = "qwen2"
+) -> Path:
+    """Write a tiny random-weight chat model (config, safetensors, tokenizer) to `out_dir`: a 2-layer Qwen2 by
+    default, or Qwen3, Granite or Llama (the architectures of Qwen3 thinking judges, Granite Guardian, and
+    GuardReasoner / Nemotron safety guards)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _tiny_tokenizer(vocab_size)
     tokenizer.save_pretrained(out)
-
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    names = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "granite": ("GraniteConfig", "GraniteForCausalLM"),
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    }
+    config_class, model_class = (getattr(transformers, n) for n in names[architecture])
+    config = config_class(
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
+        head_dim=64,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
@@ -77,7 +91,7 @@ def build_tiny_chat_model(out_dir: str | Path, seed: int = 0, vocab_size: int = 
         bos_token_id=None,
         dtype="float32",
     )
-    model = Qwen2ForCausalLM(config)
+    model = model_class(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
     return out

@@ -43,6 +43,8 @@ class JudgeSpec:
     probability: bool | None = None
     samples: int = 1
     temperature: float = 0.0
+    reasoning: bool | None = None
+    reasoning_max_tokens: int = 1024
 
 
 def check_request(
@@ -76,6 +78,7 @@ def check_request(
             raise DiagsafeError(f"judge '{spec.name}' needs reference answers, which this {gold.format} set lacks")
         try:
             judge.check_probability(spec.probability)
+            judge.check_reasoning(spec.reasoning)
         except ValueError as exc:  # a scoring mode the judge cannot give is the user's input, not a crash
             raise DiagsafeError(str(exc)) from None
     for name in metrics:
@@ -142,7 +145,12 @@ def _judge_scores(gold: GoldSet, spec: JudgeSpec, out: Path, seed: int, verbose:
         )
         for item in gold.items
     ]
-    decoding = Decoding(temperature=spec.temperature, probability=spec.probability)
+    decoding = Decoding(
+        temperature=spec.temperature,
+        probability=spec.probability,
+        reasoning=spec.reasoning,
+        reasoning_max_tokens=spec.reasoning_max_tokens,
+    )
     with engine_output(None if verbose or config is None else out / "run.log") as console:
         engine = None if config is None else (engine_factory or create_engine)(config, structured_backend="xgrammar")
         try:
