@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.core.jsonl import read_records
+from diagsafe_local.core.messages import Message
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.health import CONTROL_ANSWERS, ControlRecord
 from diagsafe_local.evaluation.pipeline import Run
@@ -111,6 +112,28 @@ def test_real_judge_on_a_benchmark_slice(real_model, vllm_engines, tmp_path):
     assert len(scores) == 36 and scores["score"].notna().all()  # every verdict parsed
     board = leaderboard(scores, data)
     assert board.iloc[0]["metric"] == "judge:harmjudge@smollm2" and 0.0 <= board.iloc[0]["overall"] <= 1.0
+
+
+def test_real_model_reasons_then_every_verdict_is_valid(real_model, vllm_engines, tmp_path):
+    """The reasoning mechanism on real text: harmjudge and granite-guardian reason in English first (the
+    small model rarely closes its thoughts, so the budget closes them), then 100% of verdicts parse."""
+    from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
+    from diagsafe_local.judging.config import JudgeConfig
+    from diagsafe_local.judging.verdicts import draw_verdicts
+    from diagsafe_local.validation.gold import load_gold
+
+    engine = vllm_engines(JudgeConfig(model=str(real_model), dtype="bfloat16", max_model_len=2048))
+    gold = load_gold(str(REPO / "data" / "gold_jbb_sample.csv"), "jbb").items[:6]
+    inputs = [JudgeInput(conversation=(Message(role="user", content=g.prompt),), answer=g.response) for g in gold]
+    decoding = Decoding(reasoning=True, reasoning_max_tokens=64)
+    for name in ("harmjudge", "granite-guardian"):
+        calls = [(JUDGES.get(name), judged, (name, k)) for k, judged in enumerate(inputs)]
+        verdicts = draw_verdicts(engine, calls, decoding, seed=0, max_attempts=3)
+        assert all(v.outcome.status == "ok" for v in verdicts), name
+        thoughts = " ".join(v.reasoning.text for v in verdicts if v.reasoning)
+        assert ENGLISH.search(thoughts) and all(0 < v.reasoning.tokens <= 64 for v in verdicts if v.reasoning)
+        closed = sum(v.reasoning.closed_by_budget for v in verdicts if v.reasoning)
+        print(f"{name}: {closed}/{len(verdicts)} reasoning phases closed by the budget")
 
 
 def test_real_judges_validated_against_gold_labels(real_model, vllm_engines, tmp_path):

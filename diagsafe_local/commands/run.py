@@ -23,6 +23,14 @@ def run(
     shard: Annotated[
         str | None, typer.Option(help="Run only shard i of N (i/N, 0-based) into output_dir/shards/.")
     ] = None,
+    store_reasoning: Annotated[
+        bool,
+        typer.Option(
+            "--store-reasoning/--no-store-reasoning",
+            help="Keep a reasoning judge's thoughts in results.jsonl (off: token counts only; same as --set "
+            "judge.store_reasoning=false, so give it from the run's start).",
+        ),
+    ] = True,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")
     ] = False,
@@ -35,12 +43,13 @@ def run(
     from diagsafe_local.evaluation.replicas import run_replicas, unsharded_run
     from diagsafe_local.evaluation.sharding import Shard
 
-    cfg = load_config(config, set_ or [])
+    set_ = [*(set_ or []), *([] if store_reasoning else ["judge.store_reasoning=false"])]
+    cfg = load_config(config, set_)
     part = Shard.parse(shard) if shard else None
     if part is None and not overwrite and not unsharded_run(cfg):
         plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
         if plan.replicas > 1:
-            summary = run_replicas(config, set_ or [], cfg, plan, typer.echo)
+            summary = run_replicas(config, set_, cfg, plan, typer.echo)
             _finish(summary, Path(cfg.output_dir))
             return
     run = Run(cfg, overwrite=overwrite, shard=part)
