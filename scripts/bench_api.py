@@ -1,12 +1,13 @@
 """Benchmark (not a test): the API path through vLLM's OpenAI server versus the offline engine, on the same
 workload (single-turn conversations answered, then judged), repeated so the spread shows.
 
-Both engines are started once and stay loaded; each repeat times the offline engine, then the API path at
-16 and 64 requests in flight, back to back, so every ratio compares runs made under the same machine load.
+The offline engine runs its repeats, is closed, then vLLM's server starts and the API path runs its repeats at
+16 and 64 requests in flight (never both loaded, so neither takes the other's cores).
 Throughput = (answers + judgments) per second of Run.execute (start-up excluded), default settings
 otherwise. Prints the median and range of each over --repeats, the median of the per-repeat API/offline
-ratios, the 1-minute load average before and after, and where the CPU goes: cores kept busy per wall second
-by this process (the client, or the offline engine's front end), the offline engine core, and the server. Target: at 64 in flight >= 70% of offline.
+ratios (offline repeat i against API repeat i), the 1-minute load average before and after, and where the CPU
+goes: cores kept busy per wall second by this process (the client, or the offline engine's front end), the
+offline engine core, and the server. Target: at 64 in flight >= 70% of offline.
 
 Run: .venv/bin/python scripts/bench_api.py [--n 128] [--repeats 3] [--json]
 """
@@ -80,12 +81,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         def total(procs: list[psutil.Process]) -> float:
             return sum(sum(p.cpu_times()[:2]) for p in procs if p.is_running())
 
-        me = psutil.Process()
-        return {
-            "client": time.process_time(),
-            "offline_engine": total(me.children(recursive=True)),
-            "server": total(server_tree),
-        }
+        server_pids = {p.pid for p in server_tree}
+        engine = [p for p in psutil.Process().children(recursive=True) if p.pid not in server_pids]
+        return {"client": time.process_time(), "offline_engine": total(engine), "server": total(server_tree)}
 
     def run(engine: dict, factory=None, way: str | None = None) -> float:  # type: ignore[no-untyped-def]
         config = RunConfig.model_validate(
@@ -106,24 +104,28 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         return 2 * args.n / wall
 
     local = {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
+    rates: dict[str, list[float]] = {"offline": [], "api_16": [], "api_64": []}
+    load_before = os.getloadavg()[0]
+    # One engine at a time, so neither competes with the other for the two cores.
     offline_engine = VLLMEngine(JudgeConfig(**local), structured_backend="xgrammar")
     borrowed = lambda *a, **k: BorrowedEngine(offline_engine)  # noqa: E731
+    try:
+        run(local, borrowed)  # warm
+        for _ in range(args.repeats):
+            rates["offline"].append(run(local, borrowed, "offline"))
+    finally:
+        offline_engine.close()
     server = VLLMServer(model).start()
     root = psutil.Process(server.proc.pid)  # type: ignore[union-attr]
     server_tree.extend([root, *root.children(recursive=True)])
     remote = {"kind": "openai", "model": str(model), "base_url": server.base_url}
-    rates: dict[str, list[float]] = {"offline": [], "api_16": [], "api_64": []}
-    load_before = os.getloadavg()[0]
     try:
-        run(local, borrowed)  # warm both paths once
-        run({**remote, "concurrency": 16})
+        run({**remote, "concurrency": 16})  # warm
         for _ in range(args.repeats):
-            rates["offline"].append(run(local, borrowed, "offline"))
             for c in (16, 64):
                 rates[f"api_{c}"].append(run({**remote, "concurrency": c}, way=f"api_{c}"))
     finally:
         server.stop()
-        offline_engine.close()
     result = {
         "workload": f"{args.n} single-turn conversations answered and judged (tiny random model, CPU)",
         "cpus": os.cpu_count(),
