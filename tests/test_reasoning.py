@@ -8,7 +8,7 @@ import json
 
 import pytest
 from fakes import ScriptedEngine
-from helpers import tiny_engine, write_jsonl
+from helpers import REPO, SAMPLE, tiny_engine, write_jsonl
 from servers import FakeOpenAIServer
 
 from diagsafe_local.core.messages import Message
@@ -174,3 +174,29 @@ def test_the_transformers_engine_stops_at_the_marker_and_continues(guard_models)
     verdicts = draw_verdicts(engine, [(spec, judged(), (0,))], Decoding(reasoning=True, reasoning_max_tokens=6), 0, 2)
     assert verdicts[0].reasoning is not None and verdicts[0].reasoning.tokens <= 6
     assert verdicts[0].outcome.status == "ok"
+
+
+@pytest.mark.slow
+def test_bench_and_validate_run_reasoning_guards(guard_models, vllm_engines, tmp_path):
+    """`bench --judge granite-guardian` from the command line, and `validate` with GuardReasoner: every
+    verdict valid, every reasoning phase stored with its count."""
+    from typer.testing import CliRunner
+
+    from diagsafe_local.cli import app
+    from diagsafe_local.validation.gold import load_gold
+    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+
+    out = tmp_path / "bench"
+    args = ["bench", "--dataset", str(SAMPLE), "--judge", "granite-guardian", "--out", str(out)]
+    args += ["--judge-model", str(guard_models["granite"]), "--judge-max-model-len", "2048"]
+    result = CliRunner().invoke(app, [*args, "--sampled", "--reasoning-max-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    stored = [json.loads(line) for line in (out / "judgments.jsonl").read_text().splitlines()]
+    assert len(stored) == 120 and all(s["status"] == "ok" for s in stored)  # 10 prompts x 12 responses
+
+    gold = load_gold(str(REPO / "data" / "gold_jbb_sample.csv"), "jbb")
+    engine = {**tiny_engine(guard_models["llama"]), "kind": "vllm"}
+    spec = JudgeSpec("guardreasoner", engine, reasoning_max_tokens=8)
+    rows = run_validate(gold, tmp_path / "validate", [spec], bootstrap=100, engine_factory=vllm_engines)
+    [row] = [r for r in rows if r["judge"].startswith("guardreasoner@")]
+    assert row["n"] == len(gold.items) and row["n_missing"] == 0
