@@ -200,3 +200,30 @@ def test_bench_and_validate_run_reasoning_guards(guard_models, vllm_engines, tmp
     rows = run_validate(gold, tmp_path / "validate", [spec], bootstrap=100, engine_factory=vllm_engines)
     [row] = [r for r in rows if r["judge"].startswith("guardreasoner@")]
     assert row["n"] == len(gold.items) and row["n_missing"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("judge", "architecture"),
+    [
+        ("granite-guardian", "granite"),
+        ("guardreasoner", "llama"),
+        ("nemotron-safety-guard", "llama"),
+        ("gpt-oss-safeguard", "qwen3"),
+    ],
+)
+def test_each_reasoning_guard_judges_a_whole_run(judge, architecture, guard_models, vllm_engines, tmp_path):
+    """Each guard as a run's judge: every harmful item's verdict valid, with its reasoning recorded."""
+    model = tiny_engine(guard_models[architecture])
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": str(write_jsonl(tmp_path / "items.jsonl", synthetic_items(4)))},
+            "target": {**model, "name": "t", "sampling": {"max_tokens": 8}},
+            "judge": {**model, "rubric": judge, "reasoning": True, "reasoning_max_tokens": 10},
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
+    summary = Run(config, engine_factory=vllm_engines).execute()
+    harmful = [r for r in read_results(tmp_path / "run" / "results.jsonl") if r.judge_rubric == judge]
+    assert harmful and all(r.parse_status == "ok" and r.reasoning is not None for r in harmful)
+    assert summary["targets"]["t"]["n_errors"] == 0
