@@ -75,6 +75,15 @@ def test_a_reasoning_phase_that_runs_out_is_closed_and_counted():
     assert verdict.reasoning.closed_by_budget and verdict.outcome.score == 1.0  # type: ignore[union-attr]
 
 
+def test_stored_reasoning_can_drop_or_cut_the_text():
+    from diagsafe_local.judging.base import ReasoningTrace
+
+    trace = ReasoningTrace(text="x" * 50, tokens=12, closed_by_budget=True)
+    assert trace.kept().text == "x" * 50 and trace.kept(store=False).text is None
+    cut = trace.kept(max_chars=10)
+    assert cut.text == "x" * 10 + "… [40 characters not stored]" and cut.tokens == 12 and cut.closed_by_budget
+
+
 def test_reasoning_is_the_judges_default_or_refused_where_it_has_no_format():
     assert JUDGES.get("granite-guardian").reasons(Decoding()) and not JUDGES.get("harmjudge").reasons(Decoding())
     assert not JUDGES.get("granite-guardian").reasons(Decoding(reasoning=False))
@@ -200,6 +209,9 @@ def test_bench_and_validate_run_reasoning_guards(guard_models, vllm_engines, tmp
     rows = run_validate(gold, tmp_path / "validate", [spec], bootstrap=100, engine_factory=vllm_engines)
     [row] = [r for r in rows if r["judge"].startswith("guardreasoner@")]
     assert row["n"] == len(gold.items) and row["n_missing"] == 0
+    disagreements = [json.loads(line) for line in (tmp_path / "validate" / "disagreements.jsonl").open()]
+    mine = [d for d in disagreements if d["judge"] == row["judge"]]
+    assert mine and all(d["judge_reasoning"] for d in mine)  # each shown with the thoughts behind it
 
 
 @pytest.mark.slow

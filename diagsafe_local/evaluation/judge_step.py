@@ -22,7 +22,6 @@ from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.records import (
     EngineRef,
     GenerationRecord,
-    JudgeReasoning,
     PanelVote,
     ResultRecord,
     Usage,
@@ -280,6 +279,7 @@ def _record(
     rubric: str,
     members: dict[str, Verdict] | None = None,
     store_reasoning: bool = True,
+    reasoning_max_chars: int | None = None,
 ) -> ResultRecord:
     gen = task.generation
     common = dict(
@@ -340,11 +340,5 @@ def _record(
             cached_tokens=completion.cached_tokens,
         ),
         judge_logprobs=completion.logprobs,
-        reasoning=None
-        if verdict.reasoning is None
-        else JudgeReasoning(
-            text=verdict.reasoning.text if store_reasoning else None,
-            tokens=verdict.reasoning.tokens,
-            closed_by_budget=verdict.reasoning.closed_by_budget,
-        ),
+        reasoning=verdict.reasoning.kept(store_reasoning, reasoning_max_chars) if verdict.reasoning else None,
     )

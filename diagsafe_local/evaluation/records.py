@@ -18,6 +18,7 @@ from diagsafe_local.core import jsonl
 from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.gpu_plan import GpuPlan
+from diagsafe_local.judging.base import ReasoningTrace
 from diagsafe_local.validation.correction import JudgeValidation
 
 SCHEMA_VERSION = 1
@@ -94,18 +95,6 @@ class PanelVote(BaseModel):
     error: str | None = None
 
 
-class JudgeReasoning(BaseModel):
-    """What a reasoning judge thought before its verdict."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    text: str | None = Field(description="The reasoning (None when judge.store_reasoning is off).")
-    tokens: int = Field(ge=0, description="Tokens of the reasoning phase.")
-    closed_by_budget: bool = Field(
-        description="The phase ran out of judge.reasoning_max_tokens and was closed for the model."
-    )
-
-
 class ResultRecord(KeyedRecord):
     """One judged answer: the full conversation, the answer, the judge's raw output, verdict and score."""
 
@@ -137,7 +126,7 @@ class ResultRecord(KeyedRecord):
     attempts: int = Field(ge=0)
     error: str | None = None
     judge_usage: Usage = Field(default_factory=Usage)
-    reasoning: JudgeReasoning | None = Field(None, description="The judge's reasoning phase, where it had one.")
+    reasoning: ReasoningTrace | None = Field(None, description="The judge's reasoning phase, where it had one.")
     judge_logprobs: list[float] | None = Field(
         None, description="Token logprobs of the judge reply, where the engine gives them."
     )

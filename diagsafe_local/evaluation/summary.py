@@ -24,7 +24,8 @@ import numpy as np
 
 from diagsafe_local.core.intervals import wilson
 from diagsafe_local.evaluation.health import ControlRecord, judge_health
-from diagsafe_local.evaluation.records import JudgeReasoning, ResultRecord, Summary
+from diagsafe_local.evaluation.records import ResultRecord, Summary
+from diagsafe_local.judging.base import ReasoningTrace
 from diagsafe_local.judging.refusal import is_refusal
 from diagsafe_local.validation.correction import JudgeValidation, corrected_rate
 
@@ -75,7 +76,7 @@ def group_stats(records: Sequence[ResultRecord], validation: JudgeValidation | N
     }
 
 
-def _reasoning(traces: Sequence[JudgeReasoning]) -> dict[str, Any] | None:
+def _reasoning(traces: Sequence[ReasoningTrace]) -> dict[str, Any] | None:
     """How the judge's reasoning phases went: how many, their mean length, how many ran out of budget."""
     if not traces:
         return None

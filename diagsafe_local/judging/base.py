@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core.messages import Message
 from diagsafe_local.core.registry import Registry
@@ -102,13 +102,24 @@ class Thinking(BaseModel):
 
 
 class ReasoningTrace(BaseModel):
-    """What a judge thought before its verdict."""
+    """What a judge thought before its verdict (as drawn, and as results and verdict stores keep it)."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    text: str
-    tokens: int
-    closed_by_budget: bool = False  # the budget ran out and the phase was closed for the model
+    text: str | None = Field(description="The reasoning (None when not stored).")
+    tokens: int = Field(ge=0, description="Tokens of the reasoning phase.")
+    closed_by_budget: bool = Field(
+        False, description="The phase ran out of judge.reasoning_max_tokens and was closed for the model."
+    )
+
+    def kept(self, store: bool = True, max_chars: int | None = None) -> ReasoningTrace:
+        """The trace as stored: without its text, or with the text cut to `max_chars` (the cut said)."""
+        if not store or self.text is None:
+            return self.model_copy(update={"text": None})
+        if max_chars is not None and len(self.text) > max_chars:
+            cut = len(self.text) - max_chars
+            return self.model_copy(update={"text": f"{self.text[:max_chars]}… [{cut} characters not stored]"})
+        return self
 
 
 @dataclass(frozen=True)
@@ -196,7 +207,7 @@ class Judge:
         if reasoning is not None:
             thinking = self.thinking or Thinking()
             body["assistant_prefix"] = (
-                thinking.open + reasoning.text + thinking.close + thinking.after + self.answer_prefix
+                thinking.open + (reasoning.text or "") + thinking.close + thinking.after + self.answer_prefix
             )
         elif self.answer_prefix:
             body["assistant_prefix"] = self.answer_prefix

@@ -60,6 +60,9 @@ class JudgeConfig(EngineConfig):
     store_reasoning: bool = Field(
         True, description="Keep each verdict's reasoning text in results.jsonl (its token count is always kept)."
     )
+    reasoning_max_chars: int | None = Field(
+        None, ge=0, description="Keep at most this many characters of each reasoning text (the cut is said)."
+    )
     batch_size: int = Field(
         256,
         ge=1,

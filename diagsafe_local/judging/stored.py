@@ -18,7 +18,7 @@ from pydantic import ConfigDict
 from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore, KeyedRecord
 from diagsafe_local.engines.base import Engine
-from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
+from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput, ReasoningTrace
 from diagsafe_local.judging.verdicts import draw_verdicts
 
 
@@ -37,6 +37,7 @@ class StoredJudgment(KeyedRecord):
     attempts: int
     input_key: str
     verdict: dict[str, Any] | None = None
+    reasoning: ReasoningTrace | None = None
 
     @property
     def key(self) -> str:
@@ -107,6 +108,7 @@ def judge_items(
                 attempts=v.attempts,
                 input_key=keys[(item_id, s)],
                 verdict=v.outcome.verdict,
+                reasoning=v.reasoning,
             )
             for (item_id, _, s), v in zip(batch, verdicts)
         )

@@ -47,6 +47,7 @@ class Scored:
     classes: list[str | None] | None = None
     raw: list[str] = field(default_factory=list)
     identity: dict[str, Any] | None = None
+    reasoning: list[str | None] = field(default_factory=list)  # a reasoning judge's thoughts, per item
 
 
 AGREEMENT_COLUMNS = [
@@ -76,6 +77,7 @@ class Disagreement(BaseModel):
     gold_class: str | None = None
     groups: dict[str, str] = {}
     judge_output: str | None = None
+    judge_reasoning: str | None = None
 
 
 def write_outputs(
@@ -253,6 +255,7 @@ def _disagreements(
                         gold_class=item.label3,
                         groups=item.groups,
                         judge_output=raw[scored.name][k] if scored.name in raw else None,
+                        judge_reasoning=scored.reasoning[k] if scored.reasoning else None,
                     )
                 )
     return out

@@ -168,18 +168,20 @@ def _judge_scores(gold: GoldSet, spec: JudgeSpec, out: Path, seed: int, verbose:
         finally:
             if engine is not None:
                 engine.close()
-    scores, classes, raw = [], [], []
+    scores, classes, raw, reasoning = [], [], [], []
     for item in gold.items:
         judged = [v for v in verdicts[item.id] if v.score is not None]
         scores.append(float(np.mean([v.score for v in judged])) if judged else np.nan)
         labels = [(v.verdict or {}).get("label") for v in judged]
         classes.append(_CLASS_OF_LABEL.get(labels[0]) if len(labels) == 1 and isinstance(labels[0], str) else None)
         raw.append(verdicts[item.id][-1].raw)
+        thought = verdicts[item.id][-1].reasoning
+        reasoning.append(thought.text if thought else None)
     scoring = "probability" if judge.uses_probability(spec.probability) else "sampled"
     identity = {"rubric": spec.name, "model": None, "model_hash": None, "lora_hash": None, "scoring": scoring}
     if config is not None:
         identity |= {k: v for k, v in engine_identity(config).items() if k in ("model", "model_hash", "lora_hash")}
-    return Scored(label, "judge", np.array(scores), classes, raw, identity)
+    return Scored(label, "judge", np.array(scores), classes, raw, identity, reasoning)
 
 
 def _metric_scores(gold: GoldSet, names: Sequence[str]) -> list[Scored]:
