@@ -107,7 +107,7 @@ def test_real_judge_on_a_benchmark_slice(real_model, vllm_engines, tmp_path):
 
     data = load_dataset(REPO / "data" / "sample_harmmetric.jsonl")
     data = data.model_copy(update={"prompts": data.prompts[:3]})
-    engine = vllm_engines(JudgeConfig(model=str(real_model), dtype="bfloat16", max_model_len=2048))
+    engine = vllm_engines(JudgeConfig(model=str(real_model), dtype="float32", max_model_len=2048))
     scores = judge_benchmark(data, engine, "harmjudge", "judge:harmjudge@smollm2", tmp_path / "judgments.jsonl")
     assert len(scores) == 36 and scores["score"].notna().all()  # every verdict parsed
     board = leaderboard(scores, data)
@@ -122,7 +122,7 @@ def test_real_model_reasons_then_every_verdict_is_valid(real_model, vllm_engines
     from diagsafe_local.judging.verdicts import draw_verdicts
     from diagsafe_local.validation.gold import load_gold
 
-    engine = vllm_engines(JudgeConfig(model=str(real_model), dtype="bfloat16", max_model_len=2048))
+    engine = vllm_engines(JudgeConfig(model=str(real_model), dtype="float32", max_model_len=2048))
     gold = load_gold(str(REPO / "data" / "gold_jbb_sample.csv"), "jbb").items[:6]
     inputs = [JudgeInput(conversation=(Message(role="user", content=g.prompt),), answer=g.response) for g in gold]
     decoding = Decoding(reasoning=True, reasoning_max_tokens=64)
@@ -144,7 +144,7 @@ def test_real_judges_validated_against_gold_labels(real_model, vllm_engines, tmp
     from diagsafe_local.validation.gold import load_gold
     from diagsafe_local.validation.validate import JudgeSpec, run_validate
 
-    engine = {"kind": "vllm", "model": str(real_model), "dtype": "bfloat16", "max_model_len": 2048}
+    engine = {"kind": "vllm", "model": str(real_model), "dtype": "float32", "max_model_len": 2048}
     for fmt, judge in (("jbb", "harmjudge"), ("xstest", "refusal")):
         gold = load_gold(str(REPO / "data" / f"gold_{fmt}_sample.csv"), fmt)
         out = tmp_path / fmt
@@ -173,7 +173,7 @@ def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engi
     offline = {**base, "output_dir": str(tmp_path / "offline")}
     Run(RunConfig.model_validate(offline), engine_factory=vllm_engines).execute()
 
-    server = VLLMServer(real_model, dtype="bfloat16").start()
+    server = VLLMServer(real_model, dtype="float32").start()
     try:
         api = {"kind": "openai", "model": str(real_model), "base_url": server.base_url, "concurrency": 8}
         online = {
