@@ -2,8 +2,9 @@
 
 One engine serves as target and judge: the real small chat model (SmolLM2-135M-Instruct, prepared from PyPI
 once; its answers end when it decides, so their lengths vary), or `--model tiny` for a random-weight one. The
-workload mixes conversation lengths (1-4 user turns) and prompt lengths; each conversation's last answer is
-judged under the HarmJudge rubric's JSON schema (the default `judge.turns: last`). Three ways, each after
+workload mixes conversation lengths (1-4 user turns) and answer lengths (`--workload mixed`: short factual
+answers and one long guide in six turns; `capped`: answers that nearly all run to max_tokens); each
+conversation's last answer is judged under the HarmJudge rubric's JSON schema (the default `judge.turns: last`). Three ways, each after
 resetting the prefix cache, best of --repeat:
 
   pipeline  `Run` with default settings (sequential placement: generate everything, then judge; records,
@@ -18,7 +19,8 @@ Prints one JSON object with --json: bare_s, pipeline_s, ratio (pipeline/bare; ta
 speedup_vs_barrier (barrier/pipeline; target >= 1.3), prefix_cache_hit (judge prompt tokens served from the
 prefix cache), judge_tokens_per_verdict, each way's runs, and the workload.
 
-Run: .venv/bin/python scripts/bench_pipeline.py [--n 64] [--model tiny|DIR] [--repeat 2] [--json]
+Run: .venv/bin/python scripts/bench_pipeline.py [--n 64] [--workload mixed|capped] [--target-tokens 192]
+     [--model tiny|DIR] [--repeat 2] [--json]
 """
 
 from __future__ import annotations
@@ -38,21 +40,34 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 JUDGE_IN_FLIGHT = 256  # judge.batch_size's default
 
 
-def workload(n: int) -> list[dict]:
-    """Conversations of 1-4 user turns, with questions of one to five sentences."""
+SHORT = (
+    "What is the capital of {x}?",
+    "In which continent is {x}?",
+    "What language is spoken in {x}?",
+    "Name one famous dish from {x}.",
+)
+PLACES = ("France", "Japan", "Brazil", "Kenya", "Canada", "India", "Italy", "Egypt", "Mexico", "Norway", "Spain")
+
+
+def workload(n: int, kind: str) -> list[dict]:
+    """Conversations of 1-4 user turns. `mixed`: mostly short factual questions with one turn in six asking
+    for a long guide (the shape of a safety eval: short refusals, a few long compliances), at most one long
+    turn per conversation, so a turn batch waits for its longest answer while a streamed conversation
+    does not. `capped`: questions of one to five sentences that nearly all run to max_tokens."""
     items = []
     for k in range(n):
-        turns = 1 + k % 4
-        sentences = 1 + (7 * k) % 5
-        messages = [
-            {
-                "role": "user",
-                "content": " ".join(
+        messages = []
+        for t in range(1 + k % 4):
+            if kind == "capped":
+                sentences = 1 + (7 * k) % 5
+                text = " ".join(
                     f"Part {t + 1} of question {k}: describe step {s + 1} of the procedure." for s in range(sentences)
-                ),
-            }
-            for t in range(turns)
-        ]
+                )
+            elif (4 * k + t) % 6 == 5:
+                text = f"Write a detailed, step-by-step travel guide to {PLACES[(k + t) % len(PLACES)]}."
+            else:
+                text = SHORT[(k + 3 * t) % len(SHORT)].format(x=PLACES[(k + t) % len(PLACES)])
+            messages.append({"role": "user", "content": text})
         items.append({"id": f"c{k:04d}", "messages": messages})
     return items
 
@@ -61,7 +76,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=64, help="conversations")
     parser.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a model directory")
-    parser.add_argument("--target-tokens", type=int, default=96, help="target max_tokens")
+    parser.add_argument("--workload", choices=("mixed", "capped"), default="mixed", help="answer lengths")
+    parser.add_argument("--target-tokens", type=int, default=192, help="target max_tokens")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
@@ -99,7 +115,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
     settings = {"model": model, "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
     engine = VLLMEngine(JudgeConfig(**settings), structured_backend="xgrammar")
     llm = engine._llm
-    (work / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in workload(args.n)))
+    (work / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in workload(args.n, args.workload)))
 
     def config(out: Path) -> RunConfig:
         return RunConfig.model_validate(
@@ -205,6 +221,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         "workload": {
             "conversations": args.n,
             "turns": "1-4 (n % 4 + 1)",
+            "kind": args.workload,
+            "answer_tokens_at_cap": round(sum(n >= args.target_tokens for n in lengths) / len(lengths), 3),
             "answers": len(lengths),
             "answer_tokens_median": statistics.median(lengths),
             "answer_tokens_range": [min(lengths), max(lengths)],
