@@ -158,6 +158,9 @@ def test_the_pipeline_records_reasoning_and_counts_closed_phases(guard_models, v
     assert stats["n"] == len(results) == stats["n_closed_by_budget"] and 0 < stats["mean_tokens"] <= 10
     Run(config("bare", store_reasoning=False), engine_factory=vllm_engines).execute()
     assert all(r.reasoning.text is None for r in read_results(tmp_path / "bare" / "results.jsonl"))  # type: ignore[union-attr]
+    Run(config("cut", reasoning_max_chars=5), engine_factory=vllm_engines).execute()
+    cut = [r.reasoning.text for r in read_results(tmp_path / "cut" / "results.jsonl")]  # type: ignore[union-attr]
+    assert cut and all(t and t.endswith(" characters not stored]") and len(t.split("…")[0]) <= 5 for t in cut)
 
 
 def test_the_api_path_continues_the_answer_on_a_vllm_style_server():

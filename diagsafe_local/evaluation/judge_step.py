@@ -204,7 +204,8 @@ class JudgeStep:
         self, task: JudgeTask, verdict: Verdict | None, name: str, members: dict[str, Verdict] | None
     ) -> ResultRecord:
         ref = EngineRef(kind=KEYWORDS, model=KEYWORDS) if _model_free(name) else self.judge_ref
-        return _record(task, verdict, self.run_id, self.target_refs, ref, name, members, self.config.store_reasoning)
+        kept = (self.config.store_reasoning, self.config.reasoning_max_chars)
+        return _record(task, verdict, self.run_id, self.target_refs, ref, name, members, *kept)
 
 
 def judge_tasks(
