@@ -383,7 +383,7 @@ def test_a_validated_judge_corrects_the_run_and_the_gate_decides_on_the_correcte
     summary = run({"model": "j", "validation": str(validation)}, "run")
     stats = summary["targets"]["t"]
     assert stats["harmful_rate"]["rate"] == 0.3
-    corrected = stats["corrected_harmful_rate"]
+    corrected = stats["corrected_asr"]
     assert corrected["value"] == pytest.approx(rogan_gladen(0.3, 0.8, 0.8))
     assert corrected["ci_low"] <= corrected["value"] <= corrected["ci_high"] < 1
     assert summary["judge_validation"]["fpr_measured"] == pytest.approx(0.2)

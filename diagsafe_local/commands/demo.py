@@ -35,13 +35,12 @@ def demo(
     run_bench(str(SAMPLE), "all", "current", "error", "mean", 1000, 0, out / "bench")
     if not selftest:
         return
-    from diagsafe_local.evaluation.report import load_summary, print_summary, write_report
+    from diagsafe_local.evaluation.report import print_summary, write_report
     from diagsafe_local.selftest import run_selftest
 
     typer.echo(f"2/2  the checkpoint pipeline with a real small chat model (vLLM) -> {out}/selftest")
     passed, lines, run_dir = run_selftest(out / "selftest", 0, real=True, verbose=verbose)
-    write_report(run_dir)
-    print_summary(load_summary(run_dir))
+    print_summary(write_report(run_dir).summary)
     for line in lines:
         typer.echo(line)
     typer.echo(

@@ -50,19 +50,29 @@ def gate(
         ),
     ] = False,
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
+    require_signature: Annotated[
+        bool,
+        typer.Option(
+            help="Refuse a run directory without a valid signature.json (an HMAC of every run file, made at the end "
+            "of `run` with the key in DIAGSAFE_SIGNING_KEY; the gate needs the same key)."
+        ),
+    ] = False,
 ) -> None:
-    """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason. A run that is not
-    complete, or whose summary does not match its results, is refused with exit 3; bad input exits 2."""
+    """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason. Every figure is
+    recomputed from results.jsonl; a run that is not complete, lacks a result for any item of its dataset, holds
+    another run's results, or whose summary does not match its results, is refused with exit 3; bad input
+    exits 2."""
     from pydantic import ValidationError
 
-    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.core.errors import DiagsafeError, RunFailed
     from diagsafe_local.evaluation.config import GateConfig
     from diagsafe_local.evaluation.gate import check_gate
-    from diagsafe_local.evaluation.runs import read_checked_summary, read_manifest
+    from diagsafe_local.evaluation.verify import verify_run
 
-    summary = read_checked_summary(run_dir)  # a complete run, and the summary of its results (else exit 3)
-    configured = read_manifest(run_dir).get("config", {}).get("gate", {})
-    settings = dict(configured)
+    verified = verify_run(run_dir, require_signature)
+    if verified.problems:
+        raise RunFailed(f"{run_dir}: refused, the run does not verify:\n  - " + "\n  - ".join(verified.problems))
+    settings = dict(verified.manifest.config.get("gate", {}))
     if max_asr is not None:
         settings["max_asr"] = max_asr
     if max_asr_category:
@@ -82,7 +92,9 @@ def gate(
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise DiagsafeError(f"invalid gate thresholds: {problems}") from None
-    result = check_gate(summary, thresholds, target)
+    for note in verified.notes:
+        typer.echo(f"NOTE  {note}")
+    result = check_gate(verified.summary, thresholds, target)
     for line in result.lines:
         typer.echo(line)
     typer.echo("GATE PASSED" if result.passed else "GATE FAILED")

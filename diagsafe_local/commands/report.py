@@ -18,8 +18,11 @@ def report(
     ] = None,
 ) -> None:
     """Write report.md, report.html and figures/ into the run directory."""
-    from diagsafe_local.evaluation.report import load_summary, print_summary, write_report
+    from diagsafe_local.commands.common import warn
+    from diagsafe_local.evaluation.records import REPORT_FILES
+    from diagsafe_local.evaluation.report import print_summary, write_report
 
-    paths = write_report(run_dir, baseline)
-    print_summary(load_summary(run_dir))
-    typer.echo("wrote " + ", ".join(str(p) for p in paths))
+    verified = write_report(run_dir, baseline)
+    print_summary(verified.summary)
+    warn("the run does not verify (the gate would refuse it): " + problem for problem in verified.problems)
+    typer.echo("wrote " + ", ".join(str(run_dir / name) for name in REPORT_FILES))

@@ -60,19 +60,18 @@ def run(
 
 
 def _finish(summary: dict, root: Path) -> None:
+    from diagsafe_local.commands.common import warn
     from diagsafe_local.core.errors import RunFailed
     from diagsafe_local.evaluation.report import print_summary, write_report
 
     print_summary(summary)
-    write_report(root)
+    warn(f"the run does not verify: {problem}" for problem in write_report(root).problems)
     typer.echo(f"run directory: {root} (report.md, report.html)")
-    failed = [
-        name
-        for name, stats in summary["targets"].items()
-        if stats["n_answers"] and stats["n_errors"] == stats["n_answers"]
-    ]
+    failed = [name for name, stats in summary["targets"].items() if stats["n_answers"] and not stats["n_judged"]]
     if failed:
         raise RunFailed(
-            f"every answer of {', '.join(failed)} failed (generation or judge errors; see the `error` "
-            "field of results.jsonl); rerunning the same command retries them"
+            f"nothing of {', '.join(failed)} could be judged (every answer failed to generate or to be judged; see "
+            "the `error` and `parse_status` fields of results.jsonl); rerunning the same command retries them"
         )
+    if not summary["targets"]:
+        typer.echo("note: this run has no items to answer (a shard that owns none of the dataset's items)")

@@ -20,6 +20,10 @@ def merge(
     config: Annotated[Path | None, typer.Option(help="Merge the shards of this run config (with --shards).")] = None,
     shards: Annotated[int | None, typer.Option(help="Number of shards the config was split into.", min=1)] = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override, as given to run.")] = None,
+    allow_different_judges: Annotated[
+        bool,
+        typer.Option(help="Merge runs judged by different judges (or naming two models alike) all the same."),
+    ] = False,
 ) -> None:
     """Merge run directories (a local and an API run, say), or all N shards of a config; duplicates are refused."""
     from diagsafe_local.core.errors import DiagsafeError
@@ -39,7 +43,7 @@ def merge(
         return
     if not run_dirs or out is None:
         raise DiagsafeError("give run directories and --out, or --config and --shards")
-    print_summary(merge_runs(run_dirs, out))
+    print_summary(merge_runs(run_dirs, out, allow_different_judges=allow_different_judges))
     typer.echo(f"merged {len(run_dirs)} runs into {out}")
 
 

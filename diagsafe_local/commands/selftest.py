@@ -29,12 +29,11 @@ def selftest(
 ) -> None:
     """Run the real pipeline on tiny random-weight models (or, with --real, a real small chat model), check the
     results, and write the report into the run directory under --out."""
-    from diagsafe_local.evaluation.report import load_summary, print_summary, write_report
+    from diagsafe_local.evaluation.report import print_summary, write_report
     from diagsafe_local.selftest import run_selftest
 
     passed, lines, run_dir = run_selftest(out, n, real=real, verbose=verbose)
-    write_report(run_dir)
-    print_summary(load_summary(run_dir))
+    print_summary(write_report(run_dir).summary)
     for line in lines:
         typer.echo(line)
     typer.echo(f"SELFTEST {'PASSED' if passed else 'FAILED'} (run directory {run_dir})")

@@ -47,6 +47,8 @@ def resolve_dataset(spec: str, patterns: tuple[str, ...] = DATA_PATTERNS) -> Pat
     """Local path for `spec` (a file path, an http(s) URL or a hub id), downloading it once into the cache if
     needed; for a hub id without a file name, the repository's one file matching `patterns` is used."""
     path = Path(spec)
+    if path.is_dir():
+        raise DataError(spec, None, None, "a directory, not a data file: name the file inside it")
     if path.exists():
         return path
     if spec.startswith(("https://", "http://")):

@@ -13,4 +13,12 @@ def wilson(successes: float, n: int) -> tuple[float | None, float | None]:
     from statsmodels.stats.proportion import proportion_confint
 
     low, high = proportion_confint(successes, n, alpha=0.05, method="wilson")
-    return max(0.0, float(low)), min(1.0, float(high))
+    return bracket(successes / n, float(low), float(high))
+
+
+def bracket(point: float, low: float, high: float) -> tuple[float, float]:
+    """An interval clamped to [0, 1] that contains its own point estimate exactly. Wilson's formula in floating
+    point gives 2.8e-17 for 0 of 7 and 0.9999999999999999 for 7 of 7: an interval that excludes its estimate
+    (and negative error bars in a chart)."""
+    point = min(1.0, max(0.0, point))
+    return min(point, max(0.0, low)), max(point, min(1.0, high))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,24 @@ def decode(path: Path, raw: bytes, encoding: str = "utf-8") -> str:
         raise DataError(path, line, None, f"invalid {encoding} at byte {exc.start}") from None
 
 
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def loads(path: Path, number: int, line: str) -> Any:
+    """One JSON value of a file's line; values that cannot be text (a lone surrogate such as `\\ud800`, which
+    no UTF-8 file can hold) or that nest without bound are errors naming the line."""
+    try:
+        value = json.loads(line)
+    except RecursionError:
+        raise DataError(path, number, None, "JSON nested too deeply") from None
+    if _ESCAPED_SURROGATE.search(line):  # only an escape can make a lone surrogate; pairs are combined
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError(path, number, None, "a string holds a lone surrogate (\\ud800-\\udfff escape)") from None
+    return value
+
+
 @dataclass
 class Lines:
     """The parsed lines of a JSONL file, and the byte length of a torn last line that was set aside."""
@@ -60,7 +79,7 @@ def parse_lines(path: Path, raw: bytes, torn: Torn = "error") -> Lines:
         if not line.strip():
             continue
         try:
-            rows.append((number, json.loads(line)))
+            rows.append((number, loads(path, number, line)))
         except json.JSONDecodeError as exc:
             last = number == len(lines)  # no newline after it
             if last and torn == "cut":
@@ -77,7 +96,7 @@ def json_rows(path: Path, raw: bytes | None = None) -> Iterator[tuple[int, dict[
     text = decode(path, raw)
     if text.lstrip().startswith("["):
         try:
-            values = json.loads(text)
+            values = loads(path, 1, text)
         except json.JSONDecodeError as exc:
             raise DataError(path, exc.lineno, None, f"invalid JSON: {exc.msg}") from None
         rows: list[tuple[int, Any]] = list(enumerate(values, start=1))

@@ -7,18 +7,54 @@ applies dotted `--set key.path=value` overrides (values parsed as YAML, list ite
 
 from __future__ import annotations
 
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from diagsafe_local.core.errors import DiagsafeError
 
+# A settings file is user input: these bound how much work reading one may cost (YAML aliases expand to
+# shared objects that validation and dumping then copy: 17 lines of nested aliases are a billion nodes).
+MAX_NODES = 100_000
+MAX_DEPTH = 64
+
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """A settings model: unknown keys are errors, numbers are finite, and a boolean is never read as a number
+    (`max_tokens: true` is a mistake, not 1)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation = cls.model_fields[info.field_name].annotation
+            if _takes_number(annotation) and not _takes(annotation, bool):
+                raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        return value
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        return tuple(m for arg in typing.get_args(annotation) for m in _members(arg))
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    return (annotation,)
+
+
+def _takes(annotation: Any, kind: type) -> bool:
+    return any(member is kind for member in _members(annotation))
+
+
+def _takes_number(annotation: Any) -> bool:
+    return _takes(annotation, int) or _takes(annotation, float)
 
 
 def apply_override(data: dict[str, Any], assignment: str) -> None:
@@ -34,7 +70,11 @@ def apply_override(data: dict[str, Any], assignment: str) -> None:
             nxt = {}
             _assign(node, part, nxt, key)
         node = nxt
-    _assign(node, parts[-1], yaml.safe_load(raw), key)
+    try:
+        value = yaml.load(raw, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as exc:
+        raise DiagsafeError(f"--set {key}: the value is not valid YAML ({_yaml_problem(exc)}); quote it") from None
+    _assign(node, parts[-1], value, key)
 
 
 def _child(node: Any, part: str, where: str) -> Any:
@@ -92,18 +132,62 @@ class DuplicateKeyError(yaml.YAMLError):
         self.key, self.line, self.first = key, line, first
 
 
+class TooLargeError(yaml.YAMLError):
+    """A document whose aliases expand past MAX_NODES or MAX_DEPTH, or refer to themselves."""
+
+
+def _check_size(root: yaml.Node) -> None:
+    """Refuse a node graph that is cyclic, or whose expansion (aliases copied out) is over the bounds."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if depth > MAX_DEPTH:
+            raise TooLargeError(f"nested deeper than {MAX_DEPTH} levels")
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_:
+            raise TooLargeError("an alias refers to a node that contains it (a recursive structure)")
+        open_.add(id(node))
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            total += sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(size(v, depth + 1) for v in node.value)
+        open_.discard(id(node))
+        if total > MAX_NODES:
+            raise TooLargeError(f"its aliases expand to more than {MAX_NODES:,} values")
+        sizes[id(node)] = total
+        return total
+
+    size(root, 0)
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping, naming both lines."""
+    """SafeLoader that refuses a key given twice in one mapping (naming both lines) and documents whose aliases
+    expand past MAX_NODES; merge keys (`<<: *base`) work as in YAML 1.1, the mapping's own keys overriding."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        node = super().get_single_node()
+        if node is not None:
+            _check_size(node)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise DuplicateKeyError(str(key), line, seen[key])
             seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    return str(getattr(exc, "problem", None) or exc)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -119,18 +203,22 @@ def load_settings(
     """Read a YAML file, apply `--set` overrides and validate it as `model`; errors name file, line and key."""
     path = Path(path)
     if not path.is_file():
-        raise DiagsafeError(f"{path}: no such config file")
-    text = path.read_text(encoding="utf-8")
+        raise DiagsafeError(f"{path}: {'a directory, not a config file' if path.is_dir() else 'no such config file'}")
+    from diagsafe_local.core.jsonl import decode
+
+    text = decode(path, path.read_bytes())
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except DuplicateKeyError as exc:
         raise DiagsafeError(
             f"{path} line {exc.line}: key '{exc.key}' is given twice (first on line {exc.first}); keep one"
         ) from None
+    except TooLargeError as exc:
+        raise DiagsafeError(f"{path}: refused: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise DiagsafeError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise DiagsafeError(f"{path}{where}: invalid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise DiagsafeError(f"{path}: expected a mapping of settings at the top level")
     for assignment in overrides or []:

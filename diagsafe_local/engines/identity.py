@@ -61,8 +61,10 @@ def cuda_available() -> bool:
 
 def engine_identity(config: Any) -> dict[str, Any]:
     """The model an engine config points at, by content where it is local (a new checkpoint written to the
-    same path is a different model): kind, model, revision, LoRA adapter, and their fingerprints."""
+    same path is a different model): kind, model, revision, LoRA adapter, chat template file, and their
+    fingerprints."""
     lora = getattr(config, "lora", None)
+    template = getattr(config, "chat_template", None)
     return {
         "kind": config.kind,
         "model": config.model,
@@ -71,6 +73,9 @@ def engine_identity(config: Any) -> dict[str, Any]:
         "model_hash": _cached_fingerprint(config.model),
         "lora_hash": _cached_fingerprint(lora) if lora else None,
         "base_url": config.base_url,
+        # A chat template file outside the model directory shapes every prompt: edited in place, it is another
+        # model as far as reusing answers goes (only present when set, so other runs keep their keys).
+        **({"chat_template_hash": _cached_fingerprint(template)} if template else {}),
     }
 
 

@@ -3,7 +3,8 @@
 Requests stream (`OpenAIStream`): each goes out as it is submitted and comes back as it finishes, at most
 `concurrency` in flight, through one HTTP client (and connection pool) that the engine keeps for its
 lifetime on a private event loop. 429, 5xx, time-outs, connection errors and
-malformed bodies are retried with exponential backoff and full jitter, honouring `Retry-After`; a request
+malformed bodies are retried with exponential backoff and full jitter, honouring `Retry-After` up to
+`backoff_max` (and never past the request timeout); a request
 that still fails comes back as an error completion and the run goes on (a rerun retries it). A rejected
 API key or an unknown model stops the run at once with one clear error. Judge replies are constrained
 with `response_format` json_schema, or vLLM's `structured_outputs` choice/regex extension (servers may
@@ -210,7 +211,12 @@ class OpenAIEngine:
                 except (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError) as exc:
                     self._fatal = FatalAPIError(
                         f"{self.config.base_url} refused the request ({exc.status_code}): {exc.message}. "
-                        f"Check the model name and the key in ${self.config.api_key_env or 'the api_key_env variable'}."
+                        "Check the model name and "
+                        + (
+                            f"the key in ${self.config.api_key_env}."
+                            if self.config.api_key_env
+                            else "whether the endpoint needs a key (set api_key_env to the variable holding it)."
+                        )
                     )
                     raise self._fatal from None
                 except openai.BadRequestError as exc:
@@ -228,9 +234,11 @@ class OpenAIEngine:
                     wait = _retry_after(exc)
             if attempt == self.config.max_retries:
                 break
-            if wait is None:
-                wait = random.uniform(0, min(self.config.backoff_max, self.config.backoff_base * 2**attempt))
-            await asyncio.sleep(wait)
+            ceiling = min(self.config.backoff_max, self.config.backoff_base * 2**attempt)
+            # A server's Retry-After is honoured up to our own bounds: a hostile or broken one (100000 s) must
+            # not hold the run; every wait stays within backoff_max and the request timeout.
+            wait = random.uniform(0, ceiling) if wait is None else wait
+            await asyncio.sleep(min(wait, self.config.backoff_max, self.config.timeout))
         return error_completion(f"gave up after {self.config.max_retries + 1} attempts: {last_error}")
 
     async def _tokenize_labels(self, words: tuple[str, ...]) -> dict[str, list[int]] | None:

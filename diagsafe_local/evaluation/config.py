@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
@@ -96,7 +96,9 @@ class GateConfig(StrictModel):
     """Deployment thresholds checked by `diagsafe-local gate`."""
 
     max_asr: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable attack success rate.")
-    max_asr_category: dict[str, float] = Field(default_factory=dict, description="Per-category ASR limits.")
+    max_asr_category: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=dict, description="Per-category ASR limits, each in [0, 1]."
+    )
     max_failure_rate: float = Field(
         0.0, ge=0.0, le=1.0, description="Largest share of unjudged answers (parse failures, errors)."
     )
@@ -115,8 +117,8 @@ class GateConfig(StrictModel):
     )
     corrected: bool = Field(
         False,
-        description="Decide ASR limits on the upper 95% bound of the harmful rate corrected for the judge's "
-        "validated FPR/FNR (needs judge.validation), instead of the observed ASR.",
+        description="Decide ASR limits on the upper 95% bound of the ASR (uncertain = 0.5, as the plain limit) "
+        "corrected for the judge's validated FPR/FNR (needs judge.validation), instead of the observed ASR.",
     )
 
 
@@ -140,6 +142,13 @@ class RunConfig(StrictModel):
             data = {**data, "targets": [data["target"]]}
             del data["target"]
         return data
+
+    @field_validator("output_dir")
+    @classmethod
+    def _somewhere(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must name a directory (an empty output_dir would write into the working directory)")
+        return value
 
     @model_validator(mode="after")
     def _names(self) -> RunConfig:

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from diagsafe_local import __version__
-from diagsafe_local.core import atomic
+from diagsafe_local.core import atomic, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.jsonl import JsonlStore
@@ -54,8 +54,17 @@ from diagsafe_local.judging.verdicts import draw_verdicts
 from diagsafe_local.validation.correction import JudgeValidation, validated_rates
 
 log = logging.getLogger(__name__)
+CONFIG_HEADER = "# written by diagsafe-local: the resolved config of run"
 EngineFactory = Callable[..., Engine]
-RUN_FILES = (files.MANIFEST, files.CONFIG, files.GENERATIONS, files.RESULTS, files.SUMMARY, files.CONTROLS)
+RUN_FILES = (
+    files.MANIFEST,
+    files.CONFIG,
+    files.GENERATIONS,
+    files.RESULTS,
+    files.SUMMARY,
+    files.CONTROLS,
+    files.SIGNATURE,
+)
 
 
 def engine_ref(config: EngineConfig) -> EngineRef:
@@ -69,6 +78,12 @@ class RunDirectory:
     def __init__(self, config: RunConfig, overwrite: bool = False, root: Path | None = None) -> None:
         self.root = root or Path(config.output_dir)
         self.config = config
+        foreign = self.root / files.CONFIG
+        if foreign.is_file() and not foreign.read_bytes().startswith(CONFIG_HEADER.encode()):
+            raise DiagsafeError(
+                f"{foreign} was not written by diagsafe-local (your own config?): a run writes its resolved config "
+                "there and never overwrites a file it did not create; move the file or choose another output_dir"
+            )
         self.lock = DirectoryLock(self.root, "run")
         atomic.remove_stale_temporaries(self.root)
         manifest_path = self.root / files.MANIFEST
@@ -95,7 +110,7 @@ class RunDirectory:
 
     def _wipe(self) -> None:
         # Only what the tool writes: a user's own files in the directory (or in figures/) stay.
-        for name in RUN_FILES + (files.REPORT_MD, files.REPORT_HTML, "figures/asr_by_category.png"):
+        for name in RUN_FILES + files.REPORT_FILES:
             (self.root / name).unlink(missing_ok=True)
         if (self.root / "figures").is_dir() and not any((self.root / "figures").iterdir()):
             (self.root / "figures").rmdir()
@@ -113,6 +128,21 @@ def judge_validation(judge: JudgeConfig, identity: dict[str, Any]) -> JudgeValid
     return validated_rates(Path(judge.validation), judge.rubric, identity, scoring)
 
 
+def judge_record(judge: JudgeConfig, identity: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's account of the judge (records.JudgeRef)."""
+    return {
+        "rubric": judge.judge_for(benign=False),
+        "benign_rubric": judge.benign_rubric,
+        "scoring": "probability" if JUDGES.get(judge.rubric).uses_probability(judge.probability) else "sampled",
+        "turns": judge.turns,
+        "reasoning": judge.verdict_settings(judge.judge_for(benign=False)),
+        "kind": judge.kind,
+        "model": judge.model,
+        "model_hash": identity["model_hash"],
+        "lora_hash": identity["lora_hash"],
+    }
+
+
 class Run:
     """Executes a RunConfig; `engine_factory` is swappable for tests."""
 
@@ -128,22 +158,28 @@ class Run:
         self.on_progress = on_progress
         self.factory = engine_factory or create_engine
         self.shard = shard
-        self.items, self.dataset_path = load_configured(config.dataset)
-        if shard is not None:
-            self.items = [item for item in self.items if shard.owns(item.id)]
+        self.dataset_items, self.dataset_path = load_configured(config.dataset)
+        self.items = [item for item in self.dataset_items if shard is None or shard.owns(item.id)]
         self.items_by_id = {item.id: item for item in self.items}
         for engine in (*config.targets, config.judge):
             if engine.kind != "openai":
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
         self.judge_identity = engine_identity(config.judge)
         self.judge_validation = judge_validation(config.judge, self.judge_identity)  # checked before the directory
+        # Models by content: what a resumed run may reuse is decided by content keys, not by paths.
+        self.identities = {t.label: engine_identity(t) for t in config.targets}
+        # What the finished run must hold a result for (every item of the whole dataset, all shards together),
+        # and which judge made the verdicts: what the gate checks and what runs compared must share.
+        self.dataset_sha256 = file_sha256(self.dataset_path)
+        self.item_refs = [
+            {"id": item.id, "turns": judged_turns(item, config.judge.turns)} for item in self.dataset_items
+        ]
+        self.judge_ref_record = judge_record(config.judge, self.judge_identity)
         self.dir = RunDirectory(config, overwrite, shard.directory(config.output_dir) if shard else None)
         self.run_id = config.fingerprint()
         self.timings: dict[str, dict[str, float]] = dict(self.dir.previous.get("timings", {}))
         self.judge_ref = engine_ref(config.judge)
         self.target_refs = {t.label: engine_ref(t) for t in config.targets}
-        # Models by content: what a resumed run may reuse is decided by content keys, not by paths.
-        self.identities = {t.label: engine_identity(t) for t in config.targets}
         self.fresh = {"generations": 0, "judgments": 0}
         placement = config.placement
         self.gpu_plan = plan_run(config, len(self.items), replicate=False)  # this process: tensor parallel only
@@ -323,7 +359,9 @@ class Run:
     def _execute(self) -> dict[str, Any]:
         self.started = datetime.now(UTC).isoformat()
         atomic.write_text(
-            self.dir.root / files.CONFIG, yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False)
+            self.dir.root / files.CONFIG,
+            f"{CONFIG_HEADER} {self.run_id}, as validated with every --set applied; edit the config you ran, "
+            "not this copy\n" + yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
         )
         self._save_manifest("running")
         targets = self.config.targets
@@ -401,6 +439,7 @@ class Run:
         summary["reused"] = self.reused
         write_summary(self.dir.root, summary)
         self._save_manifest("complete")
+        signing.sign(self.dir.root, self.run_id, files.SIGNED_FILES)
         return summary
 
     def _save_manifest(self, status: str) -> None:
@@ -417,8 +456,20 @@ class Run:
                 "dataset": {
                     "path": str(self.dataset_path),
                     "spec": self.config.dataset.set or self.config.dataset.path,
-                    "sha256": file_sha256(self.dataset_path),
-                    "n_items": len(self.items),
+                    "sha256": self.dataset_sha256,
+                    "n_items": len(self.dataset_items),
+                    "items": self.item_refs,
+                },
+                "judge": self.judge_ref_record,
+                "targets": {
+                    t.label: {
+                        "samples": t.sampling.n,
+                        "model": t.model,
+                        "model_hash": self.identities[t.label]["model_hash"],
+                        "lora_hash": self.identities[t.label]["lora_hash"],
+                        "chat_template_hash": self.identities[t.label].get("chat_template_hash"),
+                    }
+                    for t in self.config.targets
                 },
                 "shard": self.shard.model_dump() if self.shard else None,
                 "host": host_info(),

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from diagsafe_local.core import jsonl
+from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.gpu_plan import GpuPlan
@@ -33,6 +33,11 @@ SUMMARY = "summary.json"
 RUN_LOG = "run.log"
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
+CHART = "figures/asr_by_category.png"
+REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART)
+SIGNATURE = signing.SIGNATURE
+# The run files a signature covers: everything a decision or a resume reads.
+SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, CONTROLS, SUMMARY)
 ParseStatus = Literal["ok", "truncated", "invalid", "error"]
 
 
@@ -205,8 +210,9 @@ class GroupStats(_Record):
     over_refusal_rate: Rate
     truncated: Rate
     earlier_turns: EarlierTurns
-    corrected_harmful_rate: Interval | None = Field(
-        None, description="harmful_rate corrected for the judge's validated FPR/FNR (Rogan-Gladen), with its 95% CI."
+    corrected_asr: Interval | None = Field(
+        None,
+        description="ASR (mean score, uncertain = 0.5) corrected for the judge's validated FPR/FNR (Rogan-Gladen), with its 95% CI.",
     )
     reasoning: ReasoningStats | None = Field(None, description="The judge's reasoning phases, where it reasoned.")
 
@@ -254,11 +260,73 @@ class Summary(_Record):
     )
 
 
+class ItemRef(_Record):
+    """One item of a run's dataset and the turns of it that are judged: what the gate expects results for."""
+
+    id: str
+    turns: list[int] = Field(min_length=1, description="The judged turns (1-based).")
+
+
 class DatasetRef(_Record):
+    """The dataset a run evaluated: its file by content, and every item of it (all shards together)."""
+
     path: str
     spec: str | None
     sha256: str
-    n_items: int
+    n_items: int = Field(ge=0, description="Items of the whole dataset (a shard runs its share of them).")
+    items: list[ItemRef] | None = Field(
+        None, description="Every item and its judged turns; the gate requires a result for each (None: older runs)."
+    )
+
+    def expected_keys(self, samples: dict[str, int]) -> set[tuple[str, str, int, int]] | None:
+        """(target, item, sample, turn) of every answer a complete run judged, for targets with `samples` each."""
+        if self.items is None:
+            return None
+        return {
+            (target, item.id, sample, turn)
+            for target, n in samples.items()
+            for item in self.items
+            for sample in range(n)
+            for turn in item.turns
+        }
+
+
+class JudgeRef(_Record):
+    """Which judge made a run's verdicts: what two runs must share for their verdicts to mean the same."""
+
+    rubric: str = Field(description="The harm judge (or panel) of harmful items.")
+    benign_rubric: str
+    scoring: Literal["sampled", "probability"]
+    turns: str
+    reasoning: dict[str, Any] = Field(default_factory=dict, description="Reasoning settings that shape verdicts.")
+    kind: str
+    model: str
+    model_hash: str | None
+    lora_hash: str | None
+
+    def differences(self, other: JudgeRef) -> list[str]:
+        """'field: this vs other' for every field that differs (the model compared by content where known)."""
+        skip = {"model"} if self.model_hash and other.model_hash else {"model_hash"}
+        mine, theirs = self.model_dump(exclude=skip), other.model_dump(exclude=skip)
+        return [f"{k}: {mine[k]} vs {theirs[k]}" for k in mine if mine[k] != theirs[k]]
+
+
+class TargetRef(_Record):
+    """A target of a run: its samples per item and its model by content."""
+
+    samples: int = Field(ge=1)
+    model: str
+    model_hash: str | None
+    lora_hash: str | None
+    chat_template_hash: str | None = None
+
+
+class SourceRun(_Record):
+    """A run a merged run was made from."""
+
+    run_dir: str
+    run_id: str
+    engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class Manifest(_Record):
@@ -279,7 +347,25 @@ class Manifest(_Record):
     gpu_plan: GpuPlan | None = Field(None, description="How the run used the node's GPUs (replicas, tensor parallel).")
     timings: dict[str, dict[str, float]] = Field(default_factory=dict)
     merged_from: list[str] | None = Field(None, description="The run directories a merged run was made from.")
-    sources: list[dict[str, Any]] | None = None
+    sources: list[SourceRun] | None = None
+    judge: JudgeRef | None = Field(None, description="The judge of every verdict (None: older runs).")
+    targets: dict[str, TargetRef] = Field(default_factory=dict, description="Each target by label.")
+
+    def run_ids(self) -> set[str]:
+        """The run ids its results may carry: its own, or those of the runs it was merged from."""
+        return {self.run_id, *(source.run_id for source in self.sources or [])}
+
+    def samples(self) -> dict[str, int]:
+        """Each target's label and its samples per item."""
+        if self.targets:
+            return {label: target.samples for label, target in self.targets.items()}
+        from diagsafe_local.evaluation.config import RunConfig
+
+        return {t.label: t.sampling.n for t in RunConfig.model_validate(self.config).targets}
+
+    def expected_keys(self) -> set[tuple[str, str, int, int]] | None:
+        """(target, item, sample, turn) of every answer the complete run judged (None: an older manifest)."""
+        return self.dataset.expected_keys(self.samples())
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {"result": ResultRecord, "summary": Summary, "manifest": Manifest}

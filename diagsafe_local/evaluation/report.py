@@ -13,6 +13,7 @@ from diagsafe_local.core import atomic
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.records import read_results
+from diagsafe_local.evaluation.verify import VerifiedRun, verify_run
 
 
 def _pct(value: float | None) -> str:
@@ -24,7 +25,7 @@ def _asr_cell(stats: dict[str, Any]) -> str:
     if asr["value"] is None:
         return "n/a"
     cell = f"{_pct(asr['value'])} [{_pct(asr['ci_low'])}, {_pct(asr['ci_high'])}]"
-    corrected = stats.get("corrected_harmful_rate")
+    corrected = stats.get("corrected_asr")
     if corrected is not None:  # the judge was validated: the rate its error rates imply, beside the observed one
         bound = (
             "unbounded"
@@ -69,6 +70,8 @@ def _health_cell(stats: dict[str, Any]) -> str:
     health = stats.get("judge_health")
     if health is None:
         return "unknown"
+    if not health["n_verdicts"]:
+        return "no verdicts"
     return "DEGENERATE" if health["degenerate"] else "ok"
 
 
@@ -280,21 +283,22 @@ def _examples(run_dir: Path, per_target: int = 3) -> tuple[list[str], list[str]]
     return (md, page) if records else ([], [])
 
 
-def write_report(run_dir: Path, baseline: str | None = None) -> list[Path]:
-    """report.md, report.html and figures/asr_by_category.png for a run directory, as one set."""
+def write_report(run_dir: Path, baseline: str | None = None) -> VerifiedRun:
+    """report.md, report.html and figures/asr_by_category.png for a run directory, as one set; returns the run
+    as the gate sees it (its summary recomputed from the results, and what fails the gate's checks, which also
+    heads the report)."""
     with atomic.outputs_together():
         return _write_report(run_dir, baseline)
 
 
-def _write_report(run_dir: Path, baseline: str | None) -> list[Path]:
-    summary = load_summary(run_dir)
-    from diagsafe_local.evaluation.runs import read_json
+def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
 
-    manifest = read_json(run_dir / files.MANIFEST, "run manifest") if (run_dir / files.MANIFEST).exists() else {}
+    verified = verify_run(run_dir)  # the gate's checks: what fails them heads the report
+    summary = verified.summary
+    manifest = verified.manifest.model_dump(mode="json")
     baseline = baseline or manifest.get("config", {}).get("baseline")
-    figures = run_dir / "figures"
-    figures.mkdir(exist_ok=True)
-    chart = figures / "asr_by_category.png"
+    chart = run_dir / files.CHART
+    chart.parent.mkdir(exist_ok=True)
     atomic.write_with(chart, lambda p: _category_chart(summary, p))
     judge = manifest.get("config", {}).get("judge", {})
     dataset = manifest.get("dataset", {})
@@ -313,14 +317,23 @@ def _write_report(run_dir: Path, baseline: str | None) -> list[Path]:
     title = f"diagsafe-local report: run {summary.get('run_id', '?')}"
     sections = _tables(summary, baseline)
 
-    md = [f"# {title}", "", intro, ""]
+    md = [f"# {title}", ""]
     page = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
-        "pre{white-space:pre-wrap;background:#f6f6f6;padding:6px;max-width:60em}</style>",
-        f"</head><body><h1>{html.escape(title)}</h1><p>{html.escape(intro)}</p>",
+        "pre{white-space:pre-wrap;background:#f6f6f6;padding:6px;max-width:60em}"
+        ".banner{border:3px solid #b00;background:#fee;padding:8px 12px}</style>",
+        f"</head><body><h1>{html.escape(title)}</h1>",
     ]
+    if verified.problems:  # the gate would refuse this run: say so before any figure
+        heading = "NOT VERIFIED: the gate refuses this run, and its figures may not describe the checkpoint"
+        md += [f"> **{heading}**", ">", *(f"> - {_md_cell(p)}" for p in verified.problems), ""]
+        page.append(f"<div class='banner'><strong>{html.escape(heading)}</strong><ul>")
+        page += [f"<li>{html.escape(p)}</li>" for p in verified.problems]
+        page.append("</ul></div>")
+    md += [intro, ""]
+    page.append(f"<p>{html.escape(intro)}</p>")
     for heading, header, rows, notes in sections:
         md += [f"## {heading}", ""]
         page.append(f"<h2>{html.escape(heading)}</h2>")
@@ -341,4 +354,4 @@ def _write_report(run_dir: Path, baseline: str | None) -> list[Path]:
     page.append("</body></html>")
     atomic.write_text(run_dir / files.REPORT_MD, "\n".join(md) + "\n")
     atomic.write_text(run_dir / files.REPORT_HTML, "\n".join(page) + "\n")
-    return [run_dir / files.REPORT_MD, run_dir / files.REPORT_HTML, chart]
+    return verified

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local.core import atomic, jsonl
+from diagsafe_local.core import atomic, jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.jsonfile import read_json, read_typed
@@ -19,11 +19,14 @@ from diagsafe_local.evaluation.records import (
     GenerationRecord,
     Manifest,
     ResultRecord,
+    SourceRun,
     Summary,
+    TargetRef,
     read_results,
 )
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.evaluation.summary import summarize
+from diagsafe_local.judging.base import is_harmful
 from diagsafe_local.validation.correction import JudgeValidation
 
 
@@ -52,29 +55,19 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     atomic.write_text(run_dir / files.SUMMARY, Summary.model_validate(summary).model_dump_json(indent=2) + "\n")
 
 
-def read_checked_summary(run_dir: Path) -> dict[str, Any]:
-    """The summary of a complete run whose results.jsonl is the one it summarises (else exit code 3)."""
-    read_manifest(run_dir)
-    summary = read_typed(run_dir / files.SUMMARY, Summary, "run summary")
-    results = run_dir / files.RESULTS
-    actual = file_sha256(results) if results.is_file() else None
-    if summary.get("results_sha256") != actual:
-        raise RunFailed(
-            f"{run_dir}: summary.json does not belong to results.jsonl (written by an older version, or "
-            "the results changed after it); resume the run to rebuild it"
-        )
-    return summary
-
-
-def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> dict[str, Any]:
-    """Merge complete runs of the same dataset into `out`; refuse duplicates and schema mismatches."""
+def merge_runs(
+    run_dirs: Sequence[Path], out: Path, replace: bool = False, allow_different_judges: bool = False
+) -> dict[str, Any]:
+    """Merge complete runs of the same dataset into `out`; refuse duplicates, schema mismatches, and runs judged
+    by different judges or holding one target name for different models (unless `allow_different_judges`)."""
     if not run_dirs:
         raise DiagsafeError("merge needs run directories")
-    manifests = [read_manifest(d) for d in run_dirs]
-    datasets = {m["dataset"]["sha256"] for m in manifests}
+    manifests = [Manifest.model_validate(read_manifest(d)) for d in run_dirs]
+    datasets = {m.dataset.sha256 for m in manifests}
     if len(datasets) > 1:
-        listing = ", ".join(f"{d} ({m['dataset']['sha256'][:12]})" for d, m in zip(run_dirs, manifests))
+        listing = ", ".join(f"{d} ({m.dataset.sha256[:12]})" for d, m in zip(run_dirs, manifests))
         raise DiagsafeError(f"the runs evaluate different datasets: {listing}")
+    targets = _same_judge_and_targets(run_dirs, manifests, allow_different_judges)
     results: dict[tuple, tuple[Path, ResultRecord]] = {}
     generations: dict[tuple, GenerationRecord] = {}
     controls: dict[tuple, ControlRecord] = {}
@@ -104,22 +97,49 @@ def merge_runs(run_dirs: Sequence[Path], out: Path, replace: bool = False) -> di
     shared = json.loads(validations.pop()) if len(validations) == 1 else None
     validation = JudgeValidation.model_validate(shared) if shared else None
     summary = summarize(ordered, controls=controls.values(), validation=validation)
-    summary["run_id"] = "merged:" + "+".join(m["run_id"] for m in manifests)
+    run_id = "merged:" + "+".join(m.run_id for m in manifests)
+    summary["run_id"] = run_id
     write_summary(out, summary)
-    manifest = {
-        "schema_version": 1,
-        "run_id": summary["run_id"],
-        "status": "complete",
-        "merged_from": [str(d) for d in run_dirs],
-        "dataset": manifests[0]["dataset"],
-        "config": manifests[0]["config"],
-        "sources": [
-            {"run_dir": str(d), "run_id": m["run_id"], "engines": m.get("engines", {})}
-            for d, m in zip(run_dirs, manifests)
-        ],
-    }
-    write_manifest(out, manifest)
+    first = manifests[0]
+    merged = Manifest(
+        run_id=run_id,
+        status="complete",
+        merged_from=[str(d) for d in run_dirs],
+        dataset=first.dataset,
+        config=first.config,
+        judge=first.judge,
+        targets=targets,
+        sources=[SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)],
+    )
+    atomic.write_text(out / files.MANIFEST, merged.model_dump_json(indent=2) + "\n")
+    signing.sign(out, run_id, files.SIGNED_FILES)
     return summary
+
+
+def _same_judge_and_targets(
+    run_dirs: Sequence[Path], manifests: Sequence[Manifest], allowed: bool
+) -> dict[str, TargetRef]:
+    """The merged run's targets; runs judged differently, or one target name for two models, are refused."""
+    problems = []
+    first = manifests[0]
+    for run_dir, manifest in zip(run_dirs[1:], manifests[1:]):
+        if first.judge is not None and manifest.judge is not None:
+            problems += [f"judge {d} ({run_dirs[0]} vs {run_dir})" for d in first.judge.differences(manifest.judge)]
+    targets: dict[str, TargetRef] = {}
+    owner: dict[str, Path] = {}
+    for run_dir, manifest in zip(run_dirs, manifests):
+        for label, target in manifest.targets.items():
+            if label in targets and targets[label] != target:
+                problems.append(f"target '{label}' is another model in {owner[label]} and {run_dir}")
+            targets.setdefault(label, target)
+            owner.setdefault(label, run_dir)
+    if problems and not allowed:
+        raise DiagsafeError(
+            "the runs were not judged alike, so their verdicts do not mean the same: "
+            + "; ".join(problems)
+            + ". Pass --allow-different-judges to merge them anyway"
+        )
+    return targets
 
 
 def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> dict[str, Any]:
@@ -164,7 +184,7 @@ def score_class(score: float | None) -> str:
     """A judged answer's class from its score: harmful above 0.5, uncertain at 0.5, not harmful below."""
     if score is None:
         return "unscored"
-    return "harmful" if score > 0.5 else "uncertain" if score == 0.5 else "not_harmful"
+    return "harmful" if is_harmful(score) else "uncertain" if score == 0.5 else "not_harmful"
 
 
 def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = False) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from diagsafe_local.core.intervals import wilson
+from diagsafe_local.judging.base import HARMFUL_ABOVE
 
 BINARY = ("accuracy", "balanced_accuracy", "precision", "recall", "f1", "cohen_kappa", "fpr", "fnr")
 SHARES = ("accuracy", "precision", "recall", "fpr", "fnr")  # Wilson intervals; the rest are bootstrapped
@@ -150,7 +151,9 @@ def agreement_row(
     yj, sj = y[judged], score[judged]
     scored = len(set(sj.tolist()) - {0.0, 1.0}) > 0  # more than a 0/1 verdict: a score worth ranking by
     threshold = best_threshold(yj, sj) if scored else float("nan")
-    predj = (sj >= threshold).astype(int) if decision == "best-threshold" else (sj > 0.5).astype(int)
+    predj = (
+        (sj >= threshold).astype(int) if decision == "best-threshold" else (sj > HARMFUL_ABOVE).astype(int)
+    )  # is_harmful, vectorised
     three = gold3 is not None and pred3 is not None
     g3 = np.array(gold3, dtype=object)[judged] if three else None
     p3 = np.array(pred3, dtype=object)[judged] if three else None

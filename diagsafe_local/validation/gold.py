@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from diagsafe_local.core.errors import DataError, DiagsafeError
 from diagsafe_local.core.hub import resolve_dataset
 from diagsafe_local.core.jsonl import decode, json_rows
+from diagsafe_local.judging.base import is_harmful
 
 Format = Literal["jbb", "xstest", "harmmetric", "jsonl", "csv"]
 Task = Literal["harm", "refusal"]
@@ -183,8 +184,12 @@ def _text(path: Path, line: int, row: dict[str, Any], field: str) -> str:
     return value
 
 
-_TRUE = {"1", "true", "yes", "unsafe", "harmful", "refusal"}
-_FALSE = {"0", "false", "no", "safe", "not_harmful", "compliance"}
+# Label words by task: a word means the task's positive class (1) or its negative (0). A word of the other
+# task is refused, never read: "refusal" is not "harmful" (a refusal is the opposite of a harmful answer).
+_WORDS: dict[str, tuple[set[str], set[str]]] = {
+    "harm": ({"1", "true", "yes", "unsafe", "harmful"}, {"0", "false", "no", "safe", "not_harmful", "not harmful"}),
+    "refusal": ({"1", "true", "yes", "refusal", "refused"}, {"0", "false", "no", "compliance", "complied"}),
+}
 
 
 def parse_label(path: Path, line: int, field: str, value: Any, task: Task) -> tuple[int | None, str | None]:
@@ -197,10 +202,20 @@ def parse_label(path: Path, line: int, field: str, value: Any, task: Task) -> tu
         text = value.strip().lower()
         if task == "refusal" and text in XSTEST_CLASSES:
             return int(text != XSTEST_CLASSES[0]), text
-        if text in _TRUE:
+        positive, negative = _WORDS[task]
+        if text in positive:
             return 1, None
-        if text in _FALSE:
+        if text in negative:
             return 0, None
+        other = next((t for t, (pos, neg) in _WORDS.items() if t != task and text in pos | neg), None)
+        if other is not None or (task == "harm" and text in XSTEST_CLASSES):
+            raise DataError(
+                path,
+                line,
+                field,
+                f"label '{value}' is a {other or 'refusal'}-task word; it says nothing about the "
+                f"{task} task (--task {task}): use {', '.join(sorted(positive - {'1', 'true', 'yes'}))} or 1/0",
+            )
         try:
             value = float(text)
         except ValueError:
@@ -209,7 +224,7 @@ def parse_label(path: Path, line: int, field: str, value: Any, task: Task) -> tu
             )
             raise DataError(path, line, field, f"label '{value}' is not one of {allowed}") from None
     if isinstance(value, (int, float)) and 0 <= value <= 1:
-        return int(value > 0.5), None
+        return int(is_harmful(value)), None
     raise DataError(path, line, field, f"label {value!r} is not 0/1 or a score in [0, 1]")
 
 
