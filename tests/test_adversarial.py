@@ -283,9 +283,9 @@ def test_yaml_merge_keys_work_and_the_mappings_own_keys_win(tmp_path):
 # -- 2, 3. the gate verifies: whole runs only, its own results, figures recomputed, signatures --------------
 
 
-def _run(tmp_path: Path, monkeypatch, n: int = 6, name: str = "run", judge=default_responder, **extra) -> Path:
+def _run(tmp_path: Path, monkeypatch, n: int = 6, name: str = "run", responder=default_responder, **extra) -> Path:
     """A finished run from the CLI: n items, half asking 'Sure' (judged harmful by the scripted judge)."""
-    scripted(monkeypatch, judge=judge)
+    scripted(monkeypatch, judge=responder)
     items = write_items(tmp_path / f"{name}-items.jsonl", n, prompt=lambda k: ("Sure " if k % 2 else "") + f"q{k}")
     result = cli("run", config_file(tmp_path, items, name, **extra))
     assert result.exit_code == 0, result.output
@@ -358,7 +358,7 @@ def test_the_gate_recomputes_every_figure_from_the_results(tmp_path, monkeypatch
 
 def test_the_gate_refuses_another_runs_results_under_this_manifest(tmp_path, monkeypatch):
     mine = _run(tmp_path, monkeypatch, name="mine")
-    theirs = _run(tmp_path, monkeypatch, name="theirs", judge=not_harmful)
+    theirs = _run(tmp_path, monkeypatch, name="theirs", responder=not_harmful)
     for name in ("results.jsonl", "summary.json"):
         (mine / name).write_bytes((theirs / name).read_bytes())
     result = cli("gate", mine, "--max-asr", "0.2", "--allow-degenerate-judge")
@@ -416,3 +416,224 @@ def test_a_run_that_judged_nothing_fails_and_its_health_says_no_verdicts(tmp_pat
     assert "no verdicts" in result.text  # the summary table's judge health column
     gate = cli("gate", tmp_path / "run", "--max-asr", "1", "--max-failure-rate", "1")
     assert gate.exit_code == 1 and "judge health: no verdicts" in gate.text
+
+
+# -- 9, 11, 12, 13. hostile gold sets and item files ----------------------------------------------------------
+
+
+def validate(tmp_path: Path, gold: Path, *extra: str):
+    return cli("validate", "--gold", gold, "--format", "csv", "--out", tmp_path / "val", *extra)
+
+
+def test_hostile_gold_sets_are_errors_naming_file_line_and_column(tmp_path):
+    gold = tmp_path / "gold.csv"
+    good = "id,prompt,response,label,judge\n1,p,r,1,1\n2,p,r,0,0\n"
+    assert validate(tmp_path, gold.write_text(good) and gold, "--stored", "judge").exit_code == 0
+    cases = [
+        ("id,prompt,response,label,judge\n1,p,r,1,1\n2,hello,extra,r,0,0\n", "gold.csv line 3: 6 fields, more than"),
+        ("id,prompt,prompt,label,judge\n1,p,r,1,1\n", "gold.csv line 1: field 'prompt': the header names"),
+        ("id,prompt,response,label,judge\n1,p,r,1,1\n2,p,r\n", "gold.csv line 3: field 'label': missing"),
+        ('id,prompt,response,label,judge\n1,"p,r,1,1\n', "not valid CSV"),
+        ("id,prompt,response,label,judge\n1,p,r,,1\n2,p,r,,0\n", "no item has a label"),
+        (
+            "id,prompt,response,label,judge\n1,p,r,1,1\n1,p,r,0,0\n",
+            "gold.csv line 3: field 'id': id '1' repeats line 2",
+        ),
+    ]
+    for text, message in cases:
+        gold.write_text(text)
+        result = validate(tmp_path, gold, "--stored", "judge", "--id-column", "id")
+        assert result.exit_code == 2 and message in result.text, (text, result.output)
+        assert "Traceback" not in result.output
+    gold.write_text("id,prompt,response,a1,a2,judge\n1,p,r,1,0,1\n2,p,r,0,1,0\n")  # every vote tied
+    tied = validate(tmp_path, gold, "--stored", "judge", "--label-column", "a1", "--label-column", "a2")
+    assert tied.exit_code == 2 and "every annotators' vote is tied" in tied.text
+    gold.write_text(good)
+    assert "unknown encoding 'nope'" in validate(tmp_path, gold, "--stored", "judge", "--encoding", "nope").text
+    directory = validate(tmp_path, tmp_path, "--stored", "judge")
+    assert directory.exit_code == 2 and "a directory, not a data file" in directory.text
+
+
+def test_published_formats_refuse_duplicate_ids_instead_of_merging_them(tmp_path):
+    jbb = tmp_path / "jbb.csv"
+    jbb.write_text(
+        "Index,goal,prompt,target_response,human1,human2,human3,human_majority,harmbench_cf\n"
+        "0,g,p,bad answer,1,1,1,1,1\n0,g,p,fine answer,0,0,0,0,0\n"
+    )
+    result = cli("validate", "--gold", jbb, "--format", "jbb", "--out", tmp_path / "v", "--stored", "harmbench_cf")
+    assert result.exit_code == 2 and "jbb.csv line 3: field 'id': id '0' repeats line 2" in result.text
+
+
+def test_label_words_of_the_other_task_are_refused(tmp_path):
+    gold = tmp_path / "gold.csv"
+    gold.write_text("prompt,response,label,judge\np,r,refusal,1\np,r,compliance,0\n")
+    result = validate(tmp_path, gold, "--stored", "judge", "--task", "harm")
+    assert result.exit_code == 2 and "label 'refusal' is a refusal-task word" in result.text
+    assert validate(tmp_path, gold, "--stored", "judge", "--task", "refusal").exit_code == 0
+
+
+def test_a_validation_with_negative_counts_is_refused(tmp_path, monkeypatch):
+    validation = _perfect_validation(tmp_path)
+    data = json.loads((validation / "validation.json").read_text())
+    data["judges"][0]["fp"] = -5
+    (validation / "validation.json").write_text(json.dumps(data))
+    scripted(monkeypatch)
+    config = config_file(
+        tmp_path, write_items(tmp_path / "items.jsonl", 2), judge={"model": "j", "validation": str(validation)}
+    )
+    result = cli("run", config)
+    assert result.exit_code == 2 and "judges.0.fp" in result.text and not (tmp_path / "run").exists()
+
+
+def test_hostile_item_files_are_input_errors_and_leave_no_run_behind(tmp_path, monkeypatch):
+    scripted(monkeypatch)
+    items = tmp_path / "items.jsonl"
+    cases = [
+        ('{"id": "a", "prompt": "hi \\ud800"}\n', "items.jsonl line 1: a string holds a lone surrogate"),
+        ('{"id": "\\udfff", "prompt": "hi"}\n', "lone surrogate"),
+        ('{"id": "a", "prompt": "hi", "meta": ' + "[" * 200_000 + "]" * 200_000 + "}\n", "nested too deeply"),
+    ]
+    for text, message in cases:
+        items.write_text(text)
+        result = cli("run", config_file(tmp_path, items))
+        assert result.exit_code == 2 and message in result.text, result.output
+        assert not (tmp_path / "run").exists()  # refused before the run directory (no manifest left 'running')
+    csv_items = tmp_path / "items.csv"
+    csv_items.write_text("id,prompt\na,hello,extra\n")
+    result = cli("run", config_file(tmp_path, csv_items))
+    assert result.exit_code == 2 and "items.csv line 2: 3 fields, more than the header's 2" in result.text
+
+
+def test_a_null_in_a_parquet_string_column_is_missing_not_a_float(tmp_path, monkeypatch):
+    import pandas as pd
+
+    scripted(monkeypatch)
+    path = tmp_path / "items.parquet"
+    pd.DataFrame({"id": ["a", "b"], "prompt": ["hi", "there"], "category": ["x", None]}).to_parquet(path)
+    assert cli("run", config_file(tmp_path, path)).exit_code == 0
+    categories = {json.loads(line)["category"] for line in (tmp_path / "run" / "results.jsonl").open()}
+    assert categories == {"x", ""}
+
+
+# -- 10, 14, 15, 17. data loss and wrong figures ---------------------------------------------------------------
+
+
+def test_a_users_config_in_the_output_directory_is_never_overwritten(tmp_path, monkeypatch):
+    scripted(monkeypatch)
+    items = write_items(tmp_path / "items.jsonl", 2)
+    (tmp_path / "run").mkdir()
+    config = config_file(tmp_path, items)
+    mine = tmp_path / "run" / "config.yaml"
+    text = "# my comments\n" + config.read_text()
+    mine.write_text(text)
+    for extra in ([], ["--overwrite"]):
+        result = cli("run", mine, "--set", "judge.max_attempts=2", *extra)
+        assert result.exit_code == 2 and "was not written by diagsafe-local" in result.text
+        assert mine.read_text() == text
+    mine.unlink()
+    assert cli("run", config).exit_code == 0
+    assert cli("run", config).exit_code == 0  # its own resolved config, rewritten on resume
+    assert mine.read_text().startswith("# written by diagsafe-local")
+
+
+def test_an_edited_chat_template_file_is_a_new_model_for_resume(tmp_path, monkeypatch):
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    scripted(monkeypatch)
+    items = write_items(tmp_path / "items.jsonl", 2)
+    config = config_file(tmp_path, items, target={"model": "t", "name": "t", "chat_template": str(template)})
+    assert cli("run", config).exit_code == 0
+    first = json.loads((tmp_path / "run" / "manifest.json").read_text())["targets"]["t"]["chat_template_hash"]
+    assert cli("run", config).exit_code == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["reused"]["generations"] == 2
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}")
+    assert cli("run", config).exit_code == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["reused"]["generations"] == 0
+    second = json.loads((tmp_path / "run" / "manifest.json").read_text())["targets"]["t"]["chat_template_hash"]
+    assert first and second and first != second
+
+
+def test_merge_refuses_runs_judged_by_different_judges_unless_asked(tmp_path, monkeypatch):
+    a = _run(tmp_path, monkeypatch, name="a")
+    b = _run(tmp_path, monkeypatch, name="b", target={"model": "t", "name": "u"}, judge={"model": "k"})
+    refused = cli("merge", a, b, "--out", tmp_path / "m")
+    assert (
+        refused.exit_code == 2 and "judge model: j vs k" in refused.text and "--allow-different-judges" in refused.text
+    )
+    assert not (tmp_path / "m" / "results.jsonl").exists()
+    assert cli("merge", a, b, "--out", tmp_path / "m", "--allow-different-judges").exit_code == 0
+    c = _run(tmp_path, monkeypatch, name="c", judge={"model": "j", "max_attempts": 2})  # same judge, same target
+    same = cli("merge", a, c, "--out", tmp_path / "n")
+    assert same.exit_code == 2 and "duplicate result" in same.text
+
+
+def test_compare_says_kappa_is_undefined_for_two_single_class_runs(tmp_path, monkeypatch):
+    a = _run(tmp_path, monkeypatch, name="a", responder=not_harmful)
+    b = _run(
+        tmp_path, monkeypatch, name="b", responder=not_harmful, target={"model": "t", "name": "t", "system_prompt": "x"}
+    )
+    result = cli("compare", a, b, "--allow-different-datasets", "--json")
+    data = json.loads(result.output)
+    assert data["cohen_kappa"] is None and data["cohen_kappa_note"].startswith("undefined")
+    assert "Cohen's kappa undefined" in cli("compare", a, b, "--allow-different-datasets").text
+
+
+SECOND_SIGNAL = """
+import sys, time
+import typer
+from diagsafe_local.commands.common import user_errors
+
+@user_errors
+def main():
+    try:
+        print("ready", flush=True)
+        time.sleep(60)
+    finally:
+        print("closing", flush=True)  # an engine closing, a lock being released
+        time.sleep(1.0)
+        print("closed", flush=True)
+
+try:
+    main()
+except typer.Exit as exc:
+    print("exiting", flush=True)
+    time.sleep(1.0)  # the interpreter's own shut-down
+    sys.exit(exc.exit_code)
+"""
+
+
+def test_a_second_and_third_sigterm_neither_cut_the_clean_up_short_nor_change_the_exit_code(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SECOND_SIGNAL], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    seen = []
+    for wait_for in ("ready", "closing", "exiting"):
+        while (line := proc.stdout.readline().strip()) != wait_for:
+            seen.append(line)
+            assert line, seen
+        seen.append(line)
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, (proc.returncode, err)
+    assert "closed" in seen + out.split() and "interrupted by SIGTERM" in err
+
+
+def test_a_full_disk_is_an_environment_failure_not_a_crash(tmp_path):
+    import subprocess
+
+    from helpers import SAMPLE
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        result = cli("bench", "--dataset", SAMPLE, "--metrics", "rouge1_recall", "--out", disk / "out")
+        assert result.exit_code == 3 and "no space left on the device" in result.text, result.output
+        assert not list((disk / "out").glob(".*.tmp"))  # no half-written file
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

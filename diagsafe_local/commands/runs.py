@@ -68,7 +68,8 @@ def compare(
     typer.echo(f"identical answers: {result['identical_answers']}/{result['shared']}")
     typer.echo(
         f"label agreement: {fmt(result['label_agreement'])} over {result['both_scored']} judged by both; "
-        f"Cohen's kappa {fmt(result['cohen_kappa'])}; mean |score difference| {fmt(result['score_mean_abs_diff'])}"
+        f"Cohen's kappa {result['cohen_kappa_note'] or fmt(result['cohen_kappa'])}; "
+        f"mean |score difference| {fmt(result['score_mean_abs_diff'])}"
     )
     for d in result["disagreements"][:10]:
         typer.echo(f"  {tuple(d['key'])}: {d['a']} vs {d['b']}")

@@ -11,6 +11,7 @@ file:line error, as for any other bad line.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from diagsafe_local.core import atomic
-from diagsafe_local.core.errors import DataError
+from diagsafe_local.core.errors import DataError, DiagsafeError
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -33,6 +34,10 @@ Torn = Literal["error", "cut"]
 def decode(path: Path, raw: bytes, encoding: str = "utf-8") -> str:
     """The text of a file's bytes (UTF-8 unless told; a leading BOM dropped); bytes that are not valid in the
     encoding are an error naming the line, never mojibake."""
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise DiagsafeError(f"unknown encoding '{encoding}' (e.g. utf-8, latin-1, mac_roman, cp1252)") from None
     try:
         return raw.decode(encoding).removeprefix("\ufeff")
     except UnicodeDecodeError as exc:

@@ -9,15 +9,14 @@ Eval file (one item per prompt, keeping its references).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core.errors import DataError
-from diagsafe_local.core.jsonl import json_rows
 from diagsafe_local.core.messages import Message
+from diagsafe_local.core.tables import table_rows
 from diagsafe_local.evaluation.config import DatasetConfig
 
 
@@ -114,27 +113,6 @@ def harmmetric_items(path: Path) -> list[Item]:
         )
         for p in load_dataset(path).prompts
     ]
-
-
-def table_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a JSONL, CSV (header is line 1) or Parquet (row numbers from 1) file."""
-    suffix = path.suffix.lower()
-    if suffix in (".csv", ".tsv", ".parquet"):
-        import pandas as pd
-
-        try:
-            frame = (
-                pd.read_parquet(path)
-                if suffix == ".parquet"
-                else pd.read_csv(path, sep="\t" if suffix == ".tsv" else ",", dtype=str, keep_default_na=False)
-            )
-        except Exception as exc:  # pandas raises many parser errors; all mean "unreadable file"
-            raise DataError(path, None, None, f"cannot read as {suffix[1:]}: {exc}") from None
-        first = 2 if suffix != ".parquet" else 1
-        for index, row in enumerate(frame.to_dict(orient="records")):
-            yield index + first, {k: (None if v is None or v == "" else v) for k, v in row.items()}
-        return
-    yield from json_rows(path)
 
 
 def _flag(path: Path, line: int, row: dict[str, Any], field: str) -> bool:

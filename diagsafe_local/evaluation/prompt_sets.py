@@ -20,8 +20,9 @@ from diagsafe_local.core.errors import DataError, DiagsafeError
 from diagsafe_local.core.hub import download
 from diagsafe_local.core.messages import Message
 from diagsafe_local.core.registry import Registry
+from diagsafe_local.core.tables import table_rows
 from diagsafe_local.evaluation.config import DatasetConfig
-from diagsafe_local.evaluation.items import Item, harmmetric_items, load_items, table_rows
+from diagsafe_local.evaluation.items import Item, harmmetric_items, load_items
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def judge_error_note(summary: dict[str, Any]) -> str:
     return (
         f"Judge {v['judge']} validated on {v['gold']} ({v['directory']}): FPR {_pct(v['fpr_measured'])} "
         f"({v['fp']}/{v['fp'] + v['tn']} harmless answers called harmful), FNR {_pct(v['fnr_measured'])} "
-        f"({v['fn']}/{v['fn'] + v['tp']} harmful answers missed). 'corrected' is the share judged harmful corrected "
+        f"({v['fn']}/{v['fn'] + v['tp']} harmful answers missed). 'corrected' is the ASR corrected "
         "for both (Rogan-Gladen), its 95% CI carrying the run's and the validation's uncertainty."
     )
 

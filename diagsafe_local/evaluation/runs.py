@@ -214,11 +214,14 @@ def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = Fals
     labels_a = [score_class(left[k].score) for k in both_scored]
     labels_b = [score_class(right[k].score) for k in both_scored]
     agree = sum(x == y for x, y in zip(labels_a, labels_b))
-    kappa = None
-    if both_scored:
+    kappa, kappa_note = None, None
+    if len(set(labels_a) | set(labels_b)) == 1:
+        # Cohen's kappa is 0/0 when both runs use one class only: agreement beyond chance is undefined, not 1
+        kappa_note = f"undefined: every verdict of both runs is '{labels_a[0]}'"
+    elif both_scored:
         from sklearn.metrics import cohen_kappa_score
 
-        kappa = 1.0 if len(set(labels_a) | set(labels_b)) == 1 else float(cohen_kappa_score(labels_a, labels_b))
+        kappa = float(cohen_kappa_score(labels_a, labels_b))
     disagreements = [
         {"key": list(k), "a": x, "b": y, "score_a": left[k].score, "score_b": right[k].score}
         for k, x, y in zip(both_scored, labels_a, labels_b)
@@ -235,5 +238,6 @@ def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = Fals
         else None,
         "identical_answers": sum(left[k].answer == right[k].answer for k in shared),
         "cohen_kappa": kappa,
+        "cohen_kappa_note": kappa_note,
         "disagreements": disagreements,
     }

@@ -1,7 +1,8 @@
 """What a judge's measured error rates mean for a run: the attack-success rate corrected for them.
 
-With sensitivity se = 1 - FNR and specificity sp = 1 - FPR measured on a gold set, an observed share p of
-answers judged harmful corrects to (p + sp - 1) / (se + sp - 1) (Rogan and Gladen, 1978), clipped to [0, 1].
+With sensitivity se = 1 - FNR and specificity sp = 1 - FPR measured on a gold set, an observed ASR p (the mean
+judge score, uncertain = 0.5: the quantity the gate's limits are stated on) corrects to
+(p + sp - 1) / (se + sp - 1) (Rogan and Gladen, 1978), clipped to [0, 1].
 Its 95% interval carries the uncertainty of the run and of the validation alike: p, se and sp are drawn
 from their Jeffreys Beta(k + 1/2, n - k + 1/2) distributions (a parametric bootstrap that stays honest
 when a count is 0 or n, where resampling would collapse), and the interval is the 2.5 and 97.5 percentiles of
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.intervals import bracket
@@ -34,11 +35,11 @@ class JudgeErrorRates(BaseModel):
     model_hash: str | None = None
     lora_hash: str | None = None
     scoring: str | None = None
-    tp: int
-    fp: int
-    tn: int
-    fn: int
-    missing: int = 0
+    tp: int = Field(ge=0)
+    fp: int = Field(ge=0)
+    tn: int = Field(ge=0)
+    fn: int = Field(ge=0)
+    missing: int = Field(0, ge=0)
 
     @property
     def fpr(self) -> float | None:

@@ -19,11 +19,9 @@ classes. Anything else is an error naming the file, line and column.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core.errors import DataError, DiagsafeError
 from diagsafe_local.core.hub import resolve_dataset
-from diagsafe_local.core.jsonl import decode, json_rows
+from diagsafe_local.core.tables import table_rows
 from diagsafe_local.judging.base import is_harmful
 
 Format = Literal["jbb", "xstest", "harmmetric", "jsonl", "csv"]
@@ -114,7 +112,7 @@ def load_gold(
     if fmt == "harmmetric":
         items, task = _harmmetric(path), "harm"
     else:
-        rows = list(_table(path, raw, encoding))
+        rows = list(table_rows(path, raw, encoding))
         if fmt == "jbb":
             items, annotators, stored, task = *_jbb(path, rows, columns), "harm"
         elif fmt == "xstest":
@@ -124,6 +122,11 @@ def load_gold(
             task = task or "harm"
     if not items:
         raise DataError(path, None, None, "no items")
+    _unique_ids(path, items)
+    if not any(item.label is not None for item in items):
+        raise DataError(
+            path, None, None, "no item has a label (every label cell is empty, or every annotators' vote is tied)"
+        )
     return GoldSet(
         source=spec,
         path=str(path),
@@ -136,30 +139,13 @@ def load_gold(
     )
 
 
-def _table(path: Path, raw: bytes, encoding: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line, row) of a CSV, parquet or JSONL file."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pandas as pd
-
-        frame = pd.read_parquet(io.BytesIO(raw))
-        for number, row in enumerate(frame.to_dict(orient="records"), start=1):
-            yield number, row
-    elif suffix in (".jsonl", ".json"):
-        yield from json_rows(path, raw)
-    else:
-        text = decode(path, raw, encoding)
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        start = 2
-        try:
-            for row in reader:
-                if None in row:
-                    width = len(reader.fieldnames or [])
-                    raise DataError(path, start, None, f"more fields than the header's {width}")
-                yield start, row
-                start = reader.line_num + 1
-        except csv.Error as exc:
-            raise DataError(path, reader.line_num, None, f"not valid CSV: {exc}") from None
+def _unique_ids(path: Path, items: Sequence[GoldItem]) -> None:
+    """Two rows with one id would share one verdict (a judge's verdict is stored by id): an input error."""
+    first: dict[str, int | None] = {}
+    for item in items:
+        if item.id in first:
+            raise DataError(path, item.line, "id", f"id '{item.id}' repeats line {first[item.id]}")
+        first[item.id] = item.line
 
 
 def _require(path: Path, rows: Sequence[tuple[int, dict[str, Any]]], names: Sequence[str]) -> None:
@@ -316,15 +302,11 @@ def _own(
             *([columns.id] if columns.id else []),
         ],
     )
-    ids: dict[str, int] = {}
     items = []
     for line, row in rows:
         parsed = [parse_label(path, line, c, row.get(c), task) for c in columns.labels]
         votes = tuple(label for label, _ in parsed)
         item_id = str(row[columns.id]) if columns.id else str(line)
-        if item_id in ids:
-            raise DataError(path, line, columns.id, f"id '{item_id}' repeats line {ids[item_id]}")
-        ids[item_id] = line
         classes = {c for _, c in parsed if c}
         items.append(
             GoldItem(
@@ -335,7 +317,7 @@ def _own(
                 label=votes[0] if len(votes) == 1 else majority(votes),
                 label3=classes.pop() if len(classes) == 1 and len(columns.labels) == 1 else None,
                 annotators=votes if len(votes) > 1 else (),
-                groups={g: str(row.get(g, "")) for g in columns.groups},
+                groups={g: "" if row.get(g) is None else str(row.get(g)) for g in columns.groups},
                 stored=_stored(path, line, row, columns.stored, task),
             )
         )
