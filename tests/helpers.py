@@ -77,3 +77,10 @@ def wide_rows(n_prompts: int = 2) -> list[dict]:
 def tiny_engine(model, **extra) -> dict:
     """Engine settings every tiny test model uses."""
     return {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True, **extra}
+
+
+def judge_spec(rubric: str, **engine):
+    """The judge spec (JudgeConfig) validate and bench run a judge under test with."""
+    from diagsafe_local.judging.config import JudgeConfig
+
+    return JudgeConfig(rubric=rubric, benign_rubric="refusal-keywords", **engine)

@@ -74,7 +74,7 @@ def test_bench_writes_failure_analysis_for_every_metric(tmp_path):
 
 def test_judge_options_are_checked():
     result = CliRunner().invoke(app, ["bench", "--dataset", str(SAMPLE), "--judge", "harmjudge"])
-    assert result.exit_code == 2 and "--judge needs --judge-model" in result.output
+    assert result.exit_code == 2 and "--judge harmjudge needs --judge-model" in result.output
     result = CliRunner().invoke(
         app, ["bench", "--dataset", str(SAMPLE), "--judge", "harmjudge", "--judge-model", "x", "--engine", "api"]
     )

@@ -289,10 +289,10 @@ def test_scoring_modes_are_checked_per_judge():
         JudgeConfig(
             model="m", kind="classifier", rubric="gptfuzzer", benign_rubric="refusal-keywords", probability=False
         )
-    with pytest.raises(ValueError, match="measures refusal, not harm"):
-        JudgeConfig(model="m", rubric="qwen3guard-refusal")
+    with pytest.raises(ValueError, match="measures refusal, not harm"):  # a run's roles; validate takes either
+        JudgeConfig(model="m", rubric="qwen3guard-refusal").check_roles()
     with pytest.raises(ValueError, match="measures harm, not refusal"):
-        JudgeConfig(model="m", benign_rubric="wildguard")
+        JudgeConfig(model="m", benign_rubric="wildguard").check_roles()
     with pytest.raises(ValueError, match="needs kind classifier"):
         JudgeConfig(model="m", rubric="gptfuzzer")
     with pytest.raises(ValueError, match="benign_rubric: refusal-keywords"):

@@ -263,7 +263,7 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
             else type(default_responder(request))(text="I'm sorry, I can't help.", finish_reason="stop")
         )
 
-    for benign_rubric, expected_kind in (("refusal", "vllm"), ("keywords", "keywords")):
+    for benign_rubric, expected_kind in (("refusal", "vllm"), ("keywords", "none")):  # no model: kind none
         made = []
 
         def factory(config, made=made, **options):

@@ -140,15 +140,16 @@ def test_real_judges_validated_against_gold_labels(real_model, vllm_engines, tmp
     """validate with the real model as a live harm judge (JailbreakBench format) and refusal judge (XSTest
     format): every verdict parsed or counted missing, the figures in range, disagreements kept."""
     import pandas as pd
+    from helpers import judge_spec
 
     from diagsafe_local.validation.gold import load_gold
-    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+    from diagsafe_local.validation.validate import run_validate
 
     engine = {"kind": "vllm", "model": str(real_model), "dtype": "float32", "max_model_len": 2048}
     for fmt, judge in (("jbb", "harmjudge"), ("xstest", "refusal")):
         gold = load_gold(str(REPO / "data" / f"gold_{fmt}_sample.csv"), fmt)
         out = tmp_path / fmt
-        specs = [JudgeSpec(judge, engine)] + ([JudgeSpec("refusal-keywords")] if fmt == "xstest" else [])
+        specs = [judge_spec(judge, **engine)] + ([judge_spec("refusal-keywords")] if fmt == "xstest" else [])
         run_validate(gold, out, specs, bootstrap=200, engine_factory=vllm_engines)
         table = pd.read_csv(out / "agreement.csv").set_index("judge")
         row = table.loc[f"{judge}@{real_model.name}"]

@@ -192,11 +192,12 @@ def test_the_transformers_engine_stops_at_the_marker_and_continues(guard_models)
 def test_bench_and_validate_run_reasoning_guards(guard_models, vllm_engines, tmp_path):
     """`bench --judge granite-guardian` from the command line, and `validate` with GuardReasoner: every
     verdict valid, every reasoning phase stored with its count."""
+    from helpers import judge_spec
     from typer.testing import CliRunner
 
     from diagsafe_local.cli import app
     from diagsafe_local.validation.gold import load_gold
-    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+    from diagsafe_local.validation.validate import run_validate
 
     out = tmp_path / "bench"
     args = ["bench", "--dataset", str(SAMPLE), "--judge", "granite-guardian", "--out", str(out)]
@@ -208,7 +209,7 @@ def test_bench_and_validate_run_reasoning_guards(guard_models, vllm_engines, tmp
 
     gold = load_gold(str(REPO / "data" / "gold_jbb_sample.csv"), "jbb")
     engine = {**tiny_engine(guard_models["llama"]), "kind": "vllm"}
-    spec = JudgeSpec("guardreasoner", engine, reasoning_max_tokens=8)
+    spec = judge_spec("guardreasoner", **engine, reasoning_max_tokens=8)
     rows = run_validate(gold, tmp_path / "validate", [spec], bootstrap=100, engine_factory=vllm_engines)
     [row] = [r for r in rows if r["judge"].startswith("guardreasoner@")]
     assert row["n"] == len(gold.items) and row["n_missing"] == 0

@@ -333,15 +333,16 @@ def test_rogan_gladen_and_its_interval():
 def _scripted_validation(tmp_path):
     """A gold set on which the scripted harm judge ('Sure' means harmful) has FNR 4/20 and FPR 4/20."""
     from fakes import ScriptedEngine
+    from helpers import judge_spec
 
-    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+    from diagsafe_local.validation.validate import run_validate
 
     rows = [{"prompt": f"q{k}", "response": f"Sure, {k}" if k >= 4 else "plain", "label": 1} for k in range(20)]
     rows += [{"prompt": f"q{k}", "response": "Sure, no." if k < 24 else "no", "label": 0} for k in range(20, 40)]
     path = tmp_path / "gold.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "validation"
-    spec = JudgeSpec("harmjudge", {"kind": "vllm", "model": "j"})
+    spec = judge_spec("harmjudge", kind="vllm", model="j")
     run_validate(
         load_gold(str(path), "jsonl"),
         out,
@@ -481,7 +482,7 @@ def test_a_panel_member_must_be_a_harm_judge():
     from diagsafe_local.judging.config import JudgeConfig
 
     with pytest.raises(ValueError, match="panel member 'refusal' measures refusal"):
-        JudgeConfig(model="m", panel={"members": ["harmjudge", "refusal"]})
+        JudgeConfig(model="m", panel={"members": ["harmjudge", "refusal"]}).check_roles()
     with pytest.raises(ValueError, match="unknown judge 'harmjudgee'"):
         JudgeConfig(model="m", panel={"members": ["harmjudge", "harmjudgee"]})
 
@@ -490,10 +491,12 @@ def test_a_panel_member_must_be_a_harm_judge():
 def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, vllm_engines, tmp_path):
     """A tiny random-weight judge through vLLM: every item gets a verdict or is counted missing, every
     verdict is stored, and a second validate reuses them all."""
-    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+    from helpers import judge_spec
+
+    from diagsafe_local.validation.validate import run_validate
 
     gold = load_gold(str(JBB), "jbb")
-    spec = JudgeSpec("harmjudge", {"kind": "vllm", "model": str(tiny_models["judge"]), "max_model_len": 2048})
+    spec = judge_spec("harmjudge", kind="vllm", model=str(tiny_models["judge"]), max_model_len=2048)
     out = tmp_path / "o"
     calls = []
 

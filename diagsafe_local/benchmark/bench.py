@@ -9,75 +9,50 @@ from typing import Any
 
 from diagsafe_local import __version__
 from diagsafe_local.core.console import progress
+from diagsafe_local.judging.config import JudgeConfig
 
 DEFAULT_DATASET = "Abel-24/HarmMetric_Eval"
 
 
-def judge_config(judge: dict[str, Any]) -> Any:
-    """The judge's engine config, validated (and a local model path checked) before anything is written."""
-    from pydantic import ValidationError
-
-    from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.engines.base import local_model_path
-    from diagsafe_local.judging import JUDGES
-    from diagsafe_local.judging.config import JudgeConfig
-
-    spec = JUDGES.get(judge["rubric"])
-    settings = {k: v for k, v in judge["engine"].items() if v is not None}
-    if spec.engine_kind:
-        settings = {"kind": spec.engine_kind, "model": settings["model"]}
-    try:
-        config = JudgeConfig(
-            **settings,
-            rubric=spec.name,
-            benign_rubric="refusal-keywords",
-            probability=judge["probability"],
-            reasoning=judge.get("reasoning"),
-            reasoning_max_tokens=judge.get("reasoning_max_tokens", 1024),
-        )
-    except ValidationError as exc:
-        raise DiagsafeError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
-    if config.kind != "openai":
-        local_model_path(config.model)
-    return config
-
-
-def _judge_scores(data: Any, judge: dict[str, Any], config: Any, out: Path, seed: int, verbose: bool) -> Any:
-    """Score the benchmark with a judge through an engine (loaded here, closed after)."""
+def _judge_scores(data: Any, judge: JudgeConfig, samples: int, out: Path, seed: int, verbose: bool) -> Any:
+    """Score the benchmark with a judge through an engine (loaded here, closed after; none for a model-free one)."""
     from diagsafe_local.benchmark.judge_scores import judge_benchmark, judge_metric_name
     from diagsafe_local.core.console import engine_output
     from diagsafe_local.engines import create_engine
 
-    metric = judge_metric_name(config.rubric, config.model, judge["probability"])
+    metric = judge_metric_name(judge.rubric_name, judge.model, judge.probability)
     with engine_output(None if verbose else out / "run.log") as console:
-        engine = create_engine(config, structured_backend="xgrammar")
+        engine = create_engine(judge, structured_backend="xgrammar") if judge.needs_model else None
         try:
-            decoding = config.decoding().model_copy(update={"temperature": judge["temperature"]})
             return judge_benchmark(
                 data,
                 engine,
-                config.rubric,
+                judge.rubric_name,
                 metric,
                 out / "judgments.jsonl",
-                samples=judge["samples"],
-                decoding=decoding,
+                samples=samples,
+                decoding=judge.decoding(),
+                max_attempts=judge.max_attempts,
                 seed=seed,
                 on_batch=lambda done, total: console.progress(f"{metric}: judging", done, total),
             )
         finally:
-            engine.close()
+            if engine is not None:
+                engine.close()
 
 
 def run_bench(
     dataset: str,
     metrics: str,
-    scoring: str,
-    missing: str,
-    reference_agg: str,
-    bootstrap: int,
-    seed: int,
+    *,
+    scoring: str = "current",
+    missing: str = "error",
+    reference_agg: str = "mean",
+    bootstrap: int = 1000,
+    seed: int = 0,
     out: Path,
-    judge: dict[str, Any] | None = None,
+    judge: JudgeConfig | None = None,
+    samples: int = 1,
     verbose: bool = False,
 ) -> None:
     """Validate everything, lock `out`, score, rank and write the outputs."""
@@ -100,12 +75,15 @@ def run_bench(
         METRICS.get(name)
     if not names and not judge:
         raise DiagsafeError("nothing to rank: give --metrics and/or --judge")
-    config = judge_config(judge) if judge else None
+    if judge is not None and judge.harm_judge.measures != "harm":
+        raise DiagsafeError(
+            f"rubric '{judge.rubric}' measures {judge.harm_judge.measures}, not harm: the benchmark ranks harm judges"
+        )
     data = load_dataset(resolve_dataset(dataset))
     lock = DirectoryLock(out, "bench")  # also proves --out writable before any scoring
     remove_stale_temporaries(out)
     try:
-        _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge, config, verbose)
+        _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge, samples, verbose)
     finally:
         lock.release()
 
@@ -120,9 +98,9 @@ def _rank(
     bootstrap: int,
     seed: int,
     out: Path,
-    judge: dict | None,
-    config=None,
-    verbose: bool = False,
+    judge: JudgeConfig | None,
+    samples: int,
+    verbose: bool,
 ) -> None:
     from diagsafe_local.benchmark.report import print_leaderboard, write_outputs
     from diagsafe_local.benchmark.runner import leaderboard, score_responses
@@ -132,7 +110,7 @@ def _rank(
     if judge:
         import pandas as pd
 
-        scores = pd.concat([scores, _judge_scores(data, judge, config, out, seed, verbose)], ignore_index=True)
+        scores = pd.concat([scores, _judge_scores(data, judge, samples, out, seed, verbose)], ignore_index=True)
         names = [*names, scores["metric"].iloc[-1]]
     board = leaderboard(scores, data, scoring, missing, bootstrap, seed)  # type: ignore[arg-type]
     manifest = {
@@ -145,7 +123,7 @@ def _rank(
         "n_prompts": len(data.prompts),
         "n_responses": data.n_responses,
         "metrics": names,
-        "judge": judge,
+        "judge": None if judge is None else {**judge.model_dump(mode="json", exclude_none=True), "samples": samples},
         "formula": scoring,
         "missing": missing,
         "reference_agg": reference_agg,

@@ -24,14 +24,14 @@ from diagsafe_local.judging.base import JudgeInput
 from diagsafe_local.judging.stored import judge_items
 
 
-def judge_metric_name(judge: str, model: str, probability: bool | None = None) -> str:
-    """The leaderboard name of a judge; a scoring mode other than the judge's default is named."""
+def judge_metric_name(judge: str, model: str | None, probability: bool | None = None) -> str:
+    """The leaderboard name of a judge (and its model); a scoring mode other than the judge's default is named."""
     mode = "" if probability is None else ("/p" if probability else "/sampled")
-    return f"judge:{judge}{mode}@{Path(model.rstrip('/')).name}"
+    return f"judge:{judge}{mode}" + (f"@{Path(model.rstrip('/')).name}" if model else "")
 
 
 def judge_benchmark(
-    dataset: BenchDataset, engine: Engine, judge_name: str, metric: str, store_path: Path, **options: Any
+    dataset: BenchDataset, engine: Engine | None, judge_name: str, metric: str, store_path: Path, **options: Any
 ) -> pd.DataFrame:
     """Per-response scores of the judge, in the layout of `score_responses` (metric = `metric`)."""
     responses = [(p, r) for p in dataset.prompts for r in p.responses]

@@ -73,6 +73,37 @@ def warn(lines: Iterable[str]) -> None:
         console.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
 
 
+def print_listing(title: str, rows: list[dict[str, Any]], columns: list[str], as_json: bool = False) -> None:
+    """A registry listing: one JSON object per line for programs, or a table whose first column (the names a user
+    types) is never cut, whatever the width of the terminal or pipe (other columns fold)."""
+    import json
+
+    if as_json:
+        for row in rows:
+            typer.echo(json.dumps(row, ensure_ascii=False))
+        return
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for k, column in enumerate(columns):
+        if k == 0:
+            table.add_column(column, no_wrap=True, min_width=max((len(str(r[column])) for r in rows), default=4))
+        else:
+            table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row.get(c)) for c in columns))
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "" if value is None else str(value)
+
+
 def _fail(message: str, code: int) -> None:
     from rich.console import Console
 
@@ -80,41 +111,125 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code) from None
 
 
-def judge_engine(
-    model: str,
-    engine: str,
-    base_url: str | None,
-    api_key_env: str | None,
-    dtype: str,
-    max_model_len: int | None,
-    lora: str | None,
-    eager: bool | None,
-) -> dict[str, Any]:
-    """A judge's engine settings from the CLI options `bench` and `validate` share (checked here)."""
-    if engine not in ("local", "api"):
-        raise DiagsafeError(f"--engine must be local or api, got '{engine}'")
-    if engine == "api":
-        if not base_url:
-            raise DiagsafeError("--engine api needs --base-url")
-        return {"kind": "openai", "model": model, "base_url": base_url, "api_key_env": api_key_env}
-    return {
-        "kind": "vllm",
-        "model": model,
-        "dtype": dtype,
-        "max_model_len": max_model_len,
-        "lora": lora,
-        "enforce_eager": eager,
-    }
+# The judge spec's fields (JudgeConfig: one spec for run, bench and validate) that bench and validate offer as
+# options, and their flags: declared once, their types and help generated from the fields and their docs.
+JUDGE_FLAGS: dict[str, str] = {
+    "kind": "--engine",
+    "base_url": "--base-url",
+    "api_key_env": "--api-key-env",
+    "dtype": "--judge-dtype",
+    "max_model_len": "--judge-max-model-len",
+    "lora": "--judge-lora",
+    "enforce_eager": "--judge-eager/--judge-compiled",
+    "probability": "--probability/--sampled",
+    "reasoning": "--reasoning/--no-reasoning",
+    "reasoning_max_tokens": "--reasoning-max-tokens",
+    "max_attempts": "--judge-max-attempts",
+    "sampling.temperature": "--judge-temperature",
+    "sampling.max_tokens": "--judge-max-tokens",
+}
+_FLAG_HELP = {"kind": "'local' (vLLM on this node, = vllm), 'api' (OpenAI-compatible, = openai), transformers."}
 
 
-# Options shared by the commands that run a judge (bench, validate).
-Reasoning = Annotated[
-    bool | None,
+def _field(path: str) -> Any:
+    from diagsafe_local.engines.config import SamplingConfig
+    from diagsafe_local.judging.config import JudgeConfig
+
+    model, *rest = path.split(".")
+    return SamplingConfig.model_fields[rest[0]] if rest else JudgeConfig.model_fields[model]
+
+
+def _option_type(annotation: Any) -> Any:
+    """The CLI type of a field: its non-None type; words for a Literal."""
+    import types
+    import typing
+
+    members = [a for a in typing.get_args(annotation) if a is not type(None)] if typing.get_args(annotation) else []
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(members) == 1:
+        annotation = members[0]
+    return str if typing.get_origin(annotation) is typing.Literal else annotation
+
+
+def _python_name(flag: str) -> str:
+    return flag.split("/")[0].lstrip("-").replace("-", "_")
+
+
+def judge_options(fn: F) -> F:
+    """Give a command the judge's options (JUDGE_FLAGS), typed and documented from JudgeConfig's fields; the
+    command receives the ones given as `judge_settings` (a dict for JudgeConfig, sampling nested)."""
+    import inspect
+
+    original = inspect.signature(fn, eval_str=True)
+    extra = []
+    for path, flag in JUDGE_FLAGS.items():
+        field = _field(path)
+        help_text = _FLAG_HELP.get(path) or field.description
+        option = typer.Option(flag, help=help_text, show_default=False)
+        kind = _option_type(field.annotation)
+        annotation = Annotated[kind | None, option]  # type: ignore[valid-type]
+        extra.append(
+            inspect.Parameter(_python_name(flag), inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation)
+        )
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        settings: dict[str, Any] = {}
+        for path, flag in JUDGE_FLAGS.items():
+            value = kwargs.pop(_python_name(flag), None)
+            if value is not None:
+                head, _, tail = path.partition(".")
+                if tail:
+                    settings.setdefault(head, {})[tail] = value
+                else:
+                    settings[head] = value
+        return fn(*args, **kwargs, judge_settings=settings)
+
+    kept = [p for p in original.parameters.values() if p.name != "judge_settings"]
+    wrapper.__signature__ = original.replace(parameters=[*kept, *extra])  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {}
+    return wrapper  # type: ignore[return-value]
+
+
+def judge_spec(rubric: str, model: str | None, settings: dict[str, Any]) -> Any:
+    """One judge's spec (JudgeConfig) from the command line, validated, its local model path checked, before
+    anything is loaded or written; a mistake names the option (exit 2)."""
+    from pydantic import ValidationError
+
+    from diagsafe_local.engines.base import local_model_path
+    from diagsafe_local.judging import JUDGES
+    from diagsafe_local.judging.config import JudgeConfig
+
+    judge = JUDGES.get(rubric)
+    if judge.engine_kind != "none" and not model:
+        raise DiagsafeError(f"--judge {rubric} needs --judge-model")
+    data = {**settings, "rubric": rubric, "model": model, "benign_rubric": "refusal-keywords"}
+    if judge.engine_kind == "classifier":
+        data = {"kind": "classifier", **{k: v for k, v in data.items() if k in ("rubric", "model", "probability")}}
+        data["benign_rubric"] = "refusal-keywords"
+    if judge.engine_kind == "none":
+        data["model"] = None
+    flags = {**JUDGE_FLAGS, "model": "--judge-model", "rubric": "--judge"}
+    try:
+        config = JudgeConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"])
+            message = error["msg"].removeprefix("Value error, ").replace("base_url", "--base-url")
+            problems.append(f"{flags.get(where, where).split('/')[0]}: {message}" if where else message)
+        raise DiagsafeError("; ".join(problems)) from None
+    if config.needs_model and config.kind != "openai":
+        local_model_path(config.model)  # type: ignore[arg-type]
+    return config
+
+
+# Options shared by the commands that run a judge (bench, validate), beside JUDGE_FLAGS.
+JudgeModels = Annotated[
+    list[str] | None,
     typer.Option(
-        "--reasoning/--no-reasoning",
-        help="Let the judge reason before its constrained verdict (default: the judge's own; see `bench --list`).",
+        "--judge-model",
+        help="The judge's model: a local directory or hub id (or the served name with --engine api); one for all "
+        "judges, or one per --judge that needs a model, in order.",
     ),
 ]
-ReasoningMaxTokens = Annotated[
-    int, typer.Option(help="Most tokens of a judge's reasoning phase (closed for it when they run out).", min=1)
-]
+Samples = Annotated[int, typer.Option(help="Sampled verdicts averaged per item (the paper used 3).", min=1)]

@@ -32,7 +32,7 @@ def demo(
     model (SmolLM2-135M-Instruct) as target and judge on the bundled prompts, with its report; offline after
     the model is prepared once."""
     typer.echo(f"1/2  HarmMetric Eval on the bundled sample {SAMPLE} (all metrics) -> {out}/bench")
-    run_bench(str(SAMPLE), "all", "current", "error", "mean", 1000, 0, out / "bench")
+    run_bench(str(SAMPLE), "all", out=out / "bench")
     if not selftest:
         return
     from diagsafe_local.evaluation.report import print_summary, write_report

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from diagsafe_local.commands.common import Reasoning, ReasoningMaxTokens, judge_engine, user_errors
+from diagsafe_local.commands.common import JudgeModels, Samples, judge_options, judge_spec, user_errors
 
 
 def _names(values: list[str] | None) -> list[str]:
@@ -16,16 +16,19 @@ def _names(values: list[str] | None) -> list[str]:
 
 
 @user_errors
+@judge_options
 def validate(
     gold: Annotated[str, typer.Option(help="Gold set: a file (CSV, parquet, JSONL) or a Hugging Face dataset id.")],
     format_: Annotated[
         str, typer.Option("--format", help="jbb (JailbreakBench judge comparison), xstest, harmmetric, jsonl or csv.")
     ],
-    judge: Annotated[list[str] | None, typer.Option(help="A registered judge to validate (repeatable).")] = None,
-    judge_model: Annotated[
+    judge: Annotated[
         list[str] | None,
-        typer.Option(help="The judges' model (one for all, or one per --judge, in order); not for refusal-keywords."),
+        typer.Option(
+            help="A judge to validate (repeatable): a name of `bench --list`, a policy file, or METRIC>=THRESHOLD."
+        ),
     ] = None,
+    judge_model: JudgeModels = None,
     metric: Annotated[
         list[str] | None, typer.Option(help="A registered metric, swept over thresholds (repeatable).")
     ] = None,
@@ -47,28 +50,7 @@ def validate(
     id_column: Annotated[str | None, typer.Option(help="jsonl/csv: item id column (default: the line number).")] = None,
     group_column: Annotated[list[str] | None, typer.Option(help="jsonl/csv: break errors down by this column.")] = None,
     encoding: Annotated[str, typer.Option(help="CSV text encoding (e.g. mac_roman for some JBB copies).")] = "utf-8",
-    engine: Annotated[str, typer.Option(help="'local' (vLLM on this node) or 'api' (OpenAI-compatible).")] = "local",
-    base_url: Annotated[str | None, typer.Option(help="API endpoint for --engine api.")] = None,
-    api_key_env: Annotated[str | None, typer.Option(help="Environment variable holding the API key.")] = None,
-    samples: Annotated[int, typer.Option(help="Sampled verdicts averaged per item.", min=1)] = 1,
-    judge_temperature: Annotated[
-        float | None, typer.Option(help="Judge temperature (default 0, or 0.7 with --samples > 1).")
-    ] = None,
-    judge_dtype: Annotated[str, typer.Option(help="Judge dtype (local engine).")] = "auto",
-    judge_max_model_len: Annotated[int | None, typer.Option(help="Judge context length (local engine).")] = None,
-    judge_lora: Annotated[str | None, typer.Option(help="LoRA adapter on the judge model (local engine).")] = None,
-    judge_eager: Annotated[
-        bool | None,
-        typer.Option("--judge-eager/--judge-compiled", help="Graph compilation off/on (default: off without CUDA)."),
-    ] = None,
-    probability: Annotated[
-        bool | None,
-        typer.Option(
-            "--probability/--sampled", help="Score Yes/No judges by first-token P(Yes), or by sampled verdicts."
-        ),
-    ] = None,
-    reasoning: Reasoning = None,
-    reasoning_max_tokens: ReasoningMaxTokens = 1024,
+    samples: Samples = 1,
     target_fpr: Annotated[
         float | None,
         typer.Option(
@@ -81,13 +63,14 @@ def validate(
     seed: Annotated[int, typer.Option(help="Bootstrap and sampling seed.")] = 0,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("out/validate"),
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the judge engine's logs here.")] = False,
+    judge_settings: dict[str, Any] | None = None,
 ) -> None:
     """Score judges against human labels: agreement.csv (accuracy, kappa, FPR, FNR, AUROC ... with 95% CIs),
     confusion matrices, per-group errors, disagreements, ROC and calibration; validation.json for the gate."""
     from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.judging import JUDGES
     from diagsafe_local.validation.gold import Columns, load_gold
-    from diagsafe_local.validation.validate import JudgeSpec, run_validate
+    from diagsafe_local.validation.validate import run_validate
 
     judges, models = _names(judge), list(judge_model or [])
     needs_model = [name for name in judges if JUDGES.get(name).engine_kind != "none"]
@@ -99,16 +82,11 @@ def validate(
         )
     if task not in (None, "harm", "refusal"):
         raise DiagsafeError(f"--task must be harm or refusal, got '{task}'")
+    settings = dict(judge_settings or {})
+    if samples > 1 and "temperature" not in settings.get("sampling", {}):
+        settings["sampling"] = {**settings.get("sampling", {}), "temperature": 0.7}  # sampled verdicts vary
     paired = iter(models if len(models) > 1 else models * len(needs_model))
-    specs = []
-    for name in judges:
-        settings = None
-        if name in needs_model:
-            settings = judge_engine(
-                next(paired), engine, base_url, api_key_env, judge_dtype, judge_max_model_len, judge_lora, judge_eager
-            )
-        temperature = judge_temperature if judge_temperature is not None else (0.7 if samples > 1 else 0.0)
-        specs.append(JudgeSpec(name, settings, probability, samples, temperature, reasoning, reasoning_max_tokens))
+    specs = [judge_spec(name, next(paired) if name in needs_model else None, settings) for name in judges]
     columns = Columns(
         prompt=prompt_column,
         response=response_column,
@@ -130,6 +108,7 @@ def validate(
         seed,
         verbose,
         target_fpr=target_fpr,
+        samples=samples,
     )
     from rich.console import Console
     from rich.table import Table

@@ -203,7 +203,7 @@ def load_settings(
     """Read a YAML file, apply `--set` overrides and validate it as `model`; errors name file, line and key."""
     path = Path(path)
     if not path.is_file():
-        raise DiagsafeError(f"{path}: {'a directory, not a config file' if path.is_dir() else 'no such config file'}")
+        raise DiagsafeError(f"{path}: {'a directory, not a' if path.is_dir() else 'no such'} {what} file")
     from diagsafe_local.core.jsonl import decode
 
     text = decode(path, path.read_bytes())

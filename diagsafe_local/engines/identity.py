@@ -70,7 +70,7 @@ def engine_identity(config: Any) -> dict[str, Any]:
         "model": config.model,
         "revision": config.revision,
         "lora": lora,
-        "model_hash": _cached_fingerprint(config.model),
+        "model_hash": _cached_fingerprint(config.model) if config.model else None,
         "lora_hash": _cached_fingerprint(lora) if lora else None,
         "base_url": config.base_url,
         # A chat template file outside the model directory shapes every prompt: edited in place, it is another

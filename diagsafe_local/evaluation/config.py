@@ -152,6 +152,7 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _names(self) -> RunConfig:
+        self.judge.check_roles()
         labels = [t.label for t in self.targets]
         if len(set(labels)) != len(labels):
             raise ValueError(f"target names must be unique, got {labels}; set 'name' on each target")

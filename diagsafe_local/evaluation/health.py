@@ -116,9 +116,7 @@ def normalised_entropy(labels: Sequence[str]) -> float | None:
 
 def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
     """The health measures and flags of the verdicts in `records` (one target's, typically)."""
-    judged = [
-        r for r in records if r.parse_status == "ok" and r.verdict is not None and r.judge_engine.kind != "keywords"
-    ]
+    judged = [r for r in records if r.parse_status == "ok" and r.verdict is not None and r.judge_engine.kind != "none"]
     varied = [
         r for r in judged if _rationale(r.verdict or {}) is not None or any(k.startswith("p_") for k in r.verdict or {})
     ]

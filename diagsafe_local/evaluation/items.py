@@ -115,6 +115,17 @@ def harmmetric_items(path: Path) -> list[Item]:
     ]
 
 
+def _references(path: Path, line: int, row: dict[str, Any], field: str) -> tuple[str, ...]:
+    """An item's reference answers: one text, or a list of texts (JSONL)."""
+    value = row.get(field)
+    if isinstance(value, list):
+        if not all(isinstance(v, str) for v in value):
+            raise DataError(path, line, field, "must be a text or a list of texts")
+        return tuple(v for v in value if v.strip())
+    text = _text_field(str(path), line, row, field)
+    return (text,) if text else ()
+
+
 def _flag(path: Path, line: int, row: dict[str, Any], field: str) -> bool:
     value = row.get(field, False)
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
@@ -157,7 +168,7 @@ def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
             if expected not in ("comply", "refuse"):
                 raise DataError(path, number, cols.expected, f"must be 'comply' or 'refuse', got {expected!r}")
             benign = expected == "comply"
-        reference = _text_field(str(path), number, row, cols.reference)
+        references = _references(path, number, row, cols.reference)
         items.append(
             Item(
                 id=item_id,
@@ -166,7 +177,7 @@ def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
                 source=_text_field(str(path), number, row, cols.source),
                 attack_method=_text_field(str(path), number, row, cols.attack_method),
                 benign=benign,
-                references=(reference,) if reference else (),
+                references=references,
             )
         )
     return items

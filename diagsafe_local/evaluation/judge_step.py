@@ -8,7 +8,6 @@ submits an answer's task the moment the answer is in (see `pipeline`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
-from diagsafe_local.engines.base import Completion, Engine
+from diagsafe_local.engines.base import Engine
 from diagsafe_local.evaluation.generation import conversation_until, stream_answers
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.records import (
@@ -115,9 +114,6 @@ def task_for(
     return JudgeTask(target, system_prompt, item, sample, turn, record, conversation, reason)
 
 
-KEYWORDS = "keywords"  # the engine kind recorded for verdicts made without a model
-
-
 def rubric_name(config: JudgeConfig, task: JudgeTask) -> str:
     """Harmful items get the harm rubric (or the panel); benign items the over-refusal rubric (or the keyword
     detector)."""
@@ -126,7 +122,7 @@ def rubric_name(config: JudgeConfig, task: JudgeTask) -> str:
 
 def _members(config: JudgeConfig, name: str) -> list[str]:
     """The judges behind a rubric name: the panel's members, or the judge itself."""
-    return list(config.panel.members) if config.panel and name == config.panel.label() else [name]
+    return config.panel.names() if config.panel and name == config.panel.label() else [name]
 
 
 def _model_free(name: str) -> bool:
@@ -203,7 +199,7 @@ class JudgeStep:
     def _record(
         self, task: JudgeTask, verdict: Verdict | None, name: str, members: dict[str, Verdict] | None
     ) -> ResultRecord:
-        ref = EngineRef(kind=KEYWORDS, model=KEYWORDS) if _model_free(name) else self.judge_ref
+        ref = EngineRef(kind="none", model=name) if _model_free(name) else self.judge_ref
         kept = (self.config.store_reasoning, self.config.reasoning_max_chars)
         return _record(task, verdict, self.run_id, self.target_refs, ref, name, members, *kept)
 
@@ -247,14 +243,6 @@ def _combined(config: JudgeConfig, members: dict[str, Verdict]) -> Verdict:
     }
     statuses = {v.outcome.status for v in members.values()}
     status = "ok" if score is not None else ("error" if statuses == {"error"} else "invalid")
-    usage = [v.completion for v in members.values() if v.completion is not None]
-    completion = Completion(
-        text=json.dumps(verdict),
-        finish_reason="stop",
-        prompt_tokens=sum(c.prompt_tokens for c in usage),
-        completion_tokens=sum(c.completion_tokens for c in usage),
-        cached_tokens=sum(c.cached_tokens for c in usage),
-    )
     outcome = ParseOutcome(
         status=status,
         verdict=verdict,
@@ -263,7 +251,18 @@ def _combined(config: JudgeConfig, members: dict[str, Verdict]) -> Verdict:
         if status == "ok"
         else "no panel decision: " + "; ".join(f"{m}: {v.outcome.status}" for m, v in members.items()),
     )
-    return Verdict(completion, outcome, max(v.attempts for v in members.values()))
+    return Verdict(None, outcome, max(v.attempts for v in members.values()))
+
+
+def _usage(verdict: Verdict, members: dict[str, Verdict] | None) -> Usage:
+    """The judge's tokens for one record: its completion's, or the sum of a panel's members'."""
+    completions = [v.completion for v in (members or {}).values()] if members else [verdict.completion]
+    used = [c for c in completions if c is not None]
+    return Usage(
+        prompt_tokens=sum(c.prompt_tokens for c in used),
+        completion_tokens=sum(c.completion_tokens for c in used),
+        cached_tokens=sum(c.cached_tokens for c in used),
+    )
 
 
 def needs_engine(config: JudgeConfig, tasks: Sequence[JudgeTask]) -> bool:
@@ -316,30 +315,20 @@ def _record(
             for m, v in members.items()
         ],
     )
-    if verdict is None or verdict.completion is None:
+    if verdict is None:
         return ResultRecord(
-            **common,
-            judge_raw=None,
-            verdict=None,
-            score=None,
-            parse_status="error",
-            attempts=0,
-            error=verdict.outcome.error if verdict else task.error,
+            **common, judge_raw=None, verdict=None, score=None, parse_status="error", attempts=0, error=task.error
         )
     completion, parsed = verdict.completion, verdict.outcome
     return ResultRecord(
         **common,
-        judge_raw=completion.text,
+        judge_raw=completion.text if completion else None,  # None: no model wrote this verdict
         verdict=parsed.verdict,
         score=parsed.score,
         parse_status=parsed.status,
         attempts=verdict.attempts,
         error=parsed.error,
-        judge_usage=Usage(
-            prompt_tokens=completion.prompt_tokens,
-            completion_tokens=completion.completion_tokens,
-            cached_tokens=completion.cached_tokens,
-        ),
-        judge_logprobs=completion.logprobs,
+        judge_usage=_usage(verdict, members),
+        judge_logprobs=completion.logprobs if completion else None,
         reasoning=verdict.reasoning.kept(store_reasoning, reasoning_max_chars) if verdict.reasoning else None,
     )

@@ -34,6 +34,7 @@ from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.generation import generate_streams, generation_done
 from diagsafe_local.evaluation.health import ControlRecord, control_cases
+from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import (
     JudgeStep,
     judge_key,
@@ -124,19 +125,32 @@ def judge_validation(judge: JudgeConfig, identity: dict[str, Any]) -> JudgeValid
     """The measured error rates of this run's judge, from `judge.validation` (None when not set)."""
     if not judge.validation:
         return None
-    scoring = "probability" if JUDGES.get(judge.rubric).uses_probability(judge.probability) else "sampled"
-    return validated_rates(Path(judge.validation), judge.rubric, identity, scoring)
+    return validated_rates(Path(judge.validation), judge.rubric_name, identity, judge.scoring)
+
+
+def missing_references(judge: JudgeConfig, items: Sequence[Item]) -> None:
+    """Refuse, before anything runs, harmful items that a judge needing reference answers (a reference metric)
+    cannot judge, naming them."""
+    names = judge.panel.names() if judge.panel else [judge.rubric_name]
+    needing = [n for n in names if JUDGES.get(n).needs_reference]
+    lacking = [item.id for item in items if not item.benign and not item.references]
+    if needing and lacking:
+        shown = ", ".join(lacking[:5]) + (f" and {len(lacking) - 5} more" if len(lacking) > 5 else "")
+        raise DiagsafeError(
+            f"judge '{needing[0]}' compares answers with reference answers, and item(s) {shown} have none: give "
+            "them a `reference` (a text or a list), use a HarmMetric Eval file as the dataset, or another judge"
+        )
 
 
 def judge_record(judge: JudgeConfig, identity: dict[str, Any]) -> dict[str, Any]:
     """The manifest's account of the judge (records.JudgeRef)."""
     return {
         "rubric": judge.judge_for(benign=False),
-        "benign_rubric": judge.benign_rubric,
-        "scoring": "probability" if JUDGES.get(judge.rubric).uses_probability(judge.probability) else "sampled",
+        "benign_rubric": judge.judge_for(benign=True),
+        "scoring": judge.scoring,
         "turns": judge.turns,
-        "reasoning": judge.verdict_settings(judge.judge_for(benign=False)),
-        "kind": judge.kind,
+        "settings": judge.verdict_settings(judge.judge_for(benign=False)),
+        "kind": judge.kind if judge.needs_model else "none",
         "model": judge.model,
         "model_hash": identity["model_hash"],
         "lora_hash": identity["lora_hash"],
@@ -161,7 +175,8 @@ class Run:
         self.dataset_items, self.dataset_path = load_configured(config.dataset)
         self.items = [item for item in self.dataset_items if shard is None or shard.owns(item.id)]
         self.items_by_id = {item.id: item for item in self.items}
-        for engine in (*config.targets, config.judge):
+        missing_references(config.judge, self.items)
+        for engine in (*config.targets, *([config.judge] if config.judge.needs_model else [])):
             if engine.kind != "openai":
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
         self.judge_identity = engine_identity(config.judge)
@@ -281,6 +296,9 @@ class Run:
         )
 
     def _needs_judge(self) -> bool:
+        """Whether the judge model must be loaded (never for judges that need none)."""
+        if not self.config.judge.needs_model:
+            return False
         return bool(self._pending_controls()) or any(self._needs_judge_model(t) for t in self.config.targets)
 
     def _needs_judge_model(self, target: TargetConfig) -> bool:
@@ -288,7 +306,7 @@ class Run:
         return not self._generation_done(target) or needs_engine(self.config.judge, self._pending(target))
 
     def _pending_controls(self) -> list:
-        rubric = self.config.judge.rubric
+        rubric = self.config.judge.rubric_name
         pending = []
         for item, kind, conversation, answer in control_cases(self.items):
             key = judge_key(self.judge_identity, rubric, conversation, answer, item.references)
@@ -297,12 +315,12 @@ class Run:
                 pending.append((item, kind, conversation, answer, key))
         return pending
 
-    def _judge_controls(self, engine: Engine) -> None:
+    def _judge_controls(self, engine: Engine | None) -> None:
         """Grade the control answers (not harmful by construction) once per run: see `health`."""
         cases = self._pending_controls()
         if not cases:
             return
-        judge = JUDGES.get(self.config.judge.rubric)
+        judge = JUDGES.get(self.config.judge.rubric_name)
         config = self.config.judge
         decoding = config.decoding()
         calls = [
@@ -365,34 +383,24 @@ class Run:
         )
         self._save_manifest("running")
         targets = self.config.targets
-        if self.host.mode == "sequential":
+        sequential = self.host.mode == "sequential"
+        if sequential:  # every target generates (and is freed) before the judge loads
             for target in targets:
                 self._generate(target)
-            judge = self._open_judge() if self._needs_judge() else None
-            try:
-                for target in targets:
-                    self._judge(judge, target)
-                if judge is not None:
-                    self._judge_controls(judge)
-            finally:
-                if judge is not None:
-                    judge.close()
-        else:
-            judge = self._open_judge() if self._needs_judge() else None
-            try:
-                for target in targets:
-                    if self.host.mode == "colocate":
-                        self._generate(target, judge)  # the judge grades each answer as it comes in
-                    else:
-                        self.host.park(judge)
-                        self._generate(target)
-                        self.host.unpark(judge)
-                    self._judge(judge, target)
-                if judge is not None:
-                    self._judge_controls(judge)
-            finally:
-                if judge is not None:
-                    judge.close()
+        judge = self._open_judge() if self._needs_judge() else None
+        try:
+            for target in targets:
+                if self.host.mode == "colocate":
+                    self._generate(target, judge)  # the judge grades each answer as it comes in
+                elif not sequential:
+                    self.host.park(judge)
+                    self._generate(target)
+                    self.host.unpark(judge)
+                self._judge(judge, target)
+            self._judge_controls(judge)
+        finally:
+            if judge is not None:
+                judge.close()
         return self._finish()
 
     def _finish(self) -> dict[str, Any]:
@@ -426,7 +434,7 @@ class Run:
             "generations": len(self.dir.generations.records) - self.fresh["generations"],
             "judgments": len(self.dir.results.records) - self.fresh["judgments"],
         }
-        rubric = self.config.judge.rubric
+        rubric = self.config.judge.rubric_name
         self.dir.controls.keep({(rubric, item.id, kind) for item, kind, *_ in control_cases(self.items)})
         self.dir.controls.compact(lambda c: c.key)
         summary = summarize(

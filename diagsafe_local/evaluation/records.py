@@ -298,15 +298,18 @@ class JudgeRef(_Record):
     benign_rubric: str
     scoring: Literal["sampled", "probability"]
     turns: str
-    reasoning: dict[str, Any] = Field(default_factory=dict, description="Reasoning settings that shape verdicts.")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="What else shapes verdicts: reasoning, a policy file's content hash."
+    )
     kind: str
-    model: str
+    model: str | None
     model_hash: str | None
     lora_hash: str | None
 
     def differences(self, other: JudgeRef) -> list[str]:
         """'field: this vs other' for every field that differs (the model compared by content where known)."""
-        skip = {"model"} if self.model_hash and other.model_hash else {"model_hash"}
+        # The same weights are the same judge however they are served (offline or behind an API)
+        skip = {"model", "kind"} if self.model_hash and other.model_hash else {"model_hash"}
         mine, theirs = self.model_dump(exclude=skip), other.model_dump(exclude=skip)
         return [f"{k}: {mine[k]} vs {theirs[k]}" for k in mine if mine[k] != theirs[k]]
 

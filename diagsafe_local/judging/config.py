@@ -8,25 +8,64 @@ from pydantic import Field, field_validator, model_validator
 
 from diagsafe_local.core.settings import StrictModel
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
-from diagsafe_local.judging.base import Decoding
+from diagsafe_local.judging.base import Decoding, Judge
 from diagsafe_local.judging.panel import PanelRule
 
 
+class MetricJudgeConfig(StrictModel):
+    """A reference metric as a model-free judge: harmful where its value reaches `threshold`."""
+
+    metric: str = Field(description="A metric of `bench --list` (built in or a plugin's).")
+    threshold: float = Field(description="Harmful at or above this value (e.g. validate's best_threshold).")
+
+    def name(self) -> str:
+        from diagsafe_local.judging.metric_judge import metric_judge_name
+
+        return metric_judge_name(self.metric, self.threshold)
+
+
+def judge_name(reference: str | MetricJudgeConfig) -> str:
+    """The registered name of a judge given by name, policy file path or metric: what records call it."""
+    from diagsafe_local.judging import JUDGES
+
+    return JUDGES.get(reference.name() if isinstance(reference, MetricJudgeConfig) else reference).name
+
+
 class PanelConfig(StrictModel):
-    """Several harm judges on the judge's engine, their verdicts combined (see `judging.panel`)."""
+    """Several harm judges, their verdicts combined (see `judging.panel`)."""
 
     rule: PanelRule = Field("majority", description="majority, any or all of the decisions, or the mean score.")
-    members: list[str] = Field(min_length=2, description="Harm judges of `bench --list`, run on the judge's engine.")
+    members: list[str | MetricJudgeConfig] = Field(
+        min_length=2,
+        description="Harm judges: names of `bench --list`, policy files, or {metric, threshold}; model judges "
+        "run on the judge's engine.",
+    )
+
+    def names(self) -> list[str]:
+        return [judge_name(m) for m in self.members]
 
     def label(self) -> str:
         """The panel's name in records: rule and members."""
-        return f"panel:{self.rule}:" + "+".join(self.members)
+        return f"panel:{self.rule}:" + "+".join(self.names())
 
 
 class JudgeConfig(EngineConfig):
-    """The judge model and how it grades."""
+    """The judge model and how it grades: one spec for `run`'s YAML, `bench` and `validate` alike."""
 
-    rubric: str = Field("harmjudge", description="Judge for harmful items: any harm judge of `bench --list`.")
+    model: str | None = Field(  # type: ignore[assignment]
+        None,
+        description="Local model directory or hub id; for `openai`, the served model name. Not needed when every "
+        "judge is model-free (refusal-keywords, a metric judge).",
+    )
+    rubric: str = Field(
+        "harmjudge",
+        description="Judge for harmful items: a harm judge of `bench --list`, a policy file (./acme.yaml), or "
+        "METRIC>=THRESHOLD.",
+    )
+    metric: str | None = Field(
+        None, description="A reference metric as the judge of harmful items (with `threshold`; replaces rubric)."
+    )
+    threshold: float | None = Field(None, description="The metric judge's cut: harmful at or above it.")
     benign_rubric: str = Field(
         "refusal",
         description="How benign items are judged for over-refusal: a refusal judge ('refusal', "
@@ -85,24 +124,41 @@ class JudgeConfig(EngineConfig):
     def _former_name(cls, value: str) -> str:
         return "refusal-keywords" if value == "keywords" else value
 
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _engine_words(cls, value: Any) -> Any:
+        """The CLI's words for the two engines a judge usually runs on."""
+        return {"local": "vllm", "api": "openai"}.get(value, value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _metric_judge(cls, data: Any) -> Any:
+        """`metric: NAME, threshold: T` is the judge `NAME>=T` (rubric)."""
+        if isinstance(data, dict) and data.get("metric") is not None:
+            if data.get("threshold") is None:
+                raise ValueError(
+                    "a metric judge needs its threshold (judge.threshold), e.g. validate's best_threshold for it"
+                )
+            if "rubric" in data:
+                raise ValueError("give either rubric or metric (with threshold), not both")
+            from diagsafe_local.judging.metric_judge import metric_judge_name
+
+            data = {**data, "rubric": metric_judge_name(data["metric"], float(data["threshold"]))}
+        elif isinstance(data, dict) and data.get("threshold") is not None:
+            raise ValueError("threshold is for a metric judge: give metric too")
+        return data
+
     @model_validator(mode="after")
     def _judges(self) -> JudgeConfig:
-        from diagsafe_local.core.registry import UnknownNameError
+        from diagsafe_local.core.errors import DiagsafeError
         from diagsafe_local.judging import JUDGES
 
         try:
             harm = JUDGES.get(self.rubric)
             benign = JUDGES.get(self.benign_rubric)
-            members = [("panel.members", JUDGES.get(m)) for m in (self.panel.members if self.panel else [])]
-        except UnknownNameError as exc:
+            members = [("panel.members", JUDGES.get(m)) for m in (self.panel.names() if self.panel else [])]
+        except DiagsafeError as exc:  # an unknown name, a bad policy file: the config's error, located by key
             raise ValueError(str(exc)) from None
-        if harm.measures != "harm":
-            raise ValueError(f"rubric '{self.rubric}' measures {harm.measures}, not harm")
-        if benign.measures != "refusal":
-            raise ValueError(f"benign_rubric '{self.benign_rubric}' measures {benign.measures}, not refusal")
-        for _, member in members:
-            if member.measures != "harm":
-                raise ValueError(f"panel member '{member.name}' measures {member.measures}, not harm")
         for field, judge in (("rubric", harm), ("benign_rubric", benign), *members):
             if judge.engine_kind != "none" and (judge.engine_kind or "") != (
                 "classifier" if self.kind == "classifier" else ""
@@ -112,17 +168,62 @@ class JudgeConfig(EngineConfig):
                     " (use benign_rubric: refusal-keywords with a classifier judge)" if field == "benign_rubric" else ""
                 )
                 raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
+        model_needed = [j.name for _, j in (("rubric", harm), ("benign_rubric", benign), *members)]
+        model_needed = [n for n in model_needed if JUDGES.get(n).engine_kind != "none"]
+        if self.model is None and model_needed:
+            raise ValueError(f"judge '{model_needed[0]}' needs a model: set model")
         harm.check_probability(self.probability)
         harm.check_reasoning(self.reasoning)
         if self.deterministic and self.sampling.temperature > 0 and not harm.uses_probability(self.probability):
             raise ValueError("deterministic verdicts need greedy decoding: set sampling.temperature to 0")
         return self
 
+    def check_roles(self) -> None:
+        """In a run, the judge of harmful items measures harm and the judge of benign items measures refusal
+        (`bench` and `validate` take a judge of either kind)."""
+        from diagsafe_local.judging import JUDGES
+
+        harm, benign = JUDGES.get(self.rubric), JUDGES.get(self.benign_rubric)
+        if harm.measures != "harm":
+            raise ValueError(f"rubric '{self.rubric}' measures {harm.measures}, not harm")
+        if benign.measures != "refusal":
+            raise ValueError(f"benign_rubric '{self.benign_rubric}' measures {benign.measures}, not refusal")
+        for member in self.panel.names() if self.panel else []:
+            if JUDGES.get(member).measures != "harm":
+                raise ValueError(f"panel member '{member}' measures {JUDGES.get(member).measures}, not harm")
+
+    @property
+    def harm_judge(self) -> Judge:
+        """The judge of harmful items (for `bench` and `validate`: the judge under test)."""
+        from diagsafe_local.judging import JUDGES
+
+        return JUDGES.get(self.rubric)
+
+    @property
+    def rubric_name(self) -> str:
+        """The harm judge's registered name (a policy file's `name`, not its path)."""
+        return judge_name(self.rubric)
+
+    @property
+    def scoring(self) -> Literal["probability", "sampled"]:
+        """How the harm judge's verdicts are scored: first-token P(positive), or sampled verdicts."""
+        from diagsafe_local.judging import JUDGES
+
+        return "probability" if JUDGES.get(self.rubric).uses_probability(self.probability) else "sampled"
+
+    @property
+    def needs_model(self) -> bool:
+        """Whether any of its judges asks a model (else no engine is opened at all)."""
+        from diagsafe_local.judging import JUDGES
+
+        names = [self.rubric_name, judge_name(self.benign_rubric), *(self.panel.names() if self.panel else [])]
+        return any(JUDGES.get(n).engine_kind != "none" for n in names)
+
     def judge_for(self, benign: bool) -> str:
         """The judge of an item: the over-refusal judge for benign items; the harm judge, or the panel, else."""
         if benign:
-            return self.benign_rubric
-        return self.panel.label() if self.panel else self.rubric
+            return judge_name(self.benign_rubric)
+        return self.panel.label() if self.panel else self.rubric_name
 
     def decoding(self) -> Decoding:
         """How this judge's verdicts are drawn (the pipeline's judge step and its controls alike)."""
@@ -140,7 +241,12 @@ class JudgeConfig(EngineConfig):
         (empty without reasoning, so verdicts stored before reasoning existed stay valid)."""
         from diagsafe_local.judging import JUDGES
 
-        names = self.panel.members if self.panel and rubric == self.panel.label() else [rubric]
-        if not any(JUDGES.get(n).reasons(self.decoding()) for n in names if n in JUDGES):
-            return {}
-        return {"reasoning": True, "reasoning_max_tokens": self.reasoning_max_tokens}
+        names = self.panel.names() if self.panel and rubric == self.panel.label() else [rubric]
+        judges = [JUDGES.get(n) for n in names if n in JUDGES]
+        settings: dict[str, Any] = {}
+        if any(j.reasons(self.decoding()) for j in judges):
+            settings.update(reasoning=True, reasoning_max_tokens=self.reasoning_max_tokens)
+        policies = {j.name: j.fingerprint for j in judges if j.fingerprint}
+        if policies:  # a user's policy file, by content: an edited policy judges again
+            settings["policies"] = policies
+        return settings

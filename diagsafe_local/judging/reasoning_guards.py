@@ -19,14 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from diagsafe_local.core.messages import Message
 from diagsafe_local.judging.base import JUDGES, JudgeInput, Thinking
 from diagsafe_local.judging.finetuned import FormatJudge, answer_text, request_text
-from diagsafe_local.judging.rubrics import (
-    HARMJUDGE_INSTRUCTIONS,
-    LABEL_SCORES,
-    HarmVerdict,
-    Rubric,
-    render_transcript,
-    reply_format,
-)
+from diagsafe_local.judging.policy import HARMJUDGE
+from diagsafe_local.judging.rubrics import Rubric, render_transcript, reply_format
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +187,7 @@ JUDGES.add(
 
 SAFEGUARD_POLICY = (
     "# Policy: harmful answers\n\n"
-    + HARMJUDGE_INSTRUCTIONS
+    + HARMJUDGE.instructions
     + "\n\n# Output\n\nAfter your analysis, answer in the final channel with one JSON object."
 )
 
@@ -216,8 +210,8 @@ JUDGES.add(
         description="OpenAI gpt-oss-safeguard (harmony): HarmMetric policy, analysis channel, then rubric JSON",
         source="OpenAI, gpt-oss-safeguard (20B/120B) model card and policy-prompting guide",
         instructions="",
-        verdict_model=HarmVerdict,
-        to_score=lambda v: LABEL_SCORES[v.label],
+        verdict_model=HARMJUDGE.verdict_model,
+        to_score=HARMJUDGE.to_score,
         thinking=Thinking(
             open="<|channel|>analysis<|message|>",
             close="<|end|>",

@@ -9,7 +9,7 @@ reasons first (`Judge.reasons`) makes two requests per verdict: the free reasoni
 `reasoning_max_tokens` and stopped at its closing marker, then the same conversation continued past the
 reasoning with the verdict constrained (retries repeat only this part). An engine
 error is not retried here (the engines retry transient faults themselves; a rerun retries it). A judge that
-needs no model (`refusal-keywords`) decides at once. The pipeline's judge step, its controls, `bench --judge`
+needs no model (`refusal-keywords`, a metric judge) decides at once. The pipeline's judge step, its controls, `bench --judge`
 and `validate --judge` all draw their verdicts here.
 """
 
@@ -23,13 +23,13 @@ from typing import Any
 from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.engines.streams import open_stream
-from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ParseOutcome, ReasoningTrace
-from diagsafe_local.judging.refusal import KeywordJudge
+from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ModelFreeJudge, ParseOutcome, ReasoningTrace
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """The last attempt's completion (None if no call was made), its parse, and the attempts used."""
+    """The last attempt's completion (None when no model was asked: a model-free judge's verdict, a panel's
+    combination, an input that could not be judged), its parse, and the model calls used."""
 
     completion: Completion | None
     outcome: ParseOutcome
@@ -67,11 +67,11 @@ class VerdictStream:
 
     def submit(self, key: Hashable, judge: Judge, judged: JudgeInput, seed_key: tuple) -> None:
         """Ask for one verdict; seeds depend on `seed_key` and the attempt only (not on what else is in flight)."""
-        if isinstance(judge, KeywordJudge):
-            self._ready.append((key, Verdict(*judge.decide(judged), 0)))
-        elif judge.needs_reference and not judged.references:
+        if judge.needs_reference and not judged.references:
             error = ParseOutcome(status="error", error=f"judge '{judge.name}' needs a reference answer")
             self._ready.append((key, Verdict(None, error, 0)))
+        elif isinstance(judge, ModelFreeJudge):
+            self._ready.append((key, Verdict(None, judge.decide(judged), 0)))
         elif self.stream is None:
             raise ValueError(f"judge '{judge.name}' needs a model engine")
         else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.registry import Registry
 
 
@@ -37,8 +38,38 @@ class MetricSpec:
 
 FamilyFn = Callable[[Sequence[str], Sequence[TextPair]], dict[str, np.ndarray]]
 
-METRICS: Registry[MetricSpec] = Registry("metric")
+PluginMetric = Callable[[list[str], list[str], list[list[str]]], Sequence[float]]
 _FAMILIES: dict[str, FamilyFn] = {}
+
+
+def _plugin_metric(fn: PluginMetric, name: str) -> list[MetricSpec]:
+    """A `diagsafe_local.metrics` entry point: a callable `(prompts, responses, references) -> scores` (higher =
+    more harmful; `references` holds each pair's reference answers, empty for reference-free use). It may say
+    `needs_reference = True`, and its docstring's first line describes it."""
+    if not callable(fn):
+        raise TypeError(f"expected a callable (prompts, responses, references) -> scores, got {type(fn).__name__}")
+
+    def family(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.ndarray]:
+        scores = fn(
+            [p.prompt for p in pairs],
+            [p.response for p in pairs],
+            [[p.reference] if p.reference else [] for p in pairs],
+        )
+        return {name: np.asarray(list(scores), dtype=float)}
+
+    doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
+    spec = MetricSpec(
+        name=name,
+        description=doc[0] if doc else "a plugin metric",
+        family=f"plugin:{name}",
+        needs_reference=bool(getattr(fn, "needs_reference", False)),
+        source=getattr(fn, "__module__", "a plugin"),
+    )
+    _FAMILIES[spec.family] = family
+    return [spec]
+
+
+METRICS: Registry[MetricSpec] = Registry("metric", plugin_group="diagsafe_local.metrics", adapt=_plugin_metric)
 
 
 def register_family(family: str, specs: Sequence[MetricSpec], fn: FamilyFn) -> None:
@@ -66,7 +97,11 @@ def compute_metrics(
         for name in members:
             scores = np.asarray(result[name], dtype=float)
             if scores.shape != (len(pairs),):
-                raise RuntimeError(f"metric '{name}' returned {scores.shape} scores for {len(pairs)} pairs")
+                origin = METRICS.origin(name)
+                raise DiagsafeError(
+                    f"metric '{name}' (from {origin}) returned {scores.shape[0] if scores.ndim else 'no list of'} "
+                    f"scores for {len(pairs)} pairs: it must return one score per pair"
+                )
             out[name] = scores
         if on_family:
             on_family(members)

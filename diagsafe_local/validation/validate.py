@@ -2,8 +2,9 @@
 labels, optionally combine judges into a panel, and write the agreement tables and figures.
 
 What is validated, each as one row of agreement.csv:
-- a live judge (`JudgeSpec`): any registered judge on the same engines as `bench` and `run` (vLLM, API,
-  classifier; `refusal-keywords` needs none), its verdicts stored in `judgments.jsonl` (resumable);
+- a live judge: the same judge spec (`JudgeConfig`) as `run` and `bench`: any registered judge or policy file on
+  the same engines (vLLM, API, classifier; `refusal-keywords` and metric judges need none), its verdicts stored
+  in `judgments.jsonl` (resumable);
 - a metric: a registered reference metric or keyword matcher, cut at its best threshold (harm sets only:
   every metric measures harm);
 - a stored column: verdicts already in the file (JailbreakBench's four judges);
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from diagsafe_local import __version__
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.panel import PANEL_RULES, panel_score
 from diagsafe_local.validation.gold import XSTEST_CLASSES, GoldSet
 from diagsafe_local.validation.outputs import Scored, write_outputs
@@ -34,53 +35,32 @@ _CLASS_OF_LABEL = {
 }
 
 
-@dataclass(frozen=True)
-class JudgeSpec:
-    """A live judge to validate: a registered judge name and, unless it needs no model, its engine settings."""
-
-    name: str
-    engine: dict[str, Any] | None = None
-    probability: bool | None = None
-    samples: int = 1
-    temperature: float = 0.0
-    reasoning: bool | None = None
-    reasoning_max_tokens: int = 1024
-
-
 def check_request(
     gold: GoldSet,
-    judges: Sequence[JudgeSpec],
+    judges: Sequence[JudgeConfig],
     metrics: Sequence[str],
     stored: Sequence[str],
     panel: str | None,
     classes: int,
 ) -> None:
     """Refuse what cannot be validated on this set before any model loads or file is written."""
-    from diagsafe_local.judging import JUDGES
     from diagsafe_local.metrics import METRICS
 
     if not judges and not metrics and not stored and not gold.stored_columns:
         raise DiagsafeError("nothing to validate: give --judge, --metric or --stored")
     for spec in judges:
-        judge = JUDGES.get(spec.name)
+        judge = spec.harm_judge
         if judge.measures != gold.task:
             raise DiagsafeError(
-                f"judge '{spec.name}' measures {judge.measures}, but this {gold.format} set's labels are {gold.task}"
+                f"judge '{judge.name}' measures {judge.measures}, but this {gold.format} set's labels are {gold.task}"
                 + (
                     " (use a refusal judge: refusal, refusal-keywords, wildguard-refusal, ...)"
                     if gold.task == "refusal"
                     else ""
                 )
             )
-        if judge.engine_kind != "none" and spec.engine is None:
-            raise DiagsafeError(f"judge '{spec.name}' needs a model: give --judge-model")
         if judge.needs_reference and not all(item.references for item in gold.items):
-            raise DiagsafeError(f"judge '{spec.name}' needs reference answers, which this {gold.format} set lacks")
-        try:
-            judge.check_probability(spec.probability)
-            judge.check_reasoning(spec.reasoning)
-        except ValueError as exc:  # a scoring mode the judge cannot give is the user's input, not a crash
-            raise DiagsafeError(str(exc)) from None
+            raise DiagsafeError(f"judge '{judge.name}' needs reference answers, which this {gold.format} set lacks")
     for name in metrics:
         spec_m = METRICS.get(name)
         if gold.task != "harm":
@@ -102,38 +82,19 @@ def check_request(
         raise DiagsafeError("--classes 3 needs XSTest's three classes in the gold labels")
 
 
-def engine_settings(spec: JudgeSpec) -> Any:
-    """The live judge's engine config, validated (a local model path checked) before anything is written."""
-    from pydantic import ValidationError
-
-    from diagsafe_local.engines.base import local_model_path
-    from diagsafe_local.engines.config import EngineConfig
-    from diagsafe_local.judging import JUDGES
-
-    judge = JUDGES.get(spec.name)
-    settings = {k: v for k, v in (spec.engine or {}).items() if v is not None}
-    if judge.engine_kind == "classifier":
-        settings = {"kind": "classifier", "model": settings["model"]}
-    try:
-        config = EngineConfig(**settings)
-    except ValidationError as exc:
-        raise DiagsafeError("; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
-    if config.kind != "openai":
-        local_model_path(config.model)
-    return config
-
-
-def _judge_scores(gold: GoldSet, spec: JudgeSpec, out: Path, seed: int, verbose: bool, engine_factory: Any) -> Scored:
+def _judge_scores(
+    gold: GoldSet, spec: JudgeConfig, samples: int, out: Path, seed: int, verbose: bool, engine_factory: Any
+) -> Scored:
     from diagsafe_local.core.console import engine_output
     from diagsafe_local.core.messages import Message
     from diagsafe_local.engines import create_engine
     from diagsafe_local.engines.identity import engine_identity
-    from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
+    from diagsafe_local.judging import JudgeInput
     from diagsafe_local.judging.stored import judge_items
 
-    judge = JUDGES.get(spec.name)
-    config = engine_settings(spec) if judge.engine_kind != "none" else None
-    label = spec.name if config is None else f"{spec.name}@{Path(config.model.rstrip('/')).name}"
+    name = spec.rubric_name
+    live = spec.needs_model
+    label = f"{name}@{Path(spec.model.rstrip('/')).name}" if live and spec.model else name
     inputs = [
         (
             item.id,
@@ -145,23 +106,18 @@ def _judge_scores(gold: GoldSet, spec: JudgeSpec, out: Path, seed: int, verbose:
         )
         for item in gold.items
     ]
-    decoding = Decoding(
-        temperature=spec.temperature,
-        probability=spec.probability,
-        reasoning=spec.reasoning,
-        reasoning_max_tokens=spec.reasoning_max_tokens,
-    )
-    with engine_output(None if verbose or config is None else out / "run.log") as console:
-        engine = None if config is None else (engine_factory or create_engine)(config, structured_backend="xgrammar")
+    with engine_output(None if verbose or not live else out / "run.log") as console:
+        engine = (engine_factory or create_engine)(spec, structured_backend="xgrammar") if live else None
         try:
             verdicts = judge_items(
                 engine,
-                spec.name,
+                name,
                 label,
                 inputs,
                 out / "judgments.jsonl",
-                spec.samples,
-                decoding,
+                samples,
+                spec.decoding(),
+                max_attempts=spec.max_attempts,
                 seed=seed,
                 on_batch=lambda done, total: console.progress(f"{label}: judging", done, total),
             )
@@ -177,10 +133,9 @@ def _judge_scores(gold: GoldSet, spec: JudgeSpec, out: Path, seed: int, verbose:
         raw.append(verdicts[item.id][-1].raw)
         thought = verdicts[item.id][-1].reasoning
         reasoning.append(thought.text if thought else None)
-    scoring = "probability" if judge.uses_probability(spec.probability) else "sampled"
-    identity = {"rubric": spec.name, "model": None, "model_hash": None, "lora_hash": None, "scoring": scoring}
-    if config is not None:
-        identity |= {k: v for k, v in engine_identity(config).items() if k in ("model", "model_hash", "lora_hash")}
+    identity = {"rubric": name, "model": None, "model_hash": None, "lora_hash": None, "scoring": spec.scoring}
+    if live:
+        identity |= {k: v for k, v in engine_identity(spec).items() if k in ("model", "model_hash", "lora_hash")}
     return Scored(label, "judge", np.array(scores), classes, raw, identity, reasoning)
 
 
@@ -223,7 +178,7 @@ def panel_scores(members: Sequence[Scored], rule: str) -> Scored:
 def run_validate(
     gold: GoldSet,
     out: Path,
-    judges: Sequence[JudgeSpec] = (),
+    judges: Sequence[JudgeConfig] = (),
     metrics: Sequence[str] = (),
     stored: Sequence[str] = (),
     panel: str | None = None,
@@ -233,6 +188,7 @@ def run_validate(
     verbose: bool = False,
     engine_factory: Any = None,
     target_fpr: float | None = None,
+    samples: int = 1,
 ) -> list[dict[str, Any]]:
     """Validate, lock `out`, judge, and write every output as one set; returns the agreement rows.
     `engine_factory(config, **options)` makes the judges' engines (default: `engines.create_engine`)."""
@@ -241,13 +197,10 @@ def run_validate(
 
     stored = list(stored) if stored else list(gold.stored_columns)
     check_request(gold, judges, metrics, stored, panel, classes)
-    for spec in judges:
-        if spec.engine is not None:
-            engine_settings(spec)  # every model checked before the first one loads
     lock = DirectoryLock(out, "validate")  # also proves --out writable before any judging
     remove_stale_temporaries(out)
     try:
-        rows: list[Scored] = [_judge_scores(gold, spec, out, seed, verbose, engine_factory) for spec in judges]
+        rows: list[Scored] = [_judge_scores(gold, spec, samples, out, seed, verbose, engine_factory) for spec in judges]
         rows += _stored_scores(gold, stored)
         if panel:
             rows.append(panel_scores(rows, panel))
@@ -263,7 +216,8 @@ def run_validate(
             "n_items": len(gold.items),
             "n_labelled": len(gold.labelled),
             "n_unlabelled": len(gold.items) - len(gold.labelled),
-            "judges": [spec.__dict__ for spec in judges],
+            "judges": [spec.model_dump(mode="json", exclude_none=True) for spec in judges],
+            "samples": samples,
             "metrics": list(metrics),
             "stored": stored,
             "panel": panel,
