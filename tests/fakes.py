@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest
+from diagsafe_local.engines.base import Completion, EngineBase, EngineInfo, GenerationRequest
 
 
 def default_responder(request: GenerationRequest) -> Completion:
@@ -34,7 +34,7 @@ def default_responder(request: GenerationRequest) -> Completion:
     return Completion(text=json.dumps(verdict), finish_reason="stop", prompt_tokens=100, completion_tokens=30)
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineBase):
     """Implements the Engine interface with a Python function per request."""
 
     def __init__(

@@ -226,6 +226,8 @@ def _summary(asr, cat_asr, failures=0, health=HEALTHY, truncated=0.0):
                 "by_category": {"cyber": group},
                 "failure_rate": failures / 40,
                 "n_harmful_items": 40,
+                "n_answers": 40,
+                "n_judged": 40 - failures,
                 "n_parse_failures": failures,
                 "n_errors": 0,
                 "judge_health": health,

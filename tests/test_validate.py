@@ -297,7 +297,7 @@ def test_a_judge_of_the_wrong_kind_or_without_a_model_is_refused_before_anything
     )  # fmt: skip
     assert result.exit_code == 2 and "cannot score by probability" in result.output and "Traceback" not in result.output
     result = validate("--gold", str(JBB), "--format", "nope", "--out", str(out))
-    assert result.exit_code == 2 and "--format must be one of" in result.output
+    assert result.exit_code == 2 and "unknown gold format" in result.output
     assert not out.exists()
 
 

@@ -195,6 +195,7 @@ def judge_spec(rubric: str, model: str | None, settings: dict[str, Any]) -> Any:
     anything is loaded or written; a mistake names the option (exit 2)."""
     from pydantic import ValidationError
 
+    from diagsafe_local.engines import capabilities
     from diagsafe_local.engines.base import local_model_path
     from diagsafe_local.judging import JUDGES
     from diagsafe_local.judging.config import JudgeConfig
@@ -218,7 +219,7 @@ def judge_spec(rubric: str, model: str | None, settings: dict[str, Any]) -> Any:
             message = error["msg"].removeprefix("Value error, ").replace("base_url", "--base-url")
             problems.append(f"{flags.get(where, where).split('/')[0]}: {message}" if where else message)
         raise DiagsafeError("; ".join(problems)) from None
-    if config.needs_model and config.kind != "openai":
+    if config.needs_model and capabilities(config.kind).local:
         local_model_path(config.model)  # type: ignore[arg-type]
     return config
 

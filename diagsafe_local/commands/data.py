@@ -16,21 +16,29 @@ app = typer.Typer(
 
 @app.command("list")
 @user_errors
-def list_sets() -> None:
-    """Every prompt set: size, license, what it measures, and whether it is in the local cache."""
-    from rich.console import Console
-    from rich.table import Table
-
+def list_sets(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line, for programs.")] = False,
+) -> None:
+    """Every prompt set (plugins' included, with their package): size, license, what it measures, cached or not."""
+    from diagsafe_local.commands.common import print_listing
     from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS
 
-    table = Table(title="prompt sets (dataset.set in a run config)")
-    for column in ("name", "size", "license", "measures", "cached"):
-        table.add_column(column)
-    for spec in PROMPT_SETS:
-        table.add_row(
-            spec.name, spec.size, spec.license, spec.measures, "yes" if spec.cached_path().is_file() else "no"
-        )
-    Console(width=None if __import__("sys").stdout.isatty() else 160).print(table)
+    rows = [
+        {
+            "name": spec.name,
+            "kind": "prompt set",
+            "size": spec.size,
+            "license": spec.license,
+            "measures": spec.measures,
+            "description": spec.description,
+            "source": spec.url or (f"hf://datasets/{spec.hub_repo}" if spec.hub_repo else None),
+            "cached": spec.cached_path().is_file(),
+            "package": PROMPT_SETS.origin(spec.name),
+        }
+        for spec in PROMPT_SETS
+    ]
+    columns = ["name", "size", "license", "measures", "cached", "package"]
+    print_listing("prompt sets (dataset.set in a run config)", rows, columns, as_json)
 
 
 @app.command("show")

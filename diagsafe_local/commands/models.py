@@ -16,16 +16,46 @@ app = typer.Typer(
 
 @app.command("list")
 @user_errors
-def list_models() -> None:
-    """Every preparable model, and where it is once prepared."""
+def list_models(
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line, for programs.")] = False,
+) -> None:
+    """Every preparable model and where it is once prepared; then the engine kinds and what each can do."""
+    from diagsafe_local.commands.common import print_listing
+    from diagsafe_local.engines import ENGINES
     from diagsafe_local.engines.prepared_models import PREPARED_MODELS, prepared_directory
 
-    for spec in PREPARED_MODELS:
-        where = prepared_directory(spec.name)
-        typer.echo(
-            f"{spec.name}: {spec.description} ({spec.package}=={spec.version}, {spec.license}); "
-            + (f"prepared at {where}" if where else "not prepared")
-        )
+    models = [
+        {
+            "name": spec.name,
+            "kind": "model",
+            "description": spec.description,
+            "source": f"{spec.package}=={spec.version} (PyPI)",
+            "license": spec.license,
+            "prepared": str(prepared_directory(spec.name) or "") or "not prepared",
+            "package": PREPARED_MODELS.origin(spec.name),
+        }
+        for spec in PREPARED_MODELS
+    ]
+    engines = [
+        {
+            "name": kind.name,
+            "kind": "engine",
+            "description": kind.description,
+            **kind.capabilities.model_dump(),
+            "package": ENGINES.origin(kind.name),
+        }
+        for kind in ENGINES
+    ]
+    if as_json:
+        print_listing("", models + engines, [], as_json=True)
+        return
+    print_listing("models (diagsafe-local models prepare NAME)", models, ["name", "description", "source", "prepared"])
+    capability_columns = list(engines[0]) if engines else []
+    print_listing(
+        "engine kinds (kind: in an engine config)",
+        engines,
+        [c for c in capability_columns if c not in ("kind", "description")] + ["description"],
+    )
 
 
 @app.command("prepare")

@@ -104,7 +104,8 @@ class EngineInfo(BaseModel):
 
 
 class Engine(Protocol):
-    """A chat model behind one batch method."""
+    """A chat model behind one batch method; optional features (its own request stream, sleep mode) answer
+    "not here" by default (see `EngineBase`), and an engine kind declares which it has (`engines.kinds`)."""
 
     info: EngineInfo
     calls: int
@@ -113,9 +114,34 @@ class Engine(Protocol):
         """Complete every request; results in request order."""
         ...
 
+    def open_stream(self) -> Any:
+        """The engine's own request stream (`engines.streams.Stream`), or None (a batch stream is made)."""
+        ...
+
+    def sleep(self) -> bool:
+        """Offload the weights while idle (True), where the engine can."""
+        ...
+
+    def wake_up(self) -> None:
+        """Bring slept weights back."""
+        ...
+
     def close(self) -> None:
         """Free the engine's memory (GPU or CPU)."""
         ...
+
+
+class EngineBase:
+    """What every engine has unless it does better: no stream of its own, no sleep mode."""
+
+    def open_stream(self) -> Any:
+        return None
+
+    def sleep(self) -> bool:
+        return False
+
+    def wake_up(self) -> None:
+        return None
 
 
 def logsumexp(values: Sequence[float]) -> float:
@@ -173,7 +199,7 @@ def error_completion(message: str) -> Completion:
     return Completion(text="", finish_reason="error", error=message)
 
 
-class BorrowedEngine:
+class BorrowedEngine(EngineBase):
     """A view of an engine shared by several runs: counts its own calls; close() leaves the engine loaded."""
 
     def __init__(self, engine: Engine) -> None:
@@ -188,8 +214,7 @@ class BorrowedEngine:
     def open_stream(self) -> Any:
         """The shared engine's own stream; None where it has none (a batch stream is made instead)."""
         self.calls += 1
-        opener = getattr(self._engine, "open_stream", None)
-        return opener() if opener is not None else None
+        return self._engine.open_stream()
 
     def close(self) -> None:
         """Leave the shared engine to its owner."""

@@ -9,14 +9,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
-from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion, local_model_path
+from diagsafe_local.engines.base import (
+    Completion,
+    EngineBase,
+    EngineInfo,
+    GenerationRequest,
+    error_completion,
+    local_model_path,
+)
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import cuda_available, model_fingerprint, package_versions
 
 BATCH = 32
 
 
-class ClassifierEngine:
+class ClassifierEngine(EngineBase):
     """transformers `AutoModelForSequenceClassification`, batched, truncating to the model's length."""
 
     def __init__(self, config: EngineConfig, **_: Any) -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from diagsafe_local.core.settings import StrictModel
 
@@ -24,11 +24,12 @@ class SamplingConfig(StrictModel):
 class EngineConfig(StrictModel):
     """Where and how a model runs. `kind: vllm` is the offline engine on this node."""
 
-    kind: Literal["vllm", "openai", "transformers", "classifier"] = Field(
+    kind: str = Field(
         "vllm",
-        description="vllm: offline on this node; openai: an OpenAI-compatible endpoint; "
-        "transformers: Hugging Face transformers + outlines (no vLLM needed); classifier: a transformers "
-        "sequence classifier (judges such as gptfuzzer; chosen automatically for them).",
+        description="An engine kind (`diagsafe-local engines`): vllm: offline on this node; openai: an "
+        "OpenAI-compatible endpoint; transformers: Hugging Face transformers + outlines (no vLLM needed); "
+        "classifier: a transformers sequence classifier (judges such as gptfuzzer; chosen automatically for "
+        "them); or a plugin's kind.",
     )
     model: str = Field(..., description="Local model directory or hub id; for `openai`, the served model name.")
     revision: str | None = Field(None, description="Hub revision (commit, tag or branch); None for local paths.")
@@ -67,10 +68,24 @@ class EngineConfig(StrictModel):
     lora: str | None = Field(None, description="LoRA adapter directory applied to `model` (vllm, transformers).")
     max_lora_rank: int = Field(64, ge=1, description="Largest LoRA rank the engine accepts.")
 
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        from diagsafe_local.core.registry import UnknownNameError
+        from diagsafe_local.engines.kinds import ENGINES
+
+        try:
+            ENGINES.get(value)
+        except UnknownNameError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
     @model_validator(mode="after")
     def _endpoint(self) -> EngineConfig:
-        if self.kind == "openai" and not self.base_url:
-            raise ValueError("kind 'openai' needs base_url")
+        from diagsafe_local.engines.kinds import capabilities
+
+        if capabilities(self.kind).remote and not self.base_url:
+            raise ValueError(f"kind '{self.kind}' needs base_url")
         if "trust_remote_code" in self.engine_kwargs:
             raise ValueError(
                 "engine_kwargs cannot set trust_remote_code: running a model's own code needs the "

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import cuda_available
+from diagsafe_local.engines.kinds import capabilities
 
 WEIGHT_SHARE = 0.6  # of an engine's GPU memory: the weights; the rest holds activations and the KV cache
 ALONE_SHARE = 0.9  # vLLM's default gpu_memory_utilization, for an engine that has its GPUs to itself
@@ -143,8 +144,9 @@ def plan_gpus(
     sizes = dict(sizes or {})
     notes: list[str] = []
     engines: list[EnginePlan] = []
-    gpu_engines = [(f"target:{getattr(t, 'label', t.model)}", t, target_memory) for t in targets if t.kind != "openai"]
-    if judge is not None and judge.kind != "openai":
+    local = [t for t in targets if capabilities(t.kind).local]
+    gpu_engines = [(f"target:{getattr(t, 'label', t.model)}", t, target_memory) for t in local]
+    if judge is not None and capabilities(judge.kind).local:
         gpu_engines.append(("judge", judge, judge_memory))
     for role, config, colocated_share in gpu_engines:
         share = colocated_share if mode == "colocate" else ALONE_SHARE
@@ -160,7 +162,7 @@ def plan_gpus(
                 notes.append(f"{config.model}: size from the {source}")
         tp = _tensor_parallel(weights, share * memory, config.tensor_parallel_size) if gpus else 1
         gib = (weights or 0) / GIB
-        if config.kind != "vllm" and tp > 1:
+        if tp > 1 and not capabilities(config.kind).tensor_parallel:
             raise DiagsafeError(
                 f"{config.model} ({gib:.1f} GiB) does not fit one GPU and engine kind '{config.kind}' "
                 "cannot shard it; use kind: vllm"

@@ -16,6 +16,7 @@ from diagsafe_local.engines.base import Engine
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import GpuPlan
 from diagsafe_local.engines.identity import cuda_available
+from diagsafe_local.engines.kinds import capabilities
 
 log = logging.getLogger(__name__)
 Mode = Literal["colocate", "sequential", "sleep"]
@@ -46,7 +47,7 @@ class Host:
     def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
         start = time.perf_counter()
         planned = self.plan.tensor_parallel(role) if self.plan else 1
-        if config.kind == "vllm" and planned > config.tensor_parallel_size:
+        if capabilities(config.kind).tensor_parallel and planned > config.tensor_parallel_size:
             config = config.model_copy(update={"tensor_parallel_size": planned})
         engine = self.factory(config, **options)
         self.loaded[role] = {
@@ -72,8 +73,8 @@ class Host:
     def park(self, engine: Engine | None) -> None:
         """Offload an idle engine's weights while another works (sleep mode only)."""
         if engine is not None and self.mode == "sleep":
-            engine.sleep()  # type: ignore[attr-defined]
+            engine.sleep()
 
     def unpark(self, engine: Engine | None) -> None:
         if engine is not None and self.mode == "sleep":
-            engine.wake_up()  # type: ignore[attr-defined]
+            engine.wake_up()

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
 from diagsafe_local.engines.base import (
     Completion,
+    EngineBase,
     EngineInfo,
     GenerationRequest,
     error_completion,
@@ -83,7 +84,7 @@ def _retry_after(exc: Exception) -> float | None:
         return None
 
 
-class OpenAIEngine:
+class OpenAIEngine(EngineBase):
     """OpenAI-compatible chat completions behind the Engine interface."""
 
     def __init__(self, config: EngineConfig, **_: Any) -> None:

@@ -57,8 +57,7 @@ class BatchStream:
 
 def open_stream(engine: Engine, max_batch: int = 256) -> Stream:
     """The engine's own stream where it has one, else a `BatchStream` of `max_batch` requests per poll."""
-    opener = getattr(engine, "open_stream", None)
-    stream = opener() if opener is not None else None
+    stream = engine.open_stream()
     return stream if stream is not None else BatchStream(engine, max_batch)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
 from diagsafe_local.engines.base import (
     Completion,
+    EngineBase,
     EngineInfo,
     GenerationRequest,
     error_completion,
@@ -28,7 +29,7 @@ from diagsafe_local.engines.identity import model_fingerprint, package_versions
 COMPACT_WHITESPACE = r"[ ]?"
 
 
-class TransformersEngine:
+class TransformersEngine(EngineBase):
     """transformers `generate` (plain) and outlines (schema-constrained) behind the Engine interface."""
 
     def __init__(self, config: EngineConfig, **_: Any) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError, RunFailed
 from diagsafe_local.engines.base import (
     Completion,
+    EngineBase,
     EngineInfo,
     GenerationRequest,
     error_completion,
@@ -63,7 +64,7 @@ def deterministic_mode(requested: bool) -> str | None:
     return "one-at-a-time"
 
 
-class VLLMEngine:
+class VLLMEngine(EngineBase):
     """`vllm.LLM` behind the Engine interface."""
 
     def __init__(

@@ -120,7 +120,7 @@ def check_gate(summary: dict[str, Any], gate: GateConfig, targets: list[str] | N
         health = stats.get("judge_health")
         if health is None:
             verdict(False, f"{name}: judge health unknown (summary written by an older version); re-run to check it")
-        elif not health["n_verdicts"] and stats["n_harmful_items"]:
+        elif not stats["n_judged"] and stats["n_answers"]:
             verdict(False, f"{name}: judge health: no verdicts (nothing was judged, so nothing is known)")
         elif health["degenerate"]:
             allowed = gate.allow_degenerate_judge

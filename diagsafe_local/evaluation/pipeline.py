@@ -24,7 +24,7 @@ from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.locking import DirectoryLock
-from diagsafe_local.engines import Engine, create_engine
+from diagsafe_local.engines import Engine, capabilities, create_engine
 from diagsafe_local.engines.base import local_model_path
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import GpuPlan, plan_gpus, visible_gpu_memory
@@ -69,7 +69,9 @@ RUN_FILES = (
 
 
 def engine_ref(config: EngineConfig) -> EngineRef:
-    """How records name an engine (no secrets)."""
+    """How records name an engine (no secrets); a judge without a model is kind 'none'."""
+    if config.model is None:
+        return EngineRef(kind="none", model="none")
     return EngineRef(kind=config.kind, model=config.model, lora=config.lora, base_url=config.base_url)
 
 
@@ -177,7 +179,7 @@ class Run:
         self.items_by_id = {item.id: item for item in self.items}
         missing_references(config.judge, self.items)
         for engine in (*config.targets, *([config.judge] if config.judge.needs_model else [])):
-            if engine.kind != "openai":
+            if capabilities(engine.kind).local:
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
         self.judge_identity = engine_identity(config.judge)
         self.judge_validation = judge_validation(config.judge, self.judge_identity)  # checked before the directory
@@ -505,7 +507,7 @@ def plan_run(
     plan = plan_gpus(
         memory,
         config.targets,
-        config.judge,
+        config.judge if config.judge.needs_model else None,
         placement.mode,
         placement.target_memory,
         placement.judge_memory,

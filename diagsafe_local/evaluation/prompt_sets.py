@@ -39,12 +39,21 @@ class PromptSet:
     hub_repo: str | None = None
     hub_file: str | None = None
     parse: Callable[[Path], list[Item]] = lambda path: []
+    shipped: Path | None = None  # a file that comes with the set's package (a plugin's prompts): nothing to fetch
 
     def cached_path(self) -> Path:
-        return cache_dir() / "prompt_sets" / self.name / self.filename
+        return self.shipped or cache_dir() / "prompt_sets" / self.name / self.filename
 
 
-PROMPT_SETS: Registry[PromptSet] = Registry("prompt set")
+def _plugin_set(obj: Any, name: str) -> list[PromptSet]:
+    """A `diagsafe_local.prompt_sets` entry point: a PromptSet (or a callable returning one)."""
+    made = obj() if callable(obj) and not isinstance(obj, PromptSet) else obj
+    if not isinstance(made, PromptSet):
+        raise TypeError(f"expected a diagsafe_local PromptSet, got {type(made).__name__}")
+    return [made]
+
+
+PROMPT_SETS: Registry[PromptSet] = Registry("prompt set", plugin_group="diagsafe_local.prompt_sets", adapt=_plugin_set)
 
 
 def _need(path: Path, line: int, row: dict[str, Any], field: str) -> str:

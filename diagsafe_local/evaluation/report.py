@@ -70,8 +70,10 @@ def _health_cell(stats: dict[str, Any]) -> str:
     health = stats.get("judge_health")
     if health is None:
         return "unknown"
-    if not health["n_verdicts"]:
+    if not stats["n_judged"]:
         return "no verdicts"
+    if not health["n_verdicts"]:
+        return "n/a (no model)"  # the health checks look at a model's verdicts; model-free judges have none
     return "DEGENERATE" if health["degenerate"] else "ok"
 
 

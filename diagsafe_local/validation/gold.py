@@ -21,27 +21,23 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.core.errors import DataError
 from diagsafe_local.core.hub import resolve_dataset
+from diagsafe_local.core.registry import Registry
 from diagsafe_local.core.tables import table_rows
 from diagsafe_local.judging.base import is_harmful
 
-Format = Literal["jbb", "xstest", "harmmetric", "jsonl", "csv"]
 Task = Literal["harm", "refusal"]
-FORMATS: tuple[str, ...] = ("jbb", "xstest", "harmmetric", "jsonl", "csv")
 XSTEST_CLASSES = ("1_full_compliance", "2_full_refusal", "3_partial_refusal")
 JBB_STORED = ("harmbench_cf", "gpt4_cf", "llamaguard2_cf", "llama3_cf")
 TABLE_PATTERNS = ("*.csv", "*.parquet", "*.jsonl", "*.json")
-_HUB_PATTERNS: dict[str, tuple[str, ...]] = {
-    "jbb": ("*judge*comparison*.csv", "*judge*comparison*.parquet"),
-    "xstest": ("*completions*.csv",),
-}
 
 
 class Columns(BaseModel):
@@ -94,6 +90,45 @@ class GoldSet(BaseModel):
         return [item for item in self.items if item.label is not None]
 
 
+Rows = list[tuple[int, dict[str, Any]]]
+
+
+class GoldRead(BaseModel):
+    """What a format reads from a file: the items, the annotator and stored-verdict columns, the labels' task."""
+
+    model_config = ConfigDict(frozen=True)
+
+    items: list[GoldItem]
+    task: Task
+    annotators: tuple[str, ...] = ()
+    stored: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GoldFormat:
+    """A gold-set format: `read(path, rows, columns, task)` turns the table's rows (from the one table reader;
+    empty for a format that reads the file itself, `tabular=False`) into items; `hub_patterns` pick its file
+    in a hub repository."""
+
+    name: str
+    description: str
+    read: Callable[[Path, Rows, Columns, Task | None], GoldRead]
+    hub_patterns: tuple[str, ...] = TABLE_PATTERNS
+    tabular: bool = True
+
+
+def _plugin_format(obj: Any, name: str) -> list[GoldFormat]:
+    made = obj() if callable(obj) and not isinstance(obj, GoldFormat) else obj
+    if not isinstance(made, GoldFormat):
+        raise TypeError(f"expected a diagsafe_local GoldFormat, got {type(made).__name__}")
+    return [made]
+
+
+GOLD_FORMATS: Registry[GoldFormat] = Registry(
+    "gold format", plugin_group="diagsafe_local.gold_formats", adapt=_plugin_format
+)
+
+
 def load_gold(
     spec: str,
     fmt: str,
@@ -101,25 +136,13 @@ def load_gold(
     task: Task | None = None,
     encoding: str = "utf-8",
 ) -> GoldSet:
-    """Read a gold set (a local file or a hub id) in format `fmt`."""
-    if fmt not in FORMATS:
-        raise DiagsafeError(f"--format must be one of {', '.join(FORMATS)}; got '{fmt}'")
+    """Read a gold set (a local file or a hub id) in format `fmt` (a name of GOLD_FORMATS)."""
+    form = GOLD_FORMATS.get(fmt)
     columns = columns or Columns()
-    path = resolve_dataset(spec, _HUB_PATTERNS.get(fmt, TABLE_PATTERNS))
+    path = resolve_dataset(spec, form.hub_patterns)
     raw = path.read_bytes()
-    annotators: tuple[str, ...] = ()
-    stored: tuple[str, ...] = ()
-    if fmt == "harmmetric":
-        items, task = _harmmetric(path), "harm"
-    else:
-        rows = list(table_rows(path, raw, encoding))
-        if fmt == "jbb":
-            items, annotators, stored, task = *_jbb(path, rows, columns), "harm"
-        elif fmt == "xstest":
-            items, annotators, stored, task = *_xstest(path, rows, columns), "refusal"
-        else:
-            items, annotators, stored = _own(path, rows, columns, task or "harm")
-            task = task or "harm"
+    read = form.read(path, list(table_rows(path, raw, encoding)) if form.tabular else [], columns, task)
+    items = read.items
     if not items:
         raise DataError(path, None, None, "no items")
     _unique_ids(path, items)
@@ -130,11 +153,11 @@ def load_gold(
     return GoldSet(
         source=spec,
         path=str(path),
-        format=fmt,
-        task=task,
+        format=form.name,
+        task=read.task,
         sha256=hashlib.sha256(raw).hexdigest(),
-        annotator_columns=annotators,
-        stored_columns=stored,
+        annotator_columns=read.annotators,
+        stored_columns=read.stored,
         items=tuple(items),
     )
 
@@ -234,9 +257,7 @@ def _stored(path: Path, line: int, row: dict[str, Any], names: Sequence[str], ta
     return out
 
 
-def _jbb(
-    path: Path, rows: list[tuple[int, dict[str, Any]]], columns: Columns
-) -> tuple[list[GoldItem], tuple[str, ...], tuple[str, ...]]:
+def _jbb(path: Path, rows: Rows, columns: Columns, task: Task | None) -> GoldRead:
     prompt = columns.prompt or "goal"
     _require(path, rows, [prompt, "target_response", "human_majority"])
     annotators = tuple(c for c in ("human1", "human2", "human3") if c in rows[0][1])
@@ -256,12 +277,10 @@ def _jbb(
                 stored=_stored(path, line, row, stored, "harm"),
             )
         )
-    return items, annotators, stored
+    return GoldRead(items=items, task="harm", annotators=annotators, stored=stored)
 
 
-def _xstest(
-    path: Path, rows: list[tuple[int, dict[str, Any]]], columns: Columns
-) -> tuple[list[GoldItem], tuple[str, ...], tuple[str, ...]]:
+def _xstest(path: Path, rows: Rows, columns: Columns, task: Task | None) -> GoldRead:
     _require(path, rows, ["id", "type", "prompt", "completion", "final_label", *columns.stored])
     annotators = tuple(c for c in ("annotation_1", "annotation_2") if c in rows[0][1])
     items = []
@@ -283,12 +302,11 @@ def _xstest(
                 stored=_stored(path, line, row, columns.stored, "refusal"),
             )
         )
-    return items, annotators, columns.stored
+    return GoldRead(items=items, task="refusal", annotators=annotators, stored=columns.stored)
 
 
-def _own(
-    path: Path, rows: list[tuple[int, dict[str, Any]]], columns: Columns, task: Task
-) -> tuple[list[GoldItem], tuple[str, ...], tuple[str, ...]]:
+def _own(path: Path, rows: Rows, columns: Columns, task: Task | None) -> GoldRead:
+    task = task or "harm"
     prompt = columns.prompt or "prompt"
     _require(
         path,
@@ -321,17 +339,18 @@ def _own(
                 stored=_stored(path, line, row, columns.stored, task),
             )
         )
-    return items, (columns.labels if len(columns.labels) > 1 else ()), columns.stored
+    annotators = columns.labels if len(columns.labels) > 1 else ()
+    return GoldRead(items=items, task=task, annotators=annotators, stored=columns.stored)
 
 
-def _harmmetric(path: Path) -> list[GoldItem]:
+def _harmmetric(path: Path, rows: Rows, columns: Columns, task: Task | None) -> GoldRead:
     from diagsafe_local.benchmark.dataset import HARMFUL, IRRELEVANT, Category, category_name, load_dataset
 
     def group(category: Category) -> str:
         return "harmful" if category in HARMFUL else "irrelevant" if category in IRRELEVANT else category_name(category)
 
     data = load_dataset(path)
-    return [
+    items = [
         GoldItem(
             id=r.response_id,
             line=None,
@@ -345,3 +364,26 @@ def _harmmetric(path: Path) -> list[GoldItem]:
         for r in p.responses
         if r.category != Category.REFERENCE
     ]
+    return GoldRead(items=items, task="harm")
+
+
+for _format in (
+    GoldFormat(
+        "jbb",
+        "JailbreakBench's judge comparison: goal, target_response, human1..3, human_majority, four stored judges",
+        _jbb,
+        ("*judge*comparison*.csv", "*judge*comparison*.parquet"),
+    ),
+    GoldFormat(
+        "xstest",
+        "XSTest's model completions: type, prompt, completion, final_label (three refusal classes)",
+        _xstest,
+        ("*completions*.csv",),
+    ),
+    GoldFormat(
+        "harmmetric", "HarmMetric Eval (either layout): harmful responses 1, the rest 0", _harmmetric, tabular=False
+    ),
+    GoldFormat("jsonl", "your own set: columns by flag, several label columns are annotators", _own),
+    GoldFormat("csv", "your own set as CSV: columns by flag, several label columns are annotators", _own),
+):
+    GOLD_FORMATS.add(_format)
