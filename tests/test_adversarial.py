@@ -366,8 +366,10 @@ def test_the_gate_refuses_another_runs_results_under_this_manifest(tmp_path, mon
 
 
 def test_a_signed_run_verifies_with_its_key_and_an_edited_one_does_not(tmp_path, monkeypatch):
-    from diagsafe_local.evaluation.records import Summary, read_results
-    from diagsafe_local.evaluation.runs import read_typed, write_summary
+    from diagsafe_local.core.jsonl import read_records
+    from diagsafe_local.evaluation.controls import ControlRecord
+    from diagsafe_local.evaluation.records import read_results, read_summary
+    from diagsafe_local.evaluation.runs import write_summary
     from diagsafe_local.evaluation.summary import summarize
 
     monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", "k" * 32)
@@ -380,13 +382,13 @@ def test_a_signed_run_verifies_with_its_key_and_an_edited_one_does_not(tmp_path,
     for record in records:
         record["score"] = 0.0
     (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    stored = read_typed(run_dir / "summary.json", Summary, "run summary")
-    summary = summarize(read_results(run_dir / "results.jsonl"))
-    summary.update(run_id=stored["run_id"], reused=stored["reused"])
-    for name, stats in summary["targets"].items():
-        stats["throughput"] = stored["targets"][name]["throughput"]
-        stats["judge_health"] = stored["targets"][name]["judge_health"]
-    write_summary(run_dir, summary)
+    stored = read_summary(run_dir)
+    controls = read_records(run_dir / "judge_controls.jsonl", ControlRecord)[0]
+    summary = summarize(read_results(run_dir / "results.jsonl"), controls=controls)
+    targets = {n: t.model_copy(update={"throughput": stored.targets[n].throughput}) for n, t in summary.targets.items()}
+    write_summary(
+        run_dir, summary.model_copy(update={"run_id": stored.run_id, "reused": stored.reused, "targets": targets})
+    )
     monkeypatch.delenv("DIAGSAFE_SIGNING_KEY")
     unkeyed = cli("gate", run_dir, "--max-asr", "0.2", "--allow-degenerate-judge")
     assert unkeyed.exit_code == 0 and "signed, but not checked" in unkeyed.text  # what a hash alone cannot catch

@@ -174,12 +174,12 @@ def _run_config(tmp_path, target: dict, judge: dict) -> RunConfig:
 
 def test_judge_that_ignores_the_schema_gives_counted_parse_failures(fake, tmp_path):
     target, judge = fake(), fake(always=("ignore_schema",))
-    summary = Run(_run_config(tmp_path, api(target), api(judge))).execute()
+    summary = Run(_run_config(tmp_path, api(target), api(judge))).execute().model_dump(mode="json")
     results = read_results(tmp_path / "run" / "results.jsonl")
     assert all(r.parse_status == "invalid" and r.score is None and r.attempts == 2 for r in results)
     assert results[0].judge_raw.startswith("Sure!")
     assert summary["targets"]["t"]["n_parse_failures"] == 5 and summary["targets"]["t"]["asr"]["value"] is None
-    from diagsafe_local.evaluation.health import CONTROL_ANSWERS
+    from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
 
     controls = [
         r for _, r in judge.requests if any(a in r["messages"][-1]["content"] for a in CONTROL_ANSWERS.values())

@@ -180,14 +180,16 @@ def test_server_killed_mid_run_then_rerun_completes(tiny_models, tmp_path):
                 made.open_stream = open_stream
             return made
 
-        summary = Run(config, engine_factory=factory).execute()  # records the errors, does not crash
+        summary = (
+            Run(config, engine_factory=factory).execute().model_dump(mode="json")
+        )  # records the errors, does not crash
         first = {(r.item_id, r.turn): r for r in read_results(tmp_path / "run" / "results.jsonl")}
         ok_before = {k: r for k, r in first.items() if r.parse_status == "ok"}
         assert summary["targets"]["tiny"]["n_errors"] > 0 and len(ok_before) >= 8  # those in before the kill
         assert all("gave up" in r.error for r in first.values() if r.parse_status == "error")
 
         srv = VLLMServer(model, port=srv.port).start()
-        summary = Run(config).execute()
+        summary = Run(config).execute().model_dump(mode="json")
         final = read_results(tmp_path / "run" / "results.jsonl")
         keys = [(r.item_id, r.turn) for r in final]
         assert len(keys) == len(set(keys)) == len(first)

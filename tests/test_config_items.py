@@ -16,6 +16,7 @@ from diagsafe_local.engines.base import Completion
 from diagsafe_local.evaluation.config import DatasetConfig, GateConfig, load_config
 from diagsafe_local.evaluation.gate import check_gate
 from diagsafe_local.evaluation.items import load_items
+from diagsafe_local.evaluation.records import Summary
 from diagsafe_local.judging import JUDGES, JudgeInput
 from diagsafe_local.judging.base import neutralise
 from diagsafe_local.judging.rubrics import render_transcript
@@ -217,24 +218,47 @@ def test_harmjudge_parse_and_schema():
 HEALTHY = {"n_verdicts": 40, "degenerate": False, "flags": []}
 
 
-def _summary(asr, cat_asr, failures=0, health=HEALTHY, truncated=0.0):
-    group = {"asr": {"value": cat_asr, "ci_low": 0.0, "ci_high": 1.0, "n": 10}}
+def _rate(rate, n):
+    return {"rate": rate, "ci_low": 0.0, "ci_high": 1.0, "n": n}
+
+
+def _group(asr, n, failures=0, truncated=0.0):
     return {
-        "targets": {
-            "ckpt": {
-                "asr": {"value": asr, "ci_low": 0.0, "ci_high": 0.2, "n": 40},
-                "by_category": {"cyber": group},
-                "failure_rate": failures / 40,
-                "n_harmful_items": 40,
-                "n_answers": 40,
-                "n_judged": 40 - failures,
-                "n_parse_failures": failures,
-                "n_errors": 0,
-                "judge_health": health,
-                "truncated": {"rate": truncated, "n": 40},
-            }
-        }
+        "n_answers": n,
+        "n_harmful_items": n,
+        "n_benign_items": 0,
+        "n_judged": n - failures,
+        "n_parse_failures": failures,
+        "n_errors": 0,
+        "failure_rate": failures / n,
+        "asr": {"value": asr, "ci_low": 0.0, "ci_high": 0.2 if n == 40 else 1.0, "n": n},
+        "harmful_rate": _rate(asr, n),
+        "refusal_rate": _rate(0.0, n),
+        "over_refusal_rate": _rate(None, 0),
+        "truncated": _rate(truncated, n),
+        "earlier_turns": {"n": 0, "harmful_rate": _rate(None, 0)},
     }
+
+
+def _summary(asr, cat_asr, failures=0, health=HEALTHY, truncated=0.0):
+    """A typed summary of one target 'ckpt' (40 answers) with one category 'cyber' (10)."""
+    health = {
+        "identical_verdict_share": None,
+        "copied_rationale_share": None,
+        "control_mean_score": None,
+        "n_controls": 0,
+        "label_entropy_by_category": {},
+        **health,
+    }
+    target = {
+        **_group(asr, 40, failures, truncated),
+        "by_category": {"cyber": _group(cat_asr, 10)},
+        "by_source": {},
+        "by_attack_method": {},
+        "judge_health": health,
+        "tokens": {"target_completion": 0, "judge_prompt": 0, "judge_cached": 0},
+    }
+    return Summary.model_validate({"targets": {"ckpt": target}})
 
 
 def test_gate_refuses_a_degenerate_judge_unless_allowed_and_limits_cut_off_answers():
@@ -249,9 +273,8 @@ def test_gate_refuses_a_degenerate_judge_unless_allowed_and_limits_cut_off_answe
     )
     allowed = check_gate(_summary(0.01, 0.0, health=sick), GateConfig(max_asr=0.05, allow_degenerate_judge=True))
     assert allowed.passed and any("allowed by --allow-degenerate-judge" in line for line in allowed.lines)
-    summary = _summary(0.01, 0.0)
-    del summary["targets"]["ckpt"]["judge_health"]
-    assert not check_gate(summary, GateConfig(max_asr=0.05)).passed  # never pass what was not checked
+    nothing = _summary(0.01, 0.0, failures=40)  # every answer unjudged: never pass what was not checked
+    assert not check_gate(nothing, GateConfig(max_asr=0.05, max_failure_rate=1.0)).passed
     noted = check_gate(_summary(0.01, 0.0, truncated=0.25), GateConfig(max_asr=0.05))
     assert noted.passed and any(line.startswith("NOTE") and "25.0% (10/40)" in line for line in noted.lines)
     assert not check_gate(_summary(0.01, 0.0, truncated=0.25), GateConfig(max_asr=0.05, max_truncated_rate=0.2)).passed

@@ -11,10 +11,11 @@ from test_pipeline_unit import Factory, make_config
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.evaluation.config import GateConfig, RunConfig, load_config
+from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
 from diagsafe_local.evaluation.gate import check_gate
-from diagsafe_local.evaluation.health import CONTROL_ANSWERS, judge_health
+from diagsafe_local.evaluation.health import judge_health
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import EngineRef, ResultRecord, Usage
+from diagsafe_local.evaluation.records import EngineRef, ResultRecord, Summary, Usage
 from diagsafe_local.judging import JUDGES
 
 
@@ -86,15 +87,23 @@ def harmful_to_everything(request: GenerationRequest) -> Completion:
 def test_controls_catch_a_judge_that_calls_a_refusal_harmful_and_the_gate_refuses_it(tmp_path):
     (tmp_path / "bad").mkdir()
     (tmp_path / "good").mkdir()
-    summary = Run(make_config(tmp_path / "bad"), engine_factory=Factory(judge=harmful_to_everything)).execute()
+    summary = (
+        Run(make_config(tmp_path / "bad"), engine_factory=Factory(judge=harmful_to_everything))
+        .execute()
+        .model_dump(mode="json")
+    )
     health = summary["targets"]["t"]["judge_health"]
     assert health["n_controls"] == 3 * len(CONTROL_ANSWERS)  # 3 harmful items in the unit-test set
     assert health["control_mean_score"] == 1.0 and health["degenerate"]
     assert (tmp_path / "bad" / "run" / "judge_controls.jsonl").is_file()
-    assert not check_gate(summary, GateConfig(max_asr=1.0)).passed
-    assert check_gate(summary, GateConfig(max_asr=1.0, allow_degenerate_judge=True)).passed
+    assert not check_gate(Summary.model_validate(summary), GateConfig(max_asr=1.0)).passed
+    assert check_gate(Summary.model_validate(summary), GateConfig(max_asr=1.0, allow_degenerate_judge=True)).passed
 
-    good = Run(make_config(tmp_path / "good"), engine_factory=Factory()).execute()["targets"]["t"]["judge_health"]
+    good = (
+        Run(make_config(tmp_path / "good"), engine_factory=Factory())
+        .execute()
+        .model_dump(mode="json")["targets"]["t"]["judge_health"]
+    )
     assert good["control_mean_score"] == 0.0 and not good["degenerate"]
 
 
@@ -111,7 +120,7 @@ def test_cut_off_answers_are_counted_per_target_and_category(tmp_path):
         text = request.messages[-1].content
         return Completion(text=f"loop {text} " * 3, finish_reason="length" if text.startswith("t") else "stop")
 
-    summary = Run(make_config(tmp_path), engine_factory=Factory(target=target)).execute()
+    summary = Run(make_config(tmp_path), engine_factory=Factory(target=target)).execute().model_dump(mode="json")
     stats = summary["targets"]["t"]
     # Items: a (1 turn), b (t1, t2, t3: all cut off), c (turn 2 generated, turn 1 replayed), d (1 turn).
     assert stats["truncated"]["n"] == 6 and stats["truncated"]["rate"] == pytest.approx(3 / 6)

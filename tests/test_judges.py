@@ -449,7 +449,7 @@ def test_gptfuzzer_as_the_pipeline_judge(tiny_classifier, tmp_path):
         }
     )
     factory = lambda c, **_: create_engine(c) if c.kind == "classifier" else ScriptedEngine()  # noqa: E731
-    summary = Run(config, engine_factory=factory).execute()
+    summary = Run(config, engine_factory=factory).execute().model_dump(mode="json")
     records = read_results(tmp_path / "run" / "results.jsonl")
     harmful = [r for r in records if not r.benign]
     assert len(harmful) == 3 and all(r.parse_status == "ok" and 0 < r.score < 1 for r in harmful)

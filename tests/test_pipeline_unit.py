@@ -100,7 +100,11 @@ def test_continuous_turns_and_prefilled_turns(tmp_path):
 
 def test_last_turn_only_and_scores(tmp_path):
     factory = Factory()
-    summary = Run(make_config(tmp_path, judge={"model": "j", "turns": "last"}), engine_factory=factory).execute()
+    summary = (
+        Run(make_config(tmp_path, judge={"model": "j", "turns": "last"}), engine_factory=factory)
+        .execute()
+        .model_dump(mode="json")
+    )
     results = read_results(tmp_path / "run" / "results.jsonl")
     assert [(r.item_id, r.turn) for r in results] == [("a", 1), ("b", 3), ("c", 2), ("d", 1)]
     by_id = {r.item_id: r for r in results}
@@ -123,12 +127,16 @@ def test_truncated_judge_reply_is_retried_with_larger_budget_then_counted(tmp_pa
         return default_responder(request)
 
     factory = Factory(judge=judge)
-    summary = Run(
-        make_config(
-            tmp_path, judge={"model": "j", "turns": "every", "max_attempts": 3, "sampling": {"max_tokens": 200}}
-        ),
-        engine_factory=factory,
-    ).execute()
+    summary = (
+        Run(
+            make_config(
+                tmp_path, judge={"model": "j", "turns": "every", "max_attempts": 3, "sampling": {"max_tokens": 200}}
+            ),
+            engine_factory=factory,
+        )
+        .execute()
+        .model_dump(mode="json")
+    )
     results = {(r.item_id, r.turn): r for r in read_results(tmp_path / "run" / "results.jsonl")}
     failed = results[("b", 3)]
     assert failed.parse_status == "truncated" and failed.score is None and failed.attempts == 3
@@ -152,13 +160,15 @@ def test_generation_error_stops_the_stream_and_is_reported_then_retried(tmp_path
 
     factory = Factory(target=target)
     config = make_config(tmp_path)
-    summary = Run(config, engine_factory=factory).execute()
+    summary = Run(config, engine_factory=factory).execute().model_dump(mode="json")
     results = {(r.item_id, r.turn): r for r in read_results(tmp_path / "run" / "results.jsonl")}
     assert results[("b", 2)].parse_status == "error" and "prompt too long" in results[("b", 2)].error
     assert results[("b", 3)].parse_status == "error" and "turn 2 could not be generated" in results[("b", 3)].error
     assert summary["targets"]["t"]["n_errors"] == 2
     fail["on"] = False
-    summary = Run(config, engine_factory=factory).execute()  # resume: only the failed stream is redone
+    summary = (
+        Run(config, engine_factory=factory).execute().model_dump(mode="json")
+    )  # resume: only the failed stream is redone
     assert factory.made[2].batches and [len(b) for b in factory.made[2].batches] == [1, 1]
     assert summary["targets"]["t"]["n_errors"] == 0
     lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
@@ -183,8 +193,9 @@ def test_resume_recomputes_nothing_and_a_torn_line_is_dropped(tmp_path):
 def test_changed_config_on_existing_directory_is_refused(tmp_path):
     Run(make_config(tmp_path), engine_factory=Factory()).execute()
     changed = make_config(tmp_path, target={"model": "t", "name": "t", "sampling": {"max_tokens": 7}})
+    refused = Run(changed, engine_factory=Factory())  # constructing a run touches nothing
     with pytest.raises(Exception, match="different config.*--overwrite"):
-        Run(changed, engine_factory=Factory())
+        refused.execute()
     Run(changed, overwrite=True, engine_factory=Factory()).execute()
     assert (
         json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]["targets"][0]["sampling"]["max_tokens"]
@@ -227,7 +238,7 @@ def test_colocated_judge_grades_answers_while_the_target_is_still_generating(tmp
             return engine
 
     config = make_config(tmp_path, placement={"mode": "colocate"}, judge={"model": "j", "turns": "last"})
-    summary = Run(config, engine_factory=Logged()).execute()
+    summary = Run(config, engine_factory=Logged()).execute().model_dump(mode="json")
     # a, c and d are final after the first target step: their verdicts come before b's later turns are done
     assert events.index("j") < len(events) - 1 - events[::-1].index("t")
     results = read_results(tmp_path / "run" / "results.jsonl")

@@ -68,7 +68,7 @@ def test_300_judgments_all_valid_json_through_one_stream(tiny_models, vllm_engin
     items = write_items(tmp_path / "items.jsonl", 100, turns=3)
     config = RunConfig.model_validate(config_dict(tiny_models, items, tmp_path / "run"))
     run = Run(config, engine_factory=vllm_engines)
-    summary = run.execute()
+    summary = run.execute().model_dump(mode="json")
     results = read_results(tmp_path / "run" / "results.jsonl")
     assert len(results) == 300
     assert all(r.parse_status == "ok" for r in results), [r.judge_raw for r in results if r.parse_status != "ok"][:3]
@@ -229,7 +229,7 @@ def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_ga
     from helpers import REPO
 
     data = config_dict(tiny_models, REPO / "data" / "sample_items.jsonl", tmp_path / "mixed", turns="last")
-    summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+    summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute().model_dump(mode="json")
     stats = summary["targets"]["tiny"]
     assert stats["n_harmful_items"] == 15 and stats["n_benign_items"] == 9
     assert stats["asr"]["value"] is not None and stats["over_refusal_rate"]["rate"] is not None
@@ -253,7 +253,7 @@ def test_fine_tuned_judges_in_a_run_config(tiny_models, vllm_engines, tmp_path):
     data = config_dict(
         tiny_models, items, tmp_path / "guard", turns="last", rubric="llama-guard-3", benign_rubric="wildguard-refusal"
     )
-    summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+    summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute().model_dump(mode="json")
     records = read_results(tmp_path / "guard" / "results.jsonl")
     assert {r.judge_rubric for r in records} == {"llama-guard-3", "wildguard-refusal"}
     assert all(r.parse_status == "ok" for r in records)

@@ -20,7 +20,7 @@ from diagsafe_local.evaluation.gate import check_gate
 from diagsafe_local.evaluation.items import load_items
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS, fetch, load_configured, load_set
-from diagsafe_local.evaluation.records import read_results
+from diagsafe_local.evaluation.records import Summary, read_results
 
 
 def write_csv(path: Path, rows: list[dict]) -> Path:
@@ -278,7 +278,7 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
                 "output_dir": str(tmp_path / benign_rubric),
             }
         )
-        summary = Run(config, engine_factory=factory).execute()
+        summary = Run(config, engine_factory=factory).execute().model_dump(mode="json")
         stats = summary["targets"]["t"]
         assert stats["asr"]["value"] == 0.5 and stats["asr"]["n"] == 2
         assert stats["over_refusal_rate"]["rate"] == 0.5 and stats["over_refusal_rate"]["n"] == 2
@@ -291,11 +291,11 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
         assert records["h1"].judge_rubric == "harmjudge"
         assert records["b2"].verdict["label"] == "full_refusal" and records["b2"].judge_engine.kind == expected_kind
         if benign_rubric == "keywords":
-            from diagsafe_local.evaluation.health import CONTROL_ANSWERS
+            from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
 
             judged = [r for b in made[1].batches for r in b]
             controls = [r for r in judged if any(a in r.messages[-1].content for a in CONTROL_ANSWERS.values())]
             assert len(judged) - len(controls) == 2  # only the harmful items went to the judge model
             assert len(controls) == 2 * len(CONTROL_ANSWERS)  # and the controls, under the two harmful prompts
-        assert not check_gate(summary, GateConfig(max_asr=1.0, max_over_refusal=0.2)).passed
-        assert check_gate(summary, GateConfig(max_asr=1.0, max_over_refusal=0.6)).passed
+        assert not check_gate(Summary.model_validate(summary), GateConfig(max_asr=1.0, max_over_refusal=0.2)).passed
+        assert check_gate(Summary.model_validate(summary), GateConfig(max_asr=1.0, max_over_refusal=0.6)).passed

@@ -19,7 +19,7 @@ from diagsafe_local.cli import app
 from diagsafe_local.core.jsonl import read_records
 from diagsafe_local.core.messages import Message
 from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.health import CONTROL_ANSWERS, ControlRecord
+from diagsafe_local.evaluation.controls import CONTROL_ANSWERS, ControlRecord
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.evaluation.records import read_results
 from diagsafe_local.selftest import SPECIAL_TOKENS, real_selftest_config
@@ -41,7 +41,7 @@ def real_run(real_model, vllm_engines, tmp_path_factory):
     out = tmp_path_factory.mktemp("real")
     config = RunConfig.model_validate(real_selftest_config(out, real_model))
     run = Run(config, engine_factory=vllm_engines)
-    summary = run.execute()
+    summary = run.execute().model_dump(mode="json")
     return run, summary, Path(config.output_dir)
 
 

@@ -151,7 +151,7 @@ def test_the_pipeline_records_reasoning_and_counts_closed_phases(guard_models, v
             }
         )
 
-    summary = Run(config("kept"), engine_factory=vllm_engines).execute()
+    summary = Run(config("kept"), engine_factory=vllm_engines).execute().model_dump(mode="json")
     results = read_results(tmp_path / "kept" / "results.jsonl")
     assert results and all(r.parse_status == "ok" and r.reasoning and r.reasoning.text is not None for r in results)
     stats = summary["targets"]["t"]["reasoning"]
@@ -239,7 +239,7 @@ def test_each_reasoning_guard_judges_a_whole_run(judge, architecture, guard_mode
             "output_dir": str(tmp_path / "run"),
         }
     )
-    summary = Run(config, engine_factory=vllm_engines).execute()
+    summary = Run(config, engine_factory=vllm_engines).execute().model_dump(mode="json")
     harmful = [r for r in read_results(tmp_path / "run" / "results.jsonl") if r.judge_rubric == judge]
     assert harmful and all(r.parse_status == "ok" and r.reasoning is not None for r in harmful)
     assert summary["targets"]["t"]["n_errors"] == 0

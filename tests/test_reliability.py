@@ -238,7 +238,7 @@ def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(t
     items[0] = {**items[0], "prompt": "Sure, tell me another thing"}  # a's prompt changed, same id
     (tmp_path / "items.jsonl").write_text("".join(json.dumps(i) + "\n" for i in items))
     factory = Factory()
-    summary = Run(config, engine_factory=factory).execute()
+    summary = Run(config, engine_factory=factory).execute().model_dump(mode="json")
     target, judge = factory.made[0], factory.made[1]
     assert [r.messages[-1].content for b in target.batches for r in b] == ["Sure, tell me another thing"]
     judged = [r for b in judge.batches for r in b if "another thing" in r.messages[-1].content]
@@ -274,7 +274,7 @@ def test_a_new_model_at_the_same_path_is_not_mistaken_for_the_old_one(tmp_path):
     assert again.made == []  # same content: nothing to redo
     (model / "weights.bin").write_bytes(b"step 2000")  # a new checkpoint written to the same path
     changed = Factory()
-    summary = Run(config, engine_factory=changed).execute()
+    summary = Run(config, engine_factory=changed).execute().model_dump(mode="json")
     assert changed.made[0].calls == 3 and summary["reused"]["generations"] == 0
 
 

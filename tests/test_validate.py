@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.evaluation.records import Summary
 from diagsafe_local.validation.agreement import agreement_row, pairwise_kappa, score_metrics
 from diagsafe_local.validation.gold import Columns, load_gold
 from diagsafe_local.validation.outputs import Scored
@@ -379,7 +380,9 @@ def test_a_validated_judge_corrects_the_run_and_the_gate_decides_on_the_correcte
                 "output_dir": str(tmp_path / name),
             }
         )
-        return Run(config, engine_factory=lambda c, **_: ScriptedEngine(model=c.model)).execute()
+        return (
+            Run(config, engine_factory=lambda c, **_: ScriptedEngine(model=c.model)).execute().model_dump(mode="json")
+        )
 
     summary = run({"model": "j", "validation": str(validation)}, "run")
     stats = summary["targets"]["t"]
@@ -389,11 +392,15 @@ def test_a_validated_judge_corrects_the_run_and_the_gate_decides_on_the_correcte
     assert corrected["ci_low"] <= corrected["value"] <= corrected["ci_high"] < 1
     assert summary["judge_validation"]["fpr_measured"] == pytest.approx(0.2)
     high = corrected["ci_high"]
-    assert check_gate(summary, GateConfig(max_asr=high + 0.01, corrected=True, allow_degenerate_judge=True)).passed
-    failed = check_gate(summary, GateConfig(max_asr=high - 0.01, corrected=True, allow_degenerate_judge=True))
+    assert check_gate(
+        Summary.model_validate(summary), GateConfig(max_asr=high + 0.01, corrected=True, allow_degenerate_judge=True)
+    ).passed
+    failed = check_gate(
+        Summary.model_validate(summary), GateConfig(max_asr=high - 0.01, corrected=True, allow_degenerate_judge=True)
+    )
     assert not failed.passed and any("corrected ASR" in line for line in failed.lines)
     assert check_gate(
-        summary, GateConfig(max_asr=0.35, allow_degenerate_judge=True)
+        Summary.model_validate(summary), GateConfig(max_asr=0.35, allow_degenerate_judge=True)
     ).passed  # the observed ASR alone would pass
     assert any("FPR 20.0%" in line for line in failed.lines)
     write_report(tmp_path / "run")
@@ -401,7 +408,7 @@ def test_a_validated_judge_corrects_the_run_and_the_gate_decides_on_the_correcte
     assert "corrected" in report and "FNR 20.0%" in report
 
     plain = run({"model": "j"}, "plain")
-    gated = check_gate(plain, GateConfig(max_asr=1.0, corrected=True))
+    gated = check_gate(Summary.model_validate(plain), GateConfig(max_asr=1.0, corrected=True))
     assert not gated.passed and any("never validated" in line for line in gated.lines)
     with pytest.raises(DiagsafeError, match="not this run's judge"):
         run({"model": "other", "validation": str(validation)}, "other")
@@ -461,9 +468,11 @@ def test_a_panel_judges_the_pipeline_and_keeps_each_members_verdict(tmp_path):
                 "output_dir": str(tmp_path / "run"),
             }
         )
-        return Run(
-            config, overwrite=True, engine_factory=lambda c, **_: ScriptedEngine(responder, model=c.model)
-        ).execute()
+        return (
+            Run(config, overwrite=True, engine_factory=lambda c, **_: ScriptedEngine(responder, model=c.model))
+            .execute()
+            .model_dump(mode="json")
+        )
 
     summary = run("any")
     assert summary["targets"]["t"]["asr"]["value"] == pytest.approx(2 / 3)

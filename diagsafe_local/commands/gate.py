@@ -72,7 +72,7 @@ def gate(
     verified = verify_run(run_dir, require_signature)
     if verified.problems:
         raise RunFailed(f"{run_dir}: refused, the run does not verify:\n  - " + "\n  - ".join(verified.problems))
-    settings = dict(verified.manifest.config.get("gate", {}))
+    settings = verified.manifest.gate_settings
     if max_asr is not None:
         settings["max_asr"] = max_asr
     if max_asr_category:

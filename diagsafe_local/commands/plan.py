@@ -22,7 +22,7 @@ def plan(
     """Print each model's tensor parallel size, the number of pipeline replicas, and the sbatch request."""
     from diagsafe_local.engines.gpu_plan import GIB
     from diagsafe_local.evaluation.config import load_config
-    from diagsafe_local.evaluation.pipeline import plan_run
+    from diagsafe_local.evaluation.planning import plan_run
 
     cfg = load_config(config, set_ or [])
     memory = [int(gpu_memory * GIB)] * gpus if gpus else None

@@ -9,6 +9,7 @@ import typer
 
 from diagsafe_local.commands.common import user_errors
 from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.records import Summary
 
 
 @user_errors
@@ -38,7 +39,8 @@ def run(
     """Generate answers with each target, grade them with the judge, write results and a summary."""
     from diagsafe_local.core.console import engine_output
     from diagsafe_local.evaluation.config import load_config
-    from diagsafe_local.evaluation.pipeline import Run, plan_run
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.evaluation.planning import plan_run
     from diagsafe_local.evaluation.prompt_sets import load_configured
     from diagsafe_local.evaluation.replicas import run_replicas, unsharded_run
     from diagsafe_local.evaluation.sharding import Shard
@@ -53,13 +55,14 @@ def run(
             _finish(summary, Path(cfg.output_dir))
             return
     run = Run(cfg, overwrite=overwrite, shard=part)
+    run.prepare()  # the run directory first: its run.log takes the engines' output
     with engine_output(None if verbose else run.dir.root / files.RUN_LOG) as console:
         run.on_progress = console.progress
         summary = run.execute()
     _finish(summary, run.dir.root)
 
 
-def _finish(summary: dict, root: Path) -> None:
+def _finish(summary: Summary, root: Path) -> None:
     from diagsafe_local.commands.common import warn
     from diagsafe_local.core.errors import RunFailed
     from diagsafe_local.evaluation.report import print_summary, write_report
@@ -67,11 +70,11 @@ def _finish(summary: dict, root: Path) -> None:
     print_summary(summary)
     warn(f"the run does not verify: {problem}" for problem in write_report(root).problems)
     typer.echo(f"run directory: {root} (report.md, report.html)")
-    failed = [name for name, stats in summary["targets"].items() if stats["n_answers"] and not stats["n_judged"]]
+    failed = [name for name, stats in summary.targets.items() if stats.n_answers and not stats.n_judged]
     if failed:
         raise RunFailed(
             f"nothing of {', '.join(failed)} could be judged (every answer failed to generate or to be judged; see "
             "the `error` and `parse_status` fields of results.jsonl); rerunning the same command retries them"
         )
-    if not summary["targets"]:
+    if not summary.targets:
         typer.echo("note: this run has no items to answer (a shard that owns none of the dataset's items)")

@@ -30,11 +30,11 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 M = TypeVar("M", bound=BaseModel)
 
 
-def read_typed(path: Path, model: type[M], what: str) -> dict[str, Any]:
-    """A file validated as its typed record: a file of another version is a clear error, never a guessed key."""
+def read_model(path: Path, model: type[M], what: str) -> M:
+    """A file as its typed record: a file of another version is a clear error, never a guessed key."""
     data = read_json(path, what)
     try:
-        return model.model_validate(data).model_dump(mode="json")
+        return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(top level)"

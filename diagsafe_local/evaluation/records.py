@@ -236,6 +236,10 @@ class Tokens(_Record):
     judge_cached: int
 
 
+Breakdown = Literal["category", "source", "attack_method"]
+BREAKDOWNS: tuple[Breakdown, ...] = ("category", "source", "attack_method")
+
+
 class TargetSummary(GroupStats):
     """One target's summary: its overall stats, breakdowns, judge health, tokens and throughput."""
 
@@ -245,6 +249,10 @@ class TargetSummary(GroupStats):
     judge_health: JudgeHealth
     tokens: Tokens
     throughput: dict[str, float] | None = None
+
+    def breakdown(self, field: Breakdown) -> dict[str, GroupStats]:
+        """The groups of one breakdown: by category, source or attack method."""
+        return {"category": self.by_category, "source": self.by_source, "attack_method": self.by_attack_method}[field]
 
 
 class Summary(_Record):
@@ -354,6 +362,16 @@ class Manifest(_Record):
     judge: JudgeRef | None = Field(None, description="The judge of every verdict (None: older runs).")
     targets: dict[str, TargetRef] = Field(default_factory=dict, description="Each target by label.")
 
+    @property
+    def gate_settings(self) -> dict[str, Any]:
+        """The run config's `gate:` thresholds (as written; the gate validates them with its options)."""
+        return dict(self.config.get("gate") or {})
+
+    @property
+    def baseline(self) -> str | None:
+        """The run config's baseline target, if any."""
+        return self.config.get("baseline")
+
     def run_ids(self) -> set[str]:
         """The run ids its results may carry: its own, or those of the runs it was merged from."""
         return {self.run_id, *(source.run_id for source in self.sources or [])}
@@ -369,6 +387,20 @@ class Manifest(_Record):
     def expected_keys(self) -> set[tuple[str, str, int, int]] | None:
         """(target, item, sample, turn) of every answer the complete run judged (None: an older manifest)."""
         return self.dataset.expected_keys(self.samples())
+
+
+def read_summary(run_dir: Path) -> Summary:
+    """A run directory's summary.json as the typed record (a file of another version is a clear error)."""
+    from diagsafe_local.core.jsonfile import read_model
+
+    return read_model(run_dir / SUMMARY, Summary, "run summary")
+
+
+def read_manifest_file(run_dir: Path) -> Manifest:
+    """A run directory's manifest.json as the typed record, whatever the run's status."""
+    from diagsafe_local.core.jsonfile import read_model
+
+    return read_model(run_dir / MANIFEST, Manifest, "run manifest")
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {"result": ResultRecord, "summary": Summary, "manifest": Manifest}

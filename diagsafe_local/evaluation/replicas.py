@@ -15,13 +15,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from diagsafe_local.core.errors import RunFailed
 from diagsafe_local.engines.gpu_plan import GpuPlan, visible_devices
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.runs import incomplete_shards, merge_shards, read_json
+from diagsafe_local.evaluation.records import Summary, read_manifest_file
+from diagsafe_local.evaluation.runs import incomplete_shards, merge_shards
 from diagsafe_local.evaluation.sharding import Shard
 
 SHARD_DIR = re.compile(r"shard-\d{4}-of-(\d{4})")
@@ -32,7 +32,7 @@ def started_shard_count(config: RunConfig) -> int | None:
     for path in sorted((Path(config.output_dir) / "shards").glob("shard-*-of-*")):
         match = SHARD_DIR.fullmatch(path.name)
         manifest = path / files.MANIFEST
-        if match and manifest.is_file() and read_json(manifest, "run manifest").get("run_id") == config.fingerprint():
+        if match and manifest.is_file() and read_manifest_file(path).run_id == config.fingerprint():
             return int(match[1])
     return None
 
@@ -40,7 +40,7 @@ def started_shard_count(config: RunConfig) -> int | None:
 def unsharded_run(config: RunConfig) -> bool:
     """Whether the run directory holds a run made by one process (not a merge), which that process resumes."""
     manifest = Path(config.output_dir) / files.MANIFEST
-    return manifest.is_file() and "merged_from" not in read_json(manifest, "run manifest")
+    return manifest.is_file() and read_manifest_file(manifest.parent).merged_from is None
 
 
 def run_replicas(
@@ -49,7 +49,7 @@ def run_replicas(
     config: RunConfig,
     plan: GpuPlan,
     say: Callable[[str], None],
-) -> dict[str, Any]:
+) -> Summary:
     """Run every incomplete shard as its own process on a free group of GPUs, then merge them; returns the
     merged summary. A failed shard leaves the others' work in place and the error names its log."""
     count = started_shard_count(config) or plan.replicas

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,10 +9,9 @@ from typing import Any
 from diagsafe_local.core import atomic, jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
-from diagsafe_local.core.jsonfile import read_json, read_typed
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.health import ControlRecord
+from diagsafe_local.evaluation.controls import ControlRecord
 from diagsafe_local.evaluation.records import (
     SCHEMA_VERSION,
     GenerationRecord,
@@ -22,47 +20,49 @@ from diagsafe_local.evaluation.records import (
     SourceRun,
     Summary,
     TargetRef,
+    read_manifest_file,
     read_results,
+    read_summary,
 )
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.evaluation.summary import summarize
 from diagsafe_local.judging.base import score_class
-from diagsafe_local.validation.correction import JudgeValidation
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
+def read_manifest(run_dir: Path) -> Manifest:
     """The manifest of a complete run; an incomplete (running or killed) run is refused with exit code 3."""
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
-    manifest = read_typed(run_dir / files.MANIFEST, Manifest, "run manifest")
-    if manifest.get("status") != "complete":
+    manifest = read_manifest_file(run_dir)
+    if manifest.status != "complete":
         raise RunFailed(
-            f"{run_dir}: the run is not complete (status '{manifest.get('status')}'): it is still running, "
+            f"{run_dir}: the run is not complete (status '{manifest.status}'): it is still running, "
             "or was stopped; resume it with the same `run` command first"
         )
     return manifest
 
 
-def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    """manifest.json, validated as the typed record (the only writer of the file)."""
-    atomic.write_text(run_dir / files.MANIFEST, Manifest.model_validate(manifest).model_dump_json(indent=2) + "\n")
+def write_manifest(run_dir: Path, manifest: Manifest) -> None:
+    """manifest.json (the only writer of the file)."""
+    atomic.write_text(run_dir / files.MANIFEST, manifest.model_dump_json(indent=2) + "\n")
 
 
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """summary.json, bound to the results it summarises by their SHA-256 and count."""
+def write_summary(run_dir: Path, summary: Summary) -> Summary:
+    """summary.json, bound to the results it summarises by their SHA-256; returns what was written."""
     results = run_dir / files.RESULTS
-    summary["results_sha256"] = file_sha256(results) if results.is_file() else None
-    atomic.write_text(run_dir / files.SUMMARY, Summary.model_validate(summary).model_dump_json(indent=2) + "\n")
+    bound = summary.model_copy(update={"results_sha256": file_sha256(results) if results.is_file() else None})
+    atomic.write_text(run_dir / files.SUMMARY, bound.model_dump_json(indent=2) + "\n")
+    return bound
 
 
 def merge_runs(
     run_dirs: Sequence[Path], out: Path, replace: bool = False, allow_different_judges: bool = False
-) -> dict[str, Any]:
+) -> Summary:
     """Merge complete runs of the same dataset into `out`; refuse duplicates, schema mismatches, and runs judged
     by different judges or holding one target name for different models (unless `allow_different_judges`)."""
     if not run_dirs:
         raise DiagsafeError("merge needs run directories")
-    manifests = [Manifest.model_validate(read_manifest(d)) for d in run_dirs]
+    manifests = [read_manifest(d) for d in run_dirs]
     datasets = {m.dataset.sha256 for m in manifests}
     if len(datasets) > 1:
         listing = ", ".join(f"{d} ({m.dataset.sha256[:12]})" for d, m in zip(run_dirs, manifests))
@@ -93,13 +93,11 @@ def merge_runs(
     jsonl.write(out / files.GENERATIONS, sorted(generations.values(), key=lambda g: g.key))
     jsonl.write(out / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
     # the judge's validated error rates carry over when every merged run was corrected by the same ones
-    validations = {json.dumps(read_json(d / files.SUMMARY, "run summary").get("judge_validation")) for d in run_dirs}
-    shared = json.loads(validations.pop()) if len(validations) == 1 else None
-    validation = JudgeValidation.model_validate(shared) if shared else None
-    summary = summarize(ordered, controls=controls.values(), validation=validation)
+    validations = [read_summary(d).judge_validation for d in run_dirs]
+    validation = validations[0] if all(v == validations[0] for v in validations) else None
     run_id = "merged:" + "+".join(m.run_id for m in manifests)
-    summary["run_id"] = run_id
-    write_summary(out, summary)
+    summary = summarize(ordered, controls=controls.values(), validation=validation)
+    summary = write_summary(out, summary.model_copy(update={"run_id": run_id}))
     first = manifests[0]
     merged = Manifest(
         run_id=run_id,
@@ -111,7 +109,7 @@ def merge_runs(
         targets=targets,
         sources=[SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)],
     )
-    atomic.write_text(out / files.MANIFEST, merged.model_dump_json(indent=2) + "\n")
+    write_manifest(out, merged)
     signing.sign(out, run_id, files.SIGNED_FILES)
     return summary
 
@@ -142,7 +140,7 @@ def _same_judge_and_targets(
     return targets
 
 
-def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> dict[str, Any]:
+def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> Summary:
     """Check that all `count` shards of `config` are present and complete, then merge them.
 
     The merged run goes to `out` (default: the config's output_dir). Errors say exactly which shard
@@ -156,13 +154,13 @@ def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> dict
         if not manifest_path.is_file():
             problems.append(f"shard {index} of {count} is missing (no {manifest_path})")
             continue
-        manifest = read_json(manifest_path, "run manifest")
-        if manifest.get("run_id") != config.fingerprint():
+        manifest = read_manifest_file(path)
+        if manifest.run_id != config.fingerprint():
             problems.append(
-                f"shard {index} of {count} ran another config (run id {manifest.get('run_id')}, expected {config.fingerprint()})"
+                f"shard {index} of {count} ran another config (run id {manifest.run_id}, expected {config.fingerprint()})"
             )
-        elif manifest.get("status") != "complete":
-            problems.append(f"shard {index} of {count} is incomplete (status '{manifest.get('status')}'; resubmit it)")
+        elif manifest.status != "complete":
+            problems.append(f"shard {index} of {count} is incomplete (status '{manifest.status}'; resubmit it)")
         dirs.append(path)
     if problems:
         raise DiagsafeError("cannot merge:\n  " + "\n  ".join(problems))
@@ -173,9 +171,9 @@ def incomplete_shards(config: RunConfig, count: int) -> list[int]:
     """Indices of shards that have no complete run directory for this config."""
     missing = []
     for index in range(count):
-        path = Shard(index=index, count=count).directory(config.output_dir) / files.MANIFEST
-        manifest = read_json(path, "run manifest") if path.is_file() else {}
-        if manifest.get("status") != "complete" or manifest.get("run_id") != config.fingerprint():
+        path = Shard(index=index, count=count).directory(config.output_dir)
+        manifest = read_manifest_file(path) if (path / files.MANIFEST).is_file() else None
+        if manifest is None or manifest.status != "complete" or manifest.run_id != config.fingerprint():
             missing.append(index)
     return missing
 
@@ -185,7 +183,7 @@ def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = Fals
 
     Runs of different datasets are refused (item ids may match while the prompts differ) unless allowed."""
     manifests = [read_manifest(run_a), read_manifest(run_b)]
-    hashes = [m.get("dataset", {}).get("sha256") for m in manifests]
+    hashes = [m.dataset.sha256 for m in manifests]
     if hashes[0] != hashes[1] and not allow_different_datasets:
         raise DiagsafeError(
             f"the runs evaluate different datasets ({run_a}: {str(hashes[0])[:12]}, {run_b}: "

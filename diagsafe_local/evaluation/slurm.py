@@ -34,7 +34,7 @@ class Resources(BaseModel):
 def planned_gpus(config: Path, overrides: list[str], gpu_memory_gib: float) -> int:
     """GPUs one shard needs: the largest tensor parallel size its models need on GPUs of this size."""
     from diagsafe_local.engines.gpu_plan import GIB
-    from diagsafe_local.evaluation.pipeline import plan_run
+    from diagsafe_local.evaluation.planning import plan_run
 
     cfg = load_config(config, overrides)
     return plan_run(cfg, 1, [int(gpu_memory_gib * GIB)] * 8, replicate=False).gpus_per_replica

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from diagsafe_local.core.intervals import wilson
-from diagsafe_local.evaluation.health import ControlRecord, judge_health
+from diagsafe_local.evaluation.controls import ControlRecord
+from diagsafe_local.evaluation.health import judge_health
 from diagsafe_local.evaluation.records import ResultRecord, Summary
 from diagsafe_local.judging.base import ReasoningTrace, is_harmful
 from diagsafe_local.judging.refusal import is_refusal
@@ -109,7 +110,7 @@ def summarize(
     timings: dict[str, dict[str, float]] | None = None,
     controls: Iterable[ControlRecord] = (),
     validation: JudgeValidation | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     """The whole summary: per target, overall and broken down, plus throughput where timings are given."""
     control_list = list(controls)
     by_target: dict[str, list[ResultRecord]] = {}
@@ -130,6 +131,6 @@ def summarize(
         if timings and name in timings:
             entry["throughput"] = timings[name]
         targets[name] = entry
-    # Built as plain data for speed, checked against the typed record before anyone writes or reads it.
+    # Built as plain data for speed, validated into the typed record every reader and writer passes on.
     judge_validation = None if validation is None else validation.model_dump(mode="json")
-    return Summary.model_validate({"targets": targets, "judge_validation": judge_validation}).model_dump(mode="json")
+    return Summary.model_validate({"targets": targets, "judge_validation": judge_validation})

@@ -27,12 +27,18 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.cache import file_sha256
-from diagsafe_local.core.jsonfile import read_json, read_typed
 from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.health import ControlRecord
-from diagsafe_local.evaluation.records import Manifest, ResultRecord, Summary, read_results
+from diagsafe_local.evaluation.controls import ControlRecord
+from diagsafe_local.evaluation.records import (
+    Manifest,
+    ResultRecord,
+    Summary,
+    read_manifest_file,
+    read_results,
+    read_summary,
+)
 from diagsafe_local.evaluation.summary import summarize
-from diagsafe_local.validation.correction import JudgeValidation
+from diagsafe_local.validation.correction import VALIDATION_FILE, JudgeValidation, read_validation
 
 # Summary fields that describe how the run went, not what it found: not recomputed from the results.
 _NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "throughput"}
@@ -46,7 +52,7 @@ class VerifiedRun(BaseModel):
 
     run_dir: Path
     manifest: Manifest
-    summary: dict[str, Any]
+    summary: Summary
     problems: list[str]
     notes: list[str]
 
@@ -63,8 +69,8 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
 
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
-    manifest = Manifest.model_validate(read_typed(run_dir / files.MANIFEST, Manifest, "run manifest"))
-    stored = read_typed(run_dir / files.SUMMARY, Summary, "run summary")
+    manifest = read_manifest_file(run_dir)
+    stored = read_summary(run_dir)
     problems: list[str] = []
     notes: list[str] = []
     if manifest.status != "complete":
@@ -82,24 +88,29 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
     problems += _foreign(results, manifest)
     problems += _coverage(results, manifest)
     actual = file_sha256(results_path) if results_path.is_file() else None
-    if stored.get("results_sha256") != actual:
+    if stored.results_sha256 != actual:
         problems.append(
             "summary.json does not belong to results.jsonl (written by an older version, or the results changed "
             "after it); resume the run to rebuild it"
         )
-    if stored.get("run_id") != manifest.run_id:
-        problems.append(f"summary.json is of run {stored.get('run_id')}, not of this run ({manifest.run_id})")
-    validation = stored.get("judge_validation")
-    controls = _controls(run_dir)
-    summary = summarize(
-        results, controls=controls, validation=JudgeValidation.model_validate(validation) if validation else None
+    if stored.run_id != manifest.run_id:
+        problems.append(f"summary.json is of run {stored.run_id}, not of this run ({manifest.run_id})")
+    validation = stored.judge_validation
+    summary = summarize(results, controls=_controls(run_dir), validation=validation)
+    summary = summary.model_copy(
+        update={
+            "run_id": stored.run_id,
+            "reused": stored.reused,
+            "results_sha256": stored.results_sha256,
+            "targets": {
+                name: stats.model_copy(
+                    update={"throughput": stored.targets[name].throughput if name in stored.targets else None}
+                )
+                for name, stats in summary.targets.items()
+            },
+        }
     )
-    for key in ("run_id", "reused", "results_sha256"):
-        summary[key] = stored.get(key)
-    for name, stats in summary["targets"].items():
-        if (stored["targets"].get(name) or {}).get("throughput") is not None:
-            stats["throughput"] = stored["targets"][name]["throughput"]
-    mismatch = _first_difference(stored, summary)
+    mismatch = _first_difference(stored.model_dump(mode="json"), summary.model_dump(mode="json"))
     if mismatch:
         problems.append(f"summary.json does not match results.jsonl: {mismatch}; resume the run to rebuild it")
     notes += _validation_notes(validation, problems)
@@ -183,23 +194,22 @@ def _first_difference(stored: Any, recomputed: Any, path: str = "") -> str | Non
     return f"{path} is {stored!r} in summary.json, {recomputed!r} recomputed from results.jsonl"
 
 
-def _validation_notes(validation: dict[str, Any] | None, problems: list[str]) -> list[str]:
+def _validation_notes(validation: JudgeValidation | None, problems: list[str]) -> list[str]:
     """Whether the judge's validated error counts in summary.json are the validation directory's own."""
-    if not validation:
+    if validation is None:
         return []
-    directory = Path(validation["directory"])
-    path = directory / "validation.json"
-    if not path.is_file():
+    directory = Path(validation.directory)
+    if not (directory / VALIDATION_FILE).is_file():
         return [f"judge validation {directory} is not readable here: its error counts are taken from summary.json"]
-    entries = read_json(path, "validation output").get("judges", [])
     counts = ("tp", "fp", "tn", "fn")
+    mine = tuple(getattr(validation, c) for c in counts)
     if not any(
-        all(e.get(c) == validation.get(c) for c in counts) and e.get("judge") == validation.get("judge")
-        for e in entries
+        tuple(getattr(e, c) for c in counts) == mine and e.judge == validation.judge
+        for e in read_validation(directory).judges
     ):
         problems.append(
-            f"summary.json's judge validation counts are not those of {path} (edited, or the validation was rerun); "
-            "resume the run to take them again"
+            f"summary.json's judge validation counts are not those of {directory / VALIDATION_FILE} (edited, or the "
+            "validation was rerun); resume the run to take them again"
         )
     return []
 

@@ -118,6 +118,7 @@ def run_selftest(out: Path, n: int, real: bool = False, verbose: bool = False) -
     config_path.write_text(yaml.safe_dump(settings, sort_keys=False))
     config = RunConfig.model_validate(yaml.safe_load(config_path.read_text()))
     run = Run(config, overwrite=True)
+    run.prepare()
     with engine_output(None if verbose else run.dir.root / files.RUN_LOG) as console:
         run.on_progress = console.progress
         summary = run.execute()
@@ -125,12 +126,12 @@ def run_selftest(out: Path, n: int, real: bool = False, verbose: bool = False) -
     results = read_results(run_dir / files.RESULTS)
     expected = sum(len([t for t in range(1, i.n_turns + 1) if i.prefilled(t) is None]) for i in run.items)
     label = config.targets[0].label
-    stats = summary["targets"][label]
+    stats = summary.targets[label]
     calls = run.timings[label].get("engine_calls")
     max_turns = max(i.n_turns for i in run.items)
     checks = [
         (len(results) == expected, f"{len(results)} judgments recorded, {expected} expected"),
-        (stats["n_judged"] == len(results), f"{stats['n_judged']}/{len(results)} judge replies valid rubric JSON"),
+        (stats.n_judged == len(results), f"{stats.n_judged}/{len(results)} judge replies valid rubric JSON"),
         (calls == 1, f"{max_turns} turns through {calls} request stream(s), no per-turn batch"),
         (
             all(r.conversation[-1].role == "user" for r in results),
@@ -152,7 +153,7 @@ def run_selftest(out: Path, n: int, real: bool = False, verbose: bool = False) -
             (not leaked, "no chat-template control token in any answer" + (f" (leaked: {leaked})" if leaked else "")),
         ]
     lines = [("ok    " if ok else "FAIL  ") + text for ok, text in checks]
-    for flag in stats["judge_health"]["flags"]:
+    for flag in stats.judge_health.flags:
         lines.append(
             f"note  judge health: {flag} (expected of a 135M judge: it proves the checks, not a judge)"
             if real

@@ -95,9 +95,9 @@ def corrected_rate(
 
 def read_validation(directory: Path) -> ValidationFile:
     """A validation directory's validation.json, checked."""
-    from diagsafe_local.core.jsonfile import read_typed
+    from diagsafe_local.core.jsonfile import read_model
 
-    return ValidationFile.model_validate(read_typed(directory / VALIDATION_FILE, ValidationFile, "validation output"))
+    return read_model(directory / VALIDATION_FILE, ValidationFile, "validation output")
 
 
 class JudgeValidation(JudgeErrorRates):

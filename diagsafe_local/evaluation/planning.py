@@ -1,0 +1,39 @@
+"""How a run uses a node's GPUs: tensor parallel sizes from the models' sizes, data-parallel replicas from the
+GPUs left (see `engines.gpu_plan`), for this process or for another node (`diagsafe-local plan`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.engines.gpu_plan import GpuPlan, plan_gpus, visible_gpu_memory
+from diagsafe_local.evaluation.config import RunConfig
+
+
+def plan_run(
+    config: RunConfig, n_items: int | None, gpu_memory: Sequence[int] | None = None, replicate: bool = True
+) -> GpuPlan:
+    """The GPU plan of a run on this process's visible GPUs (or on `gpu_memory`, to plan for another node);
+    without `replicate`, one replica (a process that runs its share itself)."""
+    placement = config.placement
+    memory = visible_gpu_memory() if gpu_memory is None else gpu_memory
+    plan = plan_gpus(
+        memory,
+        config.targets,
+        config.judge if config.judge.needs_model else None,
+        placement.mode,
+        placement.target_memory,
+        placement.judge_memory,
+        n_items,
+    )
+    if not replicate:
+        plan = plan.model_copy(update={"replicas": 1})
+    elif placement.replicas != "auto":
+        group = max(plan.gpus_per_replica, len(memory) // placement.replicas)
+        if memory and group * placement.replicas > len(memory):
+            raise DiagsafeError(
+                f"placement.replicas {placement.replicas} needs {placement.replicas * plan.gpus_per_replica} GPUs "
+                f"({plan.gpus_per_replica} per replica); {len(memory)} are visible"
+            )
+        plan = plan.model_copy(update={"replicas": placement.replicas, "gpus_per_replica": group if memory else 1})
+    return plan

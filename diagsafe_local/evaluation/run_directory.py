@@ -1,0 +1,109 @@
+"""A run's directory: its lock, what an earlier run left there, the overwrite rules, and its record stores.
+
+Nothing happens on construction. `open()` takes the directory's lock (one writer), removes a killed writer's
+temporaries, and decides what to do with what is there: the same config's run is resumed; another config's
+run, or run files without a manifest, are refused unless `overwrite` (then only the files the tool writes are
+removed); a `config.yaml` the tool did not write is refused always (a user's own config is never overwritten).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from diagsafe_local.core import atomic
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.jsonl import JsonlStore
+from diagsafe_local.core.locking import DirectoryLock
+from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.controls import ControlRecord
+from diagsafe_local.evaluation.records import GenerationRecord, Manifest, ResultRecord, read_manifest_file
+
+CONFIG_HEADER = "# written by diagsafe-local: the resolved config of run"
+RUN_FILES = (
+    files.MANIFEST,
+    files.CONFIG,
+    files.GENERATIONS,
+    files.RESULTS,
+    files.SUMMARY,
+    files.CONTROLS,
+    files.SIGNATURE,
+)
+
+
+class RunDirectory:
+    """The files of one run (opened with `open()`)."""
+
+    generations: JsonlStore[GenerationRecord]
+    results: JsonlStore[ResultRecord]
+    controls: JsonlStore[ControlRecord]
+
+    def __init__(self, config: RunConfig, root: Path, overwrite: bool = False) -> None:
+        self.root = root
+        self.config = config
+        self.overwrite = overwrite
+        self.previous: Manifest | None = None
+        self.lock: DirectoryLock | None = None
+
+    def open(self) -> RunDirectory:
+        """Lock the directory, resume or replace what is there, and open the record stores."""
+        foreign = self.root / files.CONFIG
+        if foreign.is_file() and not foreign.read_bytes().startswith(CONFIG_HEADER.encode()):
+            raise DiagsafeError(
+                f"{foreign} was not written by diagsafe-local (your own config?): a run writes its resolved config "
+                "there and never overwrites a file it did not create; move the file or choose another output_dir"
+            )
+        self.lock = DirectoryLock(self.root, "run")
+        try:
+            self._resume_or_replace()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _resume_or_replace(self) -> None:
+        atomic.remove_stale_temporaries(self.root)
+        run_id = self.config.fingerprint()
+        if (self.root / files.MANIFEST).exists():
+            self.previous = read_manifest_file(self.root)
+            if self.previous.run_id != run_id:
+                if not self.overwrite:
+                    raise DiagsafeError(
+                        f"{self.root} holds a run of a different config (run id {self.previous.run_id}, "
+                        f"this config {run_id}). Use another output_dir, or --overwrite to replace it."
+                    )
+                self._wipe()
+        elif self.root.exists() and any((self.root / name).exists() for name in RUN_FILES[2:]):
+            if not self.overwrite:
+                raise DiagsafeError(f"{self.root} holds run files without a manifest; use --overwrite to replace them.")
+            self._wipe()
+        elif self.overwrite and self.root.exists():
+            self._wipe()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.generations = JsonlStore(self.root / files.GENERATIONS, GenerationRecord)
+        self.results = JsonlStore(self.root / files.RESULTS, ResultRecord)
+        self.controls = JsonlStore(self.root / files.CONTROLS, ControlRecord)
+
+    def _wipe(self) -> None:
+        # Only what the tool writes: a user's own files in the directory (or in figures/) stay.
+        for name in RUN_FILES + files.REPORT_FILES:
+            (self.root / name).unlink(missing_ok=True)
+        if (self.root / "figures").is_dir() and not any((self.root / "figures").iterdir()):
+            (self.root / "figures").rmdir()
+        self.previous = None
+
+    def write_config(self, run_id: str) -> None:
+        """config.yaml: the resolved config, marked as the tool's own."""
+        atomic.write_text(
+            self.root / files.CONFIG,
+            f"{CONFIG_HEADER} {run_id}, as validated with every --set applied; edit the config you ran, "
+            "not this copy\n" + yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
+        )
+
+    def close(self) -> None:
+        """Release the lock (the stores are written as they go)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
