@@ -56,6 +56,10 @@ class Registry(Generic[T]):
         self._origins: dict[str, str] = {}
         self._plugins_loaded = plugin_group is None
 
+    def resolve_with(self, resolve: Callable[[str], tuple[T, str] | None]) -> None:
+        """Make entries on demand from names the registry does not hold: `resolve(name)` gives (entry, origin)."""
+        self._resolve = resolve
+
     def add(self, entry: T, origin: str = BUILT_IN) -> T:
         """Register `entry`; a second entry of the same name is a programming error."""
         if entry.name in self._entries:

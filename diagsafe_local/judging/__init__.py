@@ -1,7 +1,14 @@
 """Judging: the judge registry (our rubrics, the published JSON judges, the fine-tuned judges with their
 own formats) and the batched judge step."""
 
-from diagsafe_local.judging import finetuned, policy, published, reasoning_guards, refusal  # noqa: F401  (registration)
+from diagsafe_local.judging import (  # noqa: F401  (registration)
+    finetuned,
+    on_demand,
+    policy,
+    published,
+    reasoning_guards,
+    refusal,
+)
 from diagsafe_local.judging.base import JUDGES, Decoding, Judge, JudgeInput, ParseOutcome
 
 __all__ = ["JUDGES", "Decoding", "Judge", "JudgeInput", "ParseOutcome"]

@@ -321,24 +321,5 @@ def _plugin_judges(obj: Any, name: str) -> list[Judge]:
     return judges
 
 
-def _made_on_demand(name: str) -> tuple[Judge, str] | None:
-    """A judge named by what it is made of, with where it came from: a metric with its threshold (the metric's
-    package), or a policy file's path ('file')."""
-    from diagsafe_local.judging.metric_judge import metric_judge, parse_metric_judge
-    from diagsafe_local.judging.policy import load_policy, looks_like_path
-
-    if parse_metric_judge(name) is not None:
-        from diagsafe_local.metrics import METRICS
-
-        judge = metric_judge(name)
-        return judge, METRICS.origin(judge.metric)
-    if looks_like_path(name):
-        from pathlib import Path
-
-        return load_policy(Path(name)), "file"
-    return None
-
-
-JUDGES: Registry[Judge] = Registry(
-    "judge", plugin_group="diagsafe_local.judges", adapt=_plugin_judges, resolve=_made_on_demand
-)
+# Judges made from their names (a policy file's path, METRIC>=THRESHOLD) are resolved by `judging.on_demand`.
+JUDGES: Registry[Judge] = Registry("judge", plugin_group="diagsafe_local.judges", adapt=_plugin_judges)
