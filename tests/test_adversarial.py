@@ -574,7 +574,7 @@ def test_compare_says_kappa_is_undefined_for_two_single_class_runs(tmp_path, mon
         tmp_path, monkeypatch, name="b", responder=not_harmful, target={"model": "t", "name": "t", "system_prompt": "x"}
     )
     result = cli("compare", a, b, "--allow-different-datasets", "--json")
-    data = json.loads(result.output)
+    data = json.loads(result.output)["agreement"]
     assert data["cohen_kappa"] is None and data["cohen_kappa_note"].startswith("undefined")
     assert "Cohen's kappa undefined" in cli("compare", a, b, "--allow-different-datasets").text
 

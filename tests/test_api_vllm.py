@@ -85,7 +85,10 @@ def test_local_and_api_paths_write_the_same_records(tiny_models, vllm_engines, s
     )
 
     result = CliRunner().invoke(app, ["compare", str(tmp_path / "local"), str(tmp_path / "api"), "--json"])
-    comparison = json.loads(result.output)
+    document = json.loads(result.output)
+    overall = document["paired"][0]  # the same model offline and behind the API: the same verdicts, paired
+    assert overall["n_paired"] == 10 and overall["b"] == overall["c"] == 0 and overall["diff"] == 0.0
+    comparison = document["agreement"]
     assert comparison["shared"] == 18 and comparison["label_agreement"] == 1.0
     # one class only on both sides (the tiny judge's verdicts): kappa is undefined, and said so
     assert comparison["cohen_kappa"] is None and comparison["cohen_kappa_note"].startswith("undefined")

@@ -194,7 +194,12 @@ def test_lora_sweep_loads_judge_once_and_report_compares(tiny_models, vllm_engin
     report = runner.invoke(app, ["report", str(tmp_path / "sweep")])
     assert report.exit_code == 0, report.output
     markdown = (tmp_path / "sweep" / "report.md").read_text()
-    assert "Regressions against baseline 'tiny'" in markdown and "| tiny-lora |" in markdown
+    assert "## tiny-lora compared with baseline tiny" in markdown and "| tiny-lora |" in markdown
+    assert "| overall | 8 |" in markdown  # the sweep's two targets paired over the same 8 items
+    compare = runner.invoke(app, ["compare", str(tmp_path / "sweep"), "--json"])
+    assert compare.exit_code == 0, compare.output
+    overall = json.loads(compare.output)["paired"][0]
+    assert (overall["baseline"], overall["candidate"], overall["n_paired"]) == ("tiny", "tiny-lora", 8)
     assert (tmp_path / "sweep" / "figures" / "asr_by_category.png").read_bytes()[:4] == b"\x89PNG"
     assert "<table>" in (tmp_path / "sweep" / "report.html").read_text()
     gate = runner.invoke(app, ["gate", str(tmp_path / "sweep"), "--max-asr", "1.0", "--allow-degenerate-judge"])

@@ -98,6 +98,65 @@ def print_listing(title: str, rows: list[dict[str, Any]], columns: list[str], as
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
+def print_paired(comparison: Any) -> None:
+    """A paired comparison as a table (rich on a terminal, plain aligned text when piped)."""
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{100 * v:.1f}%"
+
+    def p(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.3g}"
+
+    header = ["group", "n", "ASR A", "ASR B", "diff [95% CI]", "b", "c", "McNemar p", "Holm p", "detectable"]
+    rows = [
+        [
+            d.group,
+            str(d.n_paired),
+            pct(d.asr_a),
+            pct(d.asr_b),
+            "n/a" if d.diff is None else f"{100 * d.diff:+.1f} [{100 * d.ci_low:+.1f}, {100 * d.ci_high:+.1f}]",
+            str(d.b),
+            str(d.c),
+            p(d.mcnemar_p),
+            p(d.p_holm),
+            "n too small" if d.min_detectable_increase is None and d.n_paired else pct(d.min_detectable_increase),
+        ]
+        for d in comparison.differences
+    ]
+    title = (
+        f"{comparison.candidate} (B) vs baseline {comparison.baseline} (A): paired over the same items "
+        f"(only in A {comparison.only_in_baseline}, only in B {comparison.only_in_candidate}, unscored "
+        f"{comparison.unscored}); flips: {len(comparison.flips_up)} now harmful, {len(comparison.flips_down)} "
+        "no longer"
+    )
+    notes = [
+        "diff = ASR B - ASR A (points); b: harmful in B only, c: in A only; detectable: the smallest increase "
+        "this many pairs detects with 80% power (alpha 0.05)"
+    ]
+    warning = comparison.overall.warning
+    if sys.stdout.isatty():
+        table = Table(title=title)
+        for column in header:
+            table.add_column(column, no_wrap=column == "group")
+        for row in rows:
+            table.add_row(*row)
+        console = Console()
+        console.print(table)
+        for note in notes + ([f"warning: {warning}"] if warning else []):
+            console.print(note, highlight=False, soft_wrap=True)
+        return
+    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
+    typer.echo(title)
+    for row in [header, *rows]:
+        typer.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    for note in notes + ([f"warning: {warning}"] if warning else []):
+        typer.echo(note)
+
+
 def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"

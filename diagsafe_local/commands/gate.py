@@ -10,7 +10,7 @@ import typer
 from diagsafe_local.commands.common import user_errors
 
 
-def _category_limits(values: list[str]) -> dict[str, float]:
+def _category_limits(values: list[str], option: str = "--max-asr-category") -> dict[str, float]:
     from diagsafe_local.core.errors import DiagsafeError
 
     limits = {}
@@ -21,7 +21,7 @@ def _category_limits(values: list[str]) -> dict[str, float]:
         except ValueError:
             sep = ""
         if not sep or not name:
-            raise DiagsafeError(f"--max-asr-category expects CATEGORY=NUMBER, got '{value}'")
+            raise DiagsafeError(f"{option} expects CATEGORY=NUMBER, got '{value}'")
     return limits
 
 
@@ -50,6 +50,20 @@ def gate(
         ),
     ] = False,
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="A baseline run directory (e.g. production's) for --max-asr-increase (default: gate.baseline_run)."
+        ),
+    ] = None,
+    max_asr_increase: Annotated[
+        float | None,
+        typer.Option(help="Non-inferiority margin: largest acceptable upper bound of the paired ASR increase."),
+    ] = None,
+    max_asr_increase_category: Annotated[
+        list[str] | None, typer.Option(help="CATEGORY=MARGIN, repeatable: the same per category.")
+    ] = None,
+    baseline_target: Annotated[str | None, typer.Option(help="The baseline run's target, if it has several.")] = None,
     require_signature: Annotated[
         bool,
         typer.Option(
@@ -65,8 +79,9 @@ def gate(
     from pydantic import ValidationError
 
     from diagsafe_local.core.errors import DiagsafeError, RunFailed
+    from diagsafe_local.evaluation.baseline import compare_with_baseline
     from diagsafe_local.evaluation.config import GateConfig
-    from diagsafe_local.evaluation.gate import check_gate
+    from diagsafe_local.evaluation.gate import check_gate, check_increase
     from diagsafe_local.evaluation.verify import verify_run
 
     verified = verify_run(run_dir, require_signature)
@@ -87,6 +102,16 @@ def gate(
         settings["allow_degenerate_judge"] = True
     if corrected:
         settings["corrected"] = True
+    if baseline is not None:
+        settings["baseline_run"] = str(baseline)
+    if max_asr_increase is not None:
+        settings["max_asr_increase"] = max_asr_increase
+    if max_asr_increase_category:
+        settings["max_asr_increase_category"] = _category_limits(
+            max_asr_increase_category, "--max-asr-increase-category"
+        )
+    if baseline_target is not None:
+        settings["baseline_target"] = baseline_target
     try:
         thresholds = GateConfig.model_validate(settings)
     except ValidationError as exc:
@@ -95,6 +120,17 @@ def gate(
     for note in verified.notes:
         typer.echo(f"NOTE  {note}")
     result = check_gate(verified.summary, thresholds, target)
+    if thresholds.max_asr_increase is not None or thresholds.max_asr_increase_category:
+        if not thresholds.baseline_run:
+            raise DiagsafeError("--max-asr-increase needs the baseline run: --baseline DIR (or gate.baseline_run)")
+        comparisons = compare_with_baseline(
+            run_dir, Path(thresholds.baseline_run), baseline_target=thresholds.baseline_target
+        )
+        comparisons = [c for c in comparisons if not target or c.candidate in target]
+        increase = check_increase(comparisons, thresholds)
+        result = result.model_copy(
+            update={"passed": result.passed and increase.passed, "lines": result.lines + increase.lines}
+        )
     for line in result.lines:
         typer.echo(line)
     typer.echo("GATE PASSED" if result.passed else "GATE FAILED")

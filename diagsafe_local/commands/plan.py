@@ -12,14 +12,38 @@ from diagsafe_local.commands.common import user_errors
 
 @user_errors
 def plan(
-    config: Annotated[Path, typer.Argument(help="Run config (YAML).")],
+    config: Annotated[Path | None, typer.Argument(help="Run config (YAML).")] = None,
     gpus: Annotated[
         int | None, typer.Option(help="Plan for a node with this many GPUs (default: the GPUs visible here).", min=1)
     ] = None,
     gpu_memory: Annotated[float, typer.Option(help="GiB of memory per GPU, with --gpus.", min=1)] = 80.0,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override (repeatable).")] = None,
+    baseline_asr: Annotated[
+        float | None,
+        typer.Option(help="Size a comparison with production: the baseline's ASR (with --margin).", min=0, max=1),
+    ] = None,
+    margin: Annotated[
+        float | None, typer.Option(help="The non-inferiority margin (an ASR increase, e.g. 0.05).", min=0.001, max=1)
+    ] = None,
+    discordance: Annotated[
+        float | None,
+        typer.Option(
+            help="Share of items whose verdict differs between the checkpoints, if known (else 2p(1-p)).", min=0, max=1
+        ),
+    ] = None,
+    items: Annotated[
+        int | None, typer.Option(help="With --margin: the items you have (else the config's).", min=1)
+    ] = None,
 ) -> None:
-    """Print each model's tensor parallel size, the number of pipeline replicas, and the sbatch request."""
+    """Print each model's tensor parallel size, the number of pipeline replicas, and the sbatch request; with
+    --baseline-asr and --margin, how many items a paired comparison with production needs."""
+    if baseline_asr is not None or margin is not None:
+        _plan_comparison(config, set_ or [], baseline_asr, margin, discordance, items)
+        return
+    if config is None:
+        from diagsafe_local.core.errors import DiagsafeError
+
+        raise DiagsafeError("give a run config (or --baseline-asr and --margin to size a comparison)")
     from diagsafe_local.engines.gpu_plan import GIB
     from diagsafe_local.evaluation.config import load_config
     from diagsafe_local.evaluation.planning import plan_run
@@ -46,3 +70,46 @@ def plan(
         f"one node:  sbatch --gpus={chosen.replicas * chosen.gpus_per_replica} slurm/multi_gpu.sbatch {config}\n"
         f"many nodes: diagsafe-local submit {config} --shards N --gpus-per-task {chosen.gpus_per_replica}"
     )
+
+
+def _plan_comparison(
+    config: Path | None,
+    overrides: list[str],
+    baseline_asr: float | None,
+    margin: float | None,
+    discordance: float | None,
+    items: int | None,
+) -> None:
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.evaluation.paired import items_needed, min_detectable_increase
+
+    if baseline_asr is None or margin is None:
+        raise DiagsafeError("sizing a comparison needs both --baseline-asr and --margin")
+    needed = items_needed(baseline_asr, margin, discordance)
+    psi = discordance if discordance is not None else 2 * baseline_asr * (1 - baseline_asr)
+    typer.echo(
+        f"a paired comparison with a baseline at ASR {baseline_asr:.1%} needs {needed} items (final turns, one "
+        f"sample each) for 80% power that the 95% upper bound of the increase stays under {margin:.1%} when the "
+        f"candidate is as safe as the baseline (discordant share {psi:.1%}"
+        + (
+            ")"
+            if discordance is not None
+            else ", the conservative 2p(1-p); yours is likely lower: it is measured by compare)"
+        )
+    )
+    have = items
+    if have is None and config is not None:
+        from diagsafe_local.evaluation.config import load_config
+        from diagsafe_local.evaluation.prompt_sets import load_configured
+
+        cfg = load_config(config, overrides)
+        have = sum(1 for item in load_configured(cfg.dataset)[0] if not item.benign) * cfg.targets[0].sampling.n
+    if have is not None:
+        detectable = min_detectable_increase(have, psi)
+        typer.echo(
+            f"you have {have}: "
+            + ("enough" if have >= needed else f"{needed - have} too few")
+            + "; with them a McNemar test detects an increase of "
+            + ("none up to 100%" if detectable is None else f"{detectable:.1%}")
+            + " with 80% power"
+        )

@@ -49,27 +49,75 @@ def merge(
 
 @user_errors
 def compare(
-    run_a: Annotated[Path, typer.Argument(help="First run directory.")],
-    run_b: Annotated[Path, typer.Argument(help="Second run directory.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as JSON.")] = False,
+    run_a: Annotated[Path, typer.Argument(help="The baseline run directory (e.g. the production checkpoint's).")],
+    run_b: Annotated[
+        Path | None, typer.Argument(help="The candidate run directory (leave out to compare the targets of one sweep).")
+    ] = None,
+    target: Annotated[str | None, typer.Option(help="The candidate target (default: every pair found).")] = None,
+    baseline_target: Annotated[
+        str | None, typer.Option(help="The baseline target (a sweep: default, its config's baseline).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as one JSON document.")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Also write comparison.json and flips.jsonl (both answers and verdicts) here.")
+    ] = None,
+    allow_different_judges: Annotated[
+        bool, typer.Option(help="Compare runs judged by different judges anyway (every figure says so).")
+    ] = False,
     allow_different_datasets: Annotated[bool, typer.Option(help="Compare runs of different datasets anyway.")] = False,
 ) -> None:
-    """Per-item agreement of verdicts and scores between two complete runs of the same dataset, with Cohen's kappa."""
+    """Is the candidate worse than the baseline? The paired comparison of two runs over the same items (or of the
+    targets of one sweep): ASR of each, the difference with a paired 95% CI, McNemar's exact test on the
+    discordant pairs with Holm-adjusted p-values per breakdown, the smallest increase this many pairs would
+    detect, the flips; then the per-item agreement of the verdicts (Cohen's kappa)."""
+    from diagsafe_local.commands.common import print_paired
+    from diagsafe_local.evaluation.baseline import compare_with_baseline
+    from diagsafe_local.evaluation.flips import write_comparison
     from diagsafe_local.evaluation.runs import compare_runs
 
-    result = compare_runs(run_a, run_b, allow_different_datasets)
+    comparisons = compare_with_baseline(
+        run_b or run_a,
+        run_a if run_b is not None else None,
+        target=target,
+        baseline_target=baseline_target,
+        allow_different_judges=allow_different_judges,
+        allow_different_datasets=allow_different_datasets,
+    )
+    agreement = compare_runs(run_a, run_b, allow_different_datasets) if run_b is not None else None
+    if out is not None:
+        write_comparison(out, comparisons, agreement)
     if as_json:
-        typer.echo(json.dumps(result, indent=2))
+        document = {
+            "paired": [d.model_dump(mode="json") for c in comparisons for d in c.differences],
+            "pairs": [
+                {
+                    "baseline": c.baseline,
+                    "candidate": c.candidate,
+                    "only_in_baseline": c.only_in_baseline,
+                    "only_in_candidate": c.only_in_candidate,
+                    "unscored": c.unscored,
+                    "flips_up": len(c.flips_up),
+                    "flips_down": len(c.flips_down),
+                }
+                for c in comparisons
+            ],
+            "agreement": agreement,
+        }
+        typer.echo(json.dumps(document, indent=2))
+        return
+    for comparison in comparisons:
+        print_paired(comparison)
+    if agreement is None:
         return
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
     typer.echo(
-        f"shared answers: {result['shared']} (only in A: {result['only_in_a']}, only in B: {result['only_in_b']})"
+        f"agreement: shared answers {agreement['shared']} (only in A: {agreement['only_in_a']}, only in B: "
+        f"{agreement['only_in_b']}); identical answers {agreement['identical_answers']}/{agreement['shared']}"
     )
-    typer.echo(f"identical answers: {result['identical_answers']}/{result['shared']}")
     typer.echo(
-        f"label agreement: {fmt(result['label_agreement'])} over {result['both_scored']} judged by both; "
-        f"Cohen's kappa {result['cohen_kappa_note'] or fmt(result['cohen_kappa'])}; "
-        f"mean |score difference| {fmt(result['score_mean_abs_diff'])}"
+        f"label agreement: {fmt(agreement['label_agreement'])} over {agreement['both_scored']} judged by both; "
+        f"Cohen's kappa {agreement['cohen_kappa_note'] or fmt(agreement['cohen_kappa'])}; "
+        f"mean |score difference| {fmt(agreement['score_mean_abs_diff'])}"
     )
-    for d in result["disagreements"][:10]:
+    for d in agreement["disagreements"][:10]:
         typer.echo(f"  {tuple(d['key'])}: {d['a']} vs {d['b']}")

@@ -115,6 +115,20 @@ class GateConfig(StrictModel):
         False,
         description="Pass a run whose judge health checks flag a degenerate judge (identical or copied verdicts).",
     )
+    baseline_run: str | None = Field(
+        None, description="A run directory to compare with (e.g. the production checkpoint's): the increase limits."
+    )
+    baseline_target: str | None = Field(None, description="The baseline run's target (when it has several).")
+    max_asr_increase: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Non-inferiority margin: fail when the upper bound of the paired 95% CI of the ASR increase "
+        "over the baseline exceeds it.",
+    )
+    max_asr_increase_category: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=dict, description="Per-category non-inferiority margins."
+    )
     corrected: bool = Field(
         False,
         description="Decide ASR limits on the upper 95% bound of the ASR (uncertain = 0.5, as the plain limit) "

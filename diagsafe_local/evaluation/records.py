@@ -34,7 +34,8 @@ RUN_LOG = "run.log"
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 CHART = "figures/asr_by_category.png"
-REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART)
+FLIPS = "flips.jsonl"
+REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART, FLIPS)
 SIGNATURE = signing.SIGNATURE
 # The run files a signature covers: everything a decision or a resume reads.
 SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, CONTROLS, SUMMARY)

@@ -8,9 +8,10 @@ import re
 import sys
 from pathlib import Path
 
-from diagsafe_local.core import atomic
-from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.flips import flips
+from diagsafe_local.evaluation.paired import PairedComparison
 from diagsafe_local.evaluation.records import BREAKDOWNS, GroupStats, Summary, TargetSummary, read_results
 from diagsafe_local.evaluation.verify import VerifiedRun, verify_run
 
@@ -139,23 +140,73 @@ def _category_chart(summary: Summary, path: Path) -> None:
     plt.close(fig)
 
 
-def regressions(summary: Summary, baseline: str) -> list[tuple[str, str, float, float]]:
-    """(target, category, baseline ASR, target ASR) where the target's CI lies wholly above the baseline's."""
-    if baseline not in summary.targets:
-        raise DiagsafeError(f"baseline '{baseline}' is not a target of this run ({', '.join(summary.targets)})")
-    base = summary.targets[baseline].by_category
-    found = []
-    for name, stats in summary.targets.items():
-        if name == baseline:
+def _paired_sections(comparisons: list[PairedComparison]) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
+    """One section per target pair: the paired test overall and per group, with what it means."""
+    sections = []
+    header = ["group", "n", "ASR A", "ASR B", "diff [95% CI]", "b", "c", "McNemar p", "Holm p", "detectable"]
+    for c in comparisons:
+        rows = [
+            [
+                d.group,
+                str(d.n_paired),
+                _pct(d.asr_a),
+                _pct(d.asr_b),
+                "n/a"
+                if d.diff is None
+                else f"{100 * d.diff:+.1f} [{100 * (d.ci_low or 0):+.1f}, {100 * (d.ci_high or 0):+.1f}]",
+                str(d.b),
+                str(d.c),
+                "n/a" if d.mcnemar_p is None else f"{d.mcnemar_p:.3g}",
+                "n/a" if d.p_holm is None else f"{d.p_holm:.3g}",
+                _pct(d.min_detectable_increase) if d.min_detectable_increase is not None else "n too small",
+            ]
+            for d in c.differences
+        ]
+        significant = [d.group for d in c.differences if d.p_holm is not None and d.p_holm < 0.05 and (d.diff or 0) > 0]
+        notes = [
+            f"{c.candidate} (B) against {c.baseline} (A), paired over the same items (only in A "
+            f"{c.only_in_baseline}, only in B {c.only_in_candidate}, unscored {c.unscored}). diff = ASR B - ASR A in "
+            "points with a paired 95% CI; b: harmful in B only, c: in A only; McNemar's exact test on b and c, "
+            "Holm-adjusted across the groups of each breakdown; detectable: the smallest increase this many pairs "
+            "detects with 80% power.",
+            "Significant increases (Holm p < 0.05): " + (", ".join(significant) if significant else "none") + ".",
+            f"Flips: {len(c.flips_up)} answers harmful in B but not in A, {len(c.flips_down)} the reverse "
+            "(listed below and in flips.jsonl).",
+        ]
+        if c.overall.warning:
+            notes.append(f"WARNING: {c.overall.warning}")
+        sections.append((f"{c.candidate} compared with baseline {c.baseline}", header, rows, notes))
+    return sections
+
+
+def _flip_blocks(comparisons: list[PairedComparison], per_pair: int = 10) -> tuple[list[str], list[str]]:
+    """The flips of each pair, both answers (fenced in Markdown, escaped in HTML: hostile text)."""
+    md: list[str] = []
+    page: list[str] = []
+    for c in comparisons:
+        shown = flips(c)[:per_pair]
+        if not shown:
             continue
-        for category, group in stats.by_category.items():
-            b, t = (base[category].asr if category in base else None), group.asr
-            if t.value is not None and b is not None and b.value is not None and t.ci_low > b.ci_high:  # type: ignore[operator]
-                found.append((name, category, b.value, t.value))
-    return found
+        title = f"Flips: {c.candidate} against {c.baseline}"
+        md += [f"## {title}", ""]
+        page.append(f"<h2>{html.escape(title)}</h2>")
+        for f in shown:
+            head = (
+                f"{'NOW HARMFUL' if f.direction == 'now_harmful' else 'no longer harmful'}: item {f.item_id} "
+                f"({f.category or 'no category'}), score {f.score_a} -> {f.score_b}"
+            )
+            parts = [("Request", f.request), (f"Answer of {c.baseline} (A)", f.answer_a)]
+            parts.append((f"Answer of {c.candidate} (B)", f.answer_b))
+            md += [f"**{_md_cell(head)}**", ""]
+            page.append(f"<h3>{html.escape(head)}</h3>")
+            for label, text in parts:
+                md += [f"{label}:", *_fenced(_clip(text))]
+                page.append(f"<p>{html.escape(label)}:</p><pre>{html.escape(_clip(text))}</pre>")
+            md.append("")
+    return md, page
 
 
-def _tables(summary: Summary, baseline: str | None) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
+def _tables(summary: Summary) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, header, rows, notes) sections shared by the Markdown and HTML reports."""
     overall = [_overall_row(name, s) for name, s in summary.targets.items()]
     sections: list[tuple[str, list[str], list[list[str]], list[str]]] = [
@@ -199,17 +250,6 @@ def _tables(summary: Summary, baseline: str | None) -> list[tuple[str, list[str]
         groups = sorted({g for b in breakdowns for g in b})
         rows = [[g, *(_asr_cell(b[g]) if g in b else "–" for b in breakdowns)] for g in groups]
         sections.append((title, [field, *summary.targets], rows, []))
-    if baseline:
-        found = regressions(summary, baseline)
-        notes = [f"{t}, category '{c}': ASR {_pct(b)} -> {_pct(v)} (CIs do not overlap)" for t, c, b, v in found]
-        sections.append(
-            (
-                f"Regressions against baseline '{baseline}'",
-                [],
-                [],
-                notes or ["None: no category's ASR CI lies wholly above the baseline's."],
-            )
-        )
     return sections
 
 
@@ -271,10 +311,8 @@ def write_report(run_dir: Path, baseline: str | None = None) -> VerifiedRun:
 
 
 def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
-
     verified = verify_run(run_dir)  # the gate's checks: what fails them heads the report
     summary, manifest = verified.summary, verified.manifest
-    baseline = baseline or manifest.baseline
     chart = run_dir / files.CHART
     chart.parent.mkdir(exist_ok=True)
     atomic.write_with(chart, lambda p: _category_chart(summary, p))
@@ -292,7 +330,11 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
             "earlier run of this directory (same model content, same prompts); the rest were made now."
         )
     title = f"diagsafe-local report: run {summary.run_id}"
-    sections = _tables(summary, baseline)
+    sections = _tables(summary)
+    comparisons, baseline_note = _baseline(run_dir, verified, baseline)
+    sections += _paired_sections(comparisons)
+    if baseline_note:
+        sections.append(("Comparison with the baseline", [], [], [baseline_note]))
 
     md = [f"# {title}", ""]
     page = [
@@ -325,10 +367,29 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
         if heading == "ASR by category":
             md += ["![ASR by category](figures/asr_by_category.png)", ""]
             page.append("<img src='figures/asr_by_category.png' alt='ASR by category'>")
+    md_flips, html_flips = _flip_blocks(comparisons)
     md_examples, html_examples = _examples(run_dir)
-    md += md_examples
-    page += html_examples
+    md += md_flips + md_examples
+    page += html_flips + html_examples
     page.append("</body></html>")
     atomic.write_text(run_dir / files.REPORT_MD, "\n".join(md) + "\n")
     atomic.write_text(run_dir / files.REPORT_HTML, "\n".join(page) + "\n")
+    if comparisons:
+        jsonl.write(run_dir / files.FLIPS, [f for c in comparisons for f in flips(c)])
     return verified
+
+
+def _baseline(run_dir: Path, verified: VerifiedRun, baseline: str | None) -> tuple[list[PairedComparison], str | None]:
+    """The paired comparisons with the baseline: a run directory, or a target of this sweep (`baseline:` in its
+    config by default); none, with the reason, where they cannot be made."""
+    baseline = baseline or verified.manifest.baseline
+    if not baseline:
+        return [], None
+    if verified.problems:
+        return [], "Not compared with the baseline: this run does not verify (see the top of the report)."
+    from diagsafe_local.evaluation.baseline import compare_with_baseline
+
+    as_dir = Path(baseline)
+    if as_dir.is_dir():
+        return compare_with_baseline(run_dir, as_dir), None
+    return compare_with_baseline(run_dir, baseline_target=baseline), None

@@ -53,6 +53,7 @@ class VerifiedRun(BaseModel):
     run_dir: Path
     manifest: Manifest
     summary: Summary
+    results: list[ResultRecord]
     problems: list[str]
     notes: list[str]
 
@@ -70,7 +71,6 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
     manifest = read_manifest_file(run_dir)
-    stored = read_summary(run_dir)
     problems: list[str] = []
     notes: list[str] = []
     if manifest.status != "complete":
@@ -78,6 +78,9 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
             f"the run is not complete (status '{manifest.status}'): it is still running, or was stopped; resume it "
             "with the same `run` command first"
         )
+    if not (run_dir / files.SUMMARY).is_file():
+        problems.append(f"no {files.SUMMARY}: the run never finished")
+    stored = read_summary(run_dir) if (run_dir / files.SUMMARY).is_file() else Summary(targets={})
     sign_problems, sign_note = signing.check_signature(run_dir, manifest.run_id, require_signature)
     problems += sign_problems
     notes.append(f"signature: {sign_note}")
@@ -115,7 +118,9 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
         problems.append(f"summary.json does not match results.jsonl: {mismatch}; resume the run to rebuild it")
     notes += _validation_notes(validation, problems)
     notes += _dataset_notes(manifest)
-    return VerifiedRun(run_dir=run_dir, manifest=manifest, summary=summary, problems=problems, notes=notes)
+    return VerifiedRun(
+        run_dir=run_dir, manifest=manifest, summary=summary, results=results, problems=problems, notes=notes
+    )
 
 
 def _controls(run_dir: Path) -> list[ControlRecord]:

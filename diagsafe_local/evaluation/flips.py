@@ -1,0 +1,78 @@
+"""Flips: the items a candidate answers harmfully where the baseline did not, and the reverse, each with both
+answers and both verdicts; written as `flips.jsonl` (and a comparison's figures as `comparison.json`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from diagsafe_local.core import atomic, jsonl
+from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.paired import PairedComparison
+from diagsafe_local.evaluation.records import ResultRecord
+
+COMPARISON = "comparison.json"
+
+
+class Flip(BaseModel):
+    """One item whose verdict changed between the baseline (a) and the candidate (b)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    direction: Literal["now_harmful", "no_longer_harmful"]
+    baseline: str
+    candidate: str
+    item_id: str
+    sample: int
+    category: str
+    request: str
+    answer_a: str
+    answer_b: str
+    score_a: float | None
+    score_b: float | None
+    verdict_a: dict[str, Any] | None
+    verdict_b: dict[str, Any] | None
+
+
+def flips(comparison: PairedComparison) -> list[Flip]:
+    """Every flip of a comparison, the ones now harmful first."""
+
+    def flip(direction: Literal["now_harmful", "no_longer_harmful"], a: ResultRecord, b: ResultRecord) -> Flip:
+        return Flip(
+            direction=direction,
+            baseline=comparison.baseline,
+            candidate=comparison.candidate,
+            item_id=b.item_id,
+            sample=b.sample,
+            category=b.category,
+            request=b.conversation[-1].content,
+            answer_a=a.answer,
+            answer_b=b.answer,
+            score_a=a.score,
+            score_b=b.score,
+            verdict_a=a.verdict,
+            verdict_b=b.verdict,
+        )
+
+    return [flip("now_harmful", a, b) for a, b in comparison.flips_up] + [
+        flip("no_longer_harmful", a, b) for a, b in comparison.flips_down
+    ]
+
+
+def write_comparison(
+    out: Path, comparisons: Sequence[PairedComparison], agreement: dict[str, Any] | None = None
+) -> None:
+    """comparison.json (every figure) and flips.jsonl, as one set."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    document = {
+        "paired": [d.model_dump(mode="json") for c in comparisons for d in c.differences],
+        "agreement": agreement,
+    }
+    with atomic.outputs_together():
+        atomic.write_text(out / COMPARISON, json.dumps(document, indent=2) + "\n")
+        jsonl.write(out / files.FLIPS, [f for c in comparisons for f in flips(c)])
