@@ -12,6 +12,7 @@ from diagsafe_local.commands import (
     models,
     plan,
     report,
+    review,
     run,
     runs,
     selftest,
@@ -40,6 +41,9 @@ app.command("train-classifier")(train_classifier.train_classifier)
 app.command("selftest")(selftest.selftest)
 app.add_typer(data.app, name="data")
 app.add_typer(models.app, name="models")
+app.command("view")(review.view)
+app.command("label")(review.label)
+app.command("export")(review.export)
 app.command("demo")(demo.demo)
 
 if __name__ == "__main__":

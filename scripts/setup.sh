@@ -9,6 +9,8 @@ PYTHON=${PYTHON:-python3}
 
 apt_packages=(wordnet-base wordnet-sense-index)   # WordNet for METEOR, offline
 if [[ "${DIAGSAFE_WITH_SLURM:-1}" == 1 ]]; then apt_packages+=(slurm-wlm munge); fi
+# Debian's Chromium and its driver: the tests open the review page (view, label) in a real headless browser.
+if [[ "${DIAGSAFE_WITH_BROWSER:-1}" == 1 ]]; then apt_packages+=(chromium chromium-driver); fi
 if command -v apt-get >/dev/null && [[ $(id -u) == 0 ]]; then
   missing=()
   for p in "${apt_packages[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -22,7 +24,7 @@ elif ! [[ -f /usr/share/wordnet/data.noun ]]; then
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1; then engine=gpu; else engine=cpu; fi
-extras=${DIAGSAFE_EXTRAS:-$engine,embed,api,hf,train,models,dev}
+extras=${DIAGSAFE_EXTRAS:-$engine,embed,api,hf,train,models,inspect,dev}
 [[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
 stamp="$VENV/.diagsafe-installed"
 want="$(sha256sum pyproject.toml | cut -c1-16) $extras"

@@ -17,6 +17,7 @@ LAYER = {
     "classifier": 3,
     "validation": 3,
     "selftest": 4,
+    "review": 4,
     "commands": 5,
     "cli": 6,
     "__init__": 6,

@@ -175,8 +175,12 @@ class RunConfig(StrictModel):
         return self
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines the results (not where they go, placement, or the gate)."""
+        """Hash of everything that determines the answers and verdicts (not where they go, placement, the gate, or
+        the judge's validation)."""
         payload = self.model_dump(mode="json", exclude={"output_dir", "gate", "baseline", "placement"})
+        # The judge's validation corrects the summary but changes no answer or verdict: adding it to a finished run
+        # resumes it (the summary is rewritten), it does not make another run.
+        payload["judge"]["validation"] = None
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -71,8 +71,8 @@ class _Decision:
         else:
             self.lines.append(
                 f"NOTE  judge {validation.judge} validated on {validation.gold}: FPR {_pct(validation.fpr_measured)} "
-                f"({validation.fp}/{validation.fp + validation.tn}), FNR {_pct(validation.fnr_measured)} "
-                f"({validation.fn}/{validation.fn + validation.tp})"
+                f"({validation.fp:g}/{validation.fp + validation.tn:g}), FNR {_pct(validation.fnr_measured)} "
+                f"({validation.fn:g}/{validation.fn + validation.tp:g})"
             )
 
     def verdict(self, ok: bool, text: str) -> None:

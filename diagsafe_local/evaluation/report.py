@@ -40,10 +40,13 @@ def judge_error_note(summary: Summary) -> str:
             "The judge was never validated against human labels (no judge.validation): its false-positive and "
             "false-negative rates are unknown, and every rate here inherits them."
         )
+    where = (
+        f"on this run's own answers ({v.n_labelled} labels)" if v.format == "run" else f"on {v.gold} ({v.directory})"
+    )
     return (
-        f"Judge {v.judge} validated on {v.gold} ({v.directory}): FPR {_pct(v.fpr_measured)} "
-        f"({v.fp}/{v.fp + v.tn} harmless answers called harmful), FNR {_pct(v.fnr_measured)} "
-        f"({v.fn}/{v.fn + v.tp} harmful answers missed). 'corrected' is the ASR corrected "
+        f"Judge {v.judge} validated {where}: FPR {_pct(v.fpr_measured)} "
+        f"({v.fp:g}/{v.fp + v.tn:g} harmless answers called harmful), FNR {_pct(v.fnr_measured)} "
+        f"({v.fn:g}/{v.fn + v.tp:g} harmful answers missed). 'corrected' is the ASR corrected "
         "for both (Rogan-Gladen), its 95% CI carrying the run's and the validation's uncertainty."
     )
 

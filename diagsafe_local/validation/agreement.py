@@ -31,18 +31,20 @@ SCORED = ("auroc", "auprc", "ece")
 THREE_CLASS = ("accuracy_3class", "macro_f1_3class", "cohen_kappa_3class")
 
 
-def binary_metrics(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
+def binary_metrics(y: np.ndarray, pred: np.ndarray, w: np.ndarray | None = None) -> dict[str, float]:
     """Accuracy, balanced accuracy, precision, recall, F1, Cohen's kappa, FPR, FNR of 0/1 predictions
-    (NaN where undefined, e.g. FNR without positives)."""
+    (NaN where undefined, e.g. FNR without positives); weighted by `w` where the items are a weighted sample."""
     from sklearn.metrics import accuracy_score, cohen_kappa_score, precision_recall_fscore_support
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        precision, recall, f1, support = precision_recall_fscore_support(y, pred, labels=[0, 1], zero_division=np.nan)
+        precision, recall, f1, support = precision_recall_fscore_support(
+            y, pred, labels=[0, 1], zero_division=np.nan, sample_weight=w
+        )
         specificity, sensitivity = (r if s else np.nan for r, s in zip(recall, support))
-        kappa = cohen_kappa_score(y, pred, labels=[0, 1]) if len(set(y) | set(pred)) > 1 else np.nan
+        kappa = cohen_kappa_score(y, pred, labels=[0, 1], sample_weight=w) if len(set(y) | set(pred)) > 1 else np.nan
     return {
-        "accuracy": float(accuracy_score(y, pred)),
+        "accuracy": float(accuracy_score(y, pred, sample_weight=w)),
         # sklearn's balanced_accuracy_score, written as the mean recall: it warns and misreports on one class
         "balanced_accuracy": float(np.nanmean([specificity, sensitivity])),
         "precision": float(precision[1]),
@@ -54,36 +56,39 @@ def binary_metrics(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     }
 
 
-def score_metrics(y: np.ndarray, score: np.ndarray, bins: int = 10) -> dict[str, float]:
+def score_metrics(y: np.ndarray, score: np.ndarray, bins: int = 10, w: np.ndarray | None = None) -> dict[str, float]:
     """AUROC, AUPRC (average precision) and expected calibration error (`bins` equal-width bins; scikit-learn
-    has no ECE, so it is the bin-weighted gap of its calibration curve's bins)."""
+    has no ECE, so it is the bin-weighted gap of its calibration curve's bins); weighted by `w` if given."""
     from sklearn.metrics import average_precision_score, roc_auc_score
 
     if len(set(y)) < 2:
         return {"auroc": np.nan, "auprc": np.nan, "ece": np.nan}
+    weights = np.ones(len(y)) if w is None else w
     edges = np.linspace(0.0, 1.0, bins + 1)
     ids = np.searchsorted(edges[1:-1], score)  # the bins of sklearn.calibration.calibration_curve
     counts = np.bincount(ids, minlength=bins)
     filled = counts > 0
     gap = np.abs(
-        np.bincount(ids, weights=y, minlength=bins)[filled] - np.bincount(ids, weights=score, minlength=bins)[filled]
+        np.bincount(ids, weights=y * weights, minlength=bins)[filled]
+        - np.bincount(ids, weights=score * weights, minlength=bins)[filled]
     )
     return {
-        "auroc": float(roc_auc_score(y, score)),
-        "auprc": float(average_precision_score(y, score)),
-        "ece": float(gap.sum() / len(y)),
+        "auroc": float(roc_auc_score(y, score, sample_weight=w)),
+        "auprc": float(average_precision_score(y, score, sample_weight=w)),
+        "ece": float(gap.sum() / weights.sum()),
     }
 
 
-def best_threshold(y: np.ndarray, score: np.ndarray) -> float:
+def best_threshold(y: np.ndarray, score: np.ndarray, w: np.ndarray | None = None) -> float:
     """The score threshold (score >= t is positive) with the highest agreement, from sklearn's ROC curve."""
     from sklearn.metrics import roc_curve
 
     if len(set(y)) < 2:
         return float("nan")
-    fpr, tpr, thresholds = roc_curve(y, score)
-    positives, negatives = int((y == 1).sum()), int((y == 0).sum())
-    agreement = (tpr * positives + (1 - fpr) * negatives) / len(y)
+    weights = np.ones(len(y)) if w is None else w
+    fpr, tpr, thresholds = roc_curve(y, score, sample_weight=w)
+    positives, negatives = float(weights[y == 1].sum()), float(weights[y == 0].sum())
+    agreement = (tpr * positives + (1 - fpr) * negatives) / weights.sum()
     agreement[~np.isfinite(thresholds)] = -1
     return float(thresholds[int(np.argmax(agreement))])
 
@@ -144,13 +149,17 @@ def agreement_row(
     gold3: Sequence[str | None] | None = None,
     pred3: Sequence[str | None] | None = None,
     target_fpr: float | None = None,
+    weights: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], np.ndarray]:
     """One row of agreement.csv for a judge's scores (NaN = no verdict) on gold labels `y`, and the 0/1
-    predictions it was scored on (-1 where missing). `decision` is 'verdict' (score > 0.5) or 'best-threshold'."""
+    predictions it was scored on (-1 where missing). `decision` is 'verdict' (score > 0.5) or 'best-threshold'.
+    With `weights` (inverse inclusion probabilities of a weighted sample), every figure is weighted, so it
+    estimates the population's; the intervals of shares use the Kish effective sample size."""
     judged = np.isfinite(score)
     yj, sj = y[judged], score[judged]
+    wj = None if weights is None else weights[judged]
     scored = len(set(sj.tolist()) - {0.0, 1.0}) > 0  # more than a 0/1 verdict: a score worth ranking by
-    threshold = best_threshold(yj, sj) if scored else float("nan")
+    threshold = best_threshold(yj, sj, wj) if scored else float("nan")
     predj = (
         (sj >= threshold).astype(int) if decision == "best-threshold" else (sj > HARMFUL_ABOVE).astype(int)
     )  # is_harmful, vectorised
@@ -159,17 +168,18 @@ def agreement_row(
     p3 = np.array(pred3, dtype=object)[judged] if three else None
 
     def figures(index: np.ndarray) -> dict[str, float]:
-        out = {k: v for k, v in binary_metrics(yj[index], predj[index]).items() if k not in SHARES}
+        w = None if wj is None else wj[index]
+        out = {k: v for k, v in binary_metrics(yj[index], predj[index], w).items() if k not in SHARES}
         if scored:
-            out |= score_metrics(yj[index], sj[index])
+            out |= score_metrics(yj[index], sj[index], w=w)
         if three:
             out |= three_class_metrics(list(g3[index]), list(p3[index]))  # type: ignore[index]
         return out
 
     row: dict[str, Any] = {"judge": name, "n": int(judged.sum()), "n_missing": int((~judged).sum())}
     if row["n"]:
-        point = binary_metrics(yj, predj) | figures(np.arange(row["n"]))
-        intervals = bootstrap(row["n"], figures, resamples, seed) | share_intervals(yj, predj)
+        point = binary_metrics(yj, predj, wj) | figures(np.arange(row["n"]))
+        intervals = bootstrap(row["n"], figures, resamples, seed) | share_intervals(yj, predj, wj)
     else:
         point, intervals = {}, {}
     for metric in (*BINARY, *SCORED, *(THREE_CLASS if three else ())):
@@ -201,19 +211,39 @@ def confusion_counts(y: np.ndarray, pred: np.ndarray) -> tuple[int, int, int, in
     return tn, fp, fn, tp
 
 
-def share_intervals(y: np.ndarray, pred: np.ndarray) -> dict[str, tuple[float, float]]:
-    """Wilson 95% intervals of accuracy, precision, recall, FPR and FNR, from the confusion counts."""
-    tn, fp, fn, tp = confusion_counts(y, pred)
-    shares = {
-        "accuracy": (tp + tn, len(y)),
-        "precision": (tp, tp + fp),
-        "recall": (tp, tp + fn),
-        "fpr": (fp, fp + tn),
-        "fnr": (fn, fn + tp),
+def effective_counts(y: np.ndarray, pred: np.ndarray, w: np.ndarray | None) -> tuple[float, float, float, float]:
+    """(tn, fp, fn, tp) as counts of a sample of the same size that had the weighted rates: each class's
+    weighted confusion shares times its number of items (what the judge-error correction draws from)."""
+    if w is None:
+        return tuple(float(v) for v in confusion_counts(y, pred))  # type: ignore[return-value]
+    out = []
+    for label in (0, 1):
+        members = y == label
+        total = w[members].sum()
+        for predicted in (0, 1):
+            share = w[members & (pred == predicted)].sum() / total if total else 0.0
+            out.append(float(share * members.sum()))
+    tn, fp, fn, tp = out
+    return tn, fp, fn, tp
+
+
+def share_intervals(y: np.ndarray, pred: np.ndarray, w: np.ndarray | None = None) -> dict[str, tuple[float, float]]:
+    """Wilson 95% intervals of accuracy, precision, recall, FPR and FNR; with weights, of the weighted share
+    over the Kish effective sample size (sum w)^2 / sum w^2."""
+    weights = np.ones(len(y)) if w is None else w
+    sets = {
+        "accuracy": (np.ones(len(y), dtype=bool), y == pred),
+        "precision": (pred == 1, y == 1),
+        "recall": (y == 1, pred == 1),
+        "fpr": (y == 0, pred == 1),
+        "fnr": (y == 1, pred == 0),
     }
     out = {}
-    for name, (k, n) in shares.items():
-        low, high = wilson(k, n)
+    for name, (among, hit) in sets.items():
+        total, squares = weights[among].sum(), (weights[among] ** 2).sum()
+        n = total**2 / squares if squares else 0.0
+        share = weights[among & hit].sum() / total if total else 0.0
+        low, high = wilson(share * n, round(n)) if round(n) else (None, None)
         out[name] = (np.nan if low is None else low, np.nan if high is None else high)
     return out
 

@@ -35,10 +35,12 @@ class JudgeErrorRates(BaseModel):
     model_hash: str | None = None
     lora_hash: str | None = None
     scoring: str | None = None
-    tp: int = Field(ge=0)
-    fp: int = Field(ge=0)
-    tn: int = Field(ge=0)
-    fn: int = Field(ge=0)
+    # Counts of the gold items; where they were a weighted sample (a run's own labels), the counts of a sample of
+    # the same size with the weighted rates (see validation.agreement.effective_counts): not always whole.
+    tp: float = Field(ge=0)
+    fp: float = Field(ge=0)
+    tn: float = Field(ge=0)
+    fn: float = Field(ge=0)
     missing: int = Field(0, ge=0)
 
     @property
@@ -59,6 +61,9 @@ class ValidationFile(BaseModel):
     gold_sha256: str
     task: str
     judges: list[JudgeErrorRates]
+    format: str | None = None
+    n_labelled: int | None = None
+    weighted: bool = False
 
 
 def rogan_gladen(p: float, se: float, sp: float) -> float | None:
@@ -108,6 +113,8 @@ class JudgeValidation(JudgeErrorRates):
     gold_sha256: str
     fpr_measured: float | None
     fnr_measured: float | None
+    format: str | None = None
+    n_labelled: int | None = None
 
 
 def validated_rates(directory: Path, rubric: str, identity: dict[str, Any], scoring: str) -> JudgeValidation:
@@ -135,6 +142,8 @@ def validated_rates(directory: Path, rubric: str, identity: dict[str, Any], scor
                 gold_sha256=validation.gold_sha256,
                 fpr_measured=entry.fpr,
                 fnr_measured=entry.fnr,
+                format=validation.format,
+                n_labelled=validation.n_labelled,
             )
     listing = ", ".join(f"{e.judge} ({e.scoring or 'stored'})" for e in validation.judges) or "nothing"
     raise DiagsafeError(

@@ -69,6 +69,7 @@ class GoldItem(BaseModel):
     groups: dict[str, str] = {}
     stored: dict[str, float | None] = {}
     references: tuple[str, ...] = ()
+    weight: float = 1.0  # inverse inclusion probability, where the items are a weighted sample (a run's labels)
 
 
 class GoldSet(BaseModel):
@@ -84,6 +85,8 @@ class GoldSet(BaseModel):
     annotator_columns: tuple[str, ...]
     stored_columns: tuple[str, ...]
     items: tuple[GoldItem, ...]
+    stored_identities: dict[str, dict[str, Any]] = {}
+    weighted: bool = False
 
     @property
     def labelled(self) -> list[GoldItem]:
@@ -102,6 +105,9 @@ class GoldRead(BaseModel):
     task: Task
     annotators: tuple[str, ...] = ()
     stored: tuple[str, ...] = ()
+    stored_identities: dict[str, dict[str, Any]] = {}  # a stored column's judge, where the format knows it
+    sha256: str | None = None  # the content read, where it is not one file's bytes (a run directory)
+    weighted: bool = False  # the items are a weighted sample: figures are weighted by GoldItem.weight
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,7 @@ class GoldFormat:
     read: Callable[[Path, Rows, Columns, Task | None], GoldRead]
     hub_patterns: tuple[str, ...] = TABLE_PATTERNS
     tabular: bool = True
+    directory: bool = False  # the gold set is a directory (a run), not a file
 
 
 def _plugin_format(obj: Any, name: str) -> list[GoldFormat]:
@@ -139,8 +146,14 @@ def load_gold(
     """Read a gold set (a local file or a hub id) in format `fmt` (a name of GOLD_FORMATS)."""
     form = GOLD_FORMATS.get(fmt)
     columns = columns or Columns()
-    path = resolve_dataset(spec, form.hub_patterns)
-    raw = path.read_bytes()
+    if form.directory:
+        path = Path(spec)
+        if not path.is_dir():
+            raise DataError(spec, None, None, f"not a directory (--format {form.name} reads one)")
+        raw = b""
+    else:
+        path = resolve_dataset(spec, form.hub_patterns)
+        raw = path.read_bytes()
     read = form.read(path, list(table_rows(path, raw, encoding)) if form.tabular else [], columns, task)
     items = read.items
     if not items:
@@ -155,10 +168,12 @@ def load_gold(
         path=str(path),
         format=form.name,
         task=read.task,
-        sha256=hashlib.sha256(raw).hexdigest(),
+        sha256=read.sha256 or hashlib.sha256(raw).hexdigest(),
         annotator_columns=read.annotators,
         stored_columns=read.stored,
         items=tuple(items),
+        stored_identities=read.stored_identities,
+        weighted=read.weighted,
     )
 
 

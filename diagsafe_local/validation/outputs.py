@@ -30,7 +30,7 @@ from diagsafe_local.validation.agreement import (
     agreement_row,
     annotator_agreement,
     binary_metrics,
-    confusion_counts,
+    effective_counts,
     pairwise_kappa,
 )
 from diagsafe_local.validation.correction import VALIDATION_FILE, JudgeErrorRates, ValidationFile
@@ -94,6 +94,7 @@ def write_outputs(
     labelled = np.array([item.label is not None for item in gold.items])
     items = [item for item in gold.items if item.label is not None]
     y = np.array([item.label for item in items], dtype=int)
+    weights = np.array([item.weight for item in items], dtype=float) if gold.weighted else None
     gold3 = [item.label3 for item in items] if classes == 3 else None
     table, predictions = [], {}
     for scored in rows:
@@ -108,6 +109,7 @@ def write_outputs(
             gold3 if scored.classes is not None else None,
             pred3 if scored.classes is not None else None,
             target_fpr,
+            weights,
         )
         table.append({"kind": scored.kind, **row})
         predictions[scored.name] = predicted
@@ -140,7 +142,7 @@ def write_outputs(
         if annotators is not None:
             atomic.write_text(out / "annotators.json", json.dumps(annotators, indent=2) + "\n")
         atomic.write_text(
-            out / VALIDATION_FILE, _validation(gold, y, predictions, rows).model_dump_json(indent=2) + "\n"
+            out / VALIDATION_FILE, _validation(gold, y, predictions, rows, weights).model_dump_json(indent=2) + "\n"
         )
         atomic.write_text(out / "validate.json", json.dumps(manifest, indent=2, default=str) + "\n")
         atomic.write_text(out / "agreement.md", _markdown(agreement, annotators, kappa, manifest))
@@ -261,14 +263,17 @@ def _disagreements(
     return out
 
 
-def _validation(gold: GoldSet, y: np.ndarray, predictions: dict[str, np.ndarray], rows: list[Scored]) -> ValidationFile:
+def _validation(
+    gold: GoldSet, y: np.ndarray, predictions: dict[str, np.ndarray], rows: list[Scored], weights: np.ndarray | None
+) -> ValidationFile:
     judges = []
     for scored in rows:
         if scored.kind == "metric":
             continue
         predicted = predictions[scored.name]
         decided = predicted >= 0
-        tn, fp, fn, tp = confusion_counts(y[decided], predicted[decided])
+        w = None if weights is None else weights[decided]
+        tn, fp, fn, tp = effective_counts(y[decided], predicted[decided], w)
         identity = scored.identity or {}
         judges.append(
             JudgeErrorRates(
@@ -285,7 +290,15 @@ def _validation(gold: GoldSet, y: np.ndarray, predictions: dict[str, np.ndarray]
                 missing=int((~decided).sum()),
             )
         )
-    return ValidationFile(gold=gold.source, gold_sha256=gold.sha256, task=gold.task, judges=judges)
+    return ValidationFile(
+        gold=gold.source,
+        gold_sha256=gold.sha256,
+        task=gold.task,
+        judges=judges,
+        format=gold.format,
+        n_labelled=len(y),
+        weighted=gold.weighted,
+    )
 
 
 def _figure(path: Path, draw: Any, title: str, xlabel: str, ylabel: str) -> None:

@@ -157,12 +157,13 @@ def _metric_scores(gold: GoldSet, names: Sequence[str]) -> list[Scored]:
 
 
 def _stored_scores(gold: GoldSet, names: Sequence[str]) -> list[Scored]:
+    unknown = {"rubric": None, "model": None, "model_hash": None, "lora_hash": None}
     return [
         Scored(
             f"stored:{n}",
             "stored",
             np.array([np.nan if (v := i.stored.get(n)) is None else v for i in gold.items], dtype=float),
-            identity={"rubric": None, "model": None, "model_hash": None, "lora_hash": None, "column": n},
+            identity={**unknown, **gold.stored_identities.get(n, {}), "column": n},
         )
         for n in names
     ]

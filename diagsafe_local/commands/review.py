@@ -1,0 +1,99 @@
+"""`diagsafe-local view`, `label` and `export`: read every answer, label a sample of them, open a run in Inspect."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from diagsafe_local.commands.common import user_errors
+
+Port = Annotated[int, typer.Option(help="Port on 127.0.0.1 (default: a free one).", min=0, max=65535)]
+NoBrowser = Annotated[bool, typer.Option("--no-browser", help="Print the URL only; open no browser.")]
+
+
+def _serve(review: object, port: int, no_browser: bool, what: str) -> None:
+    """Serve until Ctrl-C (or SIGTERM): a stop is the normal end, exit 0."""
+    import time
+    import webbrowser
+
+    from diagsafe_local.core.errors import Interrupted
+    from diagsafe_local.review.server import ReviewServer
+
+    server = ReviewServer(review, port).start()  # type: ignore[arg-type]
+    typer.echo(f"{what}: {server.url}")
+    typer.echo("(the token in this URL is the only way in; Ctrl-C stops the server)")
+    if not no_browser:
+        webbrowser.open(server.url)
+    try:
+        while True:
+            time.sleep(3600)
+    except Interrupted:
+        typer.echo("stopped")
+    finally:
+        server.stop()
+
+
+@user_errors
+def view(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories (two or more: the same items side by side).")],
+    port: Port = 0,
+    no_browser: NoBrowser = False,
+) -> None:
+    """Browse every judged answer on a local page: filter (target, category, source, attack method, verdict,
+    score, parse status, cut-off, reasoning, panel disagreement, flips, text), sort, open the whole
+    conversation, verdict and reasoning; two runs (or a sweep) side by side with the flips marked."""
+    from diagsafe_local.review.index import RunIndex
+    from diagsafe_local.review.server import Review
+
+    _serve(Review(RunIndex(run_dirs)), port, no_browser, "viewer")
+
+
+@user_errors
+def label(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    annotator: Annotated[str, typer.Option(help="Your name: your labels go to RUN_DIR/labels/NAME.jsonl.")],
+    n: Annotated[
+        int, typer.Option(help="Answers in the sample (drawn once; every annotator gets the same).", min=1)
+    ] = 200,
+    seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
+    port: Port = 0,
+    no_browser: NoBrowser = False,
+) -> None:
+    """Label a stratified sample of the run's answers, one at a time, by keyboard (h harmful, n not harmful,
+    u unsure, arrows to move); the judge's verdict shows only after your label. Each label is saved the moment
+    it is given; restarting resumes. Then: validate --gold RUN_DIR --format run."""
+    from diagsafe_local.evaluation.verify import verify_run
+    from diagsafe_local.review.index import RunIndex
+    from diagsafe_local.review.labels import LabelStore, check_annotator, sample_for
+    from diagsafe_local.review.server import LabelSession, Review
+
+    check_annotator(annotator)
+    run = verify_run(run_dir)
+    for problem in run.problems:
+        typer.echo(f"warning: the run does not verify: {problem}", err=True)
+    sample = sample_for(run_dir, run.results, run.manifest.run_id, n, seed)
+    index = RunIndex([run_dir])
+    session = LabelSession(index, sample, LabelStore(run_dir, annotator, run.manifest.run_id))
+    done = sum(e.key in session.store.labels for e in sample.entries)
+    typer.echo(f"{len(sample.entries)} answers to label ({done} done) in {len(sample.strata)} strata")
+    _serve(Review(index, session), port, no_browser, "labelling")
+
+
+@user_errors
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    out: Annotated[Path, typer.Option(help="The log file to write (.eval or .json).")],
+    format_: Annotated[str, typer.Option("--format", help="inspect: an Inspect AI eval log.")] = "inspect",
+    target: Annotated[list[str] | None, typer.Option(help="Only these targets (repeatable).")] = None,
+) -> None:
+    """Write the run in another tool's format: `inspect` (an Inspect AI eval log, opened by `inspect view`)."""
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.evaluation.baseline import verified
+    from diagsafe_local.review.inspect_export import export_inspect
+
+    if format_ != "inspect":
+        raise DiagsafeError(f"--format must be inspect, got '{format_}'")
+    path = export_inspect(verified(run_dir, "the run"), out, target)
+    typer.echo(f"wrote {path} (inspect view --log-dir {path.parent})")

@@ -1,0 +1,197 @@
+"""The answers of one or more run directories, indexed for a page that filters, sorts and pages through them.
+
+Each results.jsonl line is read once: the fields the page filters and sorts by, the openings of the request and
+the answer, and the line's place in the file; a whole record is read again only when it is opened. So a run of
+100k answers costs the server an index, never a page with every answer in it.
+
+A *side* is one (run, target); the same item (id, sample, prompt content) on several sides is shown side by
+side, and marked a flip where one side's verdict is harmful and another's is not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.paired import prompt_key
+from diagsafe_local.evaluation.records import ResultRecord, read_manifest_file
+from diagsafe_local.judging.base import is_harmful, score_class
+
+HEAD = 240
+SEARCHED = 4000
+PAGE_MAX = 200
+SORTS = ("id", "score")
+
+
+@dataclass
+class Row:
+    """What the list shows and filters by, for one judged answer."""
+
+    index: int
+    run: int
+    target: str
+    item_id: str
+    sample: int
+    turn: int
+    category: str
+    source: str
+    attack_method: str
+    benign: bool
+    score: float | None
+    verdict: str
+    status: str
+    cut_off: bool
+    reasoning: bool
+    panel_disagrees: bool
+    request_head: str
+    answer_head: str
+    pair: tuple[str, int, int, str]
+    offset: int
+    length: int
+    text: str = field(repr=False, default="")
+    flip: bool = False
+
+    def listed(self) -> dict[str, Any]:
+        """The row as the list shows it."""
+        keep = (
+            "index", "run", "target", "item_id", "sample", "turn", "category", "source", "attack_method",
+            "benign", "score", "verdict", "status", "cut_off", "reasoning", "panel_disagrees", "flip",
+            "request_head", "answer_head",
+        )  # fmt: skip
+        return {k: getattr(self, k) for k in keep}
+
+
+def _head(text: str) -> str:
+    return text if len(text) <= HEAD else text[:HEAD] + "…"
+
+
+def _row(index: int, run: int, data: dict[str, Any], offset: int, length: int) -> Row:
+    record = ResultRecord.model_validate(data)
+    panel = record.panel or []
+    decided = {score_class(v.score) for v in panel if v.score is not None}
+    request = record.conversation[-1].content if record.conversation else ""
+    return Row(
+        index=index,
+        run=run,
+        target=record.target,
+        item_id=record.item_id,
+        sample=record.sample,
+        turn=record.turn,
+        category=record.category or "(none)",
+        source=record.source or "(none)",
+        attack_method=record.attack_method or "(none)",
+        benign=record.benign,
+        score=record.score,
+        verdict=score_class(record.score),
+        status=record.parse_status,
+        cut_off=record.finish_reason == "length",
+        reasoning=record.reasoning is not None,
+        panel_disagrees=len(decided) > 1,
+        request_head=_head(request),
+        answer_head=_head(record.answer),
+        pair=(record.item_id, record.sample, record.turn, prompt_key(record)),
+        offset=offset,
+        length=length,
+        text=(request[:SEARCHED] + "\n" + record.answer[:SEARCHED]).lower(),
+    )
+
+
+class RunIndex:
+    """Every judged answer of the runs given, indexed (see the module docstring)."""
+
+    def __init__(self, run_dirs: list[Path]) -> None:
+        if not run_dirs:
+            raise DiagsafeError("give at least one run directory")
+        self.run_dirs = run_dirs
+        self.manifests = [read_manifest_file(d) for d in run_dirs]
+        self.rows: list[Row] = []
+        for run, run_dir in enumerate(run_dirs):
+            for offset, length, data in _lines(run_dir / files.RESULTS):
+                self.rows.append(_row(len(self.rows), run, data, offset, length))
+        sides: dict[tuple[str, int, int, str], list[Row]] = defaultdict(list)
+        for row in self.rows:
+            sides[row.pair].append(row)
+        for group in sides.values():
+            decided = {is_harmful(r.score) for r in group if r.score is not None}
+            if len(decided) > 1:
+                for row in group:
+                    row.flip = True
+        self._sides = sides
+        self._by_key = {(r.run, r.target, r.item_id, r.sample, r.turn): r for r in self.rows}
+
+    def facets(self) -> dict[str, list[str]]:
+        """The values each filter can take."""
+        return {
+            name: sorted({str(getattr(r, name)) for r in self.rows})
+            for name in ("target", "category", "source", "attack_method", "verdict", "status")
+        }
+
+    def query(self, params: dict[str, str]) -> dict[str, Any]:
+        """One page of the rows that pass the filters, sorted."""
+        rows = [r for r in self.rows if _passes(r, params)]
+        sort = params.get("sort", "id")
+        if sort not in SORTS:
+            raise ValueError(f"sort must be one of {', '.join(SORTS)}")
+        descending = params.get("order", "asc") == "desc"
+        if sort == "score":
+            rows.sort(key=lambda r: (r.score is None, -(r.score or 0.0) if descending else (r.score or 0.0)))
+        elif descending:
+            rows.reverse()
+        size = max(1, min(PAGE_MAX, int(params.get("size", "50"))))
+        page = max(0, int(params.get("page", "0")))
+        shown = rows[page * size : (page + 1) * size]
+        return {"total": len(rows), "page": page, "size": size, "rows": [r.listed() for r in shown]}
+
+    def record(self, index: int) -> dict[str, Any]:
+        """A whole record (read from its file again), with the same item on the other sides."""
+        row = self.rows[index]
+        others = [self._read(r) | {"run": r.run} for r in self._sides[row.pair] if r.index != index]
+        return {
+            "row": row.listed(),
+            "run_dir": str(self.run_dirs[row.run]),
+            "record": self._read(row),
+            "others": others,
+        }
+
+    def find(self, key: tuple[str, str, int, int], run: int = 0) -> Row | None:
+        """The row of (target, item, sample, turn) in one run."""
+        return self._by_key.get((run, *key))
+
+    def _read(self, row: Row) -> dict[str, Any]:
+        with open(self.run_dirs[row.run] / files.RESULTS, "rb") as handle:
+            handle.seek(row.offset)
+            return json.loads(handle.read(row.length))
+
+
+def _lines(path: Path) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """(byte offset, byte length, object) of each line of a JSONL file (split on \\n only)."""
+    offset = 0
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if raw.strip():
+                yield offset, len(raw), json.loads(raw)
+            offset += len(raw)
+
+
+def _passes(row: Row, params: dict[str, str]) -> bool:
+    for name in ("target", "category", "source", "attack_method", "verdict", "status"):
+        wanted = params.get(name)
+        if wanted and str(getattr(row, name)) != wanted:
+            return False
+    if params.get("min") and (row.score is None or row.score < float(params["min"])):
+        return False
+    if params.get("max") and (row.score is None or row.score > float(params["max"])):
+        return False
+    for flag in ("cut_off", "reasoning", "panel_disagrees", "flip"):
+        if params.get(flag) == "1" and not getattr(row, flag):
+            return False
+    if params.get("run") and str(row.run) != params["run"]:
+        return False
+    text = params.get("q", "").strip().lower()
+    return not text or text in row.text

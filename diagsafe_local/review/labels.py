@@ -1,0 +1,235 @@
+"""Human labels of a run's own answers: the sample to label and the label files.
+
+**The sample.** A judge's error rates move with the answers it reads, so the set that tells how far to trust the
+judge on this run is a labelled sample of this run's answers (the final-turn answers to harmful items, with a
+verdict). It is stratified by the judge's decision (harmful or not) and, within each, by category: half the
+sample from each decision (so both the false-positive and the false-negative rate can be estimated, however rare
+harmful verdicts are), then in proportion to the categories, at least one per category where there is room.
+Each answer's inclusion probability (sampled / population of its stratum) is stored with the sample and with every
+label; `validate --format run` weights by its inverse, so its error rates estimate the judge's over the whole run.
+The sample is drawn once (seeded) into `labels/sample.json`, and every annotator labels the same one.
+
+**The label files.** `RUN_DIR/labels/NAME.jsonl`, one JSON object per line:
+`{target, item_id, sample, turn, label, annotator, time, inclusion_probability}` (+ `run_id`), `label` one of
+`harmful`, `not_harmful`, `unsure`. Each label is written the moment it is given, the file replaced atomically
+(relabelling replaces; a crash loses at most the label being written). Files written by other tools are read
+the same way; a bad line (an answer the run does not have, an unknown label word, one annotator labelling an
+answer twice with different words, an inclusion probability outside (0, 1]) is an error naming file, line, field.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from diagsafe_local.core import atomic, jsonl
+from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.core.jsonl import KeyedRecord
+from diagsafe_local.evaluation.records import ResultRecord
+from diagsafe_local.judging.base import is_harmful
+
+LABELS_DIR = "labels"
+SAMPLE_FILE = "sample.json"
+LabelWord = Literal["harmful", "not_harmful", "unsure"]
+LABEL_WORDS: tuple[str, ...] = ("harmful", "not_harmful", "unsure")
+_ANNOTATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+Key = tuple[str, str, int, int]
+
+
+class LabelRecord(KeyedRecord):
+    """One annotator's label of one answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str
+    item_id: str
+    sample: int = Field(ge=0)
+    turn: int = Field(ge=1)
+    label: LabelWord
+    annotator: str
+    time: str
+    inclusion_probability: float = Field(gt=0.0, le=1.0)
+    run_id: str | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.target, self.item_id, self.sample, self.turn)
+
+
+class SampleEntry(BaseModel):
+    """One answer of the sample and the stratum it was drawn from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str
+    item_id: str
+    sample: int
+    turn: int
+    stratum: str
+    inclusion_probability: float = Field(gt=0.0, le=1.0)
+
+    @property
+    def key(self) -> Key:
+        return (self.target, self.item_id, self.sample, self.turn)
+
+
+class LabelSample(BaseModel):
+    """labels/sample.json: the answers to label, in the order they are shown, and each stratum's sizes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    seed: int
+    entries: list[SampleEntry]
+    strata: dict[str, tuple[int, int]] = Field(description="stratum -> (answers in the run, answers sampled)")
+
+
+def labelled_population(results: Sequence[ResultRecord]) -> list[ResultRecord]:
+    """The answers a label sample is drawn from: final-turn answers to harmful items that have a verdict."""
+    return [r for r in results if r.final_turn and not r.benign and r.score is not None]
+
+
+def _allocate(total: int, sizes: dict[str, int]) -> dict[str, int]:
+    """`total` spread over groups in proportion to their sizes (largest remainders), at least one per group where
+    there is room, never more than a group holds."""
+    if total <= 0 or not sizes:
+        return {g: 0 for g in sizes}
+    grand = sum(sizes.values())
+    base = {g: min(sizes[g], 1) for g in sizes} if total >= len(sizes) else {g: 0 for g in sizes}
+    left = total - sum(base.values())
+    shares = {g: left * sizes[g] / grand for g in sizes}
+    alloc = {g: min(sizes[g], base[g] + int(shares[g])) for g in sizes}
+    order = sorted(sizes, key=lambda g: shares[g] - int(shares[g]), reverse=True)
+    while sum(alloc.values()) < min(total, grand):
+        grew = False
+        for g in order:
+            if alloc[g] < sizes[g] and sum(alloc.values()) < total:
+                alloc[g] += 1
+                grew = True
+        if not grew:
+            break
+    return alloc
+
+
+def draw_sample(results: Sequence[ResultRecord], n: int, run_id: str, seed: int = 0) -> LabelSample:
+    """A stratified sample of `n` answers (see the module docstring), shuffled for showing."""
+    cells: dict[str, list[ResultRecord]] = defaultdict(list)
+    for record in labelled_population(results):
+        decision = "judged_harmful" if is_harmful(record.score) else "judged_not_harmful"  # type: ignore[arg-type]
+        cells[f"{decision}|{record.category or '(none)'}"].append(record)
+    by_decision: dict[str, dict[str, int]] = defaultdict(dict)
+    for cell, members in cells.items():
+        by_decision[cell.split("|")[0]][cell] = len(members)
+    sizes = {d: sum(c.values()) for d, c in by_decision.items()}
+    halves = {d: min(sizes[d], n // max(1, len(sizes))) for d in sizes}
+    spare = n - sum(halves.values())
+    for d in sorted(sizes, key=lambda d: sizes[d] - halves[d], reverse=True):  # room one side lacks goes to the other
+        extra = min(spare, sizes[d] - halves[d])
+        halves[d] += extra
+        spare -= extra
+    rng = np.random.default_rng(seed)
+    entries, strata = [], {}
+    for decision, cell_sizes in sorted(by_decision.items()):
+        for cell, take in sorted(_allocate(halves[decision], cell_sizes).items()):
+            members = sorted(cells[cell], key=lambda r: r.key)
+            strata[cell] = (len(members), take)
+            chosen: list[int] = rng.choice(len(members), size=take, replace=False).tolist() if take else []
+            entries += [
+                SampleEntry(
+                    target=members[k].target,
+                    item_id=members[k].item_id,
+                    sample=members[k].sample,
+                    turn=members[k].turn,
+                    stratum=cell,
+                    inclusion_probability=take / len(members),
+                )
+                for k in chosen
+            ]
+    order = rng.permutation(len(entries))
+    return LabelSample(run_id=run_id, seed=seed, entries=[entries[k] for k in order], strata=strata)
+
+
+def sample_for(run_dir: Path, results: Sequence[ResultRecord], run_id: str, n: int, seed: int = 0) -> LabelSample:
+    """The run's label sample: the one drawn before (every annotator labels the same answers), or a new one."""
+    path = run_dir / LABELS_DIR / SAMPLE_FILE
+    if path.is_file():
+        from diagsafe_local.core.jsonfile import read_model
+
+        sample = read_model(path, LabelSample, "label sample")
+        if sample.run_id == run_id:
+            return sample
+    sample = draw_sample(results, n, run_id, seed)
+    atomic.write_text(path, sample.model_dump_json(indent=2) + "\n")
+    return sample
+
+
+def check_annotator(name: str) -> str:
+    """An annotator name usable as a file name (letters, digits, '_', '.', '-')."""
+    if not _ANNOTATOR.match(name):
+        raise DiagsafeError(f"annotator name '{name}': use letters, digits, '_', '.' or '-' (it names the label file)")
+    return name
+
+
+def read_label_file(path: Path, known: set[Key] | None = None) -> dict[Key, LabelRecord]:
+    """One annotator's labels, checked line by line (errors name file, line and field)."""
+    records, lines = jsonl.read_records(path, LabelRecord)
+    numbers = [number for number, _ in lines.rows]
+    labels: dict[Key, LabelRecord] = {}
+    first: dict[Key, int] = {}
+    for number, record in zip(numbers, records):
+        if known is not None and record.key not in known:
+            raise DataError(
+                path,
+                number,
+                "item_id",
+                f"no answer {record.target}/{record.item_id} sample {record.sample} turn "
+                f"{record.turn} in this run (among the answers a label can be given to)",
+            )
+        previous = labels.get(record.key)
+        if previous is not None and previous.annotator == record.annotator and previous.label != record.label:
+            raise DataError(
+                path,
+                number,
+                "label",
+                f"'{record.label}', but line {first[record.key]} labels the same answer "
+                f"'{previous.label}' by the same annotator",
+            )
+        labels[record.key] = record
+        first.setdefault(record.key, number)
+    return labels
+
+
+class LabelStore:
+    """One annotator's label file, rewritten atomically at every label."""
+
+    def __init__(self, run_dir: Path, annotator: str, run_id: str | None = None) -> None:
+        self.path = run_dir / LABELS_DIR / f"{check_annotator(annotator)}.jsonl"
+        self.annotator = annotator
+        self.run_id = run_id
+        self.labels: dict[Key, LabelRecord] = read_label_file(self.path) if self.path.is_file() else {}
+
+    def give(self, entry: SampleEntry, label: str) -> LabelRecord:
+        """Record (or replace) the label of one sampled answer, on disk before this returns."""
+        if label not in LABEL_WORDS:
+            raise DiagsafeError(f"label '{label}': one of {', '.join(LABEL_WORDS)}")
+        record = LabelRecord(
+            target=entry.target,
+            item_id=entry.item_id,
+            sample=entry.sample,
+            turn=entry.turn,
+            label=label,
+            annotator=self.annotator,
+            time=datetime.now(UTC).isoformat(),
+            inclusion_probability=entry.inclusion_probability,
+            run_id=self.run_id,
+        )
+        self.labels[record.key] = record
+        atomic.write_text(self.path, "".join(jsonl.dumps(r) for r in self.labels.values()))
+        return record

@@ -1,0 +1,98 @@
+"""A run's own labels as a gold set: `validate --gold RUN_DIR --format run` scores the run's stored verdicts
+against the labels people gave its answers (`label`, or label files other tools wrote), without judging again.
+
+Each labelled answer is one gold item: its label is the majority of its annotators' `harmful`/`not_harmful`
+(`unsure` abstains; a tie leaves the item unlabelled, counted apart), its annotators' votes are kept for
+inter-annotator agreement, and its weight is the inverse of its inclusion probability, so accuracy, FPR and FNR
+estimate the judge's error rates over the whole run, not over the sample. The run's verdicts are the stored
+column `run_judge`, identified as the run's judge (model by content, rubric, scoring mode): the validation
+directory then works as `judge.validation` and for `gate --corrected`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from diagsafe_local.core.errors import DataError
+from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.records import read_manifest_file, read_results
+from diagsafe_local.review.labels import LABELS_DIR, SAMPLE_FILE, LabelRecord, labelled_population, read_label_file
+from diagsafe_local.validation.gold import Columns, GoldFormat, GoldItem, GoldRead, Rows, Task, majority
+
+STORED = "run_judge"
+
+
+def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> GoldRead:
+    """The labelled answers of a run directory (see the module docstring)."""
+    if not (path / files.RESULTS).is_file():
+        raise DataError(path, None, None, f"not a run directory (no {files.RESULTS})")
+    manifest = read_manifest_file(path)
+    results = {r.key: r for r in labelled_population(read_results(path / files.RESULTS))}
+    label_files = sorted(p for p in (path / LABELS_DIR).glob("*.jsonl")) if (path / LABELS_DIR).is_dir() else []
+    if not label_files:
+        raise DataError(
+            path / LABELS_DIR, None, None, "no label files: label answers with `diagsafe-local label` first"
+        )
+    by_annotator: dict[str, dict[tuple[str, str, int, int], LabelRecord]] = {}
+    for label_file in label_files:
+        for key, label in read_label_file(label_file, set(results)).items():
+            by_annotator.setdefault(label.annotator, {})[key] = label
+    annotators = sorted(by_annotator)
+    keys = sorted({k for labels in by_annotator.values() for k in labels})
+    items = []
+    for key in keys:
+        given = [by_annotator[a].get(key) for a in annotators]
+        probabilities = {round(r.inclusion_probability, 12) for r in given if r is not None}
+        if len(probabilities) > 1:
+            raise DataError(
+                path / LABELS_DIR, None, "inclusion_probability",
+                f"the annotators give {key} different inclusion probabilities {sorted(probabilities)}",
+            )  # fmt: skip
+        votes = tuple(None if r is None or r.label == "unsure" else int(r.label == "harmful") for r in given)
+        record = results[key]
+        items.append(
+            GoldItem(
+                id="/".join(map(str, key)),
+                line=None,
+                prompt=record.conversation[-1].content,
+                response=record.answer,
+                label=majority(votes),
+                annotators=votes if len(annotators) > 1 else (),
+                groups={"category": record.category or "(none)", "target": record.target},
+                stored={STORED: record.score},
+                weight=1.0 / probabilities.pop(),
+            )
+        )
+    judge = manifest.judge
+    identity = {
+        "rubric": judge.rubric if judge else None,
+        "model": judge.model if judge else None,
+        "model_hash": judge.model_hash if judge else None,
+        "lora_hash": judge.lora_hash if judge else None,
+        "scoring": judge.scoring if judge else None,
+    }
+    digest = hashlib.sha256((path / files.RESULTS).read_bytes())
+    for label_file in label_files:
+        digest.update(label_file.read_bytes())
+    return GoldRead(
+        items=items,
+        task="harm",
+        annotators=tuple(annotators) if len(annotators) > 1 else (),
+        stored=(STORED,),
+        stored_identities={STORED: identity},
+        sha256=digest.hexdigest(),
+        weighted=True,
+    )
+
+
+# Registered through this package's own entry point (diagsafe_local.gold_formats: run), like any plugin's: the
+# format lives beside the labels it reads, a layer above the gold-set reader that uses it.
+RUN_FORMAT = GoldFormat(
+    "run",
+    f"a run directory's own labelled answers ({LABELS_DIR}/*.jsonl, sampled by `label`; {SAMPLE_FILE}), against "
+    "the run's stored verdicts, weighted by inclusion probability",
+    read_run,
+    tabular=False,
+    directory=True,
+)
