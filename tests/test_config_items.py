@@ -338,3 +338,22 @@ def test_every_subpackage_is_listed_for_the_wheel():
     listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "diagsafe_local").rglob("__init__.py")}
     assert found <= listed, found - listed
+
+
+def test_progress_in_a_log_file_is_first_last_and_one_line_per_interval(monkeypatch):
+    import io
+
+    from diagsafe_local.core.console import Console
+
+    stream = io.StringIO()  # not a terminal: plain lines, as in a SLURM log
+    console = Console(stream)
+    for done in range(0, 100_001):
+        console.progress("judging, verdicts", done, 100_000)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "judging, verdicts: 0/100000" and lines[-1].startswith("judging, verdicts: 100000/100000, ")
+    assert len(lines) <= 3  # first, last, and at most one per 10 s of this loop
+    monkeypatch.setenv("DIAGSAFE_PROGRESS_SECONDS", "0")
+    every = Console(io.StringIO())
+    for done in range(5):
+        every.progress("stage", done, 4, note="loss 0.1")
+    assert every.stream.getvalue().count("\n") == 5 and "left; loss 0.1" in every.stream.getvalue()

@@ -33,8 +33,16 @@ from diagsafe_local.core.hub import resolve_dataset
 BASE, TUNED = "base P(Yes)", "HarmClassifier P(Yes)"
 
 
-def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -> pd.DataFrame | None:
-    """Train, save and evaluate; returns the evaluation table (None with `evaluate: false`)."""
+Progress = Callable[..., None]  # (stage, done, total, rate=True, note="") as core.console.Console.progress
+
+
+def train_classifier(
+    config: TrainConfig, echo: Callable[[str], None] = print, progress: Progress | None = None
+) -> pd.DataFrame | None:
+    """Train, save and evaluate; returns the evaluation table (None with `evaluate: false`). `progress` hears of
+    every long step: the base model's held-out scores, each optimizer step (loss, learning rate), the tuned
+    model's scores."""
+    report = progress or (lambda *args, **kwargs: None)
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     pairs, dataset = load_pairs(resolve_dataset(config.data))
@@ -62,7 +70,13 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
     held_sequences = [encoder.encode(p) for p in held]
     batch = config.training.micro_batch_size
     model.eval()
-    base_scores = p_yes(model, encoder, held_sequences, batch) if config.evaluate else []
+    base_scores = (
+        p_yes(
+            model, encoder, held_sequences, batch, lambda done, total: report("base model, held-out pairs", done, total)
+        )
+        if config.evaluate
+        else []
+    )
     model = attach_lora(model, config)
 
     log_path = out / "train_log.jsonl"
@@ -70,6 +84,9 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
 
     def log(record: dict[str, Any]) -> None:
         jsonl.append(log_path, [record])
+        if record["kind"] == "step":
+            note = f"epoch {record['epoch']}, loss {record['loss']:.4f}, lr {record['lr']:.2e}"
+            report("training, optimizer steps", record["step"], record["steps"], note=note)
         if record["kind"] == "epoch":
             echo(
                 f"epoch {record['epoch']}: "
@@ -89,7 +106,15 @@ def train_classifier(config: TrainConfig, echo: Callable[[str], None] = print) -
         model.eval()
         scorers = {
             BASE: np.array(base_scores),
-            TUNED: np.array(p_yes(model, encoder, held_sequences, batch)),
+            TUNED: np.array(
+                p_yes(
+                    model,
+                    encoder,
+                    held_sequences,
+                    batch,
+                    lambda done, total: report("tuned model, held-out pairs", done, total),
+                )
+            ),
             config.soft_labels.metric: metric_values(held, config.soft_labels.metric),
         }
         pd.DataFrame(

@@ -136,15 +136,26 @@ def soft_label_loss(lp_yes: Any, lp_no: Any, labels: Any) -> Any:
     return -(labels * lp_yes + (1 - labels) * lp_no).mean()
 
 
-def p_yes(model: Any, encoder: Encoder, sequences: Sequence[list[int]], batch: int) -> list[float]:
-    """P(Yes) normalised over Yes and No, as the judge scores (no gradients)."""
+def p_yes(
+    model: Any,
+    encoder: Encoder,
+    sequences: Sequence[list[int]],
+    batch: int,
+    on_batch: Callable[[int, int], None] | None = None,
+) -> list[float]:
+    """P(Yes) normalised over Yes and No, as the judge scores (no gradients); `on_batch(done, total)` after each
+    batch (and at 0)."""
     import torch
 
     out: list[float] = []
+    if on_batch:
+        on_batch(0, len(sequences))
     with torch.no_grad():
         for start in range(0, len(sequences), batch):
             lp_yes, lp_no = first_token_logprobs(model, sequences[start : start + batch], encoder)
             out.extend(torch.sigmoid(lp_yes - lp_no).tolist())
+            if on_batch:
+                on_batch(len(out), len(sequences))
     return out
 
 
@@ -209,6 +220,7 @@ def train_lora(
                 {
                     "kind": "step",
                     "step": step,
+                    "steps": total_steps,
                     "epoch": epoch,
                     "loss": sum(losses) / len(chunk),
                     "lr": schedule.get_last_lr()[0],

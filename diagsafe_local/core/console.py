@@ -17,33 +17,72 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
+INTERVAL_ENV = "DIAGSAFE_PROGRESS_SECONDS"
+DEFAULT_INTERVAL = 10.0
+
+
+def progress_interval() -> float:
+    """Seconds between two progress lines of a stage in a log file ($DIAGSAFE_PROGRESS_SECONDS, default 10)."""
+    try:
+        return max(0.0, float(os.environ.get(INTERVAL_ENV, DEFAULT_INTERVAL)))
+    except ValueError:
+        return DEFAULT_INTERVAL
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
+
 
 class Console:
-    """Progress and warnings for a person: rich progress bars per stage on a terminal (counts, rate, time),
-    plain lines where the output is a log file (SLURM)."""
+    """Progress and warnings for a person: rich progress bars per stage on a terminal (counts, rate, time left),
+    plain lines where the output is a log file (SLURM): a stage's first and last line, and at most one line
+    every `progress_interval()` seconds between them, however many units it counts."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.live = stream.isatty()
         self._started: dict[str, float] = {}
+        self._printed: dict[str, float] = {}
         self._bars: Any = None
         self._tasks: dict[str, Any] = {}
 
-    def progress(self, stage: str, done: int, total: int, rate: bool = True) -> None:
+    def progress(self, stage: str, done: int, total: int, rate: bool = True, note: str = "") -> None:
         """Report that `done` of `total` units of `stage` are finished; stages report 0 when they begin, and the
-        rate since then follows once units are done (`rate=False` for coarse units such as turns)."""
+        rate and time left follow once units are done (`rate=False` for coarse units such as turns); `note` is
+        shown beside (a training loss, say)."""
         if self.live:
-            self._bar(stage, done, total, rate)
+            self._bar(stage, done, total, rate, note)
             return
-        start = self._started.setdefault(stage, time.perf_counter())
-        elapsed = time.perf_counter() - start
-        rate_text = f", {done / elapsed:.1f}/s" if rate and elapsed > 0 and done else ""
-        self.stream.write(f"{stage}: {done}/{total}{rate_text}\n")
+        now = time.perf_counter()
+        start = self._started.setdefault(stage, now)
+        last = self._printed.get(stage)
+        if last is not None and done < total and now - last < progress_interval():
+            return
+        self._printed[stage] = now
+        elapsed = now - start
+        text = f"{stage}: {done}/{total}"
+        if rate and elapsed > 0 and done:
+            text += f", {done / elapsed:.1f}/s"
+            if done < total:
+                text += f", {_duration(elapsed / done * (total - done))} left"
+        if note:
+            text += f"; {note}"
+        self.stream.write(text + "\n")
         self.stream.flush()
 
-    def _bar(self, stage: str, done: int, total: int, rate: bool) -> None:
+    def _bar(self, stage: str, done: int, total: int, rate: bool, note: str) -> None:
         from rich.console import Console as RichConsole
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         if self._bars is None:
             self._bars = Progress(
@@ -52,21 +91,27 @@ class Console:
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]}"),
                 TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[note]}"),
                 console=RichConsole(file=self.stream),
             )
             self._bars.start()
         if stage not in self._tasks:
-            self._tasks[stage] = self._bars.add_task(stage, total=total, rate="")
+            self._tasks[stage] = self._bars.add_task(stage, total=total, rate="", note="")
         task = self._tasks[stage]
         speed = self._bars.tasks[task].speed if rate else None
-        self._bars.update(task, completed=done, total=total, rate=f"{speed:.1f}/s" if speed else "")
+        self._bars.update(task, completed=done, total=total, rate=f"{speed:.1f}/s" if speed else "", note=note)
+
+    def say(self, line: str) -> None:
+        """A line for the person running the command (above the bars, where they are shown)."""
+        if self._bars is not None:
+            self._bars.console.print(line, highlight=False, markup=False)
+            return
+        self.stream.write(line + "\n")
+        self.stream.flush()
 
     def warn(self, message: str) -> None:
-        if self._bars is not None:
-            self._bars.console.print(f"[bold yellow]warning:[/] {message}", highlight=False)
-            return
-        self.stream.write(f"warning: {message}\n")
-        self.stream.flush()
+        self.say(f"warning: {message}")
 
     def close(self) -> None:
         """Leave the finished bars on the screen."""
@@ -124,7 +169,8 @@ def engine_output(log_path: Path | None) -> Iterator[Console]:
 
 @contextmanager
 def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
-    """Yield `advance(label)`: a rich progress bar on a terminal, plain log lines otherwise (e.g. SLURM logs)."""
+    """Yield `advance(label)`: a rich progress bar on a terminal, plain log lines otherwise (e.g. SLURM logs: the
+    first and last, at most one every `progress_interval()` seconds between)."""
     if sys.stderr.isatty():
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -138,11 +184,13 @@ def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
             task = bar.add_task(description, total=total)
             yield lambda label: bar.update(task, advance=1, description=f"{description}: {label}")
         return
+    plain = Console(sys.stderr)
     done = 0
+    plain.progress(description, 0, total)
 
     def advance(label: str) -> None:
         nonlocal done
         done += 1
-        print(f"[{done}/{total}] {description}: {label}", file=sys.stderr, flush=True)
+        plain.progress(description, done, total, note=label)
 
     yield advance
