@@ -1,12 +1,19 @@
 """ROUGE-1/2/L/Lsum x precision/recall/F, with and without Porter stemming: 24 metrics in one pass.
 
 Values equal the `rouge-score` package's (`RougeScorer(..., use_stemmer=...)`, response as prediction,
-reference as target), tested to 1e-9. We compute them ourselves because the per-pair `RougeScorer`
+reference as target), tested to 1e-12. We compute them ourselves because the per-pair `RougeScorer`
 loop is too slow for the benchmark (measured in scripts/bench_metrics.py): it re-tokenises and
 re-stems the shared reference for every response, stems every token again, and fills a pure-Python
-LCS table. Here each distinct text is tokenised once, each distinct word stemmed once, and LCS uses
-the bit-parallel algorithm (Allison & Dix 1986; Hyyrö 2004) on Python integers, with the same
-back-tracking order as `rouge-score` so that ROUGE-Lsum's union-LCS picks the same tokens.
+LCS table. Here each distinct text is tokenised once, each distinct word stemmed once, LCS lengths come
+from rapidfuzz's LCSseq (C++), and ROUGE-Lsum's union LCS is backtracked exactly as `rouge-score` does.
+
+Why not rapidfuzz's alignment for the union LCS too: where several LCS exist, its editops pick another one
+than `rouge-score`'s backtracking (in 42% of random token sequences of a small vocabulary; every orientation of
+the call was tried), and the union of different LCS changes ROUGE-Lsum. So the union is backtracked here, on the
+bit-parallel LCS rows (Allison & Dix 1986; Hyyrö 2004) of Python integers, and only where it can matter: a
+reference sentence is shortened to the tokens the candidate sentence has (a token the candidate lacks is
+passed over by the backtracking anyway), a pair with no common token is skipped, and a reference sentence
+whose every index is already in the union stops early.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from collections.abc import Sequence
 from functools import cache, lru_cache
 
 import numpy as np
+from rapidfuzz.distance import LCSseq
 
 from diagsafe_local.metrics.base import MetricSpec, TextPair, register_family
 
@@ -98,10 +106,10 @@ def _lcs_rows(ref: Sequence[str], can: Sequence[str]) -> list[int]:
 
 
 def lcs_length(ref: Sequence[str], can: Sequence[str]) -> int:
-    """Length of the longest common subsequence."""
+    """Length of the longest common subsequence (rapidfuzz, in C++)."""
     if not ref or not can:
         return 0
-    return len(can) - _lcs_rows(ref, can)[-1].bit_count()
+    return int(LCSseq.similarity(ref, can))
 
 
 def lcs_indices(ref: Sequence[str], can: Sequence[str]) -> list[int]:
@@ -153,15 +161,30 @@ def _lsum_prf(target_text: str, pred_text: str, stem: bool) -> tuple[float, floa
         return _prf(lcs_length(ref_sents[0], can_sents[0]), n, m)
     counts_r = Counter(t for s in ref_sents for t in s)
     counts_c = Counter(t for s in can_sents for t in s)
+    can_sets = [frozenset(c) for c in can_sents]
     hits = 0
     for r in ref_sents:
-        union = sorted(set().union(*(lcs_indices(r, c) for c in can_sents)))
+        union = sorted(_union_lcs(r, can_sents, can_sets))
         for token in (r[i] for i in union):
             if counts_c[token] > 0 and counts_r[token] > 0:
                 hits += 1
                 counts_c[token] -= 1
                 counts_r[token] -= 1
     return _prf(hits, n, m)
+
+
+def _union_lcs(ref: tuple[str, ...], cans: Sequence[tuple[str, ...]], can_sets: Sequence[frozenset[str]]) -> set[int]:
+    """The union over candidate sentences of the indices into `ref` of `rouge-score`'s LCS with each (see the
+    module docstring for why each is backtracked here, and what is skipped)."""
+    union: set[int] = set()
+    for can, tokens in zip(cans, can_sets):
+        kept = [i for i, token in enumerate(ref) if token in tokens]
+        if not kept:
+            continue
+        union.update(kept[k] for k in lcs_indices([ref[i] for i in kept], can))
+        if len(union) == len(ref):
+            break
+    return union
 
 
 def rouge_all(
