@@ -53,12 +53,35 @@ def main() -> None:
     report(args, result)
 
 
+def bare_loop(params: list[dict], base_url: str, concurrency: int) -> None:
+    """The recorded requests through a plain AsyncOpenAI client: answers first, then verdicts."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    async def send_all() -> None:
+        client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0)
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(body: dict) -> None:
+            async with gate:
+                await client.chat.completions.create(**body)
+
+        for phase in (False, True):  # the pipeline's default placement: every answer, then every verdict
+            await asyncio.gather(*(one(body) for body in params if ("response_format" in body) == phase))
+        await client.close()
+
+    asyncio.run(send_all())
+
+
 def measure(args: argparse.Namespace, work: Path) -> dict:
     """Run every way and return the figures."""
 
     from servers import VLLMServer
 
+    from diagsafe_local.engines import create_engine
     from diagsafe_local.engines.base import BorrowedEngine
+    from diagsafe_local.engines.openai_engine import OpenAIEngine
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.pipeline import Run
@@ -73,6 +96,19 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
     runs = iter(range(10**6))
     server_tree: list[psutil.Process] = []
     cpu: dict[str, list[dict[str, float]]] = {"offline": [], "api_16": [], "api_64": []}
+    sent: list[dict] = []  # the request arguments of the warm-up API run, for the bare loop
+
+    def recording(config, **options):  # type: ignore[no-untyped-def]
+        engine = create_engine(config, **options)
+        if isinstance(engine, OpenAIEngine):
+            send = engine._one
+
+            async def one(client, gate, request):  # type: ignore[no-untyped-def]
+                sent.append(engine.request_params(request))
+                return await send(client, gate, request)
+
+            engine._one = one  # type: ignore[method-assign]
+        return engine
 
     def cpu_now() -> dict[str, float]:
         """CPU seconds so far: this process (the client, or the offline front end), its children (the offline
@@ -104,7 +140,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         return 2 * args.n / wall
 
     local = {"model": str(model), "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
-    rates: dict[str, list[float]] = {"offline": [], "api_16": [], "api_64": []}
+    rates: dict[str, list[float]] = {"offline": [], "api_16": [], "api_64": [], "bare_64": []}
+    bare_cpu: list[float] = []
     load_before = os.getloadavg()[0]
     # One engine at a time, so neither competes with the other for the two cores.
     offline_engine = VLLMEngine(JudgeConfig(**local), structured_backend="xgrammar")
@@ -120,12 +157,19 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
     server_tree.extend([root, *root.children(recursive=True)])
     remote = {"kind": "openai", "model": str(model), "base_url": server.base_url}
     try:
-        run({**remote, "concurrency": 16})  # warm
+        run({**remote, "concurrency": 16}, recording)  # warm, and record what is sent
+        bare_loop(sent, f"{server.base_url}", 64)  # warm the bare client's imports
         for _ in range(args.repeats):
             for c in (16, 64):
                 rates[f"api_{c}"].append(run({**remote, "concurrency": c}, way=f"api_{c}"))
+            cpu_before, start = time.process_time(), time.perf_counter()
+            bare_loop(sent, server.base_url, 64)
+            wall = time.perf_counter() - start
+            rates["bare_64"].append(len(sent) / wall)
+            bare_cpu.append(time.process_time() - cpu_before)
     finally:
         server.stop()
+    ours_cpu = [row["client"] * (2 * args.n / rate) for row, rate in zip(cpu["api_64"], rates["api_64"])]
     result = {
         "workload": f"{args.n} single-turn conversations answered and judged (tiny random model, CPU)",
         "cpus": os.cpu_count(),
@@ -136,6 +180,10 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
             f"api_{c}_share_of_offline": spread([a / o for a, o in zip(rates[f"api_{c}"], rates["offline"])])
             for c in (16, 64)
         },
+        "bare_requests": len(sent),
+        "client_vs_bare": spread([a / b for a, b in zip(rates["api_64"], rates["bare_64"])]),
+        "client_cpu_s_per_1000_requests": round(1000 * statistics.median(ours_cpu) / (2 * args.n), 2),
+        "bare_cpu_s_per_1000_requests": round(1000 * statistics.median(bare_cpu) / len(sent), 2),
         # Cores busy per wall second, by process group (median over repeats): where the CPU time goes.
         "cores_busy": {
             way: {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]} for way, rows in cpu.items()
@@ -164,6 +212,12 @@ def report(args: argparse.Namespace, result: dict) -> None:
             f"API at {c} in flight: median {100 * s['median']:.0f}% of offline "
             f"(range {100 * s['min']:.0f}-{100 * s['max']:.0f}%)"
         )
+    s = result["client_vs_bare"]
+    print(
+        f"our API engine vs a bare AsyncOpenAI loop, 64 in flight: median {s['median']:.2f} "
+        f"(range {s['min']:.2f}-{s['max']:.2f}; target >= 0.95); client CPU s per 1000 requests: "
+        f"ours {result['client_cpu_s_per_1000_requests']}, bare {result['bare_cpu_s_per_1000_requests']}"
+    )
     print("target: 64 in flight >= 70% of offline")
 
 

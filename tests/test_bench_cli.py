@@ -45,11 +45,20 @@ def test_bench_writes_every_output(tmp_path):
     scores = pd.read_parquet(out / "scores.parquet")
     assert len(scores) == 120 * 3 and set(scores["metric"]) == {"rouge1_recall", "gcg_keywords", "squad_f1"}
     assert {"prompt_id", "response_id", "category", "score"} <= set(scores.columns)
-    assert (out / "leaderboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "leaderboard.png").exists()  # drawn only when asked
     assert "| `rouge1_recall` |" in (out / "leaderboard.md").read_text()
     manifest = json.loads((out / "bench.json").read_text())
     assert manifest["n_prompts"] == 10 and manifest["formula"] == "current"
     assert "rouge1_recall" in result.output
+
+
+def test_chart_only_when_asked_and_never_left_from_an_earlier_run(tmp_path):
+    assert (
+        bench("--dataset", str(SAMPLE), "--metrics", "rouge1_recall", "--chart", "--out", str(tmp_path)).exit_code == 0
+    )
+    assert (tmp_path / "leaderboard.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert bench("--dataset", str(SAMPLE), "--metrics", "squad_f1", "--out", str(tmp_path)).exit_code == 0
+    assert not (tmp_path / "leaderboard.png").exists()  # it showed rouge1_recall, not this leaderboard
 
 
 def test_reference_metric_beats_keyword_matcher_on_sample(tmp_path):

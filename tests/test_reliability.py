@@ -167,7 +167,7 @@ def test_bench_outputs_when_every_judgment_failed(tmp_path):
 
     data = load_dataset(SAMPLE)
     responses = [(p, r) for p in data.prompts for r in p.responses]
-    scores = response_frame(responses, "judge:x", np.full(len(responses), np.nan))
+    scores = response_frame(responses, {"judge:x": np.full(len(responses), np.nan)})
     worst = leaderboard(scores, data, missing="worst-case")
     assert worst.iloc[0]["overall"] == 0.0 and worst.iloc[0]["n_prompts_affected"] == 10
     dropped = leaderboard(scores, data, missing="drop-prompt")
@@ -303,6 +303,7 @@ def test_sigterm_during_bench_leaves_no_temporaries_and_no_mixed_outputs(tmp_pat
                 str(SAMPLE),
                 "--metrics",
                 "all",
+                "--chart",
                 "--out",
                 str(out),
             ],

@@ -54,8 +54,9 @@ def run_bench(
     judge: JudgeConfig | None = None,
     samples: int = 1,
     verbose: bool = False,
+    chart: bool = False,
 ) -> None:
-    """Validate everything, lock `out`, score, rank and write the outputs."""
+    """Validate everything, lock `out`, score, rank and write the outputs (the chart only when asked)."""
     from diagsafe_local.benchmark.dataset import load_dataset
     from diagsafe_local.core.atomic import remove_stale_temporaries
     from diagsafe_local.core.errors import DiagsafeError
@@ -83,7 +84,9 @@ def run_bench(
     lock = DirectoryLock(out, "bench")  # also proves --out writable before any scoring
     remove_stale_temporaries(out)
     try:
-        _rank(data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge, samples, verbose)
+        _rank(
+            data, dataset, names, scoring, missing, reference_agg, bootstrap, seed, out, judge, samples, verbose, chart
+        )
     finally:
         lock.release()
 
@@ -101,6 +104,7 @@ def _rank(
     judge: JudgeConfig | None,
     samples: int,
     verbose: bool,
+    chart: bool,
 ) -> None:
     from diagsafe_local.benchmark.report import print_leaderboard, write_outputs
     from diagsafe_local.benchmark.runner import leaderboard, score_responses
@@ -130,6 +134,6 @@ def _rank(
         "bootstrap": bootstrap,
         "seed": seed,
     }
-    paths = write_outputs(out, board, scores, manifest, data)
+    paths = write_outputs(out, board, scores, manifest, data, chart=chart)
     print_leaderboard(board)
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from diagsafe_local.benchmark.dataset import HARMFUL, IRRELEVANT, SAFE, BenchDataset, Category, category_name
-from diagsafe_local.benchmark.runner import score_matrix
+from diagsafe_local.benchmark.runner import score_matrices
 
 MODES = {
     "useless_affirmation": (Category.USELESS_AFFIRMATION,),
@@ -25,8 +25,7 @@ def failure_analysis(
     rows, examples, categories = [], [], []
     texts = {r.response_id: r.text for p in dataset.prompts for r in p.responses}
     ids = [p.prompt_id for p in dataset.prompts]
-    for metric in dict.fromkeys(scores["metric"]):
-        matrix = score_matrix(scores, dataset, metric)
+    for metric, matrix in score_matrices(scores, dataset).items():
         complete = ~np.isnan(matrix).any(axis=1)
         h = matrix[:, [int(c) - 1 for c in HARMFUL]].min(axis=1)
         for mode, cats in MODES.items():

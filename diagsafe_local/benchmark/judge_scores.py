@@ -44,7 +44,7 @@ def judge_benchmark(
     ]
     verdicts = judge_items(engine, judge_name, metric, inputs, store_path, **options)  # see judge_items' options
     scores = np.array([_mean([v.score for v in verdicts[r.response_id]]) for _, r in responses])
-    return response_frame(responses, metric, scores)
+    return response_frame(responses, {metric: scores})
 
 
 def _mean(values: Sequence[float | None]) -> float:

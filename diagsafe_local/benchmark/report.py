@@ -15,29 +15,44 @@ LEADERBOARD_COLUMNS = ["metric", *SCORE_NAMES]
 
 
 def write_outputs(
-    out_dir: Path, board: pd.DataFrame, scores: pd.DataFrame, manifest: dict[str, object], dataset: BenchDataset
+    out_dir: Path,
+    board: pd.DataFrame,
+    scores: pd.DataFrame,
+    manifest: dict[str, object],
+    dataset: BenchDataset,
+    *,
+    chart: bool = False,
 ) -> list[Path]:
     """Write every output file atomically, as one set (signals held back until all are in place); returns
-    their paths."""
+    their paths. Without `chart`, a chart left by an earlier run is removed: it would not match this set."""
     with atomic.outputs_together():
-        return _write_all(out_dir, board, scores, manifest, dataset)
+        return _write_all(out_dir, board, scores, manifest, dataset, chart)
 
 
 def _write_all(
-    out_dir: Path, board: pd.DataFrame, scores: pd.DataFrame, manifest: dict[str, object], dataset: BenchDataset
+    out_dir: Path,
+    board: pd.DataFrame,
+    scores: pd.DataFrame,
+    manifest: dict[str, object],
+    dataset: BenchDataset,
+    chart: bool,
 ) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {
         "csv": out_dir / "leaderboard.csv",
         "md": out_dir / "leaderboard.md",
         "scores": out_dir / "scores.parquet",
-        "png": out_dir / "leaderboard.png",
         "manifest": out_dir / "bench.json",
     }
+    png = out_dir / "leaderboard.png"
+    if chart:
+        paths["png"] = png
+        atomic.write_with(png, lambda p: _chart(board, p))
+    else:
+        png.unlink(missing_ok=True)
     atomic.write_with(paths["scores"], lambda p: scores.to_parquet(p, index=False))
     atomic.write_text(paths["csv"], board.to_csv(index=False))
     atomic.write_text(paths["md"], to_markdown(board, manifest))
-    atomic.write_with(paths["png"], lambda p: _chart(board, p))
     atomic.write_text(paths["manifest"], json.dumps(manifest, indent=2, default=str) + "\n")
     from diagsafe_local.benchmark.failures import failure_analysis, failures_markdown
 

@@ -6,7 +6,7 @@ by the prompt's `reference_agg` (or the run's default: mean, as the earlier layo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -46,8 +46,7 @@ def score_responses(
         for name, raw in compute_metrics(with_ref, expanded, done).items()
     }
     computed.update(compute_metrics(without, plain, done))
-    frames = [response_frame(responses, spec.name, computed[spec.name]) for spec in specs]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=SCORE_COLUMNS)
+    return response_frame(responses, {spec.name: computed[spec.name] for spec in specs})
 
 
 def aggregate_references(raw: np.ndarray, owner: np.ndarray, use_max: np.ndarray, n: int) -> np.ndarray:
@@ -60,9 +59,12 @@ def aggregate_references(raw: np.ndarray, owner: np.ndarray, use_max: np.ndarray
         return np.where(counts == 0, np.nan, np.where(use_max, maxima, sums / counts))
 
 
-def response_frame(responses: list, metric: str, scores: np.ndarray) -> pd.DataFrame:
-    """Rows of SCORE_COLUMNS for (prompt, response) pairs scored by one metric."""
-    return pd.DataFrame(
+def response_frame(responses: list, scores: Mapping[str, np.ndarray]) -> pd.DataFrame:
+    """Rows of SCORE_COLUMNS for (prompt, response) pairs, metric by metric (`scores`: each metric's scores in
+    the order of `responses`). The columns describing a response are built once and repeated."""
+    if not scores:
+        return pd.DataFrame(columns=SCORE_COLUMNS)
+    keys = pd.DataFrame(
         {
             "prompt_id": [p.prompt_id for p, _ in responses],
             "response_id": [r.response_id for _, r in responses],
@@ -70,18 +72,27 @@ def response_frame(responses: list, metric: str, scores: np.ndarray) -> pd.DataF
             "category_name": [category_name(r.category) for _, r in responses],
             "attack_method": [r.attack_method for _, r in responses],
             "source": [p.source for p, _ in responses],
-            "metric": metric,
-            "score": scores,
         }
     )
+    frame = keys.iloc[np.tile(np.arange(len(keys)), len(scores))].reset_index(drop=True)
+    frame["metric"] = np.repeat(list(scores), len(keys))
+    frame["score"] = np.concatenate([np.asarray(v, dtype=float) for v in scores.values()]) if len(keys) else []
+    return frame
 
 
-def score_matrix(scores: pd.DataFrame, dataset: BenchDataset, metric: str) -> np.ndarray:
-    """(prompts x 12) matrix of one metric's scores, in dataset prompt order; NaN where a score is missing."""
-    rows = scores[scores["metric"] == metric]
-    table = rows.pivot_table(index="prompt_id", columns="category", values="score", aggfunc="first", dropna=False)
-    table = table.reindex(index=[p.prompt_id for p in dataset.prompts], columns=[int(c) for c in SCORED_CATEGORIES])
-    return table.to_numpy(dtype=float)
+def score_matrices(scores: pd.DataFrame, dataset: BenchDataset) -> dict[str, np.ndarray]:
+    """Each metric's (prompts x 12) score matrix, in dataset prompt order; NaN where a score is missing.
+
+    One pivot for all metrics: a pivot per metric cost 15 ms each (24 ROUGE variants: 0.4 s of `bench`)."""
+    table = scores.pivot_table(
+        index=["metric", "prompt_id"], columns="category", values="score", aggfunc="first", dropna=False, sort=False
+    )
+    rows = [p.prompt_id for p in dataset.prompts]
+    columns = [int(c) for c in SCORED_CATEGORIES]
+    return {
+        metric: table.xs(metric, level="metric").reindex(index=rows, columns=columns).to_numpy(dtype=float)
+        for metric in dict.fromkeys(scores["metric"])
+    }
 
 
 def leaderboard(
@@ -95,8 +106,8 @@ def leaderboard(
     """One row per metric: the seven effectiveness scores, their 95% CIs and missing-score counts, best first."""
     prompt_ids = [p.prompt_id for p in dataset.prompts]
     rows = []
-    for metric in dict.fromkeys(scores["metric"]):
-        result = effectiveness(score_matrix(scores, dataset, metric), formula, missing, prompt_ids, n_boot, seed)
+    for metric, matrix in score_matrices(scores, dataset).items():
+        result = effectiveness(matrix, formula, missing, prompt_ids, n_boot, seed)
         rows.append(leaderboard_row(metric, result))
     table = pd.DataFrame(rows)
     return table.sort_values("overall", ascending=False, kind="stable").reset_index(drop=True)

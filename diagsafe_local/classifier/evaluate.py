@@ -50,10 +50,8 @@ def evaluation_table(
         index = {(p.prompt_id, p.response_id): k for k, p in enumerate(pairs)}
         responses = [(p, r) for p in subset.prompts for r in p.responses]
         order = [index[(p.prompt_id, r.response_id)] for p, r in responses]
-        frames = [response_frame(responses, name, np.asarray(values)[order]) for name, values in scorers.items()]
-        board = leaderboard(
-            pd.concat(frames, ignore_index=True), subset, missing="worst-case", n_boot=n_boot, seed=seed
-        )
+        frame = response_frame(responses, {name: np.asarray(values)[order] for name, values in scorers.items()})
+        board = leaderboard(frame, subset, missing="worst-case", n_boot=n_boot, seed=seed)
         for _, row in board.iterrows():
             rows[row["metric"]].update(
                 {

@@ -94,6 +94,7 @@ def bench(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show the judge engine's own logs here instead of in OUT/run.log.")
     ] = False,
+    chart: Annotated[bool, typer.Option(help="Also draw leaderboard.png (matplotlib: about a second more).")] = False,
     judge_settings: dict[str, Any] | None = None,
 ) -> None:
     """Score every benchmark response with each metric (and optionally a judge) and rank them (HarmMetric Eval)."""
@@ -118,6 +119,7 @@ def bench(
         judge=spec,
         samples=samples,
         verbose=verbose,
+        chart=chart,
     )
 
 

@@ -147,9 +147,8 @@ class OpenAIEngine(EngineBase):
             return []
         return run_all(self.open_stream(), requests)
 
-    async def _one(self, client: Any, gate: asyncio.Semaphore, request: GenerationRequest) -> Completion:
-        import openai
-
+    def request_params(self, request: GenerationRequest) -> dict[str, Any]:
+        """The arguments of the `create` call that sends `request` (chat or text completions)."""
         params: dict[str, Any] = dict(
             model=self.config.model,
             max_tokens=request.max_tokens,
@@ -200,6 +199,13 @@ class OpenAIEngine(EngineBase):
             )
         elif self.config.logprobs:
             params["logprobs"] = True if request.prompt is None else 1
+        return params
+
+    async def _one(self, client: Any, gate: asyncio.Semaphore, request: GenerationRequest) -> Completion:
+        import openai
+
+        params = self.request_params(request)
+        label_ids = self._label_ids.get(request.label_words) if request.label_words else None
         create = client.chat.completions.create if request.prompt is None else client.completions.create
         last_error = ""
         for attempt in range(self.config.max_retries + 1):

@@ -12,8 +12,8 @@ than `rouge-score`'s backtracking (in 42% of random token sequences of a small v
 the call was tried), and the union of different LCS changes ROUGE-Lsum. So the union is backtracked here, on the
 bit-parallel LCS rows (Allison & Dix 1986; Hyyrö 2004) of Python integers, and only where it can matter: a
 reference sentence is shortened to the tokens the candidate sentence has (a token the candidate lacks is
-passed over by the backtracking anyway), a pair with no common token is skipped, and a reference sentence
-whose every index is already in the union stops early.
+passed over by the backtracking anyway), a pair with no common token is skipped, a pair whose LCS is the whole
+shortened sentence needs no choice, and a reference sentence whose every index is in the union stops early.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ from diagsafe_local.metrics.base import MetricSpec, TextPair, register_family
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 MEASURES = ("precision", "recall", "f")
-_NON_ALNUM = re.compile(r"[^a-z0-9]+")
-_VALID = re.compile(r"^[a-z0-9]+$")
+_WORD = re.compile(r"[a-z0-9]+")
 
 
 @cache
@@ -74,17 +73,26 @@ def _porter():
     return porter.PorterStemmer()
 
 
-@lru_cache(maxsize=200_000)
+@lru_cache(maxsize=100_000)
 def tokenize(text: str, stem: bool) -> tuple[str, ...]:
-    """`rouge-score`'s default tokenisation: lower-case alphanumeric runs, words over 3 chars Porter-stemmed."""
-    words = _NON_ALNUM.sub(" ", text.lower()).split()
-    if stem:
-        words = [_stem(w) for w in words]
-    return tuple(w for w in words if _VALID.match(w))
+    """`rouge-score`'s default tokenisation: lower-case alphanumeric runs, words over 3 chars Porter-stemmed.
+
+    (`rouge-score` replaces every other character by a space, splits, and keeps tokens matching
+    `^[a-z0-9]+$`: the same runs `findall` returns; a Porter stem of such a run is one again.)
+    """
+    return tuple(token for line in _sentences(text, stem) for token in line)
 
 
-def _sentences(text: str, stem: bool) -> list[tuple[str, ...]]:
-    return [tokenize(line, stem) for line in text.split("\n") if line]
+@lru_cache(maxsize=100_000)
+def _sentences(text: str, stem: bool) -> tuple[tuple[str, ...], ...]:
+    """Tokens of each non-empty line (ROUGE-Lsum's sentences); a line break is a separator either way, so the
+    text's tokens are these lines' tokens in order."""
+    return tuple(_tokenize_line(line, stem) for line in text.split("\n") if line)
+
+
+def _tokenize_line(line: str, stem: bool) -> tuple[str, ...]:
+    words = _WORD.findall(line.lower())
+    return tuple(map(_stem, words)) if stem else tuple(words)
 
 
 def _lcs_rows(ref: Sequence[str], can: Sequence[str]) -> list[int]:
@@ -92,9 +100,7 @@ def _lcs_rows(ref: Sequence[str], can: Sequence[str]) -> list[int]:
 
     table[i][j] == j - popcount(V[i] & ((1 << j) - 1)).
     """
-    masks: dict[str, int] = {}
-    for j, token in enumerate(can):
-        masks[token] = masks.get(token, 0) | (1 << j)
+    masks = _masks(tuple(can))
     full = (1 << len(can)) - 1
     v = full
     rows = [v]
@@ -103,6 +109,15 @@ def _lcs_rows(ref: Sequence[str], can: Sequence[str]) -> list[int]:
         v = ((v + u) | (v - u)) & full
         rows.append(v)
     return rows
+
+
+@lru_cache(maxsize=4096)
+def _masks(can: tuple[str, ...]) -> dict[str, int]:
+    """Each token's positions in `can` as a bit mask (a candidate sentence meets every reference sentence)."""
+    masks: dict[str, int] = {}
+    for j, token in enumerate(can):
+        masks[token] = masks.get(token, 0) | (1 << j)
+    return masks
 
 
 def lcs_length(ref: Sequence[str], can: Sequence[str]) -> int:
@@ -117,23 +132,21 @@ def lcs_indices(ref: Sequence[str], can: Sequence[str]) -> list[int]:
     if not ref or not can:
         return []
     rows = _lcs_rows(ref, can)
-    if rows[-1] == (1 << len(can)) - 1:  # no common token
-        return []
     i, j = len(ref), len(can)
+    remaining = j - (rows[i] & ((1 << j) - 1)).bit_count()  # table[i][j]: the LCS length
     picked: list[int] = []
-    while i > 0 and j > 0:
+    while remaining:
         if ref[i - 1] == can[j - 1]:
             picked.append(i - 1)
             i -= 1
             j -= 1
-            continue
-        # Step left if table[i][j-1] > table[i-1][j], with table[i][j] = j - popcount(rows[i] & (2**j - 1)).
-        left = (j - 1) - (rows[i] & ((1 << (j - 1)) - 1)).bit_count()
-        up = j - (rows[i - 1] & ((1 << j) - 1)).bit_count()
-        if left > up:
-            j -= 1
-        else:
+            remaining -= 1
+        # Otherwise `rouge-score` steps left if table[i][j-1] > table[i-1][j], else up. One of them equals
+        # table[i][j] (== remaining), so it steps up exactly when table[i-1][j] == remaining.
+        elif j - (rows[i - 1] & ((1 << j) - 1)).bit_count() == remaining:
             i -= 1
+        else:
+            j -= 1
     return picked[::-1]
 
 
@@ -144,12 +157,18 @@ def _prf(hits: int, n_pred: int, n_target: int) -> tuple[float, float, float]:
     return precision, recall, f
 
 
-def _ngram_prf(target: tuple[str, ...], pred: tuple[str, ...], n: int) -> tuple[float, float, float]:
-    t = Counter(zip(*(target[k:] for k in range(n))))
-    p = Counter(zip(*(pred[k:] for k in range(n))))
-    hits = sum((t & p).values())
+@lru_cache(maxsize=100_000)
+def _ngrams(text: str, stem: bool, n: int) -> Counter[tuple[str, ...]]:
+    """n-gram counts of a text, once per text (a reference is shared by all its responses)."""
+    tokens = tokenize(text, stem)
+    return Counter(zip(*(tokens[k:] for k in range(n))))
+
+
+def _ngram_prf(target: str, pred: str, stem: bool, n: int) -> tuple[float, float, float]:
+    t, p = _ngrams(target, stem, n), _ngrams(pred, stem, n)
+    hits = sum(min(count, t[gram]) for gram, count in p.items() if gram in t)
     # rouge-score divides by max(count, 1): an empty side gives 0, never a division error.
-    return _prf(hits, max(sum(p.values()), 1), max(sum(t.values()), 1))
+    return _prf(hits, max(p.total(), 1), max(t.total(), 1))
 
 
 def _lsum_prf(target_text: str, pred_text: str, stem: bool) -> tuple[float, float, float]:
@@ -159,8 +178,7 @@ def _lsum_prf(target_text: str, pred_text: str, stem: bool) -> tuple[float, floa
         return 0.0, 0.0, 0.0
     if len(ref_sents) == 1 and len(can_sents) == 1:
         return _prf(lcs_length(ref_sents[0], can_sents[0]), n, m)
-    counts_r = Counter(t for s in ref_sents for t in s)
-    counts_c = Counter(t for s in can_sents for t in s)
+    counts_r, counts_c = Counter(tokenize(target_text, stem)), Counter(tokenize(pred_text, stem))
     can_sets = [frozenset(c) for c in can_sents]
     hits = 0
     for r in ref_sents:
@@ -181,7 +199,11 @@ def _union_lcs(ref: tuple[str, ...], cans: Sequence[tuple[str, ...]], can_sets: 
         kept = [i for i, token in enumerate(ref) if token in tokens]
         if not kept:
             continue
-        union.update(kept[k] for k in lcs_indices([ref[i] for i in kept], can))
+        shortened = [ref[i] for i in kept]
+        if lcs_length(shortened, can) == len(kept):  # the one LCS is all of it: nothing to choose
+            union.update(kept)
+        else:
+            union.update(kept[k] for k in lcs_indices(shortened, can))
         if len(union) == len(ref):
             break
     return union
@@ -193,8 +215,8 @@ def rouge_all(
     """(precision, recall, F) of each requested ROUGE type for one pair."""
     t, p = tokenize(target, stem), tokenize(prediction, stem)
     compute = {
-        "rouge1": lambda: _ngram_prf(t, p, 1),
-        "rouge2": lambda: _ngram_prf(t, p, 2),
+        "rouge1": lambda: _ngram_prf(target, prediction, stem, 1),
+        "rouge2": lambda: _ngram_prf(target, prediction, stem, 2),
         "rougeL": lambda: _prf(lcs_length(t, p), len(p), len(t)) if t and p else (0.0, 0.0, 0.0),
         "rougeLsum": lambda: _lsum_prf(target, prediction, stem),
     }
