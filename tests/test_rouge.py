@@ -125,3 +125,29 @@ def test_lsum_union_lcs_equals_rouge_score_where_several_lcs_exist(stem):
                     reference,
                     response,
                 )
+
+
+def test_bench_scores_of_the_published_layout_equal_rouge_score():
+    """Through `bench`'s own path (the published-layout reader, every reference of a prompt, their mean), all
+    24 variants of every scored response equal rouge-score's."""
+    from pathlib import Path
+
+    from diagsafe_local.benchmark.dataset import load_dataset
+    from diagsafe_local.benchmark.runner import score_responses
+
+    data = load_dataset(Path(__file__).parents[1] / "data" / "sample_harmmetric.jsonl")
+    names = [metric_name(t, m, stem) for stem in (True, False) for t in ROUGE_TYPES for m in MEASURES]
+    scores = score_responses(data, names).set_index(["response_id", "metric"])["score"]
+    scorers = {stem: RougeScorer(list(ROUGE_TYPES), use_stemmer=stem) for stem in (True, False)}
+    checked = 0
+    for prompt in data.prompts:
+        for response in prompt.responses:
+            for stem, scorer in scorers.items():
+                each = [scorer.score(ref, response.text) for ref in prompt.references]
+                for rouge_type in ROUGE_TYPES:
+                    for k, measure in enumerate(MEASURES):
+                        expected = sum(s[rouge_type][k] for s in each) / len(each)
+                        got = scores[(response.response_id, metric_name(rouge_type, measure, stem))]
+                        assert got == pytest.approx(expected, abs=1e-12), (response.response_id, rouge_type, measure)
+                        checked += 1
+    assert checked == data.n_responses * 24 >= 2_000
