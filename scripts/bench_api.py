@@ -165,10 +165,11 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
             cpu_before, start = time.process_time(), time.perf_counter()
             bare_loop(sent, server.base_url, 64)
             wall = time.perf_counter() - start
-            rates["bare_64"].append(len(sent) / wall)
+            rates["bare_64"].append(2 * args.n / wall)  # the same texts: its rate in our unit
             bare_cpu.append(time.process_time() - cpu_before)
     finally:
         server.stop()
+    # CPU seconds of our process over each run (cores busy x wall), per request sent (retries included).
     ours_cpu = [row["client"] * (2 * args.n / rate) for row, rate in zip(cpu["api_64"], rates["api_64"])]
     result = {
         "workload": f"{args.n} single-turn conversations answered and judged (tiny random model, CPU)",
@@ -182,7 +183,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         },
         "bare_requests": len(sent),
         "client_vs_bare": spread([a / b for a, b in zip(rates["api_64"], rates["bare_64"])]),
-        "client_cpu_s_per_1000_requests": round(1000 * statistics.median(ours_cpu) / (2 * args.n), 2),
+        "client_cpu_s_per_1000_requests": round(1000 * statistics.median(ours_cpu) / len(sent), 2),
         "bare_cpu_s_per_1000_requests": round(1000 * statistics.median(bare_cpu) / len(sent), 2),
         # Cores busy per wall second, by process group (median over repeats): where the CPU time goes.
         "cores_busy": {

@@ -14,7 +14,6 @@ Run: .venv/bin/python scripts/bench_metrics.py [--runs N] [--full] [--whole-only
 
 from __future__ import annotations
 
-import random
 import statistics
 import subprocess
 import sys
@@ -23,11 +22,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from make_published_layout import WORDS, rows, synthetic_pairs
 
-from diagsafe_local.metrics import METRICS, TextPair, compute_metrics
+from diagsafe_local.metrics import METRICS, compute_metrics
 from diagsafe_local.metrics.rouge import MEASURES, ROUGE_TYPES, metric_name
 
-N_PROMPTS, N_RESPONSES, WORDS = 274, 12, 100
 FULL = "--full" in sys.argv
 RUNS = int(sys.argv[sys.argv.index("--runs") + 1]) if "--runs" in sys.argv else 5
 ROUGE_SCORE_LOOP = """
@@ -43,82 +42,6 @@ print(len(recall))
 EMBED_SUBSET = 300  # MiniLM on 2 CPU cores needs ~60 ms a 256-token text
 
 
-def synthetic_pairs(seed: int = 0) -> list[TextPair]:
-    rng = random.Random(seed)
-    vocab = [
-        "mix",
-        "mixing",
-        "heat",
-        "heated",
-        "slowly",
-        "powder",
-        "liquid",
-        "container",
-        "step",
-        "steps",
-        "first",
-        "then",
-        "carefully",
-        "measure",
-        "measured",
-        "temperature",
-        "minutes",
-        "add",
-        "adding",
-        "stir",
-        "stirring",
-        "the",
-        "a",
-        "of",
-        "to",
-        "and",
-        "with",
-        "for",
-        "in",
-        "on",
-        "is",
-        "are",
-        "you",
-        "should",
-        "will",
-        "can",
-        "process",
-        "result",
-        "results",
-        "method",
-        "methods",
-        "material",
-        "materials",
-        "quickly",
-        "cool",
-        "cooled",
-        "sorry",
-        "cannot",
-        "help",
-        "request",
-        "safety",
-        "dangerous",
-        "illegal",
-        "instead",
-        "consider",
-        "resources",
-    ] + [f"term{k}" for k in range(400)]
-
-    def text() -> str:
-        lines = []
-        for _ in range(rng.randint(1, 5)):
-            lines.append(" ".join(rng.choice(vocab) for _ in range(WORDS // 3)) + ".")
-        return "\n".join(lines)
-
-    pairs = []
-    for p in range(N_PROMPTS):
-        reference = text()
-        prompt = f"How do I do task {p}?"
-        for _ in range(N_RESPONSES):
-            pairs.append(TextPair(prompt, text(), reference))
-    return pairs
-
-
 def timed(fn):  # type: ignore[no-untyped-def]
     start = time.perf_counter()
     value = fn()
@@ -127,8 +50,6 @@ def timed(fn):  # type: ignore[no-untyped-def]
 
 def whole_processes() -> None:
     """Time `diagsafe-local bench` (24 ROUGE variants) and the rouge_score loop as whole processes, alternated."""
-    from make_published_layout import rows
-
     from diagsafe_local.core import jsonl
 
     with tempfile.TemporaryDirectory() as tmp:

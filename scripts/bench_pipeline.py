@@ -19,7 +19,8 @@ Prints one JSON object with --json: bare_s, pipeline_s, ratio (pipeline/bare; ta
 speedup_vs_barrier (barrier/pipeline), steps_streamed and steps_barrier (engine steps to generate every
 answer, streamed as `bare` feeds them and in per-turn batches as `barrier` does) and step_ratio
 (barrier/streamed; target >= 1.3: the figure that carries to a GPU, where a decode step costs about the same
-with 1 or 256 sequences), prefix_cache_hit (judge prompt tokens served from the prefix cache),
+with 1 or 256 sequences), steps_total (each way's engine steps, answers and verdicts, per run),
+prefix_cache_hit (judge prompt tokens served from the prefix cache),
 judge_tokens_per_verdict, each way's runs, and the workload.
 
 Run: .venv/bin/python scripts/bench_pipeline.py [--n 64] [--workload mixed|capped] [--target-tokens 192]
@@ -147,8 +148,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
 
     def pipeline(out: Path) -> float:
         llm.reset_prefix_cache()
-        start = time.perf_counter()
+        start, before = time.perf_counter(), steps
         Run(config(out), engine_factory=lambda *a, **k: BorrowedEngine(engine)).execute()
+        all_steps["pipeline"].append(steps - before)
         return time.perf_counter() - start
 
     steps = 0
@@ -161,6 +163,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
 
     llm.llm_engine.step = counted_step  # type: ignore[method-assign]
     generation_steps: dict[str, list[int]] = {"streamed": [], "barrier": []}
+    all_steps: dict[str, list[int]] = {"pipeline": [], "bare": [], "barrier": []}
 
     def drive(
         first: list[tuple[Hashable, GenerationRequest]],
@@ -197,6 +200,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         drive([((item.id, 1), target_request(item, 1, {})) for item in items], next_turn)
         generation_steps["streamed"].append(steps - before)
         drive([(item.id, judge_request(item, answers[item.id])) for item in items], lambda k, t: [], JUDGE_IN_FLIGHT)
+        all_steps["bare"].append(steps - before)
         return time.perf_counter() - start
 
     def barrier() -> float:
@@ -220,6 +224,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         generation_steps["barrier"].append(steps - before)
         for k in range(0, len(items), JUDGE_IN_FLIGHT):
             chat([judge_request(i, answers[i.id]) for i in items[k : k + JUDGE_IN_FLIGHT]])
+        all_steps["barrier"].append(steps - before)
         return time.perf_counter() - start
 
     pipeline(work / "warm")  # compile, load the grammar, warm caches
@@ -257,6 +262,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         "steps_streamed": min(generation_steps["streamed"]),
         "steps_barrier": min(generation_steps["barrier"]),
         "step_ratio": round(min(generation_steps["barrier"]) / min(generation_steps["streamed"]), 3),
+        "steps_total": {way: values for way, values in all_steps.items()},  # answers and verdicts, each run
         "prefix_cache_hit": round(cached / prompt, 3) if prompt else None,
         "judge_tokens_per_verdict": round(judge_tokens / len(results), 1),
         "runs_s": {way: [round(t, 2) for t in values] for way, values in times.items()},
