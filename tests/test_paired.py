@@ -167,9 +167,11 @@ def two_runs(tmp_path: Path, monkeypatch, baseline_words=("q1 ",), candidate_wor
     """A baseline and a candidate run of the same items; the scripted judge decides which answers are harmful."""
     items = write_items(tmp_path / "items.jsonl", n, prompt=lambda k: f"q{k} please", category="cat")
     dirs = []
+    # Each with its own system prompt: a target's, not part of the item, so the items still pair.
     for name, words in (("prod", baseline_words), ("new", candidate_words)):
         scripted(monkeypatch, judge=harmful_on(words))
-        result = cli("run", config_file(tmp_path, items, name))
+        target = {"model": "t", "name": "t", "system_prompt": f"You are the {name} assistant."}
+        result = cli("run", config_file(tmp_path, items, name, target=target))
         assert result.exit_code == 0, result.output
         dirs.append(tmp_path / name)
     return dirs
