@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -328,7 +329,17 @@ def test_the_viewer_in_a_real_browser_filters_opens_and_shows_hostile_text_as_te
     from diagsafe_local.review.server import Review, ReviewServer
 
     run = make_run(tmp_path, monkeypatch)
-    review = Review(RunIndex([run]))
+    index = RunIndex([run])
+    answer_now = index.query
+
+    def answer_late(params: dict[str, str]) -> dict:
+        # The filter a user just left answers last: the page must still show the newest filter's rows.
+        if params.get("verdict") == "harmful" and params.get("q") == "q13":
+            time.sleep(1.5)
+        return answer_now(params)
+
+    monkeypatch.setattr(index, "query", answer_late)
+    review = Review(index)
     server = ReviewServer(review).start()
     try:
         browser.get(server.url)
@@ -350,6 +361,8 @@ def test_the_viewer_in_a_real_browser_filters_opens_and_shows_hostile_text_as_te
         wait.until(lambda d: d.find_element(By.ID, "count").text.startswith("0 of 40"))  # q13 is not harmful
         Select(browser.find_element(By.NAME, "verdict")).select_by_value("")
         wait.until(lambda d: d.find_element(By.ID, "count").text.startswith("1 of 40"))
+        time.sleep(2)  # the late answer to the old filter has come back by now
+        assert browser.find_element(By.ID, "count").text.startswith("1 of 40")
     finally:
         server.stop()
 

@@ -3,7 +3,7 @@
 "use strict";
 
 const token = new URLSearchParams(location.search).get("token") || "";
-const state = { page: 0, size: 50, total: 0, meta: null, sample: null, position: 0 };
+const state = { page: 0, size: 50, total: 0, meta: null, sample: null, position: 0, rowsRequest: 0 };
 
 function api(path, options = {}) {
   const headers = Object.assign({ "X-Token": token }, options.headers || {});
@@ -55,7 +55,10 @@ function query() {
 }
 
 async function loadRows() {
+  // Typing fires one request per key and the server answers them in parallel: only the latest may be shown.
+  const request = ++state.rowsRequest;
   const result = await api("/api/rows?" + query().toString());
+  if (request !== state.rowsRequest) return;
   state.total = result.total;
   document.getElementById("count").textContent = `${result.total} of ${state.meta.total} answers`;
   const list = document.getElementById("rows");
