@@ -60,7 +60,7 @@ def bare_loop(params: list[dict], base_url: str, concurrency: int) -> None:
     from openai import AsyncOpenAI
 
     async def send_all() -> None:
-        client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=0)
+        client = AsyncOpenAI(base_url=base_url, api_key="EMPTY", max_retries=2)  # as our engine retries
         gate = asyncio.Semaphore(concurrency)
 
         async def one(body: dict) -> None:

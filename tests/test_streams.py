@@ -61,6 +61,29 @@ def _check(engine):
                 stream.submit("b", ask("second turn: " + completion.text))
     assert finished == ["a", "b"]
     assert engine.info.context_length == 128
+    _two_streams_share_one_engine(engine)
+
+
+def _two_streams_share_one_engine(engine):
+    """Two roles of one model (target and judge) on one engine: whichever stream steps the scheduler, each
+    finished request reaches the stream that sent it, with follow-ups going in at once on both."""
+    streams = {"target": engine.open_stream(), "judge": engine.open_stream()}
+    for role, stream in streams.items():
+        for k in range(3):
+            stream.submit((role, k, 1), ask(f"{role} question {k}", max_tokens=4 + 3 * k))
+    got: dict[str, list] = {role: [] for role in streams}
+    polls = 0
+    while any(s.pending for s in streams.values()):
+        role = ("target", "judge")[polls % 2] if polls % 5 else "target"  # uneven: one stream steps more
+        polls += 1
+        for key, completion in streams[role].poll():
+            assert key[0] == role and completion.error is None, (role, key, completion.error)
+            got[role].append(key)
+            if key[2] == 1:
+                streams[role].submit((role, key[1], 2), ask("again: " + completion.text, max_tokens=3))
+    for role in streams:
+        assert sorted(got[role]) == [(role, k, t) for k in range(3) for t in (1, 2)]
+    assert not engine._owners  # nothing left routed
 
 
 @pytest.mark.vllm

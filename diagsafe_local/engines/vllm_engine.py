@@ -128,6 +128,7 @@ class VLLMEngine(EngineBase):
         self._chat_template = Path(config.chat_template).read_text() if config.chat_template else None
         template = self._chat_template or getattr(self._llm.get_tokenizer(), "chat_template", None) or ""
         self.calls = 0
+        self._owners: dict[str, VLLMStream] = {}  # request id -> the stream that sent it (streams share steps)
         self.info = EngineInfo(
             kind="vllm",
             model=config.model,
@@ -231,13 +232,17 @@ class VLLMEngine(EngineBase):
 class VLLMStream:
     """A stream over the offline engine: `LLM.enqueue_chat` / `LLM.enqueue` add one request each (so vLLM's
     own checks, such as a prompt longer than the context, refuse that request alone, before it runs), and each
-    poll is one `LLMEngine.step` of the scheduler, returning the requests that finished in it."""
+    poll is one `LLMEngine.step` of the scheduler, returning the requests that finished in it.
+
+    Several streams may share one engine (two roles of one model: target and judge, attacker and judge): a
+    step returns every request that finished in it, whichever stream sent it, so each finished request is
+    handed to the stream that owns it (`VLLMEngine._owners`) and that stream returns it at its next poll."""
 
     def __init__(self, engine: VLLMEngine) -> None:
         self.engine = engine
         self._llm = engine._llm
         self._running: dict[str, tuple[Hashable, GenerationRequest]] = {}
-        self._refused: list[tuple[Hashable, Completion]] = []
+        self._ready: list[tuple[Hashable, Completion]] = []  # refused, or finished in another stream's step
         self._internal: dict[str, str] = {}
 
     def submit(self, key: Hashable, request: GenerationRequest) -> None:
@@ -262,38 +267,50 @@ class VLLMStream:
                     lora_request=engine._lora_request,
                 )
         except Exception as exc:  # vLLM refuses a request with many types; each fails this request only
-            self._refused.append((key, error_completion(f"{type(exc).__name__}: {exc}")))
+            self._ready.append((key, error_completion(f"{type(exc).__name__}: {exc}")))
             return
         # vLLM returns its internal id (the external one plus a random suffix); outputs carry the external id.
         internal = ids[0]
         external = internal.rsplit("-", 1)[0] if "-" in internal else internal
         self._running[external] = (key, request)
         self._internal[external] = internal
+        engine._owners[external] = self
+
+    def _finished(self, out: Any) -> None:
+        key, request = self._running.pop(out.request_id)
+        self._internal.pop(out.request_id, None)
+        self._ready.append((key, self.engine._completion(request, out)))
 
     def poll(self) -> list[tuple[Any, Completion]]:
-        done, self._refused = self._refused, []
-        if not self._running:
+        if self._ready or not self._running:
+            done, self._ready = self._ready, []
             return done
         try:
             outputs = self._llm.llm_engine.step()
         except Exception as exc:  # the engine itself failed: nothing in flight can finish
             raise RunFailed(f"the vLLM engine failed while generating: {type(exc).__name__}: {exc}") from exc
         for out in outputs:
-            if out.finished and out.request_id in self._running:
-                key, request = self._running.pop(out.request_id)
-                self._internal.pop(out.request_id, None)
-                done.append((key, self.engine._completion(request, out)))
+            owner = self.engine._owners.pop(out.request_id, None) if out.finished else None
+            if owner is not None:
+                owner._finished(out)
+        done, self._ready = self._ready, []
         if self._running and not self._llm.llm_engine.has_unfinished_requests():
-            lost, self._running, self._internal = len(self._running), {}, {}
+            lost = len(self._running)
+            self._forget()
             raise RunFailed(f"vLLM finished without returning {lost} request(s); rerun to retry them")
         return done
 
     @property
     def pending(self) -> int:
-        return len(self._running) + len(self._refused)
+        return len(self._running) + len(self._ready)
+
+    def _forget(self) -> None:
+        for external in self._running:
+            self.engine._owners.pop(external, None)
+        self._running, self._internal = {}, {}
 
     def close(self) -> None:
         """Abort whatever is still in flight (an interrupted caller leaves nothing running)."""
         if self._running:
             self._llm.llm_engine.abort_request(list(self._internal.values()), internal=True)
-            self._running, self._internal = {}, {}
+            self._forget()
