@@ -405,9 +405,8 @@ def test_labelling_ten_answers_by_keyboard_across_a_server_restart(browser, tmp_
         wait = WebDriverWait(browser, 20)
         wait.until(lambda d: "answer 6 of 10" in d.find_element(By.ID, "progress").text)
         body = browser.find_element(By.TAG_NAME, "body")
-        for k, key in enumerate(keys[5:], start=5):
-            body.send_keys(key)
-            wait.until(lambda d, k=k: f"{k + 1} labelled" in d.find_element(By.ID, "progress").text)
+        body.send_keys("".join(keys[5:]))  # a fast labeller: five keys before the first answer is saved
+        wait.until(lambda d: "10 labelled" in d.find_element(By.ID, "progress").text)
         body.send_keys("\ue012")  # left arrow: back to answer 9, now with its verdict shown
         wait.until(lambda d: "answer 9 of 10" in d.find_element(By.ID, "progress").text)
         assert "the judge said" in browser.find_element(By.ID, "reveal").text

@@ -167,19 +167,26 @@ async function give(label) {
   await showEntry(state.position + 1 < state.sample.entries.length ? state.position + 1 : state.position);
 }
 
+// Keys come faster than the server answers: each action starts when the one before has shown its result,
+// so a label always goes to the answer on screen when its key was pressed.
+let actions = Promise.resolve();
+function act(action) {
+  actions = actions.then(action).catch((error) => { document.getElementById("progress").textContent = `error: ${error.message}`; });
+}
+
 async function startLabelling() {
   document.getElementById("labelling").hidden = false;
   state.sample = await api("/api/sample");
   document.getElementById("subtitle").textContent = `labelling as ${state.sample.annotator}`;
   for (const button of document.querySelectorAll("#choice button")) {
-    button.addEventListener("click", () => give(button.dataset.label));
+    button.addEventListener("click", () => act(() => give(button.dataset.label)));
   }
   document.addEventListener("keydown", (event) => {
     if (event.target instanceof HTMLInputElement) return;
     const keys = { h: "harmful", n: "not_harmful", u: "unsure" };
-    if (keys[event.key]) give(keys[event.key]);
-    else if (event.key === "ArrowRight" || event.key === "j") showEntry(state.position + 1);
-    else if (event.key === "ArrowLeft" || event.key === "k") showEntry(state.position - 1);
+    if (keys[event.key]) act(() => give(keys[event.key]));
+    else if (event.key === "ArrowRight" || event.key === "j") act(() => showEntry(state.position + 1));
+    else if (event.key === "ArrowLeft" || event.key === "k") act(() => showEntry(state.position - 1));
   });
   await showEntry(Math.min(state.sample.next, state.sample.entries.length - 1));
 }
