@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -101,8 +104,9 @@ def test_config_errors_name_the_file_line_and_key(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_models, tmp_path_factory):
-    """A HarmClassifier adapter trained by the CLI on the sample benchmark with the tiny judge model."""
+def training(tiny_models, tmp_path_factory):
+    """A HarmClassifier adapter trained by the CLI on the sample benchmark with the tiny judge model: the
+    output directory and what the command printed."""
     out = tmp_path_factory.mktemp("harmclassifier")
     overrides = {
         "base_model": str(tiny_models["judge"]),
@@ -122,9 +126,35 @@ def trained(tiny_models, tmp_path_factory):
     args = ["train-classifier", "--config", "configs/harmclassifier.yaml"]
     for key, value in overrides.items():
         args += ["--set", f"{key}={value}"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    return out
+    # a process of its own: progress goes to the real stderr (here a pipe, as in a SLURM log), not through click
+    main = "from diagsafe_local.cli import main; main()"
+    proc = subprocess.run([sys.executable, "-c", main, *args], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(training):
+    return training[0]
+
+
+def test_training_tells_its_progress_in_a_log_first_last_and_every_step_with_loss(training):
+    out, printed = training
+    lines = printed.splitlines()
+    split = json.loads((out / "split.json").read_text())
+    held = sum(1 for line in (out / "held_out_scores.csv").read_text().splitlines()[1:])
+    assert len(split["held_out"]) and held
+    for stage in ("base model, held-out pairs", "tuned model, held-out pairs"):
+        counts = [line for line in lines if line.startswith(f"{stage}: ")]
+        assert counts[0].startswith(f"{stage}: 0/{held}") and counts[-1].startswith(f"{stage}: {held}/{held}, ")
+        assert "/s" in counts[-1]  # with its rate
+    steps = [line for line in lines if line.startswith("training, optimizer steps: ")]
+    assert steps[0].startswith("training, optimizer steps: 1/18") and steps[-1].startswith(
+        "training, optimizer steps: 18/18"
+    )
+    assert re.search(r"; epoch 3, loss \d+\.\d{4}, lr \d\.\d\de[-+]\d\d$", steps[-1])
+    assert len(steps) < 18  # a log gets the first, the last and one line a DIAGSAFE_PROGRESS_SECONDS, not every step
+    assert not any("Loading weights" in line for line in lines)  # transformers' own bars go to run.log
 
 
 def test_training_lowers_the_loss_and_writes_every_output(trained):

@@ -397,7 +397,7 @@ def test_gptfuzzer_scores_the_answer_by_its_class_1_probability(tiny_classifier)
     assert len({v.outcome.score for v in verdicts}) == 3
 
 
-def test_bench_judge_gptfuzzer_adds_a_leaderboard_row(tiny_classifier, tmp_path):
+def test_bench_judge_gptfuzzer_adds_a_leaderboard_row(tiny_classifier, tmp_path, capfd):
     result = CliRunner().invoke(
         app,
         [
@@ -421,6 +421,8 @@ def test_bench_judge_gptfuzzer_adds_a_leaderboard_row(tiny_classifier, tmp_path)
     judgments = [json.loads(line) for line in (tmp_path / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 120 and all(j["status"] == "ok" and 0 < j["score"] < 1 for j in judgments)
     assert name in set(pd.read_csv(tmp_path / "failure_analysis.csv")["metric"])
+    progress = [line for line in capfd.readouterr().err.splitlines() if line.startswith(f"{name}: judging: ")]
+    assert progress[0].startswith(f"{name}: judging: 0/120") and progress[-1].startswith(f"{name}: judging: 120/120, ")
 
 
 def test_gptfuzzer_as_the_pipeline_judge(tiny_classifier, tmp_path):

@@ -497,7 +497,7 @@ def test_a_panel_member_must_be_a_harm_judge():
 
 
 @pytest.mark.vllm
-def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, vllm_engines, tmp_path):
+def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, vllm_engines, tmp_path, capfd):
     """A tiny random-weight judge through vLLM: every item gets a verdict or is counted missing, every
     verdict is stored, and a second validate reuses them all."""
     from helpers import judge_spec
@@ -521,6 +521,9 @@ def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, v
     stored = [json.loads(line) for line in (out / "judgments.jsonl").read_text().splitlines()]
     assert len(stored) == 20 and {s["status"] for s in stored} <= {"ok", "invalid", "truncated"}
     assert sum(s["status"] == "ok" for s in stored) == live["n"]  # unparsed verdicts are missing, never guessed
+    stage = f"{live['judge']}: judging: "
+    progress = [line for line in capfd.readouterr().err.splitlines() if line.startswith(stage)]
+    assert progress[0].startswith(f"{stage}0/20") and progress[-1].startswith(f"{stage}20/20, ")  # with its rate
     first = len(calls)
     run_validate(gold, out, [spec], stored=["gpt4_cf"], bootstrap=100, engine_factory=factory)
     assert first > 0 and len(calls) == first  # every stored verdict reused: no engine call
