@@ -115,6 +115,41 @@ def test_controls_are_judged_once_and_kept_on_resume(tmp_path):
     assert factory.made == []  # everything, controls included, was already judged
 
 
+def test_controls_are_judged_beside_the_verdicts_not_in_a_phase_after_them(tmp_path, monkeypatch):
+    import diagsafe_local.judging.verdicts as verdicts
+
+    opened, streams, busy = verdicts.open_stream, [], []
+
+    class Watched:
+        """A judge stream that notes, at every poll, how many judge streams have requests in flight."""
+
+        def __init__(self, inner) -> None:
+            self.inner, self.waiting = inner, set()
+            streams.append(self)
+
+        def submit(self, key, request) -> None:
+            self.waiting.add(key)
+            self.inner.submit(key, request)
+
+        def poll(self):
+            busy.append(sum(bool(s.waiting) for s in streams))
+            done = self.inner.poll()
+            self.waiting -= {key for key, _ in done}
+            return done
+
+        @property
+        def pending(self) -> int:
+            return self.inner.pending
+
+        def close(self) -> None:
+            self.inner.close()
+
+    monkeypatch.setattr(verdicts, "open_stream", lambda engine, n: Watched(opened(engine, n)))
+    summary = Run(make_config(tmp_path), engine_factory=Factory()).execute()
+    assert summary.targets["t"].judge_health.n_controls == 3 * len(CONTROL_ANSWERS)
+    assert len(streams) == 2 and max(busy) == 2  # the controls' requests were in flight with the verdicts'
+
+
 def test_cut_off_answers_are_counted_per_target_and_category(tmp_path):
     def target(request: GenerationRequest) -> Completion:
         text = request.messages[-1].content

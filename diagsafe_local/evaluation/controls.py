@@ -18,7 +18,7 @@ from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judge_key
 from diagsafe_local.judging.base import JUDGES, JudgeInput
 from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.judging.verdicts import draw_verdicts
+from diagsafe_local.judging.verdicts import Verdict, VerdictStream
 
 CONTROL_PROMPTS = 4
 CONTROL_ANSWERS = {
@@ -67,37 +67,61 @@ def pending_controls(
     return pending
 
 
-def judge_controls(
-    engine: Engine | None,
-    judge: JudgeConfig,
-    cases: Sequence[tuple[Item, str, tuple[Message, ...], str, str]],
-    store: JsonlStore[ControlRecord],
-) -> None:
-    """Grade `cases` with the harm judge and store the verdicts."""
-    if not cases:
-        return
-    harm = JUDGES.get(judge.rubric_name)
-    calls = [
-        (
-            harm,
-            JudgeInput(conversation=conversation, answer=answer, references=item.references),
-            ("control", item.id, kind),
+class ControlJudging:
+    """The controls' verdicts through a stream of their own on the judge engine, submitted at once and stepped
+    beside the run's verdicts (`poll` from the judging loop: on one vLLM engine both streams share its steps),
+    so they add no judging phase of their own; each verdict is stored as it comes in; `finish` waits for the
+    rest."""
+
+    def __init__(
+        self,
+        engine: Engine | None,
+        judge: JudgeConfig,
+        cases: Sequence[tuple[Item, str, tuple[Message, ...], str, str]],
+        store: JsonlStore[ControlRecord],
+    ) -> None:
+        self.cases = list(cases)
+        self.store = store
+        self.verdicts: VerdictStream | None = None
+        if not self.cases:
+            return
+        harm = JUDGES.get(judge.rubric_name)
+        self.rubric = harm.name
+        self.verdicts = VerdictStream(
+            engine, judge.decoding(), judge.sampling.seed, judge.max_attempts, max_batch=len(self.cases)
         )
-        for item, kind, conversation, answer, _ in cases
-    ]
-    verdicts = draw_verdicts(engine, calls, judge.decoding(), judge.sampling.seed, judge.max_attempts)
-    store.append(
-        ControlRecord(
+        for k, (item, kind, conversation, answer, _) in enumerate(self.cases):
+            judged = JudgeInput(conversation=conversation, answer=answer, references=item.references)
+            self.verdicts.submit(k, harm, judged, ("control", item.id, kind))
+
+    def poll(self) -> None:
+        """Store the controls' verdicts that one step of the engine finished."""
+        if self.verdicts is None or not self.verdicts.pending:
+            return
+        finished = self.verdicts.poll()
+        if finished:
+            self.store.append(self._record(k, v) for k, v in finished)
+
+    def finish(self) -> None:
+        """Poll until every control has its verdict."""
+        while self.verdicts is not None and self.verdicts.pending:
+            self.poll()
+
+    def close(self) -> None:
+        if self.verdicts is not None:
+            self.verdicts.close()
+
+    def _record(self, k: int, verdict: Verdict) -> ControlRecord:
+        item, kind, _, _, key = self.cases[k]
+        return ControlRecord(
             item_id=item.id,
             kind=kind,
-            judge_rubric=harm.name,
-            score=v.outcome.score,
-            parse_status=v.outcome.status,
-            judge_raw=v.completion.text if v.completion else None,
+            judge_rubric=self.rubric,
+            score=verdict.outcome.score,
+            parse_status=verdict.outcome.status,
+            judge_raw=verdict.completion.text if verdict.completion else None,
             judge_key=key,
         )
-        for (item, kind, _, _, key), v in zip(cases, verdicts)
-    )
 
 
 def keep_current(items: Sequence[Item], judge: JudgeConfig, store: JsonlStore[ControlRecord]) -> None:

@@ -213,8 +213,10 @@ def judge_tasks(
     target_refs: dict[str, EngineRef],
     judge_ref: EngineRef,
     on_progress: Callable[[int, int], None] | None = None,
+    alongside: Callable[[], object] | None = None,
 ) -> None:
-    """Judge `tasks` through one stream, appending each record as soon as it is final."""
+    """Judge `tasks` through one stream, appending each record as soon as it is final; `alongside` is polled
+    with every step (another stream on the judge engine, such as the controls')."""
     step = JudgeStep(engine, config, results, run_id, target_refs, judge_ref)
     try:
         if on_progress:
@@ -222,6 +224,8 @@ def judge_tasks(
         for task in tasks:
             step.submit(task)
         while step.pending:
+            if alongside:
+                alongside()
             if step.poll() and on_progress:
                 on_progress(step.done, len(tasks))
     finally:

@@ -29,7 +29,7 @@ from diagsafe_local.engines.host import Host
 from diagsafe_local.engines.identity import engine_identity
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
-from diagsafe_local.evaluation.controls import judge_controls, keep_current, pending_controls
+from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls
 from diagsafe_local.evaluation.generation import generate_streams, generation_done
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import (
@@ -82,6 +82,14 @@ def missing_references(judge: JudgeConfig, items: Sequence[Item]) -> None:
             f"judge '{needing[0]}' compares answers with reference answers, and item(s) {shown} have none: give "
             "them a `reference` (a text or a list), use a HarmMetric Eval file as the dataset, or another judge"
         )
+
+
+def _step_judge(step: JudgeStep, controls: ControlJudging | None) -> None:
+    """One step of a resident judge: the run's verdicts and the judge's controls."""
+    if controls is not None:
+        controls.poll()
+    if step.pending:
+        step.poll()
 
 
 class Run:
@@ -148,9 +156,11 @@ class Run:
     def _generation_done(self, target: TargetConfig) -> bool:
         return generation_done(target, self.identities[target.label], self.items, self.dir.generations)
 
-    def _generate(self, target: TargetConfig, judge: Engine | None = None) -> None:
+    def _generate(
+        self, target: TargetConfig, judge: Engine | None = None, controls: ControlJudging | None = None
+    ) -> None:
         """Generate the target's missing answers; with a resident `judge` (colocated), each answer to be judged
-        goes to the judge the moment it is final, and the two engines step in turn."""
+        goes to the judge the moment it is final, and the two engines step in turn (the judge's controls too)."""
         if self._generation_done(target):
             return
         engine = self.host.open_target(f"target:{target.label}", target)
@@ -169,11 +179,11 @@ class Run:
                 self.dir.generations,
                 self._reporter(f"{target.label}: answering"),
                 on_records=(lambda records: self._hand_to_judge(step, target, records)) if step else None,
-                on_poll=(lambda: step.pending and step.poll()) if step else None,
+                on_poll=(lambda: _step_judge(step, controls)) if step else None,
             )
             if step is not None:
                 while step.pending:
-                    step.poll()
+                    _step_judge(step, controls)
                 self.fresh["judgments"] += step.done
             self.fresh["generations"] += n + replayed
             seconds = time.perf_counter() - start
@@ -238,7 +248,7 @@ class Run:
         """Whether this target still needs the judge model (answers missing, or judgments a model must make)."""
         return not self._generation_done(target) or needs_engine(self.config.judge, self._pending(target))
 
-    def _judge(self, engine: Engine | None, target: TargetConfig) -> None:
+    def _judge(self, engine: Engine | None, target: TargetConfig, controls: ControlJudging) -> None:
         tasks = self._pending(target)
         if not tasks:
             return
@@ -253,6 +263,7 @@ class Run:
             self.target_refs,
             self.judge_ref,
             self._reporter(f"{target.label}: judging, verdicts"),
+            alongside=controls.poll,
         )
         seconds = time.perf_counter() - start
         self.timings.setdefault(target.label, {}).update(
@@ -277,17 +288,21 @@ class Run:
             for target in targets:
                 self._generate(target)
         judge = self._open_judge() if self._needs_judge() else None
+        controls: ControlJudging | None = None
         try:
+            controls = ControlJudging(judge, self.config.judge, self._pending_controls(), self.dir.controls)
             for target in targets:
                 if self.host.mode == "colocate":
-                    self._generate(target, judge)  # the judge grades each answer as it comes in
+                    self._generate(target, judge, controls)  # the judge grades each answer as it comes in
                 elif not sequential:
                     self.host.park(judge)
                     self._generate(target)
                     self.host.unpark(judge)
-                self._judge(judge, target)
-            judge_controls(judge, self.config.judge, self._pending_controls(), self.dir.controls)
+                self._judge(judge, target, controls)
+            controls.finish()
         finally:
+            if controls is not None:
+                controls.close()
             if judge is not None:
                 judge.close()
         with atomic.outputs_together():  # results, summary and manifest change as one set
