@@ -32,6 +32,4 @@ def train_classifier(
     out.mkdir(parents=True, exist_ok=True)
     with engine_output(None if verbose else out / "run.log") as console:
         train(cfg, echo=console.say, progress=console.progress)
-    typer.echo(
-        f"serve it: judge rubric 'harmclassifier' with model {cfg.base_model} and lora {Path(cfg.output_dir) / 'adapter'}"
-    )
+    typer.echo(f"serve it: judge rubric 'harmclassifier' with model {cfg.base_model} and lora {out / 'adapter'}")

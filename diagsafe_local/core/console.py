@@ -169,28 +169,19 @@ def engine_output(log_path: Path | None) -> Iterator[Console]:
 
 @contextmanager
 def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
-    """Yield `advance(label)`: a rich progress bar on a terminal, plain log lines otherwise (e.g. SLURM logs: the
-    first and last, at most one every `progress_interval()` seconds between)."""
-    if sys.stderr.isatty():
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            transient=True,
-        ) as bar:
-            task = bar.add_task(description, total=total)
-            yield lambda label: bar.update(task, advance=1, description=f"{description}: {label}")
-        return
-    plain = Console(sys.stderr)
+    """Yield `advance(label)`, counting units of one stage on a `Console` on stderr: a progress bar on a terminal,
+    plain log lines otherwise (e.g. SLURM logs: the first and last, at most one every `progress_interval()`
+    seconds between)."""
+    console = Console(sys.stderr)
     done = 0
-    plain.progress(description, 0, total)
+    console.progress(description, 0, total)
 
     def advance(label: str) -> None:
         nonlocal done
         done += 1
-        plain.progress(description, done, total, note=label)
+        console.progress(description, done, total, note=label)
 
-    yield advance
+    try:
+        yield advance
+    finally:
+        console.close()

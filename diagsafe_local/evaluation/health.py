@@ -33,21 +33,17 @@ from typing import Any
 
 from diagsafe_local.evaluation.controls import ControlRecord
 from diagsafe_local.evaluation.records import ResultRecord
+from diagsafe_local.judging.base import rationale
 
 MIN_VERDICTS = 10
 DEGENERATE_SHARE = 0.5
 COPY_CHARS = 40  # a rationale opening with this many characters of the prompt, verbatim, is copied
 MIN_COPY_CHARS = 12
-FREE_TEXT = ("rationale", "reason", "overall_reasoning")
 _SPACE = re.compile(r"\s+")
 
 
 def _normal(text: str) -> str:
     return _SPACE.sub(" ", text).strip().lower()
-
-
-def _rationale(verdict: dict[str, Any]) -> str | None:
-    return next((verdict[k] for k in FREE_TEXT if isinstance(verdict.get(k), str)), None)
 
 
 def _label(record: ResultRecord) -> str:
@@ -84,7 +80,7 @@ def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlReco
     """The health measures and flags of the verdicts in `records` (one target's, typically)."""
     judged = [r for r in records if r.parse_status == "ok" and r.verdict is not None and r.judge_engine.kind != "none"]
     varied = [
-        r for r in judged if _rationale(r.verdict or {}) is not None or any(k.startswith("p_") for k in r.verdict or {})
+        r for r in judged if rationale(r.verdict or {}) is not None or any(k.startswith("p_") for k in r.verdict or {})
     ]
     identical = None
     if varied:
@@ -93,8 +89,8 @@ def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlReco
     instructions: dict[str, str] = {}
     copies = []
     for r in judged:
-        rationale = _normal(_rationale(r.verdict) or "")  # type: ignore[arg-type]
-        if rationale:
+        reason = _normal(rationale(r.verdict) or "")  # type: ignore[arg-type]
+        if reason:
             prompt = " ".join(
                 [
                     instructions.setdefault(r.judge_rubric, _instructions(r.judge_rubric)),
@@ -102,7 +98,7 @@ def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlReco
                     _normal(r.answer),
                 ]
             )
-            copies.append(_copied(rationale, prompt))
+            copies.append(_copied(reason, prompt))
     copied = sum(copies) / len(copies) if copies else None
     by_category: dict[str, list[str]] = {}
     for r in judged:

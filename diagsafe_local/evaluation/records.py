@@ -63,8 +63,11 @@ class EngineRef(BaseModel):
     base_url: str | None = None
 
 
-class GenerationRecord(KeyedRecord):
-    """One answer of the target (generated or pre-filled) at one turn of one sample of one item."""
+AnswerKey = tuple[str, str, int, int]  # (target, item_id, sample, turn): one answer of a run
+
+
+class AnswerRecord(KeyedRecord):
+    """A record about one answer of a run, kept by its `AnswerKey` (these fields come first)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -72,6 +75,15 @@ class GenerationRecord(KeyedRecord):
     item_id: str
     sample: int = Field(ge=0)
     turn: int = Field(ge=1)
+
+    @property
+    def key(self) -> AnswerKey:
+        return (self.target, self.item_id, self.sample, self.turn)
+
+
+class GenerationRecord(AnswerRecord):
+    """One answer of the target (generated or pre-filled) at one turn of one sample of one item."""
+
     answer: str
     finish_reason: str | None
     prefilled: bool = False
@@ -82,10 +94,6 @@ class GenerationRecord(KeyedRecord):
         description="Hash of the model and the exact conversation sent; a resumed "
         "run reuses the answer only while it matches.",
     )
-
-    @property
-    def key(self) -> tuple[str, str, int, int]:
-        return (self.target, self.item_id, self.sample, self.turn)
 
 
 class PanelVote(BaseModel):
@@ -143,7 +151,7 @@ class ResultRecord(KeyedRecord):
     )
 
     @property
-    def key(self) -> tuple[str, str, int, int]:
+    def key(self) -> AnswerKey:  # its own fields' order (run_id first) stays that of the published format
         return (self.target, self.item_id, self.sample, self.turn)
 
 
@@ -287,7 +295,7 @@ class DatasetRef(_Record):
         None, description="Every item and its judged turns; the gate requires a result for each (None: older runs)."
     )
 
-    def expected_keys(self, samples: dict[str, int]) -> set[tuple[str, str, int, int]] | None:
+    def expected_keys(self, samples: dict[str, int]) -> set[AnswerKey] | None:
         """(target, item, sample, turn) of every answer a complete run judged, for targets with `samples` each."""
         if self.items is None:
             return None
@@ -385,7 +393,7 @@ class Manifest(_Record):
 
         return {t.label: t.sampling.n for t in RunConfig.model_validate(self.config).targets}
 
-    def expected_keys(self) -> set[tuple[str, str, int, int]] | None:
+    def expected_keys(self) -> set[AnswerKey] | None:
         """(target, item, sample, turn) of every answer the complete run judged (None: an older manifest)."""
         return self.dataset.expected_keys(self.samples())
 

@@ -44,6 +44,14 @@ def score_class(score: float | None) -> str:
     return "harmful" if is_harmful(score) else "uncertain" if score == UNCERTAIN else "not_harmful"
 
 
+RATIONALE_FIELDS = ("rationale", "reason", "overall_reasoning", "explanation")
+
+
+def rationale(verdict: dict[str, Any]) -> str | None:
+    """A verdict's free-text reason, under whichever of `RATIONALE_FIELDS` its judge names it; None without one."""
+    return next((verdict[k] for k in RATIONALE_FIELDS if isinstance(verdict.get(k), str)), None)
+
+
 ZWSP = "\u200b"
 # A judged answer is hostile text: one that contains a judge format's delimiters could close its own
 # section and write fake turns or a fake verdict (prompt injection). The text a judge reads is first put in

@@ -16,8 +16,7 @@ from diagsafe_local import __version__
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
 from diagsafe_local.evaluation.records import ResultRecord
 from diagsafe_local.evaluation.verify import VerifiedRun
-
-RATIONALE_KEYS = ("rationale", "reason", "overall_reasoning", "explanation")
+from diagsafe_local.judging.base import rationale
 
 
 def _messages(record: ResultRecord) -> list[Any]:
@@ -33,11 +32,10 @@ def _sample(record: ResultRecord) -> Any:
     from inspect_ai.scorer import Score
 
     verdict = record.verdict or {}
-    explanation = next((str(verdict[k]) for k in RATIONALE_KEYS if isinstance(verdict.get(k), str)), None)
     score = Score(
         value=record.score if record.score is not None else "unscored",
         answer=record.answer,
-        explanation=explanation or record.error,
+        explanation=rationale(verdict) or record.error,
         metadata={
             "judge": record.judge_rubric,
             "parse_status": record.parse_status,

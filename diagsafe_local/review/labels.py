@@ -31,8 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.errors import DataError, DiagsafeError
-from diagsafe_local.core.jsonl import KeyedRecord
-from diagsafe_local.evaluation.records import ResultRecord
+from diagsafe_local.evaluation.records import AnswerKey, AnswerRecord, ResultRecord
 from diagsafe_local.judging.base import is_harmful
 
 LABELS_DIR = "labels"
@@ -40,44 +39,23 @@ SAMPLE_FILE = "sample.json"
 LabelWord = Literal["harmful", "not_harmful", "unsure"]
 LABEL_WORDS: tuple[str, ...] = ("harmful", "not_harmful", "unsure")
 _ANNOTATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-Key = tuple[str, str, int, int]
 
 
-class LabelRecord(KeyedRecord):
+class LabelRecord(AnswerRecord):
     """One annotator's label of one answer."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    target: str
-    item_id: str
-    sample: int = Field(ge=0)
-    turn: int = Field(ge=1)
     label: LabelWord
     annotator: str
     time: str
     inclusion_probability: float = Field(gt=0.0, le=1.0)
     run_id: str | None = None
 
-    @property
-    def key(self) -> Key:
-        return (self.target, self.item_id, self.sample, self.turn)
 
-
-class SampleEntry(BaseModel):
+class SampleEntry(AnswerRecord):
     """One answer of the sample and the stratum it was drawn from."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    target: str
-    item_id: str
-    sample: int
-    turn: int
     stratum: str
     inclusion_probability: float = Field(gt=0.0, le=1.0)
-
-    @property
-    def key(self) -> Key:
-        return (self.target, self.item_id, self.sample, self.turn)
 
 
 class LabelSample(BaseModel):
@@ -177,12 +155,12 @@ def check_annotator(name: str) -> str:
     return name
 
 
-def read_label_file(path: Path, known: set[Key] | None = None) -> dict[Key, LabelRecord]:
+def read_label_file(path: Path, known: set[AnswerKey] | None = None) -> dict[AnswerKey, LabelRecord]:
     """One annotator's labels, checked line by line (errors name file, line and field)."""
     records, lines = jsonl.read_records(path, LabelRecord)
     numbers = [number for number, _ in lines.rows]
-    labels: dict[Key, LabelRecord] = {}
-    first: dict[Key, int] = {}
+    labels: dict[AnswerKey, LabelRecord] = {}
+    first: dict[AnswerKey, int] = {}
     for number, record in zip(numbers, records):
         if known is not None and record.key not in known:
             raise DataError(
@@ -213,7 +191,7 @@ class LabelStore:
         self.path = run_dir / LABELS_DIR / f"{check_annotator(annotator)}.jsonl"
         self.annotator = annotator
         self.run_id = run_id
-        self.labels: dict[Key, LabelRecord] = read_label_file(self.path) if self.path.is_file() else {}
+        self.labels: dict[AnswerKey, LabelRecord] = read_label_file(self.path) if self.path.is_file() else {}
 
     def give(self, entry: SampleEntry, label: str) -> LabelRecord:
         """Record (or replace) the label of one sampled answer, on disk before this returns."""
@@ -231,5 +209,5 @@ class LabelStore:
             run_id=self.run_id,
         )
         self.labels[record.key] = record
-        atomic.write_text(self.path, "".join(jsonl.dumps(r) for r in self.labels.values()))
+        jsonl.write(self.path, self.labels.values())
         return record

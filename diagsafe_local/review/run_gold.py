@@ -16,7 +16,7 @@ from pathlib import Path
 
 from diagsafe_local.core.errors import DataError
 from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.records import read_manifest_file, read_results
+from diagsafe_local.evaluation.records import AnswerKey, read_manifest_file, read_results
 from diagsafe_local.review.labels import LABELS_DIR, SAMPLE_FILE, LabelRecord, labelled_population, read_label_file
 from diagsafe_local.validation.gold import Columns, GoldFormat, GoldItem, GoldRead, Rows, Task, majority
 
@@ -34,7 +34,7 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
         raise DataError(
             path / LABELS_DIR, None, None, "no label files: label answers with `diagsafe-local label` first"
         )
-    by_annotator: dict[str, dict[tuple[str, str, int, int], LabelRecord]] = {}
+    by_annotator: dict[str, dict[AnswerKey, LabelRecord]] = {}
     for label_file in label_files:
         for key, label in read_label_file(label_file, set(results)).items():
             by_annotator.setdefault(label.annotator, {})[key] = label
@@ -64,13 +64,8 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
                 weight=1.0 / probabilities.pop(),
             )
         )
-    judge = manifest.judge
     identity = {
-        "rubric": judge.rubric if judge else None,
-        "model": judge.model if judge else None,
-        "model_hash": judge.model_hash if judge else None,
-        "lora_hash": judge.lora_hash if judge else None,
-        "scoring": judge.scoring if judge else None,
+        name: getattr(manifest.judge, name, None) for name in ("rubric", "model", "model_hash", "lora_hash", "scoring")
     }
     digest = hashlib.sha256((path / files.RESULTS).read_bytes())
     for label_file in label_files:
