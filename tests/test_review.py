@@ -264,6 +264,24 @@ def test_two_runs_side_by_side_with_flips_marked(tmp_path, monkeypatch):
     assert len(detail["others"]) == 1 and detail["others"][0]["item_id"] == flips["rows"][0]["item_id"]
 
 
+def test_view_of_a_damaged_or_unfinished_run_is_an_error_naming_file_and_line(tmp_path, monkeypatch):
+    run = make_run(tmp_path, monkeypatch, n=8)
+    results = run / "results.jsonl"
+    lines = results.read_bytes().splitlines(keepends=True)
+    for line, damage, message in (
+        (4, b'{"target": \n', "line 4: invalid JSON"),
+        (2, b"\xff\xfe\n", "line 2: invalid UTF-8"),
+        (3, b'{"target": "t"}\n', "line 3: field 'run_id': invalid ResultRecord"),
+    ):
+        results.write_bytes(b"".join(lines[: line - 1] + [damage] + lines[line:]))
+        result = cli("view", run, "--no-browser")
+        assert result.exit_code == 2 and f"{results} {message}" in result.text, result.text
+        assert "Traceback" not in result.output
+    results.unlink()
+    result = cli("view", run, "--no-browser")
+    assert result.exit_code == 2 and f"{results}: no such file" in result.text
+
+
 # -- Inspect AI ----------------------------------------------------------------------------------------------
 
 

@@ -90,9 +90,13 @@ def parse_lines(path: Path, raw: bytes, torn: Torn = "error") -> Lines:
             if last and torn == "cut":
                 cut = len(line.encode("utf-8"))
                 return Lines(rows, torn_bytes=cut, complete_bytes=len(raw) - cut)
-            hint = " (a line torn by an interrupted write?)" if last else ""
-            raise DataError(path, number, None, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}") from None
+            raise _invalid_json(path, number, exc, last) from None
     return Lines(rows, complete_bytes=len(raw))
+
+
+def _invalid_json(path: Path, number: int, exc: json.JSONDecodeError, last: bool) -> DataError:
+    hint = " (a line torn by an interrupted write?)" if last else ""
+    return DataError(path, number, None, f"invalid JSON: {exc.msg} (column {exc.colno}){hint}")
 
 
 def json_rows(path: Path, raw: bytes | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -128,6 +132,27 @@ def read_records(path: Path, model: type[M], torn: Torn = "error") -> tuple[list
         raise DataError(path, None, None, "no such file")
     lines = parse_lines(path, path.read_bytes(), torn)
     return [_validate(path, n, value, model) for n, value in lines.rows], lines
+
+
+def records_with_spans(path: Path, model: type[M]) -> Iterator[tuple[int, int, M]]:
+    """(byte offset, byte length, record) of every line of `path` validated as `model`, read a line at a time:
+    for a reader that keeps only some fields and reads a whole record again by its span when asked."""
+    if not path.is_file():
+        raise DataError(path, None, None, "no such file")
+    offset = 0
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):  # binary lines split on \n only
+            if raw.strip():
+                try:
+                    line = raw.decode("utf-8").removesuffix("\n")
+                except UnicodeDecodeError as exc:
+                    raise DataError(path, number, None, f"invalid UTF-8 at byte {offset + exc.start}") from None
+                try:
+                    value = loads(path, number, line)
+                except json.JSONDecodeError as exc:
+                    raise _invalid_json(path, number, exc, not raw.endswith(b"\n")) from None
+                yield offset, len(raw), _validate(path, number, value, model)
+            offset += len(raw)
 
 
 def dumps(record: Any) -> str:

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.paired import prompt_key
-from diagsafe_local.evaluation.records import ResultRecord, read_manifest_file
+from diagsafe_local.evaluation.records import AnswerKey, ResultRecord, read_manifest_file
 from diagsafe_local.judging.base import is_harmful, score_class
 
 HEAD = 240
 SEARCHED = 4000
 PAGE_MAX = 200
 SORTS = ("id", "score")
+FACETS = ("target", "category", "source", "attack_method", "verdict", "status")  # the filters that pick one value
 
 
 @dataclass
@@ -71,8 +72,7 @@ def _head(text: str) -> str:
     return text if len(text) <= HEAD else text[:HEAD] + "…"
 
 
-def _row(index: int, run: int, data: dict[str, Any], offset: int, length: int) -> Row:
-    record = ResultRecord.model_validate(data)
+def _row(index: int, run: int, record: ResultRecord, offset: int, length: int) -> Row:
     panel = record.panel or []
     decided = {score_class(v.score) for v in panel if v.score is not None}
     request = record.conversation[-1].content if record.conversation else ""
@@ -112,8 +112,8 @@ class RunIndex:
         self.manifests = [read_manifest_file(d) for d in run_dirs]
         self.rows: list[Row] = []
         for run, run_dir in enumerate(run_dirs):
-            for offset, length, data in _lines(run_dir / files.RESULTS):
-                self.rows.append(_row(len(self.rows), run, data, offset, length))
+            for offset, length, record in jsonl.records_with_spans(run_dir / files.RESULTS, ResultRecord):
+                self.rows.append(_row(len(self.rows), run, record, offset, length))
         sides: dict[tuple[str, int, int, str], list[Row]] = defaultdict(list)
         for row in self.rows:
             sides[row.pair].append(row)
@@ -127,10 +127,7 @@ class RunIndex:
 
     def facets(self) -> dict[str, list[str]]:
         """The values each filter can take."""
-        return {
-            name: sorted({str(getattr(r, name)) for r in self.rows})
-            for name in ("target", "category", "source", "attack_method", "verdict", "status")
-        }
+        return {name: sorted({str(getattr(r, name)) for r in self.rows}) for name in FACETS}
 
     def query(self, params: dict[str, str]) -> dict[str, Any]:
         """One page of the rows that pass the filters, sorted."""
@@ -159,7 +156,7 @@ class RunIndex:
             "others": others,
         }
 
-    def find(self, key: tuple[str, str, int, int], run: int = 0) -> Row | None:
+    def find(self, key: AnswerKey, run: int = 0) -> Row | None:
         """The row of (target, item, sample, turn) in one run."""
         return self._by_key.get((run, *key))
 
@@ -169,18 +166,8 @@ class RunIndex:
             return json.loads(handle.read(row.length))
 
 
-def _lines(path: Path) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    """(byte offset, byte length, object) of each line of a JSONL file (split on \\n only)."""
-    offset = 0
-    with open(path, "rb") as handle:
-        for raw in handle:
-            if raw.strip():
-                yield offset, len(raw), json.loads(raw)
-            offset += len(raw)
-
-
 def _passes(row: Row, params: dict[str, str]) -> bool:
-    for name in ("target", "category", "source", "attack_method", "verdict", "status"):
+    for name in FACETS:
         wanted = params.get(name)
         if wanted and str(getattr(row, name)) != wanted:
             return False
