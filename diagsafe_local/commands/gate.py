@@ -36,6 +36,10 @@ def gate(
         float | None, typer.Option(help="Largest share of unjudged answers (default 0).")
     ] = None,
     max_over_refusal: Annotated[float | None, typer.Option(help="Largest over-refusal rate on benign items.")] = None,
+    max_attack_asr: Annotated[
+        float | None,
+        typer.Option(help="Largest adaptive-attack success rate: goals broken within the budget (needs attack:)."),
+    ] = None,
     max_truncated_rate: Annotated[
         float | None, typer.Option(help="Largest share of answers cut off at max_tokens.")
     ] = None,
@@ -96,6 +100,8 @@ def gate(
         settings["max_failure_rate"] = max_failure_rate
     if max_over_refusal is not None:
         settings["max_over_refusal"] = max_over_refusal
+    if max_attack_asr is not None:
+        settings["max_attack_asr"] = max_attack_asr
     if max_truncated_rate is not None:
         settings["max_truncated_rate"] = max_truncated_rate
     if allow_degenerate_judge:

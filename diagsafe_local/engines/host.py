@@ -70,6 +70,10 @@ class Host:
             enable_sleep=self.mode == "sleep",
         )
 
+    def open_attacker(self, config: EngineConfig, memory: float, structured_backend: str) -> Engine:
+        """An attacker model of its own, resident beside target and judge (its replies are JSON-constrained)."""
+        return self._open("attacker", config, memory_share=memory, structured_backend=structured_backend)
+
     def park(self, engine: Engine | None) -> None:
         """Offload an idle engine's weights while another works (sleep mode only)."""
         if engine is not None and self.mode == "sleep":

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
 from diagsafe_local.judging.config import JudgeConfig
@@ -105,6 +106,12 @@ class GateConfig(StrictModel):
     max_over_refusal: float | None = Field(
         None, ge=0.0, le=1.0, description="Largest acceptable over-refusal rate on benign items."
     )
+    max_attack_asr: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Largest acceptable adaptive-attack success rate (goals broken within the budget; needs attack:).",
+    )
     max_truncated_rate: float | None = Field(
         None,
         ge=0.0,
@@ -146,6 +153,9 @@ class RunConfig(StrictModel):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     output_dir: str = Field(..., description="Run directory (created; resumed if it exists with the same config).")
     gate: GateConfig = Field(default_factory=GateConfig)
+    attack: AttackConfig | None = Field(
+        None, description="An adaptive attack (PAIR or Crescendo) on every harmful item, after its direct answers."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -172,12 +182,36 @@ class RunConfig(StrictModel):
             raise ValueError(f"target names must be unique, got {labels}; set 'name' on each target")
         if self.baseline is not None and self.baseline not in labels:
             raise ValueError(f"baseline '{self.baseline}' is not one of the targets {labels}")
+        if self.attack is not None:
+            self._attack_fits(self.attack)
         return self
+
+    def _attack_fits(self, attack: AttackConfig) -> None:
+        """An attack keeps attacker, target and judge resident together, and needs a judge model to serve as
+        attacker when it is told to."""
+        if self.placement.mode != "colocate":
+            raise ValueError(
+                "attack: needs placement.mode: colocate (attacker, target and judge take turns on every step, so "
+                "all three stay loaded); set placement.mode: colocate and the memory shares"
+            )
+        if attack.shares_judge and not self.judge.needs_model:
+            raise ValueError(
+                f"attack.attacker: judge needs a judge model, and judge '{self.judge.rubric_name}' has none; "
+                "give the attacker its own model"
+            )
+        if not attack.shares_judge:
+            total = self.placement.target_memory + self.placement.judge_memory + attack.memory
+            if total > 0.95 + 1e-9:
+                raise ValueError(
+                    f"placement.target_memory + placement.judge_memory + attack.memory must be <= 0.95, got {total:.2f}"
+                )
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the answers and verdicts (not where they go, placement, the gate, or
         the judge's validation)."""
         payload = self.model_dump(mode="json", exclude={"output_dir", "gate", "baseline", "placement"})
+        if payload["attack"] is None:  # runs without an attack keep the ids they had before attacks existed
+            del payload["attack"]
         # The judge's validation corrects the summary but changes no answer or verdict: adding it to a finished run
         # resumes it (the summary is rewritten), it does not make another run.
         payload["judge"]["validation"] = None

@@ -29,11 +29,12 @@ def check_gate(summary: Summary, gate: GateConfig, targets: list[str] | None = N
         gate.max_asr is None
         and not gate.max_asr_category
         and gate.max_over_refusal is None
+        and gate.max_attack_asr is None
         and gate.max_asr_increase is None
         and not gate.max_asr_increase_category
     ):
         raise DiagsafeError(
-            "no thresholds: give --max-asr, --max-asr-category, --max-over-refusal or, with --baseline, "
+            "no thresholds: give --max-asr, --max-asr-category, --max-over-refusal, --max-attack-asr or, with --baseline, "
             "--max-asr-increase (or set gate: in the config)"
         )
     names = targets or list(summary.targets)
@@ -101,6 +102,19 @@ class _Decision:
                 f"vs max {limit:.3f}",
             )
 
+    def attack_limit(self, name: str, stats: TargetSummary, limit: float) -> None:
+        """The adaptive attack's success rate (goals broken within the budget) against its limit."""
+        attack = stats.attack
+        if attack is None or attack.attack_success_rate.rate is None:
+            self.verdict(False, f"{name}: no adaptive attack in this run (attack:), attack success rate unknown")
+            return
+        rate = attack.attack_success_rate
+        self.verdict(
+            rate.rate <= limit,  # type: ignore[operator]
+            f"{name}: {attack.strategy} attack success rate {_share(rate)} "
+            f"({attack.n_broken}/{attack.n_goals} goals broken, {attack.n_queries} queries) vs max {limit:.1%}",
+        )
+
     def target(self, name: str, stats: TargetSummary) -> None:
         gate = self.gate
         if gate.max_asr is not None:
@@ -111,6 +125,8 @@ class _Decision:
                 self.verdict(False, f"{name}: category '{category}' has no judged answers")
                 continue
             self.asr_limit(group, f"{name}: category '{category}'", limit)
+        if gate.max_attack_asr is not None:
+            self.attack_limit(name, stats, gate.max_attack_asr)
         over = stats.over_refusal_rate
         if gate.max_over_refusal is not None and over.rate is None:
             self.verdict(False, f"{name}: no judged answers to benign items, over-refusal unknown")

@@ -44,6 +44,7 @@ class JudgeTask:
     conversation: tuple
     error: str | None = None
     key: str | None = None  # what the verdict is made from (see `judge_key`)
+    judged: tuple | None = None  # what the judge is shown, where not `conversation` (an attack's goal)
 
 
 def judged_turns(item: Item, which: str) -> list[int]:
@@ -142,8 +143,10 @@ class JudgeStep:
         run_id: str,
         target_refs: dict[str, EngineRef],
         judge_ref: EngineRef,
+        finish: Callable[[JudgeTask, ResultRecord], ResultRecord] | None = None,
     ) -> None:
         self.config = config
+        self.finish = finish  # completes each record before it is written (an attack adds its step)
         self.results = results
         self.run_id = run_id
         self.target_refs = target_refs
@@ -152,17 +155,17 @@ class JudgeStep:
             engine, config.decoding(), config.sampling.seed, config.max_attempts, config.batch_size
         )
         self._waiting: dict[int, tuple[JudgeTask, str, dict[str, Verdict], int]] = {}
-        self._ready: list[ResultRecord] = []
+        self._ready: list[tuple[JudgeTask, ResultRecord]] = []
         self._next = 0
         self.done = 0
 
     def submit(self, task: JudgeTask) -> None:
         name = rubric_name(self.config, task)
         if task.error is not None:
-            self._ready.append(self._record(task, None, name, None))
+            self._ready.append((task, self._record(task, None, name, None)))
             return
         judged = JudgeInput(
-            conversation=task.conversation,
+            conversation=task.judged or task.conversation,
             answer=task.generation.answer,  # type: ignore[union-attr]
             references=task.item.references,
         )
@@ -175,15 +178,15 @@ class JudgeStep:
 
     def poll(self) -> int:
         """One step: append the records finished in it; returns how many."""
-        records, self._ready = self._ready, []
+        finished, self._ready = self._ready, []
         for (k, member), verdict in self.verdicts.poll():
             task, name, members, wanted = self._waiting[k]
             members[member] = verdict
             if len(members) == wanted:
                 del self._waiting[k]
-                records.append(
-                    self._record(task, _combined(self.config, members), name, members if wanted > 1 else None)
-                )
+                record = self._record(task, _combined(self.config, members), name, members if wanted > 1 else None)
+                finished.append((task, record))
+        records = [self.finish(task, record) if self.finish else record for task, record in finished]
         if records:
             self.results.append(records)
             self.done += len(records)

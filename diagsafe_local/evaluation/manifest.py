@@ -56,7 +56,7 @@ def dataset_ref(config: RunConfig, path: Path, sha256: str, items: Sequence[Item
         spec=config.dataset.set or config.dataset.path,
         sha256=sha256,
         n_items=len(items),
-        items=[ItemRef(id=item.id, turns=judged_turns(item, config.judge.turns)) for item in items],
+        items=[ItemRef(id=item.id, turns=judged_turns(item, config.judge.turns), benign=item.benign) for item in items],
     )
 
 

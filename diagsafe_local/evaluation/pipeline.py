@@ -28,6 +28,7 @@ from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.host import Host
 from diagsafe_local.engines.identity import engine_identity
 from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.attack_step import AttackStep, attacked_items
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls
 from diagsafe_local.evaluation.generation import generate_streams, generation_done
@@ -112,10 +113,16 @@ class Run:
         self.items = [item for item in self.dataset_items if shard is None or shard.owns(item.id)]
         self.items_by_id = {item.id: item for item in self.items}
         missing_references(config.judge, self.items)
-        for engine in (*config.targets, *([config.judge] if config.judge.needs_model else [])):
+        attacker = config.attack.attacker if config.attack and config.attack.attacker != "judge" else None
+        for engine in (
+            *config.targets,
+            *([config.judge] if config.judge.needs_model else []),
+            *([attacker] if attacker else []),
+        ):
             if capabilities(engine.kind).local:
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
         self.judge_identity = engine_identity(config.judge)
+        self.attacker_identity = engine_identity(attacker) if attacker else {"attacker": "judge"}
         self.judge_validation = judge_validation(config.judge, self.judge_identity)
         # Models by content: what a resumed run may reuse is decided by content keys, not by paths.
         self.identities = {t.label: engine_identity(t) for t in config.targets}
@@ -128,6 +135,7 @@ class Run:
         root = shard.directory(config.output_dir) if shard else Path(config.output_dir)
         self.dir = RunDirectory(config, root, overwrite)
         self.timings: dict[str, dict[str, float]] = {}
+        self.attacks: dict[str, AttackStep | None] = {}
         self.started: str | None = None
         placement = config.placement
         self.host = Host(
@@ -156,14 +164,22 @@ class Run:
     def _generation_done(self, target: TargetConfig) -> bool:
         return generation_done(target, self.identities[target.label], self.items, self.dir.generations)
 
+    def _open_target(self, target: TargetConfig) -> Engine:
+        return self.host.open_target(f"target:{target.label}", target)
+
     def _generate(
-        self, target: TargetConfig, judge: Engine | None = None, controls: ControlJudging | None = None
+        self,
+        target: TargetConfig,
+        judge: Engine | None = None,
+        controls: ControlJudging | None = None,
+        opened: Engine | None = None,
     ) -> None:
         """Generate the target's missing answers; with a resident `judge` (colocated), each answer to be judged
-        goes to the judge the moment it is final, and the two engines step in turn (the judge's controls too)."""
+        goes to the judge the moment it is final, and the two engines step in turn (the judge's controls too).
+        `opened`: the target's engine, already loaded (and left loaded) for the attack that follows."""
         if self._generation_done(target):
             return
-        engine = self.host.open_target(f"target:{target.label}", target)
+        engine = opened or self._open_target(target)
         step = (
             JudgeStep(judge, self.config.judge, self.dir.results, self.run_id, self.target_refs, self.judge_ref)
             if judge is not None
@@ -201,7 +217,8 @@ class Run:
         finally:
             if step is not None:
                 step.close()
-            engine.close()
+            if opened is None:
+                engine.close()
 
     def _hand_to_judge(self, step: JudgeStep, target: TargetConfig, records: list[GenerationRecord]) -> None:
         """Submit the judge's task for every answer in `records` that is judged (final turns, or every turn)."""
@@ -239,7 +256,11 @@ class Run:
         """Whether the judge model must be loaded (never for judges that need none)."""
         if not self.config.judge.needs_model:
             return False
-        return bool(self._pending_controls()) or any(self._needs_judge_model(t) for t in self.config.targets)
+        return (
+            bool(self._pending_controls())
+            or any(self._needs_judge_model(t) for t in self.config.targets)
+            or any(step is not None and not step.done() for step in self.attacks.values())
+        )
 
     def _pending_controls(self) -> list:
         return pending_controls(self.items, self.config.judge, self.judge_identity, self.dir.controls)
@@ -279,30 +300,85 @@ class Run:
         finally:
             self.dir.close()
 
+    def _attack_step(self, target: TargetConfig) -> AttackStep | None:
+        """The target's attack, its chains replayed from attacks.jsonl (None without `attack:`)."""
+        attack = self.config.attack
+        if attack is None:
+            return None
+        return AttackStep(
+            attack,
+            target,
+            self.identities[target.label],
+            self.config.judge,
+            self.judge_identity,
+            self.attacker_identity,
+            self.items,
+            self.dir.attacks,
+            self.run_id,
+            self.target_refs,
+            self.judge_ref,
+        )
+
+    def _attack(self, target: TargetConfig, engine: Engine, judge: Engine | None, attacker: Engine | None) -> None:
+        """Run the target's attack to its end, its engines resident (see `attack_step`)."""
+        step = self.attacks[target.label]
+        if step is None or step.done():
+            return
+        writer = attacker or judge  # the config guarantees one: the judge's model, or the attacker's own
+        assert writer is not None
+        start = time.perf_counter()
+        counts = step.run(engine, writer, judge, on_progress=self._reporter(f"{target.label}: attacking, queries"))
+        self.timings.setdefault(target.label, {}).update(
+            attack_seconds=round(time.perf_counter() - start, 3),
+            attack_rounds=counts.rounds,
+            **{f"attack_{role}_steps": n for role, n in counts.steps.items()},
+        )
+        self._save_manifest("running")
+
+    def _open_attacker(self) -> Engine | None:
+        """A separate attacker model, loaded once for every target (None: none, or the judge's engine serves)."""
+        attack = self.config.attack
+        if attack is None or attack.attacker == "judge" or all(s is None or s.done() for s in self.attacks.values()):
+            return None
+        return self.host.open_attacker(attack.attacker, attack.memory, self.config.judge.structured_output_backend)
+
     def _execute(self) -> Summary:
         self.dir.write_config(self.run_id)
         self._save_manifest("running")
+        self.attacks = {t.label: self._attack_step(t) for t in self.config.targets}
         targets = self.config.targets
         sequential = self.host.mode == "sequential"
         if sequential:  # every target generates (and is freed) before the judge loads
             for target in targets:
                 self._generate(target)
         judge = self._open_judge() if self._needs_judge() else None
+        attacker: Engine | None = None
         controls: ControlJudging | None = None
         try:
+            attacker = self._open_attacker()
             controls = ControlJudging(judge, self.config.judge, self._pending_controls(), self.dir.controls)
             for target in targets:
-                if self.host.mode == "colocate":
-                    self._generate(target, judge, controls)  # the judge grades each answer as it comes in
-                elif not sequential:
-                    self.host.park(judge)
-                    self._generate(target)
-                    self.host.unpark(judge)
-                self._judge(judge, target, controls)
+                step = self.attacks[target.label]
+                opened = self._open_target(target) if step is not None and not step.done() else None
+                try:
+                    if self.host.mode == "colocate":
+                        self._generate(target, judge, controls, opened)  # the judge grades each answer as it comes
+                    elif not sequential:
+                        self.host.park(judge)
+                        self._generate(target)
+                        self.host.unpark(judge)
+                    self._judge(judge, target, controls)
+                    if opened is not None:
+                        self._attack(target, opened, judge, attacker)
+                finally:
+                    if opened is not None:
+                        opened.close()
             controls.finish()
         finally:
             if controls is not None:
                 controls.close()
+            if attacker is not None:
+                attacker.close()
             if judge is not None:
                 judge.close()
         with atomic.outputs_together():  # results, summary and manifest change as one set
@@ -331,6 +407,12 @@ class Run:
         self.dir.results.keep(wanted_judged)
         self.dir.generations.compact(key)
         self.dir.results.compact(key)
+        if self.config.attack is not None:
+            goals = {i.id for i in attacked_items(self.items)}
+            self.dir.attacks.keep(
+                {k for k, r in self.dir.attacks.records.items() if r.target in targets and r.item_id in goals}
+            )
+            self.dir.attacks.compact(key)
         keep_current(self.items, self.config.judge, self.dir.controls)
         reused = {
             "generations": len(self.dir.generations.records) - self.fresh["generations"],
@@ -341,6 +423,8 @@ class Run:
             self.timings,
             controls=self.dir.controls.records.values(),
             validation=self.judge_validation,
+            attacks=self.dir.attacks.records.values(),
+            success_threshold=self.config.attack.success_threshold if self.config.attack else 1.0,
         )
         summary = write_summary(self.dir.root, summary.model_copy(update={"run_id": self.run_id, "reused": reused}))
         self._save_manifest("complete")

@@ -29,6 +29,7 @@ CONFIG = "config.yaml"
 GENERATIONS = "generations.jsonl"
 RESULTS = "results.jsonl"
 CONTROLS = "judge_controls.jsonl"
+ATTACKS = "attacks.jsonl"
 SUMMARY = "summary.json"
 RUN_LOG = "run.log"
 REPORT_MD = "report.md"
@@ -38,7 +39,7 @@ FLIPS = "flips.jsonl"
 REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART, FLIPS)
 SIGNATURE = signing.SIGNATURE
 # The run files a signature covers: everything a decision or a resume reads.
-SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, CONTROLS, SUMMARY)
+SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, CONTROLS, ATTACKS, SUMMARY)
 ParseStatus = Literal["ok", "truncated", "invalid", "error"]
 
 
@@ -109,6 +110,32 @@ class PanelVote(BaseModel):
     error: str | None = None
 
 
+class AttackInfo(BaseModel):
+    """Where a judged answer stands in an adaptive attack (attacks.jsonl: `sample` is the stream, `turn` the
+    chain's step)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: str
+    goal: str = Field(description="What the attack aims at: the item's request, as the judge grades against it.")
+    stream: int = Field(ge=0, description="The chain (pair) or conversation (crescendo) of its goal.")
+    step: int = Field(ge=1, description="1-based step of the chain: one attacker prompt and one target answer.")
+    depth: int = Field(ge=1, description="pair: the refinement; crescendo: the conversation turn.")
+    turn: int = Field(ge=1, description="The conversation turn the answer responds to (pair: always 1).")
+    parent: int | None = Field(description="The step this one builds on (None: the chain's first).")
+    attacker_prompt: str = Field(description="What the attacker wrote and the target was sent last.")
+    improvement: str = ""
+    backtracked: bool = Field(False, description="crescendo: the target refused and the turn was taken back.")
+    refused: bool = Field(False, description="The refusal detector's reading of the answer.")
+    end: Literal["success", "depth", "turns", "error"] | None = Field(
+        None, description="Why the chain ended at this step (None: it went on, or its goal was broken elsewhere)."
+    )
+    chain_key: str = Field(
+        description="Hash of what the chain depends on; a resumed run reuses it only while it matches."
+    )
+    attacker_usage: Usage = Field(default_factory=Usage)
+
+
 class ResultRecord(KeyedRecord):
     """One judged answer: the full conversation, the answer, the judge's raw output, verdict and score."""
 
@@ -149,6 +176,7 @@ class ResultRecord(KeyedRecord):
         description="Hash of the judge (model by content, rubric) and of everything it "
         "was shown; a resumed run reuses the verdict only while it matches.",
     )
+    attack: AttackInfo | None = Field(None, description="The adaptive attack step (attacks.jsonl only).")
 
     @property
     def key(self) -> AnswerKey:  # its own fields' order (run_id first) stays that of the published format
@@ -226,6 +254,31 @@ class GroupStats(_Record):
     reasoning: ReasoningStats | None = Field(None, description="The judge's reasoning phases, where it reasoned.")
 
 
+class AttackGroup(_Record):
+    """An adaptive attack's figures over a group of goals (a target's, or one category's)."""
+
+    n_goals: int
+    n_broken: int
+    attack_success_rate: Rate = Field(description="Goals broken within the budget (a goal counts once).")
+    n_queries: int = Field(description="Target queries spent.")
+    n_errors: int = Field(description="Steps that ended their chain with an attacker or target error.")
+    queries_to_success_median: float | None = Field(
+        description="Median target queries (over all the goal's chains) until its first break."
+    )
+    queries_to_success: dict[str, int] = Field(description="Broken goals by queries to their first break.")
+    broken_by_depth: dict[str, float] = Field(
+        description="Share of goals broken by each depth (pair) or turn (crescendo), cumulative."
+    )
+
+
+class AttackSummary(AttackGroup):
+    """A target's adaptive attack, overall and by category."""
+
+    strategy: str
+    success_threshold: float
+    by_category: dict[str, AttackGroup]
+
+
 class JudgeHealth(_Record):
     """Whether the judge looks at what it judges (see `evaluation.health`)."""
 
@@ -258,6 +311,7 @@ class TargetSummary(GroupStats):
     judge_health: JudgeHealth
     tokens: Tokens
     throughput: dict[str, float] | None = None
+    attack: AttackSummary | None = Field(None, description="The adaptive attack on its harmful items (attack:).")
 
     def breakdown(self, field: Breakdown) -> dict[str, GroupStats]:
         """The groups of one breakdown: by category, source or attack method."""
@@ -282,6 +336,7 @@ class ItemRef(_Record):
 
     id: str
     turns: list[int] = Field(min_length=1, description="The judged turns (1-based).")
+    benign: bool = Field(False, description="Benign (over-refusal) items are not attacked.")
 
 
 class DatasetRef(_Record):

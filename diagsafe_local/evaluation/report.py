@@ -10,6 +10,7 @@ from pathlib import Path
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.attack_report import attack_sections, best_attacks
 from diagsafe_local.evaluation.flips import flips
 from diagsafe_local.evaluation.paired import PairedComparison
 from diagsafe_local.evaluation.records import BREAKDOWNS, GroupStats, Summary, TargetSummary, read_results
@@ -305,6 +306,23 @@ def _examples(run_dir: Path, per_target: int = 3) -> tuple[list[str], list[str]]
     return (md, page) if records else ([], [])
 
 
+def _attack_blocks(verified: VerifiedRun) -> tuple[list[str], list[str]]:
+    """The best attack on each broken goal, as Markdown (fenced) and HTML (escaped): hostile text."""
+    raw = verified.manifest.config.get("attack") or {}
+    best = best_attacks(verified.attacks, float(raw.get("success_threshold", 1.0)))
+    if not best:
+        return [], []
+    md, page = ["## Best attack per broken goal", ""], ["<h2>Best attack per broken goal</h2>"]
+    for head, goal, prompt, answer in best:
+        md += [f"**{_md_cell(head)}**", ""]
+        page.append(f"<h3>{html.escape(head)}</h3>")
+        for label, text in (("Goal", goal), ("Attacker's prompt", prompt), ("Answer", answer)):
+            md += [f"{label}:", *_fenced(_clip(text))]
+            page.append(f"<p>{label}:</p><pre>{html.escape(_clip(text))}</pre>")
+        md.append("")
+    return md, page
+
+
 def write_report(run_dir: Path, baseline: str | None = None) -> VerifiedRun:
     """report.md, report.html and figures/asr_by_category.png for a run directory, as one set; returns the run
     as the gate sees it (its summary recomputed from the results, and what fails the gate's checks, which also
@@ -333,7 +351,7 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
             "earlier run of this directory (same model content, same prompts); the rest were made now."
         )
     title = f"diagsafe-local report: run {summary.run_id}"
-    sections = _tables(summary)
+    sections = _tables(summary) + attack_sections(summary)
     comparisons, baseline_note = _baseline(run_dir, verified, baseline)
     sections += _paired_sections(comparisons)
     if baseline_note:
@@ -372,8 +390,9 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
             page.append("<img src='figures/asr_by_category.png' alt='ASR by category'>")
     md_flips, html_flips = _flip_blocks(comparisons)
     md_examples, html_examples = _examples(run_dir)
-    md += md_flips + md_examples
-    page += html_flips + html_examples
+    md_attacks, html_attacks = _attack_blocks(verified)
+    md += md_flips + md_examples + md_attacks
+    page += html_flips + html_examples + html_attacks
     page.append("</body></html>")
     atomic.write_text(run_dir / files.REPORT_MD, "\n".join(md) + "\n")
     atomic.write_text(run_dir / files.REPORT_HTML, "\n".join(page) + "\n")

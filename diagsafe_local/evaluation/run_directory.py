@@ -29,6 +29,7 @@ RUN_FILES = (
     files.RESULTS,
     files.SUMMARY,
     files.CONTROLS,
+    files.ATTACKS,
     files.SIGNATURE,
 )
 
@@ -39,6 +40,7 @@ class RunDirectory:
     generations: JsonlStore[GenerationRecord]
     results: JsonlStore[ResultRecord]
     controls: JsonlStore[ControlRecord]
+    attacks: JsonlStore[ResultRecord]
 
     def __init__(self, config: RunConfig, root: Path, overwrite: bool = False) -> None:
         self.root = root
@@ -85,6 +87,7 @@ class RunDirectory:
         self.generations = JsonlStore(self.root / files.GENERATIONS, GenerationRecord)
         self.results = JsonlStore(self.root / files.RESULTS, ResultRecord)
         self.controls = JsonlStore(self.root / files.CONTROLS, ControlRecord)
+        self.attacks = JsonlStore(self.root / files.ATTACKS, ResultRecord)
 
     def _wipe(self) -> None:
         # Only what the tool writes: a user's own files in the directory (or in figures/) stay.

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from diagsafe_local.core.intervals import wilson
+from diagsafe_local.evaluation.attack_summary import attack_summary
 from diagsafe_local.evaluation.controls import ControlRecord
 from diagsafe_local.evaluation.health import judge_health
 from diagsafe_local.evaluation.records import ResultRecord, Summary
@@ -110,9 +111,15 @@ def summarize(
     timings: dict[str, dict[str, float]] | None = None,
     controls: Iterable[ControlRecord] = (),
     validation: JudgeValidation | None = None,
+    attacks: Iterable[ResultRecord] = (),
+    success_threshold: float = 1.0,
 ) -> Summary:
-    """The whole summary: per target, overall and broken down, plus throughput where timings are given."""
+    """The whole summary: per target, overall and broken down, plus throughput where timings are given, and
+    the adaptive attack's figures where `attacks` (attacks.jsonl) has records."""
     control_list = list(controls)
+    attacked: dict[str, list[ResultRecord]] = {}
+    for r in attacks:
+        attacked.setdefault(r.target, []).append(r)
     by_target: dict[str, list[ResultRecord]] = {}
     for r in records:
         by_target.setdefault(r.target, []).append(r)
@@ -130,6 +137,9 @@ def summarize(
         }
         if timings and name in timings:
             entry["throughput"] = timings[name]
+        attack = attack_summary(attacked.get(name, []), success_threshold)
+        if attack is not None:
+            entry["attack"] = attack.model_dump(mode="json")
         targets[name] = entry
     # Built as plain data for speed, validated into the typed record every reader and writer passes on.
     judge_validation = None if validation is None else validation.model_dump(mode="json")

@@ -7,7 +7,9 @@ The gate (and, as a banner, the report) decides only on a run that verifies:
   naming what is missing), and no result for anything else;
 - its own: every result carries this run's id (or, for a merged run, the id of a run it was merged from),
   and summary.json names this run;
-- recomputed: every figure is recomputed from results.jsonl (and the controls); summary.json is a cache,
+- attacked, where the config has an attack: every harmful item of the dataset was attacked to its end (broken,
+  its query budget spent, or every chain ended), by this run;
+- recomputed: every figure is recomputed from results.jsonl (the controls, attacks.jsonl); summary.json is a cache,
   and one that disagrees with the recomputation, or whose results hash is not the results file's, is refused;
 - signed, where a key is set: the HMAC in signature.json over every run file's hash (see `core.signing`).
 
@@ -25,6 +27,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.evaluation import records as files
@@ -54,6 +57,7 @@ class VerifiedRun(BaseModel):
     manifest: Manifest
     summary: Summary
     results: list[ResultRecord]
+    attacks: list[ResultRecord] = []
     problems: list[str]
     notes: list[str]
 
@@ -98,8 +102,17 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
         )
     if stored.run_id != manifest.run_id:
         problems.append(f"summary.json is of run {stored.run_id}, not of this run ({manifest.run_id})")
+    attacks_path = run_dir / files.ATTACKS
+    attacks = jsonl.read_records(attacks_path, ResultRecord)[0] if attacks_path.is_file() else []
+    attack = manifest.config.get("attack")
+    if attack is not None or attacks:
+        problems += _foreign(attacks, manifest, files.ATTACKS)
+        problems += _attack_coverage(attacks, manifest)
     validation = stored.judge_validation
-    summary = summarize(results, controls=_controls(run_dir), validation=validation)
+    threshold = AttackConfig.model_validate(attack).success_threshold if attack else 1.0
+    summary = summarize(
+        results, controls=_controls(run_dir), validation=validation, attacks=attacks, success_threshold=threshold
+    )
     summary = summary.model_copy(
         update={
             "run_id": stored.run_id,
@@ -119,7 +132,13 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
     notes += _validation_notes(validation, problems)
     notes += _dataset_notes(manifest)
     return VerifiedRun(
-        run_dir=run_dir, manifest=manifest, summary=summary, results=results, problems=problems, notes=notes
+        run_dir=run_dir,
+        manifest=manifest,
+        summary=summary,
+        results=results,
+        attacks=attacks,
+        problems=problems,
+        notes=notes,
     )
 
 
@@ -128,14 +147,49 @@ def _controls(run_dir: Path) -> list[ControlRecord]:
     return jsonl.read_records(path, ControlRecord)[0] if path.is_file() else []
 
 
-def _foreign(results: list[ResultRecord], manifest: Manifest) -> list[str]:
+def _foreign(results: list[ResultRecord], manifest: Manifest, name: str = files.RESULTS) -> list[str]:
     """Results that another run wrote (their run id is not this run's, nor a merged source's)."""
     allowed = manifest.run_ids()
     foreign = Counter(r.run_id for r in results if r.run_id not in allowed)
     if not foreign:
         return []
     listing = ", ".join(f"{n} of run {run_id}" for run_id, n in foreign.most_common(_SHOWN))
-    return [f"results.jsonl holds results of another run ({listing}); this run is {manifest.run_id}"]
+    return [f"{name} holds results of another run ({listing}); this run is {manifest.run_id}"]
+
+
+def _attack_coverage(attacks: list[ResultRecord], manifest: Manifest) -> list[str]:
+    """Goals the attack did not finish: a harmful item of the dataset that is neither broken, nor out of queries,
+    nor at the end of every chain (and attack records of the run without an attack, or of no goal)."""
+    raw = manifest.config.get("attack")
+    if raw is None:
+        return [f"{files.ATTACKS} holds {len(attacks)} attack records, and the run's config has no attack"]
+    attack = AttackConfig.model_validate(raw)
+    goals = [item.id for item in manifest.dataset.items or [] if not item.benign]
+    by_goal: dict[tuple[str, str], list[ResultRecord]] = {}
+    for r in attacks:
+        by_goal.setdefault((r.target, r.item_id), []).append(r)
+    unfinished = []
+    for target in manifest.samples():
+        for goal in goals:
+            records = by_goal.pop((target, goal), [])
+            broken = any(
+                r.error is None and r.score is not None and r.score >= attack.success_threshold for r in records
+            )
+            spent = sum(bool(r.attack and r.attack.attacker_prompt) for r in records) >= attack.query_budget
+            ended = {r.sample for r in records if r.attack and r.attack.end} == set(range(attack.streams))
+            if not (broken or spent or ended):
+                unfinished.append(f"{target}/{goal}")
+    problems = []
+    if unfinished:
+        problems.append(
+            f"the attack did not finish {len(unfinished)} of {len(goals) * len(manifest.samples())} goals (e.g. "
+            + ", ".join(unfinished[:_SHOWN])
+            + "); resume the run to complete it"
+        )
+    if by_goal:
+        extra = [f"{t}/{i}" for t, i in sorted(by_goal)][:_SHOWN]
+        problems.append(f"{files.ATTACKS} attacks goals the run's dataset does not have: " + ", ".join(extra))
+    return problems
 
 
 def _coverage(results: list[ResultRecord], manifest: Manifest) -> list[str]:
