@@ -53,3 +53,46 @@ class ScriptedEngine(EngineBase):
 
     def close(self) -> None:
         self.closed = True
+
+
+class SteppedEngine(ScriptedEngine):
+    """A scripted engine with its own request stream, where a request finishes `cost(request)` polls after it
+    went in (the way a real engine finishes short answers before long ones); `log` lists (poll, event, text)."""
+
+    def __init__(self, responder=default_responder, cost: Callable[[GenerationRequest], int] = lambda r: 1) -> None:
+        super().__init__(responder)
+        self.cost = cost
+        self.polls = 0
+        self.log: list[tuple[int, str, str]] = []
+
+    def open_stream(self) -> SteppedStream:
+        return SteppedStream(self)
+
+
+class SteppedStream:
+    def __init__(self, engine: SteppedEngine) -> None:
+        self.engine = engine
+        self.running: list[list] = []  # [polls left, key, request]
+
+    def submit(self, key, request: GenerationRequest) -> None:
+        self.engine.log.append((self.engine.polls, "submit", request.messages[-1].content))
+        self.running.append([self.engine.cost(request), key, request])
+
+    def poll(self):
+        self.engine.polls += 1
+        done = []
+        for entry in self.running:
+            entry[0] -= 1
+            if entry[0] <= 0:
+                completion = self.engine.responder(entry[2])
+                self.engine.log.append((self.engine.polls, "finish", entry[2].messages[-1].content))
+                done.append((entry[1], completion))
+        self.running = [e for e in self.running if e[0] > 0]
+        return done
+
+    @property
+    def pending(self) -> int:
+        return len(self.running)
+
+    def close(self) -> None:
+        self.running = []

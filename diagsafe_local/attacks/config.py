@@ -14,7 +14,12 @@ class AttackerSampling(SamplingConfig):
     """How the attacker samples: hot by default (PAIR samples its attacker at temperature 1)."""
 
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="The attacker's temperature (PAIR uses 1.0).")
-    max_tokens: int = Field(384, ge=16, description="Most tokens of one attacker reply (its improvement and prompt).")
+    max_tokens: int = Field(
+        1536,
+        ge=32,
+        description="Most tokens of one attacker reply; its prompt is held to max_tokens/2 characters and its "
+        "improvement to max_tokens/4, so every reply fits and parses.",
+    )
 
 
 class AttackConfig(StrictModel):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from diagsafe_local.attacks.config import AttackConfig
-from diagsafe_local.attacks.prompts import ATTACKER_SCHEMA, parse_attacker
+from diagsafe_local.attacks.prompts import attacker_schema, parse_attacker
 from diagsafe_local.attacks.strategies import STRATEGIES, Chain, Step, Strategy
 from diagsafe_local.core.hashing import content_key, request_seed
 from diagsafe_local.core.jsonl import JsonlStore
@@ -242,7 +242,7 @@ class AttackStep:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             seed=request_seed(sampling.seed, "attacker", self.target.label, *chain_id, chain.next_step),
-            json_schema=ATTACKER_SCHEMA,
+            json_schema=attacker_schema(sampling.max_tokens),
         )
         self._send(lambda: self._attacker.submit(chain_id, request))
 
