@@ -21,7 +21,7 @@ from diagsafe_local.core.messages import Message
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.controls import CONTROL_ANSWERS, ControlRecord
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import read_results
+from diagsafe_local.evaluation.records import ResultRecord, read_results
 from diagsafe_local.selftest import SPECIAL_TOKENS, real_selftest_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real, pytest.mark.slow]
@@ -160,6 +160,15 @@ def test_real_judges_validated_against_gold_labels(real_model, vllm_engines, tmp
         print(f"{fmt}: {table[['n', 'n_missing', 'accuracy', 'cohen_kappa', 'fpr', 'fnr']].to_string()}")
 
 
+def offline_or_api(vllm_engines):
+    """An engine factory: offline engines shared across the tests, API clients made fresh."""
+    from diagsafe_local.engines import create_engine
+
+    return lambda config, **options: (
+        create_engine(config, **options) if config.kind == "openai" else vllm_engines(config, **options)
+    )
+
+
 def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engines, tmp_path):
     from servers import VLLMServer
 
@@ -187,8 +196,18 @@ def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engi
             for key in ("dtype", "max_model_len"):
                 online[side].pop(key)
         Run(RunConfig.model_validate(online)).execute()
+        # An attack whose attacker sits behind the server; target and judge offline on this node.
+        attack = real_attack(tmp_path, real_model, "attack-api", strategy="pair", depth=2)
+        attack["attack"]["attacker"] = {**api, "timeout": 300}
+        attack["attack"]["memory"] = 0.05
+        Run(RunConfig.model_validate(attack), engine_factory=offline_or_api(vllm_engines)).execute()
     finally:
         server.stop()
+    attacked = read_records(tmp_path / "attack-api" / "attacks.jsonl", ResultRecord)[0]
+    assert len({r.item_id for r in attacked}) == 3 and not [r.error for r in attacked if r.error]
+    assert all(r.attack.attacker_usage.completion_tokens > 0 and r.attack.attacker_prompt for r in attacked)
+    manifest = json.loads((tmp_path / "attack-api" / "manifest.json").read_text())
+    assert manifest["engines"]["attacker"]["kind"] == "openai"
     result = compare_runs(tmp_path / "offline", tmp_path / "api")
     assert result["shared"] == 8 and result["only_in_a"] == result["only_in_b"] == 0
     api_records = read_results(tmp_path / "api" / "results.jsonl")
@@ -208,3 +227,50 @@ def test_models_prepare_prints_the_directory_and_is_idempotent(real_model):
     assert "quantization_config" not in config and config["model_type"] == "llama"
     assert "<|im_start|>" in (real_model / "chat_template.jinja").read_text()
     assert "Apache License" in (real_model / "LICENSE").read_text()
+
+
+def real_attack(tmp_path: Path, real_model: Path, out: str, **attack) -> dict:
+    """The real model as attacker, target and judge (one engine, three streams) on three bundled goals."""
+    items = tmp_path / "goals.jsonl"
+    rows = [json.loads(line) for line in (REPO / "data" / "sample_items.jsonl").read_text().splitlines()]
+    items.write_text("".join(json.dumps(r) + "\n" for r in [r for r in rows if not r.get("benign")][:3]))
+    config = real_selftest_config(tmp_path, real_model)
+    config["dataset"] = {"path": str(items)}
+    config["target"]["sampling"]["max_tokens"] = 96
+    config["judge"]["turns"] = "last"
+    config["placement"] = {"mode": "colocate"}
+    config["output_dir"] = str(tmp_path / out)
+    config["attack"] = {"streams": 2, "sampling": {"max_tokens": 256, "seed": 1}, **attack}
+    return config
+
+
+def test_the_real_model_attacks_itself_and_every_attacker_reply_parses(real_model, vllm_engines, tmp_path):
+    pair = Run(
+        RunConfig.model_validate(real_attack(tmp_path, real_model, "pair", strategy="pair", depth=2)),
+        engine_factory=vllm_engines,
+    )
+    summary = pair.execute()
+    records = read_records(tmp_path / "pair" / "attacks.jsonl", ResultRecord)[0]
+    assert len({r.item_id for r in records}) == 3
+    assert not [r.error for r in records if r.error]  # every attacker reply parsed; every answer came back
+    prompts = [r.attack.attacker_prompt for r in records]
+    assert sum(bool(ENGLISH.search(p)) for p in prompts) >= len(prompts) * 2 / 3 and len(set(prompts)) > 3
+    assert sum(bool(ENGLISH.search(r.answer)) for r in records) >= len(records) - 1
+    assert all(r.parse_status == "ok" for r in records)  # the judge's verdicts parse
+    attack = summary.targets[pair.config.targets[0].label].attack
+    assert attack.n_goals == 3 and attack.n_queries == len(records) <= 3 * 2 * 2
+    print("pair:", attack.model_dump_json(exclude={"by_category"}))
+    for r in records[:4]:
+        print(
+            f"--- {r.item_id} stream {r.sample} step {r.turn} score {r.score}\nPROMPT: {r.attack.attacker_prompt}\n"
+            f"ANSWER: {r.answer[:300]}"
+        )
+    crescendo = real_attack(tmp_path, real_model, "crescendo", strategy="crescendo", max_turns=2, max_backtracks=1)
+    crescendo["attack"]["streams"] = 1
+    summary = Run(RunConfig.model_validate(crescendo), engine_factory=vllm_engines).execute()
+    records = read_records(tmp_path / "crescendo" / "attacks.jsonl", ResultRecord)[0]
+    assert not [r.error for r in records if r.error]
+    later = [r for r in records if r.attack.turn == 2]
+    for r in later:  # a second turn carries the first, accepted, in its conversation
+        assert [m.role for m in r.conversation if m.role != "system"] == ["user", "assistant", "user"]
+    print("crescendo:", summary.targets[pair.config.targets[0].label].attack.model_dump_json(exclude={"by_category"}))

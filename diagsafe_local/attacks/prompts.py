@@ -107,7 +107,7 @@ def parse_attacker(completion: Completion) -> tuple[str, str] | str:
     if completion.finish_reason == "length":
         return f"attacker: reply cut at max_tokens ({completion.completion_tokens} tokens)"
     try:
-        reply = json.loads(completion.text)
+        reply = json.loads(completion.text, strict=False)  # xgrammar lets raw control characters into strings
     except json.JSONDecodeError as exc:
         return f"attacker: reply is not JSON ({exc.msg})"
     if not isinstance(reply, dict) or not isinstance(reply.get("prompt"), str):
