@@ -1,4 +1,4 @@
-"""The package's layers import one way: commands -> evaluation / benchmark / classifier / selftest -> judging /
+"""The package's layers import one way: commands -> evaluation / benchmark / classifier / attacks / selftest -> judging /
 metrics -> engines -> core. No module imports from a higher layer, and no package imports form a cycle."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ LAYER = {
     "engines": 1,
     "judging": 2,
     "metrics": 2,
+    "attacks": 3,
     "evaluation": 3,
     "benchmark": 3,
     "classifier": 3,

@@ -128,6 +128,7 @@ class VLLMEngine(EngineBase):
         self._chat_template = Path(config.chat_template).read_text() if config.chat_template else None
         template = self._chat_template or getattr(self._llm.get_tokenizer(), "chat_template", None) or ""
         self.calls = 0
+        self.steps = 0  # scheduler steps taken, by every stream (the benchmarks' hardware-independent measure)
         self._owners: dict[str, VLLMStream] = {}  # request id -> the stream that sent it (streams share steps)
         self.info = EngineInfo(
             kind="vllm",
@@ -285,6 +286,7 @@ class VLLMStream:
         if self._ready or not self._running:
             done, self._ready = self._ready, []
             return done
+        self.engine.steps += 1
         try:
             outputs = self._llm.llm_engine.step()
         except Exception as exc:  # the engine itself failed: nothing in flight can finish

