@@ -346,7 +346,7 @@ def test_chains_advance_on_their_own_with_no_barrier_per_depth(tmp_path):
     slow, fast = order(barrier_log)
     assert fast[1] > slow  # each depth waited for the slowest answer
     assert counts.steps["target"] == barrier_counts.steps["target"] == 36  # the slow chain's answers: 3 x 12
-    assert sum(counts.steps.values()) == counts.rounds  # continuously, one engine steps per round: the busiest
+    assert counts.rounds <= barrier_counts.rounds  # the fast chain ran beside the slow one: no round added
     assert counts.records == barrier_counts.records == 6
     made = {
         way: sorted((r.key, r.answer, r.score) for r in attack_records(tmp_path / way))
@@ -464,3 +464,53 @@ def test_run_with_an_attack_from_the_cli_on_the_bundled_sample_and_a_harmbench_s
         assert all(r.attack.strategy == "crescendo" and r.attack.turn <= 2 for r in records)
         gate = CliRunner().invoke(app, ["gate", str(tmp_path / name)])
         assert gate.exit_code == 0 and "crescendo attack success rate" in gate.output, gate.output
+
+
+def _comparable(path: Path) -> list[dict]:
+    """Attack records without prefix-cache hit counts, which depend on what the engine served before."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for row in rows:
+        for usage in (row["target_usage"], row["judge_usage"], row["attack"]["attacker_usage"]):
+            usage.pop("cached_tokens", None)
+    return rows
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_sigkill_mid_attack_resumes_the_chains_to_the_records_of_an_unbroken_run(tiny_models, vllm_engines, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    data = tiny_attack(tiny_models, tmp_path, "killed")
+    data["dataset"]["path"] = str(tmp_path / "four.jsonl")
+    (tmp_path / "four.jsonl").write_text(
+        "".join(json.dumps({"id": f"g{k}", "prompt": f"Explain dangerous thing number {k}"}) + "\n" for k in range(4))
+    )
+    data["attack"]["depth"] = 3
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(data))
+    command = [sys.executable, "-m", "diagsafe_local.cli", "run", str(config_path)]
+    attacks = tmp_path / "killed" / "attacks.jsonl"
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None:
+        if attacks.exists() and attacks.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)  # front end and engine cores, like a node failure
+    proc.wait()
+    partial = _comparable(attacks)
+    assert partial and json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    data["output_dir"] = str(tmp_path / "clean")
+    Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
+    final = _comparable(attacks)
+    assert final == _comparable(tmp_path / "clean" / "attacks.jsonl")
+    assert len(partial) < len(final)
+    assert all(row in final for row in partial)  # every step recorded before the kill was kept, not redone

@@ -184,8 +184,6 @@ class AttackStep:
             judge_engine, self.judge, self.store, self.run_id, self.target_refs, self.judge_ref, finish=self._judged
         )
         self._next: list[ChainId] = []
-        engines = {"attacker": attacker_engine, "target": target_engine, "judge": judge_engine}
-        self._current: int | None = None  # the engine stepping now (see `_to_step`)
         total = len(self.goals) * self.attack.query_budget
         try:
             for goal in self.goals.values():
@@ -199,7 +197,7 @@ class AttackStep:
                     for submit in held:
                         submit()
                 counts.rounds += 1
-                for role in self._to_step(engines):
+                for role in self._to_step():
                     counts.steps[role] += 1
                     if role == "judge":
                         counts.records += self._judge.poll()
@@ -222,24 +220,11 @@ class AttackStep:
     def _pending_by_role(self) -> dict[str, int]:
         return {"attacker": self._attacker.pending, "target": self._target.pending, "judge": self._judge.pending}
 
-    def _to_step(self, engines: dict[str, Engine | None]) -> list[str]:
-        """The roles whose streams this round polls. With a barrier, every role with work (only one phase has
-        any). Continuously, the roles of one engine: the engines are resident side by side on one node and take
-        turns, and a decode step costs about the same for 1 or 256 sequences, so an engine keeps stepping while
-        it holds at least half as many requests as the busiest other engine, and then hands over to the busiest.
-        Its stragglers wait and join its next batch, instead of everyone waiting for them as a depth or turn
-        barrier would (no chain waits for its depth or turn to finish)."""
-        pending = {role: n for role, n in self._pending_by_role().items() if n}
-        if self._barrier:
-            return list(pending)
-        load: dict[int, int] = {}
-        for role, n in pending.items():
-            load[id(engines[role])] = load.get(id(engines[role]), 0) + n
-        busiest = max(load, key=lambda engine: load[engine])  # the first of equals: attacker, target, judge
-        current = self._current
-        if current not in load or 2 * load[current] < max((n for e, n in load.items() if e != current), default=0):
-            current = self._current = busiest
-        return [role for role in pending if id(engines[role]) == current]
+    def _to_step(self) -> list[str]:
+        """The roles whose streams this round polls: every role with requests in flight (with a barrier, only
+        one phase has any). A chain never waits for the others of its depth or turn; an engine with a few long
+        answers left steps for them while the other engines work on the chains that are done with it."""
+        return [role for role, n in self._pending_by_role().items() if n]
 
     def _in_flight(self) -> bool:
         return bool(self._attacker.pending or self._target.pending or self._judge.pending)
