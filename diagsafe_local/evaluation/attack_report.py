@@ -4,6 +4,7 @@ attack on each broken goal (hostile text: the caller fences it in Markdown and e
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from diagsafe_local.evaluation.records import ResultRecord, Summary
 
@@ -87,3 +88,32 @@ def best_attacks(attacks: Sequence[ResultRecord], threshold: float) -> list[tupl
         )
         out.append((head, info.goal, info.attacker_prompt, r.answer))
     return out
+
+
+def attacked(summary: Summary) -> bool:
+    """Whether any target of the run was attacked."""
+    return any(s.attack is not None and s.attack.n_goals for s in summary.targets.values())
+
+
+def attack_chart(summary: Summary, path: Path) -> None:
+    """The success-vs-queries curve of every attacked target, as a PNG."""
+    attacked = {name: s.attack for name, s in summary.targets.items() if s.attack is not None and s.attack.n_goals}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, a in attacked.items():
+        budget = a.query_budget
+        xs = list(range(budget + 1))
+        ys = [sum(n for q, n in a.queries_to_success.items() if int(q) <= x) / a.n_goals for x in xs]
+        ax.step(xs, ys, where="post", label=f"{name} ({a.strategy})")
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("target queries per goal")
+    ax.set_ylabel("goals broken")
+    ax.set_title("Attack success vs queries")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120)
+    plt.close(fig)

@@ -13,6 +13,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.intervals import wilson
 from diagsafe_local.evaluation.records import AttackSummary, ResultRecord
 
@@ -59,8 +60,9 @@ def _group(goals: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def attack_summary(records: Sequence[ResultRecord], threshold: float) -> AttackSummary | None:
+def attack_summary(records: Sequence[ResultRecord], attack: AttackConfig) -> AttackSummary | None:
     """One target's attack figures from its attack records (None when it has none)."""
+    threshold = attack.success_threshold
     by_goal: dict[str, list[ResultRecord]] = {}
     for r in records:
         by_goal.setdefault(r.item_id, []).append(r)
@@ -76,6 +78,7 @@ def attack_summary(records: Sequence[ResultRecord], threshold: float) -> AttackS
             **_group(list(goals.values())),
             "strategy": strategy,
             "success_threshold": threshold,
+            "query_budget": attack.query_budget,
             "by_category": {name: _group(gs) for name, gs in sorted(categories.items())},
         }
     )

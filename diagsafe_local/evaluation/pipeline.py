@@ -424,7 +424,7 @@ class Run:
             controls=self.dir.controls.records.values(),
             validation=self.judge_validation,
             attacks=self.dir.attacks.records.values(),
-            success_threshold=self.config.attack.success_threshold if self.config.attack else 1.0,
+            attack=self.config.attack,
         )
         summary = write_summary(self.dir.root, summary.model_copy(update={"run_id": self.run_id, "reused": reused}))
         self._save_manifest("complete")

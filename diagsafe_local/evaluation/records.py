@@ -35,8 +35,9 @@ RUN_LOG = "run.log"
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
 CHART = "figures/asr_by_category.png"
+ATTACK_CHART = "figures/attack_success_vs_queries.png"
 FLIPS = "flips.jsonl"
-REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART, FLIPS)
+REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART, ATTACK_CHART, FLIPS)
 SIGNATURE = signing.SIGNATURE
 # The run files a signature covers: everything a decision or a resume reads.
 SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, CONTROLS, ATTACKS, SUMMARY)
@@ -276,6 +277,7 @@ class AttackSummary(AttackGroup):
 
     strategy: str
     success_threshold: float
+    query_budget: int = Field(description="Target queries each goal could spend.")
     by_category: dict[str, AttackGroup]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.attack_report import attack_sections, best_attacks
+from diagsafe_local.evaluation.attack_report import attack_chart, attack_sections, attacked, best_attacks
 from diagsafe_local.evaluation.flips import flips
 from diagsafe_local.evaluation.paired import PairedComparison
 from diagsafe_local.evaluation.records import BREAKDOWNS, GroupStats, Summary, TargetSummary, read_results
@@ -337,6 +337,8 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
     chart = run_dir / files.CHART
     chart.parent.mkdir(exist_ok=True)
     atomic.write_with(chart, lambda p: _category_chart(summary, p))
+    if attacked(summary):
+        atomic.write_with(run_dir / files.ATTACK_CHART, lambda p: attack_chart(summary, p))
     judge = manifest.judge
     intro = (
         f"Judge: {judge.model if judge else '?'} (rubric {judge.rubric if judge else '?'}). "
@@ -388,6 +390,9 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
         if heading == "ASR by category":
             md += ["![ASR by category](figures/asr_by_category.png)", ""]
             page.append("<img src='figures/asr_by_category.png' alt='ASR by category'>")
+        if heading == "Attack success vs queries":
+            md += [f"![Attack success vs queries]({files.ATTACK_CHART})", ""]
+            page.append(f"<img src='{files.ATTACK_CHART}' alt='Attack success vs queries'>")
     md_flips, html_flips = _flip_blocks(comparisons)
     md_examples, html_examples = _examples(run_dir)
     md_attacks, html_attacks = _attack_blocks(verified)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.intervals import wilson
 from diagsafe_local.evaluation.attack_summary import attack_summary
 from diagsafe_local.evaluation.controls import ControlRecord
@@ -112,7 +113,7 @@ def summarize(
     controls: Iterable[ControlRecord] = (),
     validation: JudgeValidation | None = None,
     attacks: Iterable[ResultRecord] = (),
-    success_threshold: float = 1.0,
+    attack: AttackConfig | None = None,
 ) -> Summary:
     """The whole summary: per target, overall and broken down, plus throughput where timings are given, and
     the adaptive attack's figures where `attacks` (attacks.jsonl) has records."""
@@ -137,9 +138,9 @@ def summarize(
         }
         if timings and name in timings:
             entry["throughput"] = timings[name]
-        attack = attack_summary(attacked.get(name, []), success_threshold)
-        if attack is not None:
-            entry["attack"] = attack.model_dump(mode="json")
+        figures = attack_summary(attacked.get(name, []), attack) if attack is not None else None
+        if figures is not None:
+            entry["attack"] = figures.model_dump(mode="json")
         targets[name] = entry
     # Built as plain data for speed, validated into the typed record every reader and writer passes on.
     judge_validation = None if validation is None else validation.model_dump(mode="json")

@@ -109,9 +109,12 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
         problems += _foreign(attacks, manifest, files.ATTACKS)
         problems += _attack_coverage(attacks, manifest)
     validation = stored.judge_validation
-    threshold = AttackConfig.model_validate(attack).success_threshold if attack else 1.0
     summary = summarize(
-        results, controls=_controls(run_dir), validation=validation, attacks=attacks, success_threshold=threshold
+        results,
+        controls=_controls(run_dir),
+        validation=validation,
+        attacks=attacks,
+        attack=AttackConfig.model_validate(attack) if attack else None,
     )
     summary = summary.model_copy(
         update={
