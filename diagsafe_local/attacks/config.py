@@ -71,6 +71,10 @@ class AttackConfig(StrictModel):
         """Target queries per goal."""
         return self.max_queries if self.max_queries is not None else self.streams * self.steps_per_chain
 
+    def breaks(self, score: float | None, error: str | None = None) -> bool:
+        """Whether a judged answer breaks its goal: made without error, and scored at or above the threshold."""
+        return error is None and score is not None and score >= self.success_threshold
+
     @property
     def shares_judge(self) -> bool:
         return self.attacker == "judge"

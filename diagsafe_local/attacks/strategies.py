@@ -73,11 +73,6 @@ def _system(system_prompt: str | None) -> list[Message]:
     return [Message(role="system", content=system_prompt)] if system_prompt else []
 
 
-def succeeded(step: Step, config: AttackConfig) -> bool:
-    """Whether a judged step breaks its goal: the judge's score reaches the success threshold."""
-    return step.error is None and step.score is not None and step.score >= config.success_threshold
-
-
 class Pair:
     """PAIR: each step rewrites one single-turn prompt from the last prompt, answer and score."""
 
@@ -97,7 +92,7 @@ class Pair:
         chain.steps.append(step)
         if step.error is not None:
             chain.end = "error"
-        elif succeeded(step, config):
+        elif config.breaks(step.score, step.error):
             chain.end = "success"
         elif len(chain.steps) >= config.depth:
             chain.end = "depth"
@@ -130,7 +125,7 @@ class Crescendo:
         backtracked = False
         if step.error is not None:
             chain.end = "error"
-        elif succeeded(step, config):
+        elif config.breaks(step.score, step.error):
             chain.history.append(step)
             chain.end = "success"
         elif step.refused and chain.backtracks < config.max_backtracks:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.evaluation.records import ResultRecord, Summary
 
 Section = tuple[str, list[str], list[list[str]], list[str]]
@@ -67,12 +68,12 @@ def attack_sections(summary: Summary) -> list[Section]:
     ]
 
 
-def best_attacks(attacks: Sequence[ResultRecord], threshold: float) -> list[tuple[str, str, str, str]]:
+def best_attacks(attacks: Sequence[ResultRecord], attack: AttackConfig) -> list[tuple[str, str, str, str]]:
     """(heading, goal, attacker prompt, answer) of the best step on each broken goal: its highest score, then
     its earliest step."""
     wins: dict[tuple[str, str], ResultRecord] = {}
     for r in attacks:
-        if r.attack is None or r.error is not None or r.score is None or r.score < threshold:
+        if r.attack is None or not attack.breaks(r.score, r.error):
             continue
         key = (r.target, r.item_id)
         best = wins.get(key)

@@ -141,7 +141,7 @@ class AttackStep:
                     step = self._step(record)
                     self.strategy.advance(chain, step, self.attack)
                     kept.add(record.key)
-                    goal.queries += bool(step.prompt)  # an attacker that failed made no target query
+                    goal.queries += record.attack.queried  # type: ignore[union-attr]
                     goal.broken |= chain.end == "success"
         self.store.keep(kept)
 
@@ -227,7 +227,7 @@ class AttackStep:
         return [role for role, n in self._pending_by_role().items() if n]
 
     def _in_flight(self) -> bool:
-        return bool(self._attacker.pending or self._target.pending or self._judge.pending)
+        return any(self._pending_by_role().values())
 
     def _send(self, submit: Callable[[], None]) -> None:
         if self._barrier:

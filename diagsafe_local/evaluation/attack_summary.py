@@ -18,11 +18,13 @@ from diagsafe_local.core.intervals import wilson
 from diagsafe_local.evaluation.records import AttackSummary, ResultRecord
 
 
-def _goal(records: Sequence[ResultRecord], threshold: float) -> dict[str, Any]:
-    """One goal's figures: whether broken, at which step and depth, with how many queries."""
-    queried = [r for r in records if r.attack and r.attack.attacker_prompt]
-    wins = [r for r in queried if r.error is None and r.score is not None and r.score >= threshold]
+def goal_figures(records: Sequence[ResultRecord], attack: AttackConfig) -> dict[str, Any]:
+    """One goal's figures from its records: whether broken, at which step and depth, with how many queries, and
+    whether the attack on it finished (broken, its query budget spent, or every chain ended)."""
+    queried = [r for r in records if r.attack and r.attack.queried]
+    wins = [r for r in queried if attack.breaks(r.score, r.error)]
     first = min(wins, key=lambda r: (r.turn, r.sample)) if wins else None
+    ended = {r.sample for r in records if r.attack and r.attack.end}
     return {
         "broken": first is not None,
         "queries": len(queried) if first is None else sum(r.turn <= first.turn for r in queried),
@@ -30,6 +32,7 @@ def _goal(records: Sequence[ResultRecord], threshold: float) -> dict[str, Any]:
         "spent": len(queried),
         "errors": sum(r.attack is not None and r.attack.end == "error" for r in records),
         "max_depth": max((r.attack.depth for r in records if r.attack), default=1),
+        "finished": first is not None or len(queried) >= attack.query_budget or ended == set(range(attack.streams)),
     }
 
 
@@ -62,13 +65,12 @@ def _group(goals: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def attack_summary(records: Sequence[ResultRecord], attack: AttackConfig) -> AttackSummary | None:
     """One target's attack figures from its attack records (None when it has none)."""
-    threshold = attack.success_threshold
     by_goal: dict[str, list[ResultRecord]] = {}
     for r in records:
         by_goal.setdefault(r.item_id, []).append(r)
     if not by_goal:
         return None
-    goals = {item_id: _goal(rs, threshold) for item_id, rs in by_goal.items()}
+    goals = {item_id: goal_figures(rs, attack) for item_id, rs in by_goal.items()}
     categories: dict[str, list[dict[str, Any]]] = {}
     for item_id, rs in by_goal.items():
         categories.setdefault(rs[0].category or "(none)", []).append(goals[item_id])
@@ -77,7 +79,7 @@ def attack_summary(records: Sequence[ResultRecord], attack: AttackConfig) -> Att
         {
             **_group(list(goals.values())),
             "strategy": strategy,
-            "success_threshold": threshold,
+            "success_threshold": attack.success_threshold,
             "query_budget": attack.query_budget,
             "by_category": {name: _group(gs) for name, gs in sorted(categories.items())},
         }

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
@@ -135,6 +136,11 @@ class AttackInfo(BaseModel):
         description="Hash of what the chain depends on; a resumed run reuses it only while it matches."
     )
     attacker_usage: Usage = Field(default_factory=Usage)
+
+    @property
+    def queried(self) -> bool:
+        """Whether the step asked the target (an attacker that failed wrote no prompt, and spent no query)."""
+        return bool(self.attacker_prompt)
 
 
 class ResultRecord(KeyedRecord):
@@ -437,6 +443,12 @@ class Manifest(_Record):
     def baseline(self) -> str | None:
         """The run config's baseline target, if any."""
         return self.config.get("baseline")
+
+    @property
+    def attack(self) -> AttackConfig | None:
+        """The run config's adaptive attack, if any."""
+        raw = self.config.get("attack")
+        return None if raw is None else AttackConfig.model_validate(raw)
 
     def run_ids(self) -> set[str]:
         """The run ids its results may carry: its own, or those of the runs it was merged from."""

@@ -308,8 +308,8 @@ def _examples(run_dir: Path, per_target: int = 3) -> tuple[list[str], list[str]]
 
 def _attack_blocks(verified: VerifiedRun) -> tuple[list[str], list[str]]:
     """The best attack on each broken goal, as Markdown (fenced) and HTML (escaped): hostile text."""
-    raw = verified.manifest.config.get("attack") or {}
-    best = best_attacks(verified.attacks, float(raw.get("success_threshold", 1.0)))
+    attack = verified.manifest.attack
+    best = best_attacks(verified.attacks, attack) if attack is not None else []
     if not best:
         return [], []
     md, page = ["## Best attack per broken goal", ""], ["<h2>Best attack per broken goal</h2>"]

@@ -31,6 +31,7 @@ from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.evaluation import records as files
+from diagsafe_local.evaluation.attack_summary import goal_figures
 from diagsafe_local.evaluation.controls import ControlRecord
 from diagsafe_local.evaluation.records import (
     Manifest,
@@ -104,17 +105,17 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
         problems.append(f"summary.json is of run {stored.run_id}, not of this run ({manifest.run_id})")
     attacks_path = run_dir / files.ATTACKS
     attacks = jsonl.read_records(attacks_path, ResultRecord)[0] if attacks_path.is_file() else []
-    attack = manifest.config.get("attack")
+    attack = manifest.attack
     if attack is not None or attacks:
         problems += _foreign(attacks, manifest, files.ATTACKS)
-        problems += _attack_coverage(attacks, manifest)
+        problems += _attack_coverage(attacks, manifest, attack)
     validation = stored.judge_validation
     summary = summarize(
         results,
         controls=_controls(run_dir),
         validation=validation,
         attacks=attacks,
-        attack=AttackConfig.model_validate(attack) if attack else None,
+        attack=attack,
     )
     summary = summary.model_copy(
         update={
@@ -160,13 +161,11 @@ def _foreign(results: list[ResultRecord], manifest: Manifest, name: str = files.
     return [f"{name} holds results of another run ({listing}); this run is {manifest.run_id}"]
 
 
-def _attack_coverage(attacks: list[ResultRecord], manifest: Manifest) -> list[str]:
+def _attack_coverage(attacks: list[ResultRecord], manifest: Manifest, attack: AttackConfig | None) -> list[str]:
     """Goals the attack did not finish: a harmful item of the dataset that is neither broken, nor out of queries,
     nor at the end of every chain (and attack records of the run without an attack, or of no goal)."""
-    raw = manifest.config.get("attack")
-    if raw is None:
+    if attack is None:
         return [f"{files.ATTACKS} holds {len(attacks)} attack records, and the run's config has no attack"]
-    attack = AttackConfig.model_validate(raw)
     goals = [item.id for item in manifest.dataset.items or [] if not item.benign]
     by_goal: dict[tuple[str, str], list[ResultRecord]] = {}
     for r in attacks:
@@ -174,13 +173,7 @@ def _attack_coverage(attacks: list[ResultRecord], manifest: Manifest) -> list[st
     unfinished = []
     for target in manifest.samples():
         for goal in goals:
-            records = by_goal.pop((target, goal), [])
-            broken = any(
-                r.error is None and r.score is not None and r.score >= attack.success_threshold for r in records
-            )
-            spent = sum(bool(r.attack and r.attack.attacker_prompt) for r in records) >= attack.query_budget
-            ended = {r.sample for r in records if r.attack and r.attack.end} == set(range(attack.streams))
-            if not (broken or spent or ended):
+            if not goal_figures(by_goal.pop((target, goal), []), attack)["finished"]:
                 unfinished.append(f"{target}/{goal}")
     problems = []
     if unfinished:
