@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from diagsafe_local.core.console import percent
 from diagsafe_local.core.errors import DiagsafeError, Interrupted, RunFailed
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -105,9 +106,6 @@ def print_paired(comparison: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    def pct(v: float | None) -> str:
-        return "n/a" if v is None else f"{100 * v:.1f}%"
-
     def p(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.3g}"
 
@@ -116,14 +114,14 @@ def print_paired(comparison: Any) -> None:
         [
             d.group,
             str(d.n_paired),
-            pct(d.asr_a),
-            pct(d.asr_b),
+            percent(d.asr_a),
+            percent(d.asr_b),
             "n/a" if d.diff is None else f"{100 * d.diff:+.1f} [{100 * d.ci_low:+.1f}, {100 * d.ci_high:+.1f}]",
             str(d.b),
             str(d.c),
             p(d.mcnemar_p),
             p(d.p_holm),
-            "n too small" if d.min_detectable_increase is None and d.n_paired else pct(d.min_detectable_increase),
+            "n too small" if d.min_detectable_increase is None and d.n_paired else percent(d.min_detectable_increase),
         ]
         for d in comparison.differences
     ]

@@ -21,6 +21,11 @@ INTERVAL_ENV = "DIAGSAFE_PROGRESS_SECONDS"
 DEFAULT_INTERVAL = 10.0
 
 
+def percent(value: float | None) -> str:
+    """A share as a percentage with one decimal ("n/a" where unknown), as tables and reports show it."""
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
 def progress_interval() -> float:
     """Seconds between two progress lines of a stage in a log file ($DIAGSAFE_PROGRESS_SECONDS, default 10)."""
     try:

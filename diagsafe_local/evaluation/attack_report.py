@@ -7,13 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from diagsafe_local.attacks.config import AttackConfig
+from diagsafe_local.core.console import percent as _pct
 from diagsafe_local.evaluation.records import ResultRecord, Summary
 
 Section = tuple[str, list[str], list[list[str]], list[str]]
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
 def attack_sections(summary: Summary) -> list[Section]:

@@ -9,16 +9,13 @@ import sys
 from pathlib import Path
 
 from diagsafe_local.core import atomic, jsonl
+from diagsafe_local.core.console import percent as _pct
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.attack_report import attack_chart, attack_sections, attacked, best_attacks
 from diagsafe_local.evaluation.flips import flips
 from diagsafe_local.evaluation.paired import PairedComparison
 from diagsafe_local.evaluation.records import BREAKDOWNS, GroupStats, Summary, TargetSummary, read_results
 from diagsafe_local.evaluation.verify import VerifiedRun, verify_run
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
 def _asr_cell(stats: GroupStats) -> str:
