@@ -71,22 +71,15 @@ def main() -> None:
 
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from diagsafe_local.core.jsonl import JsonlStore
-    from diagsafe_local.engines.prepared_models import prepare
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.evaluation.attack_step import AttackStep
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.prompt_sets import load_configured
     from diagsafe_local.evaluation.records import EngineRef, ResultRecord
     from diagsafe_local.judging.config import JudgeConfig
-    from diagsafe_local.selftest import data_file
-    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
+    from diagsafe_local.selftest import benchmark_model, data_file
 
-    if args.model == "tiny":
-        model = str(build_tiny_chat_model(work / "model"))
-    elif args.model == "smollm2":
-        model = str(prepare("smollm2-135m-instruct"))
-    else:
-        model = args.model
+    model = benchmark_model(args.model, work)
     settings = {
         "model": model,
         "dtype": "float32",

@@ -98,7 +98,6 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
     """Run every way and return the figures."""
 
     from diagsafe_local.engines.base import BorrowedEngine, GenerationRequest
-    from diagsafe_local.engines.prepared_models import prepare
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.generation import conversation_until
@@ -108,14 +107,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
     from diagsafe_local.evaluation.records import read_results
     from diagsafe_local.judging import JUDGES, JudgeInput
     from diagsafe_local.judging.config import JudgeConfig
-    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
+    from diagsafe_local.selftest import benchmark_model
 
-    if args.model == "tiny":
-        model = str(build_tiny_chat_model(work / "model"))
-    elif args.model == "smollm2":
-        model = str(prepare("smollm2-135m-instruct"))
-    else:
-        model = args.model
+    model = benchmark_model(args.model, work)
     settings = {"model": model, "dtype": "float32", "max_model_len": 2048, "enforce_eager": True}
     engine = VLLMEngine(JudgeConfig(**settings), structured_backend="xgrammar")
     llm = engine._llm

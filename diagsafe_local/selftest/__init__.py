@@ -77,6 +77,18 @@ def selftest_config(out: Path, n: int) -> dict[str, Any]:
 REAL_MODEL = "smollm2-135m-instruct"
 
 
+def benchmark_model(name: str, work: Path) -> str:
+    """The model a benchmark script runs: `tiny` (random weights, built in `work`), `smollm2` (the real small
+    model, prepared once per machine), or a model directory as given."""
+    if name == "tiny":
+        return str(build_tiny_chat_model(work / "model"))
+    if name == "smollm2":
+        from diagsafe_local.engines.prepared_models import prepare
+
+        return str(prepare(REAL_MODEL))
+    return name
+
+
 def real_selftest_config(out: Path, model: Path) -> dict[str, Any]:
     """The run config of the real-model self-test: the bundled sample prompts, the real model as both."""
     # float32: in bf16 the model's greedy choices sit on margins bf16 cannot resolve ("What is the capital of
