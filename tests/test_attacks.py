@@ -479,11 +479,9 @@ def _comparable(path: Path) -> list[dict]:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_sigkill_mid_attack_resumes_the_chains_to_the_records_of_an_unbroken_run(tiny_models, vllm_engines, tmp_path):
-    import os
     import signal
     import subprocess
     import sys
-    import time
 
     import yaml
 
@@ -497,14 +495,10 @@ def test_sigkill_mid_attack_resumes_the_chains_to_the_records_of_an_unbroken_run
     config_path.write_text(yaml.safe_dump(data))
     command = [sys.executable, "-m", "diagsafe_local.cli", "run", str(config_path)]
     attacks = tmp_path / "killed" / "attacks.jsonl"
-    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None:
-        if attacks.exists() and attacks.read_text().count("\n") >= 2:
-            break
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)  # front end and engine cores, like a node failure
-    proc.wait()
+    # SIGKILL of the front end and engine cores, like a node failure, right after the second recorded step
+    killed = [sys.executable, str(Path(__file__).parent / "node_failure.py"), "attacks.jsonl", "2", *command[3:]]
+    proc = subprocess.run(killed, start_new_session=True, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     partial = _comparable(attacks)
     assert partial and json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
