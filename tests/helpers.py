@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -13,6 +15,13 @@ SAMPLE = REPO / "data" / "sample_harmmetric.jsonl"
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def run_cut_at(how: str, file_name: str, lines: int, config: Path) -> subprocess.CompletedProcess[str]:
+    """`diagsafe-local run CONFIG` sent signal `how` (SIGKILL or SIGTERM) from inside, right after the append
+    that brings FILE_NAME of the run directory to LINES lines (tests/node_failure.py)."""
+    command = [sys.executable, str(REPO / "tests" / "node_failure.py"), how, file_name, str(lines), "run", str(config)]
+    return subprocess.run(command, start_new_session=True, capture_output=True, text=True, timeout=600)
 
 
 def current_rows(n_prompts: int = 2, numeric: bool = False) -> list[dict]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from fakes import ScriptedEngine, default_responder
+from helpers import run_cut_at
 from typer.testing import CliRunner
 
 from diagsafe_local.attacks.prompts import attacker_schema
@@ -496,8 +497,7 @@ def test_sigkill_mid_attack_resumes_the_chains_to_the_records_of_an_unbroken_run
     command = [sys.executable, "-m", "diagsafe_local.cli", "run", str(config_path)]
     attacks = tmp_path / "killed" / "attacks.jsonl"
     # SIGKILL of the front end and engine cores, like a node failure, right after the second recorded step
-    killed = [sys.executable, str(Path(__file__).parent / "node_failure.py"), "attacks.jsonl", "2", *command[3:]]
-    proc = subprocess.run(killed, start_new_session=True, capture_output=True, text=True, timeout=600)
+    proc = run_cut_at("SIGKILL", "attacks.jsonl", 2, config_path)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     partial = _comparable(attacks)
     assert partial and json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"

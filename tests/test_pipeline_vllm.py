@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from helpers import tiny_engine
+from helpers import run_cut_at, tiny_engine
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -114,18 +114,13 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     generations = tmp_path / "killed" / "generations.jsonl"
 
     # SIGTERM while the target generates: a clean stop with its first turn's answers saved.
-    proc = subprocess.Popen(
-        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    while proc.poll() is None and not (generations.exists() and generations.read_text().count("\n") >= 1):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    proc = run_cut_at("SIGTERM", "generations.jsonl", 1, config_path)
+    err = proc.stderr
     assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
     assert not list((tmp_path / "killed").glob(".*.tmp")) and not results.exists()
+    assert generations.read_text().count("\n") >= 1  # the answers made before the signal are kept
     # SIGKILL of the whole process group (front end and engine core), like a node failure, at 12 results
-    killed = [sys.executable, str(Path(__file__).parent / "node_failure.py"), "results.jsonl", "12", *command[3:]]
-    proc = subprocess.run(killed, start_new_session=True, capture_output=True, text=True, timeout=600)
+    proc = run_cut_at("SIGKILL", "results.jsonl", 12, config_path)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     partial = len(results.read_text().splitlines())
     messages = [i["messages"] for i in synthetic_items(40)]
