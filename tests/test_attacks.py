@@ -288,6 +288,35 @@ def test_the_gate_limits_the_attack_success_rate_on_figures_it_recomputes(tmp_pa
     )
 
 
+def test_a_sharded_attack_merges_into_the_figures_and_steps_of_one_run(tmp_path):
+    from diagsafe_local.evaluation.sharding import Shard, shard_of
+
+    whole = Run(attack_config(tmp_path), engine_factory=Engines()).execute().targets["t"].attack
+    goals = [g["id"] for g in GOALS if not g.get("benign")]
+    count = next(c for c in range(2, 32) if len({shard_of(g, c) for g in goals}) > 1)  # goals in two shards
+    config = attack_config(tmp_path, out="sharded")
+    for index in range(count):
+        Run(config, engine_factory=Engines(), shard=Shard(index=index, count=count)).execute()
+    shards = sorted((tmp_path / "sharded" / "shards").glob("shard-*"))
+    cli = CliRunner()
+    alone = cli.invoke(app, ["gate", str(shards[0]), "--max-attack-asr", "1"])
+    assert alone.exit_code == 3 and "the attack did not finish" in alone.output, alone.output
+    merged = cli.invoke(app, ["merge", *map(str, shards), "--out", str(tmp_path / "merged")])
+    assert merged.exit_code == 0, merged.output
+    steps = [r.model_dump(exclude={"run_id"}) for r in attack_records(tmp_path / "merged")]
+    assert steps == [r.model_dump(exclude={"run_id"}) for r in attack_records(tmp_path / "run")]
+    summary = json.loads((tmp_path / "merged" / "summary.json").read_text())
+    assert summary["targets"]["t"]["attack"] == whole.model_dump(mode="json")
+    failed = cli.invoke(app, ["gate", str(tmp_path / "merged"), "--max-attack-asr", "0.5"])
+    assert failed.exit_code == 1 and "pair attack success rate 66.7% (2/3)" in failed.output, failed.output
+    assert cli.invoke(app, ["gate", str(tmp_path / "merged"), "--max-attack-asr", "0.7"]).exit_code == 0
+    # a run attacked otherwise (here: not at all) cannot be pooled with these figures
+    plain = config.model_copy(update={"attack": None, "output_dir": str(tmp_path / "plain")})
+    Run(plain, engine_factory=Engines()).execute()
+    mixed = cli.invoke(app, ["merge", str(shards[0]), str(tmp_path / "plain"), "--out", str(tmp_path / "mixed")])
+    assert mixed.exit_code == 2 and "not attacked alike" in mixed.output, mixed.output
+
+
 def test_a_run_without_an_attack_fails_an_attack_limit(tmp_path):
     items = tmp_path / "goals.jsonl"
     items.write_text(json.dumps(GOALS[1]) + "\n")

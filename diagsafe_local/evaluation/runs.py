@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core import atomic, jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
@@ -58,8 +59,9 @@ def write_summary(run_dir: Path, summary: Summary) -> Summary:
 def merge_runs(
     run_dirs: Sequence[Path], out: Path, replace: bool = False, allow_different_judges: bool = False
 ) -> Summary:
-    """Merge complete runs of the same dataset into `out`; refuse duplicates, schema mismatches, and runs judged
-    by different judges or holding one target name for different models (unless `allow_different_judges`)."""
+    """Merge complete runs of the same dataset into `out` (results, attack steps, generations, controls); refuse
+    duplicates, schema mismatches, runs attacked under different attack configs, and runs judged by different
+    judges or holding one target name for different models (unless `allow_different_judges`)."""
     if not run_dirs:
         raise DiagsafeError("merge needs run directories")
     manifests = [read_manifest(d) for d in run_dirs]
@@ -68,35 +70,35 @@ def merge_runs(
         listing = ", ".join(f"{d} ({m.dataset.sha256[:12]})" for d, m in zip(run_dirs, manifests))
         raise DiagsafeError(f"the runs evaluate different datasets: {listing}")
     targets = _same_judge_and_targets(run_dirs, manifests, allow_different_judges)
+    attack = _same_attack(run_dirs, manifests)
     results: dict[tuple, tuple[Path, ResultRecord]] = {}
+    attacks: dict[tuple, tuple[Path, ResultRecord]] = {}
     generations: dict[tuple, GenerationRecord] = {}
     controls: dict[tuple, ControlRecord] = {}
     for run_dir in run_dirs:
-        for record in read_results(run_dir / files.RESULTS):
-            if record.schema_version != SCHEMA_VERSION:
-                raise DiagsafeError(
-                    f"{run_dir}: result schema version {record.schema_version}, expected {SCHEMA_VERSION}"
-                )
-            if record.key in results:
-                raise DiagsafeError(
-                    f"duplicate result {record.key} (target, item, sample, turn) in {results[record.key][0]} and {run_dir}"
-                )
-            results[record.key] = (run_dir, record)
+        _gather(run_dir, files.RESULTS, read_results(run_dir / files.RESULTS), results)
+        if (run_dir / files.ATTACKS).is_file():
+            _gather(run_dir, files.ATTACKS, jsonl.read_records(run_dir / files.ATTACKS, ResultRecord)[0], attacks)
         generations.update((g.key, g) for g in jsonl.read_records(run_dir / files.GENERATIONS, GenerationRecord)[0])
         if (run_dir / files.CONTROLS).is_file():
             controls.update((c.key, c) for c in jsonl.read_records(run_dir / files.CONTROLS, ControlRecord)[0])
     out.mkdir(parents=True, exist_ok=True)
     if (out / files.RESULTS).exists() and not replace:
         raise DiagsafeError(f"{out} already holds results; choose an empty directory")
-    ordered = sorted((r for _, r in results.values()), key=lambda r: (r.target, r.item_id, r.sample, r.turn))
+    ordered = sorted((r for _, r in results.values()), key=lambda r: r.key)
     jsonl.write(out / files.RESULTS, ordered)
+    attacked = sorted((r for _, r in attacks.values()), key=lambda r: r.key)
+    if attack is not None:
+        jsonl.write(out / files.ATTACKS, attacked)
+    else:  # a replaced merge's attack steps must not outlive it
+        (out / files.ATTACKS).unlink(missing_ok=True)
     jsonl.write(out / files.GENERATIONS, sorted(generations.values(), key=lambda g: g.key))
     jsonl.write(out / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
     # the judge's validated error rates carry over when every merged run was corrected by the same ones
     validations = [read_summary(d).judge_validation for d in run_dirs]
     validation = validations[0] if all(v == validations[0] for v in validations) else None
     run_id = "merged:" + "+".join(m.run_id for m in manifests)
-    summary = summarize(ordered, controls=controls.values(), validation=validation)
+    summary = summarize(ordered, controls=controls.values(), validation=validation, attacks=attacked, attack=attack)
     summary = write_summary(out, summary.model_copy(update={"run_id": run_id}))
     first = manifests[0]
     merged = Manifest(
@@ -112,6 +114,33 @@ def merge_runs(
     write_manifest(out, merged)
     signing.sign(out, run_id, files.SIGNED_FILES)
     return summary
+
+
+def _gather(
+    run_dir: Path, name: str, records: Sequence[ResultRecord], into: dict[tuple, tuple[Path, ResultRecord]]
+) -> None:
+    """Add one run's result records (of results.jsonl or attacks.jsonl) to `into`, refusing a key seen before."""
+    for record in records:
+        if record.schema_version != SCHEMA_VERSION:
+            raise DiagsafeError(f"{run_dir}: result schema version {record.schema_version}, expected {SCHEMA_VERSION}")
+        if record.key in into:
+            raise DiagsafeError(
+                f"duplicate result {record.key} (target, item, sample, turn) in the {name} of {into[record.key][0]} "
+                f"and {run_dir}"
+            )
+        into[record.key] = (run_dir, record)
+
+
+def _same_attack(run_dirs: Sequence[Path], manifests: Sequence[Manifest]) -> AttackConfig | None:
+    """The merged runs' attack config: one for all, or none for all. Attacks with another strategy, attacker,
+    budget or threshold break goals at other rates, so their figures cannot be pooled."""
+    attacks = [m.attack for m in manifests]
+    if any(a != attacks[0] for a in attacks[1:]):
+        listing = ", ".join(f"{d} ({a.strategy if a else 'no attack'})" for d, a in zip(run_dirs, attacks))
+        raise DiagsafeError(
+            f"the runs were not attacked alike (their attack: sections differ): {listing}; merge runs of one attack config"
+        )
+    return attacks[0]
 
 
 def _same_judge_and_targets(
