@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import GIB, plan_gpus, weight_bytes
@@ -139,6 +140,34 @@ def test_the_host_opens_each_engine_with_its_planned_tensor_parallel_size():
         with pytest.raises(RuntimeError):
             open_engine()
     assert opened == {"t": 1, "j": 4}
+
+
+def test_an_attackers_own_model_is_planned_and_opened_with_its_tensor_parallel_size(tmp_path, monkeypatch):
+    from diagsafe_local.engines import gpu_plan
+
+    sizes = {"t": 15 * GIB, "j": 15 * GIB, "a": 16 * GIB}  # a: 16 GiB > 0.6 x 20% of 80 GiB
+    monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model: (sizes[model], "test"))
+    config = run_config(tmp_path, mode="colocate", target_memory=0.35, judge_memory=0.35)
+    attacked = config.model_copy(update={"attack": AttackConfig(strategy="pair", attacker={"model": "a"})})
+    chosen = plan_run(attacked, None, [H100] * 8)
+    assert chosen.tensor_parallel("attacker") == 2 and chosen.engines[-1].memory_share == 0.2
+    assert (chosen.replicas, chosen.gpus_per_replica) == (4, 2)  # alone, target and judge fit one GPU each
+    assert plan_run(config, None, [H100] * 8).gpus_per_replica == 1
+    shared = config.model_copy(update={"attack": AttackConfig(strategy="pair")})  # the judge's engine attacks
+    assert [e.role for e in plan_run(shared, None, [H100] * 8).engines] == ["target:t", "judge"]
+    sizes["a"] = 70 * GIB
+    with pytest.raises(DiagsafeError, match="attacker a needs 8 GPUs .* 4 are visible"):
+        plan_run(attacked, None, [H100] * 4)
+    opened = {}
+
+    def factory(config, **options):
+        opened[config.model] = config.tensor_parallel_size
+        raise RuntimeError("stop after recording")
+
+    host = Host("colocate", 0.35, 0.35, factory, plan=chosen)
+    with pytest.raises(RuntimeError):
+        host.open_attacker(EngineConfig(model="a"), 0.2, "xgrammar")
+    assert opened == {"a": 2}
 
 
 @pytest.mark.slow

@@ -8,8 +8,8 @@ placement, so it is tested without GPUs. Rules:
   default 0.9 when it has the GPU to itself); the rest is for activations and the KV cache. Tensor parallel
   size is the smallest power of two (vLLM shards attention heads evenly) that makes the weights fit, and
   never less than the config's own `tensor_parallel_size`.
-* A replica needs the larger of the target's and the judge's tensor parallel sizes; the node runs as many
-  replicas as whole groups fit (never more than there are items).
+* A replica needs the largest of the target's, the judge's (and an attacker's) tensor parallel sizes; the node
+  runs as many replicas as whole groups fit (never more than there are items).
 * Weight sizes come from the files of a local model, a cached hub model's safetensors index, or, failing those,
   the parameter count in the name at 16 bits ("Qwen2.5-72B-Instruct": 144 GB); the plan says which.
 * A model whose size cannot be read (a hub id not in the local cache) is assumed to fit one GPU, and the plan
@@ -136,9 +136,11 @@ def plan_gpus(
     judge_memory: float,
     n_items: int | None = None,
     sizes: dict[str, int | None] | None = None,
+    attacker: tuple[EngineConfig, float] | None = None,
 ) -> GpuPlan:
     """Decide tensor and data parallelism for a run on GPUs of `gpu_memory` bytes each. `sizes` maps a model
-    to its weight bytes (read from disk when not given). Raises when a model cannot fit the visible GPUs."""
+    to its weight bytes (read from disk when not given); `attacker` is an adaptive attack's own model and its
+    colocated memory share. Raises when a model cannot fit the visible GPUs."""
     gpus = len(gpu_memory)
     memory = min(gpu_memory) if gpu_memory else 0
     sizes = dict(sizes or {})
@@ -148,6 +150,8 @@ def plan_gpus(
     gpu_engines = [(f"target:{getattr(t, 'label', t.model)}", t, target_memory) for t in local]
     if judge is not None and capabilities(judge.kind).local:
         gpu_engines.append(("judge", judge, judge_memory))
+    if attacker is not None and capabilities(attacker[0].kind).local:
+        gpu_engines.append(("attacker", *attacker))
     for role, config, colocated_share in gpu_engines:
         share = colocated_share if mode == "colocate" else ALONE_SHARE
         if config.model in sizes:

@@ -17,6 +17,7 @@ def plan_run(
     without `replicate`, one replica (a process that runs its share itself)."""
     placement = config.placement
     memory = visible_gpu_memory() if gpu_memory is None else gpu_memory
+    attack = config.attack
     plan = plan_gpus(
         memory,
         config.targets,
@@ -25,6 +26,7 @@ def plan_run(
         placement.target_memory,
         placement.judge_memory,
         n_items,
+        attacker=None if attack is None or attack.attacker == "judge" else (attack.attacker, attack.memory),
     )
     if not replicate:
         plan = plan.model_copy(update={"replicas": 1})
