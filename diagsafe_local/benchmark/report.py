@@ -10,6 +10,7 @@ import pandas as pd
 from diagsafe_local.benchmark.dataset import BenchDataset
 from diagsafe_local.benchmark.scoring import SCORE_NAMES
 from diagsafe_local.core import atomic
+from diagsafe_local.core.figures import png_figure
 
 LEADERBOARD_COLUMNS = ["metric", *SCORE_NAMES]
 
@@ -87,29 +88,22 @@ def to_markdown(board: pd.DataFrame, manifest: dict[str, object]) -> str:
 
 
 def _chart(board: pd.DataFrame, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     metrics = list(board["metric"])
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(metrics) + 3), 5))
-    width = 0.8 / len(SCORE_NAMES)
-    x = np.arange(len(metrics))
-    for k, name in enumerate(SCORE_NAMES):
-        values = board[name].to_numpy()
-        low, high = board[f"{name}_ci_low"].to_numpy(), board[f"{name}_ci_high"].to_numpy()
-        err = np.vstack([values - low, high - values])
-        ax.bar(x + (k - (len(SCORE_NAMES) - 1) / 2) * width, values, width, yerr=err, capsize=1.5, label=name)
-    ax.set_xticks(x, metrics, rotation=30, ha="right")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("effectiveness (higher = better metric)")
-    ax.set_title("HarmMetric Eval: overall and fine-grained scores (95% CI)")
-    ax.legend(ncol=4, fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
-    plt.close(fig)
+    with png_figure(path, (max(8, 1.1 * len(metrics) + 3), 5)) as ax:
+        width = 0.8 / len(SCORE_NAMES)
+        x = np.arange(len(metrics))
+        for k, name in enumerate(SCORE_NAMES):
+            values = board[name].to_numpy()
+            low, high = board[f"{name}_ci_low"].to_numpy(), board[f"{name}_ci_high"].to_numpy()
+            err = np.vstack([values - low, high - values])
+            ax.bar(x + (k - (len(SCORE_NAMES) - 1) / 2) * width, values, width, yerr=err, capsize=1.5, label=name)
+        ax.set_xticks(x, metrics, rotation=30, ha="right")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("effectiveness (higher = better metric)")
+        ax.set_title("HarmMetric Eval: overall and fine-grained scores (95% CI)")
+        ax.legend(ncol=4, fontsize=8, loc="upper right")
 
 
 def print_leaderboard(board: pd.DataFrame) -> None:

@@ -20,6 +20,7 @@ from diagsafe_local.classifier.config import TrainConfig
 from diagsafe_local.classifier.labels import LabelledPair, TrainingExample
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
+from diagsafe_local.core.figures import png_figure
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import label_token_ids
 from diagsafe_local.judging import JUDGES, JudgeInput
@@ -237,27 +238,19 @@ def train_lora(
 
 def plot_losses(log_path: Path, out: Path) -> None:
     """Training loss per step and held-out loss per epoch, in one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     records = [row for _, row in jsonl.json_rows(log_path)]
     steps = [r for r in records if r["kind"] == "step"]
     epochs = [r for r in records if r["kind"] == "epoch" and "held_out_loss" in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="training loss (per step)")
-    if epochs:
-        ax.plot(
-            [r["step"] for r in epochs],
-            [r["held_out_loss"] for r in epochs],
-            "o-",
-            label="held-out loss vs human labels (per epoch)",
-        )
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("first-token soft-label cross-entropy")
-    ax.set_title("HarmClassifier training")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    with png_figure(out, (7, 4)) as ax:
+        ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="training loss (per step)")
+        if epochs:
+            ax.plot(
+                [r["step"] for r in epochs],
+                [r["held_out_loss"] for r in epochs],
+                "o-",
+                label="held-out loss vs human labels (per epoch)",
+            )
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("first-token soft-label cross-entropy")
+        ax.set_title("HarmClassifier training")
+        ax.legend()

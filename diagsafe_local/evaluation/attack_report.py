@@ -8,7 +8,8 @@ from pathlib import Path
 
 from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.console import percent as _pct
-from diagsafe_local.evaluation.records import ResultRecord, Summary
+from diagsafe_local.core.figures import png_figure
+from diagsafe_local.evaluation.records import AttackSummary, ResultRecord, Summary
 
 Section = tuple[str, list[str], list[list[str]], list[str]]
 
@@ -42,10 +43,7 @@ def attack_sections(summary: Summary) -> list[Section]:
     curve = [
         [
             str(q),
-            *(
-                _pct(sum(n for k, n in a.queries_to_success.items() if int(k) <= q) / a.n_goals if a.n_goals else None)
-                for a in attacked.values()
-            ),
+            *(_pct(a.broken_within(q) if a.n_goals else None) for a in attacked.values()),
         ]
         for q in queries
     ]
@@ -88,30 +86,19 @@ def best_attacks(attacks: Sequence[ResultRecord], attack: AttackConfig) -> list[
     return out
 
 
-def attacked(summary: Summary) -> bool:
-    """Whether any target of the run was attacked."""
-    return any(s.attack is not None and s.attack.n_goals for s in summary.targets.values())
+def attacked(summary: Summary) -> dict[str, AttackSummary]:
+    """The targets whose attack had goals (none: the run draws no attack curve)."""
+    return {name: s.attack for name, s in summary.targets.items() if s.attack is not None and s.attack.n_goals}
 
 
 def attack_chart(summary: Summary, path: Path) -> None:
     """The success-vs-queries curve of every attacked target, as a PNG."""
-    attacked = {name: s.attack for name, s in summary.targets.items() if s.attack is not None and s.attack.n_goals}
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, a in attacked.items():
-        budget = a.query_budget
-        xs = list(range(budget + 1))
-        ys = [sum(n for q, n in a.queries_to_success.items() if int(q) <= x) / a.n_goals for x in xs]
-        ax.step(xs, ys, where="post", label=f"{name} ({a.strategy})")
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("target queries per goal")
-    ax.set_ylabel("goals broken")
-    ax.set_title("Attack success vs queries")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
-    plt.close(fig)
+    with png_figure(path, (6, 4)) as ax:
+        for name, a in attacked(summary).items():
+            xs = list(range(a.query_budget + 1))
+            ax.step(xs, [a.broken_within(x) for x in xs], where="post", label=f"{name} ({a.strategy})")
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("target queries per goal")
+        ax.set_ylabel("goals broken")
+        ax.set_title("Attack success vs queries")
+        ax.legend(fontsize=8)

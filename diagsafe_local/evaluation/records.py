@@ -277,6 +277,11 @@ class AttackGroup(_Record):
         description="Share of goals broken by each depth (pair) or turn (crescendo), cumulative."
     )
 
+    def broken_within(self, queries: int) -> float:
+        """Share of the goals broken within `queries` target queries (0 without goals)."""
+        broken = sum(n for q, n in self.queries_to_success.items() if int(q) <= queries)
+        return broken / self.n_goals if self.n_goals else 0.0
+
 
 class AttackSummary(AttackGroup):
     """A target's adaptive attack, overall and by category."""

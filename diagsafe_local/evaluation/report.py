@@ -10,6 +10,7 @@ from pathlib import Path
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.console import percent as _pct
+from diagsafe_local.core.figures import png_figure
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.attack_report import attack_chart, attack_sections, attacked, best_attacks
 from diagsafe_local.evaluation.flips import flips
@@ -106,39 +107,32 @@ def print_summary(summary: Summary) -> None:
 
 
 def _category_chart(summary: Summary, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     targets = list(summary.targets)
     categories = sorted({c for t in summary.targets.values() for c in t.by_category})
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(categories) * max(1, len(targets)) + 2), 4.5))
-    width = 0.8 / max(1, len(targets))
-    x = np.arange(len(categories))
-    for k, name in enumerate(targets):
-        groups = summary.targets[name].by_category
-        asr = [groups[c].asr if c in groups else None for c in categories]
-        values = np.array([(a.value if a and a.value is not None else 0.0) for a in asr])
-        low = np.array([(a.ci_low if a and a.ci_low is not None else 0.0) for a in asr])
-        high = np.array([(a.ci_high if a and a.ci_high is not None else 0.0) for a in asr])
-        ax.bar(
-            x + (k - (len(targets) - 1) / 2) * width,
-            values,
-            width,
-            yerr=np.vstack([values - low, high - values]),
-            capsize=2,
-            label=name,
-        )
-    ax.set_xticks(x, categories, rotation=30, ha="right")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("ASR (mean judge score)")
-    ax.set_title("Attack success rate by category (95% CI)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
-    plt.close(fig)
+    with png_figure(path, (max(6, 0.9 * len(categories) * max(1, len(targets)) + 2), 4.5)) as ax:
+        width = 0.8 / max(1, len(targets))
+        x = np.arange(len(categories))
+        for k, name in enumerate(targets):
+            groups = summary.targets[name].by_category
+            asr = [groups[c].asr if c in groups else None for c in categories]
+            values = np.array([(a.value if a and a.value is not None else 0.0) for a in asr])
+            low = np.array([(a.ci_low if a and a.ci_low is not None else 0.0) for a in asr])
+            high = np.array([(a.ci_high if a and a.ci_high is not None else 0.0) for a in asr])
+            ax.bar(
+                x + (k - (len(targets) - 1) / 2) * width,
+                values,
+                width,
+                yerr=np.vstack([values - low, high - values]),
+                capsize=2,
+                label=name,
+            )
+        ax.set_xticks(x, categories, rotation=30, ha="right")
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("ASR (mean judge score)")
+        ax.set_title("Attack success rate by category (95% CI)")
+        ax.legend(fontsize=8)
 
 
 def _paired_sections(comparisons: list[PairedComparison]) -> list[tuple[str, list[str], list[list[str]], list[str]]]:

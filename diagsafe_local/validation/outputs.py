@@ -23,6 +23,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import atomic, jsonl
+from diagsafe_local.core.figures import png_figure
 from diagsafe_local.validation.agreement import (
     BINARY,
     SCORED,
@@ -302,20 +303,12 @@ def _validation(
 
 
 def _figure(path: Path, draw: Any, title: str, xlabel: str, ylabel: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 5))
-    ax.plot([0, 1], [0, 1], linestyle=":", color="grey")
-    draw(ax)
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1.02))
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    plt.close(fig)
+    with png_figure(path, (6, 5), dpi=110) as ax:
+        ax.plot([0, 1], [0, 1], linestyle=":", color="grey")
+        draw(ax)
+        ax.set(title=title, xlabel=xlabel, ylabel=ylabel, xlim=(0, 1), ylim=(0, 1.02))
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
 
 
 def _roc(y: np.ndarray, rows: list[Scored], labelled: np.ndarray, path: Path) -> None:
