@@ -7,15 +7,18 @@ them harmful does not look at what it judges.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ConfigDict
 
+from diagsafe_local.core import jsonl
 from diagsafe_local.core.jsonl import JsonlStore, KeyedRecord
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judge_key
+from diagsafe_local.evaluation.records import CONTROLS
 from diagsafe_local.judging.base import JUDGES, JudgeInput
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.verdicts import Verdict, VerdictStream
@@ -43,6 +46,12 @@ class ControlRecord(KeyedRecord):
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.judge_rubric, self.item_id, self.kind)
+
+
+def read_controls(run_dir: Path) -> list[ControlRecord]:
+    """A run directory's verdicts on the control answers; none when the run wrote no such file."""
+    path = run_dir / CONTROLS
+    return jsonl.read_records(path, ControlRecord)[0] if path.is_file() else []
 
 
 def control_cases(items: Sequence[Item]) -> list[tuple[Item, str, tuple[Message, ...], str]]:

@@ -198,6 +198,12 @@ def read_results(path: Path) -> list[ResultRecord]:
     return jsonl.read_records(path, ResultRecord)[0]
 
 
+def read_attacks(run_dir: Path) -> list[ResultRecord]:
+    """A run directory's attack steps (attacks.jsonl), validated; none when the run wrote no such file."""
+    path = run_dir / ATTACKS
+    return read_results(path) if path.is_file() else []
+
+
 # -- summary.json and manifest.json ---------------------------------------------------------------------------
 
 

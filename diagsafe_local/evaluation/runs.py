@@ -12,7 +12,7 @@ from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.controls import ControlRecord
+from diagsafe_local.evaluation.controls import ControlRecord, read_controls
 from diagsafe_local.evaluation.records import (
     SCHEMA_VERSION,
     GenerationRecord,
@@ -21,6 +21,7 @@ from diagsafe_local.evaluation.records import (
     SourceRun,
     Summary,
     TargetRef,
+    read_attacks,
     read_manifest_file,
     read_results,
     read_summary,
@@ -77,11 +78,9 @@ def merge_runs(
     controls: dict[tuple, ControlRecord] = {}
     for run_dir in run_dirs:
         _gather(run_dir, files.RESULTS, read_results(run_dir / files.RESULTS), results)
-        if (run_dir / files.ATTACKS).is_file():
-            _gather(run_dir, files.ATTACKS, jsonl.read_records(run_dir / files.ATTACKS, ResultRecord)[0], attacks)
+        _gather(run_dir, files.ATTACKS, read_attacks(run_dir), attacks)
         generations.update((g.key, g) for g in jsonl.read_records(run_dir / files.GENERATIONS, GenerationRecord)[0])
-        if (run_dir / files.CONTROLS).is_file():
-            controls.update((c.key, c) for c in jsonl.read_records(run_dir / files.CONTROLS, ControlRecord)[0])
+        controls.update((c.key, c) for c in read_controls(run_dir))
     out.mkdir(parents=True, exist_ok=True)
     if (out / files.RESULTS).exists() and not replace:
         raise DiagsafeError(f"{out} already holds results; choose an empty directory")

@@ -28,15 +28,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.attacks.config import AttackConfig
-from diagsafe_local.core import jsonl, signing
+from diagsafe_local.core import signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.attack_summary import goal_figures
-from diagsafe_local.evaluation.controls import ControlRecord
+from diagsafe_local.evaluation.controls import read_controls
 from diagsafe_local.evaluation.records import (
     Manifest,
     ResultRecord,
     Summary,
+    read_attacks,
     read_manifest_file,
     read_results,
     read_summary,
@@ -103,8 +104,7 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
         )
     if stored.run_id != manifest.run_id:
         problems.append(f"summary.json is of run {stored.run_id}, not of this run ({manifest.run_id})")
-    attacks_path = run_dir / files.ATTACKS
-    attacks = jsonl.read_records(attacks_path, ResultRecord)[0] if attacks_path.is_file() else []
+    attacks = read_attacks(run_dir)
     attack = manifest.attack
     if attack is not None or attacks:
         problems += _foreign(attacks, manifest, files.ATTACKS)
@@ -112,7 +112,7 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
     validation = stored.judge_validation
     summary = summarize(
         results,
-        controls=_controls(run_dir),
+        controls=read_controls(run_dir),
         validation=validation,
         attacks=attacks,
         attack=attack,
@@ -144,11 +144,6 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
         problems=problems,
         notes=notes,
     )
-
-
-def _controls(run_dir: Path) -> list[ControlRecord]:
-    path = run_dir / files.CONTROLS
-    return jsonl.read_records(path, ControlRecord)[0] if path.is_file() else []
 
 
 def _foreign(results: list[ResultRecord], manifest: Manifest, name: str = files.RESULTS) -> list[str]:
