@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from diagsafe_local.core.hashing import request_seed
+from diagsafe_local.core.messages import Message
 from diagsafe_local.core.settings import StrictModel
+from diagsafe_local.engines.base import GenerationRequest
 
 
 class SamplingConfig(StrictModel):
@@ -19,6 +23,18 @@ class SamplingConfig(StrictModel):
     )
     seed: int = Field(0, description="Base seed; each request's seed is derived from it, the item id, turn and sample.")
     n: int = Field(1, ge=1, le=64, description="Independent answers (samples) per conversation.")
+
+    def request(self, messages: Sequence[Message], *seed_parts: object, **constraint: Any) -> GenerationRequest:
+        """A request to continue `messages`, decoded this way; its seed derives from the base seed and
+        `seed_parts` (the request's identity), so it does not depend on what else is batched with it."""
+        return GenerationRequest(
+            messages=tuple(messages),
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=request_seed(self.seed, *seed_parts),
+            **constraint,
+        )
 
 
 class EngineConfig(StrictModel):

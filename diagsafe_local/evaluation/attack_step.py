@@ -22,10 +22,10 @@ from typing import Any
 from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.attacks.prompts import attacker_schema, parse_attacker
 from diagsafe_local.attacks.strategies import STRATEGIES, Chain, Step, Strategy
-from diagsafe_local.core.hashing import content_key, request_seed
+from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
-from diagsafe_local.engines.base import Completion, Engine, GenerationRequest
+from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.engines.streams import open_stream
 from diagsafe_local.evaluation.config import TargetConfig
 from diagsafe_local.evaluation.items import Item
@@ -243,14 +243,13 @@ class AttackStep:
         goal.queries += 1
         chain_id = (goal.item.id, chain.stream)
         self._pending[chain_id] = _Pending(step=chain.next_step)
-        messages = self.strategy.attacker_messages(chain, self.attack)
         sampling = self.attack.sampling
-        request = GenerationRequest(
-            messages=messages,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=request_seed(sampling.seed, "attacker", self.target.label, *chain_id, chain.next_step),
+        request = sampling.request(
+            self.strategy.attacker_messages(chain, self.attack),
+            "attacker",
+            self.target.label,
+            *chain_id,
+            chain.next_step,
             json_schema=attacker_schema(sampling.max_tokens),
         )
         self._send(lambda: self._attacker.submit(chain_id, request))
@@ -259,7 +258,7 @@ class AttackStep:
         goal = self.goals[chain_id[0]]
         chain = goal.chains[chain_id[1]]
         pending = self._pending[chain_id]
-        pending.attacker_usage = _usage(completion)
+        pending.attacker_usage = Usage.of(completion)
         parsed = parse_attacker(completion)
         if isinstance(parsed, str):  # the attacker failed: the chain ends, recorded, and its query is returned
             goal.queries -= 1
@@ -271,13 +270,8 @@ class AttackStep:
             return
         pending.improvement, pending.prompt = parsed
         pending.conversation = self.strategy.target_messages(chain, pending.prompt, self.target.system_prompt)
-        sampling = self.target.sampling
-        request = GenerationRequest(
-            messages=pending.conversation,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=request_seed(sampling.seed, "attack", self.target.label, *chain_id, pending.step),
+        request = self.target.sampling.request(
+            pending.conversation, "attack", self.target.label, *chain_id, pending.step
         )
         self._send(lambda: self._target.submit(chain_id, request))
 
@@ -298,7 +292,7 @@ class AttackStep:
                 turn=pending.step,
                 answer=completion.text,
                 finish_reason=completion.finish_reason,
-                usage=_usage(completion),
+                usage=Usage.of(completion),
             )
         judged = (Message(role="user", content=goal_of(item)),)
         task = JudgeTask(
@@ -352,11 +346,3 @@ class AttackStep:
             attacker_usage=pending.attacker_usage,
         )
         return record.model_copy(update={"attack": info})
-
-
-def _usage(completion: Completion) -> Usage:
-    return Usage(
-        prompt_tokens=completion.prompt_tokens,
-        completion_tokens=completion.completion_tokens,
-        cached_tokens=completion.cached_tokens,
-    )

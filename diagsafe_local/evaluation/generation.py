@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from diagsafe_local.core.hashing import content_key, request_seed
+from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine, GenerationRequest
@@ -74,14 +74,7 @@ def plan_stream(
             answers[turn] = stored.answer
             continue
         if recorded is None:
-            request = GenerationRequest(
-                messages=conversation,
-                max_tokens=sampling.max_tokens,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                seed=request_seed(sampling.seed, label, item.id, sample, turn),
-            )
-            return prefilled, (turn, key, request)
+            return prefilled, (turn, key, sampling.request(conversation, label, item.id, sample, turn))
         prefilled.append(
             GenerationRecord(
                 target=label,
@@ -164,11 +157,7 @@ def generate_streams(
                     finish_reason=c.finish_reason,
                     error=c.error,
                     request_key=key,
-                    usage=Usage(
-                        prompt_tokens=c.prompt_tokens,
-                        completion_tokens=c.completion_tokens,
-                        cached_tokens=c.cached_tokens,
-                    ),
+                    usage=Usage.of(c),
                 )
                 for (item_id, sample, turn, key), c in finished
             ]

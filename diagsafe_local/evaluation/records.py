@@ -18,6 +18,7 @@ from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
+from diagsafe_local.engines.base import Completion
 from diagsafe_local.engines.gpu_plan import GpuPlan
 from diagsafe_local.judging.base import ReasoningTrace
 from diagsafe_local.validation.correction import JudgeValidation
@@ -53,6 +54,15 @@ class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+
+    @classmethod
+    def of(cls, completion: Completion) -> Usage:
+        """A completion's token counts."""
+        return cls(
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            cached_tokens=completion.cached_tokens,
+        )
 
 
 class EngineRef(BaseModel):
