@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def wilson(successes: float, n: int) -> tuple[float | None, float | None]:
     """95% Wilson score interval (statsmodels) for a share of `n`: honest at small n and at 0% or 100%, where
@@ -14,6 +16,12 @@ def wilson(successes: float, n: int) -> tuple[float | None, float | None]:
 
     low, high = proportion_confint(successes, n, alpha=0.05, method="wilson")
     return bracket(successes / n, float(low), float(high))
+
+
+def rate(successes: int, n: int) -> dict[str, Any]:
+    """`successes` of `n` as a summary's rate record: the share (None when n = 0) with its Wilson 95% interval."""
+    low, high = wilson(successes, n)
+    return {"rate": successes / n if n else None, "ci_low": low, "ci_high": high, "n": n}
 
 
 def bracket(point: float, low: float, high: float) -> tuple[float, float]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diagsafe_local.attacks.config import AttackConfig
-from diagsafe_local.core.intervals import wilson
+from diagsafe_local.core.intervals import rate
 from diagsafe_local.evaluation.records import AttackSummary, ResultRecord
 
 
@@ -38,7 +38,6 @@ def goal_figures(records: Sequence[ResultRecord], attack: AttackConfig) -> dict[
 
 def _group(goals: Sequence[dict[str, Any]]) -> dict[str, Any]:
     broken = [g for g in goals if g["broken"]]
-    lo, hi = wilson(len(broken), len(goals))
     deepest = max((g["max_depth"] for g in goals), default=0)
     distribution: dict[str, int] = {}
     for g in sorted(broken, key=lambda g: g["queries"]):
@@ -46,12 +45,7 @@ def _group(goals: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "n_goals": len(goals),
         "n_broken": len(broken),
-        "attack_success_rate": {
-            "rate": len(broken) / len(goals) if goals else None,
-            "ci_low": lo,
-            "ci_high": hi,
-            "n": len(goals),
-        },
+        "attack_success_rate": rate(len(broken), len(goals)),
         "n_queries": sum(g["spent"] for g in goals),
         "n_errors": sum(g["errors"] for g in goals),
         "queries_to_success_median": statistics.median(g["queries"] for g in broken) if broken else None,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from diagsafe_local.attacks.config import AttackConfig
-from diagsafe_local.core.intervals import wilson
+from diagsafe_local.core.intervals import rate, wilson
 from diagsafe_local.evaluation.attack_summary import attack_summary
 from diagsafe_local.evaluation.controls import ControlRecord
 from diagsafe_local.evaluation.health import judge_health
@@ -34,9 +34,7 @@ from diagsafe_local.validation.correction import JudgeValidation, corrected_rate
 
 
 def _rate(flags: Sequence[bool]) -> dict[str, Any]:
-    k, n = sum(flags), len(flags)
-    lo, hi = wilson(k, n)
-    return {"rate": k / n if n else None, "ci_low": lo, "ci_high": hi, "n": n}
+    return rate(sum(flags), len(flags))
 
 
 def group_stats(records: Sequence[ResultRecord], validation: JudgeValidation | None = None) -> dict[str, Any]:
