@@ -76,8 +76,9 @@ class AttackConfig(StrictModel):
         return error is None and score is not None and score >= self.success_threshold
 
     @property
-    def shares_judge(self) -> bool:
-        return self.attacker == "judge"
+    def own_attacker(self) -> EngineConfig | None:
+        """The attacker's own model (None: the judge's engine writes the prompts too)."""
+        return None if self.attacker == "judge" else self.attacker
 
     @model_validator(mode="after")
     def _sampling_n(self) -> AttackConfig:

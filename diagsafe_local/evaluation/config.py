@@ -194,12 +194,12 @@ class RunConfig(StrictModel):
                 "attack: needs placement.mode: colocate (attacker, target and judge take turns on every step, so "
                 "all three stay loaded); set placement.mode: colocate and the memory shares"
             )
-        if attack.shares_judge and not self.judge.needs_model:
+        if attack.own_attacker is None and not self.judge.needs_model:
             raise ValueError(
                 f"attack.attacker: judge needs a judge model, and judge '{self.judge.rubric_name}' has none; "
                 "give the attacker its own model"
             )
-        if not attack.shares_judge:
+        if attack.own_attacker is not None:
             total = self.placement.target_memory + self.placement.judge_memory + attack.memory
             if total > 0.95 + 1e-9:
                 raise ValueError(

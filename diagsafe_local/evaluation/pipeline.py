@@ -113,7 +113,7 @@ class Run:
         self.items = [item for item in self.dataset_items if shard is None or shard.owns(item.id)]
         self.items_by_id = {item.id: item for item in self.items}
         missing_references(config.judge, self.items)
-        attacker = config.attack.attacker if config.attack and config.attack.attacker != "judge" else None
+        attacker = config.attack.own_attacker if config.attack else None
         for engine in (
             *config.targets,
             *([config.judge] if config.judge.needs_model else []),
@@ -338,9 +338,10 @@ class Run:
     def _open_attacker(self) -> Engine | None:
         """A separate attacker model, loaded once for every target (None: none, or the judge's engine serves)."""
         attack = self.config.attack
-        if attack is None or attack.attacker == "judge" or all(s is None or s.done() for s in self.attacks.values()):
+        own = attack.own_attacker if attack else None
+        if attack is None or own is None or all(s is None or s.done() for s in self.attacks.values()):
             return None
-        return self.host.open_attacker(attack.attacker, attack.memory, self.config.judge.structured_output_backend)
+        return self.host.open_attacker(own, attack.memory, self.config.judge.structured_output_backend)
 
     def _execute(self) -> Summary:
         self.dir.write_config(self.run_id)

@@ -18,6 +18,7 @@ def plan_run(
     placement = config.placement
     memory = visible_gpu_memory() if gpu_memory is None else gpu_memory
     attack = config.attack
+    own = attack.own_attacker if attack else None
     plan = plan_gpus(
         memory,
         config.targets,
@@ -26,7 +27,7 @@ def plan_run(
         placement.target_memory,
         placement.judge_memory,
         n_items,
-        attacker=None if attack is None or attack.attacker == "judge" else (attack.attacker, attack.memory),
+        attacker=None if attack is None or own is None else (own, attack.memory),
     )
     if not replicate:
         plan = plan.model_copy(update={"replicas": 1})
