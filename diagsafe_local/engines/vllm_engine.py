@@ -95,11 +95,11 @@ class VLLMEngine(EngineBase):
             enforce_eager=config.enforce_eager if config.enforce_eager is not None else not cuda_available(),
             seed=0,
         )
-        context = config.max_model_len or _model_context(config.model)
-        if not cuda_available() and context is not None:
+        context = None if cuda_available() else config.max_model_len or _model_context(config.model)
+        if context is not None:
             # vLLM-CPU crashes the engine ("CPU Generator does not use offset") when a seeded sampled request's
             # prompt is prefilled in chunks (a CPU generator cannot rewind): prompts go in whole on CPU, and a
-            # step must then hold the longest one.
+            # step must then hold the longest one. GPU engines keep chunked prefill (and never read config.json).
             kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(4096, context))
         share = config.gpu_memory_utilization or memory_share
         if share is not None and cuda_available():
