@@ -156,8 +156,11 @@ def test_an_attackers_own_model_is_planned_and_opened_with_its_tensor_parallel_s
     shared = config.model_copy(update={"attack": AttackConfig(strategy="pair")})  # the judge's engine attacks
     assert [e.role for e in plan_run(shared, None, [H100] * 8).engines] == ["target:t", "judge"]
     sizes["a"] = 70 * GIB
-    with pytest.raises(DiagsafeError, match="attacker a needs 8 GPUs .* 4 are visible"):
-        plan_run(attacked, None, [H100] * 4)
+    with pytest.raises(DiagsafeError, match="attacker a needs 8 GPUs .* 4 are visible; an attack keeps every model"):
+        plan_run(attacked, None, [H100] * 4)  # not "placement sequential": an attack cannot run sequentially
+    sizes["j"] = 70 * GIB
+    with pytest.raises(DiagsafeError, match="judge j needs 8 GPUs .* 4 are visible; an attack keeps every model"):
+        plan_run(shared, None, [H100] * 4)
     opened = {}
 
     def factory(config, **options):

@@ -137,16 +137,22 @@ def plan_gpus(
     n_items: int | None = None,
     sizes: dict[str, int | None] | None = None,
     attacker: tuple[EngineConfig, float] | None = None,
+    attacked: bool = False,
 ) -> GpuPlan:
     """Decide tensor and data parallelism for a run on GPUs of `gpu_memory` bytes each. `sizes` maps a model
     to its weight bytes (read from disk when not given); `attacker` is an adaptive attack's own model and its
-    colocated memory share. Raises when a model cannot fit the visible GPUs."""
+    colocated memory share, `attacked` whether the run attacks at all (its models must stay colocated). Raises
+    when a model cannot fit the visible GPUs."""
     gpus = len(gpu_memory)
     memory = min(gpu_memory) if gpu_memory else 0
     sizes = dict(sizes or {})
     notes: list[str] = []
     engines: list[EnginePlan] = []
     local = [t for t in targets if capabilities(t.kind).local]
+    if attacked:
+        hint = "; an attack keeps every model resident: give this one a larger memory share, or more GPUs"
+    else:
+        hint = "; placement sequential gives each model the whole GPU" if mode == "colocate" else ""
     gpu_engines = [(f"target:{getattr(t, 'label', t.model)}", t, target_memory) for t in local]
     if judge is not None and capabilities(judge.kind).local:
         gpu_engines.append(("judge", judge, judge_memory))
@@ -175,8 +181,7 @@ def plan_gpus(
             raise DiagsafeError(
                 f"{role.split(':')[0]} {config.model} needs {tp} GPUs of {memory / GIB:.0f} GiB "
                 f"({gib:.1f} GiB of weights, at most {WEIGHT_SHARE:.0%} of its "
-                f"{share:.0%} memory share per GPU), but {gpus} are visible"
-                + ("; placement sequential gives each model the whole GPU" if mode == "colocate" else "")
+                f"{share:.0%} memory share per GPU), but {gpus} are visible" + hint
             )
         engines.append(
             EnginePlan(

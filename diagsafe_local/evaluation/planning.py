@@ -28,6 +28,7 @@ def plan_run(
         placement.judge_memory,
         n_items,
         attacker=None if attack is None or own is None else (own, attack.memory),
+        attacked=attack is not None,
     )
     if not replicate:
         plan = plan.model_copy(update={"replicas": 1})
