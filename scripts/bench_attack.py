@@ -75,8 +75,8 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from diagsafe_local.evaluation.attack_step import AttackStep
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.prompt_sets import load_configured
-    from diagsafe_local.evaluation.records import EngineRef, ResultRecord
     from diagsafe_local.judging.config import JudgeConfig
+    from diagsafe_local.runs.records import EngineRef, ResultRecord
     from diagsafe_local.selftest import benchmark_model, data_file
 
     model = benchmark_model(args.model, work)

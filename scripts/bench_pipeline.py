@@ -104,9 +104,9 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
     from diagsafe_local.evaluation.items import Item
     from diagsafe_local.evaluation.pipeline import Run
     from diagsafe_local.evaluation.prompt_sets import load_configured
-    from diagsafe_local.evaluation.records import read_results
     from diagsafe_local.judging import JUDGES, JudgeInput
     from diagsafe_local.judging.config import JudgeConfig
+    from diagsafe_local.runs.records import read_results
     from diagsafe_local.selftest import benchmark_model
 
     model = benchmark_model(args.model, work)

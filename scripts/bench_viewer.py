@@ -19,7 +19,7 @@ from pathlib import Path
 def synthetic_run(root: Path, n: int) -> Path:
     """A run directory of n judged answers (~1 KB each), without running any model."""
     from diagsafe_local.core.messages import Message
-    from diagsafe_local.evaluation.records import EngineRef, ResultRecord, Usage
+    from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
 
     ref = EngineRef(kind="vllm", model="m")
     categories = ["cyber", "bio", "chem", "fraud", "harassment"]

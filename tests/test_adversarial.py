@@ -70,7 +70,7 @@ def scripted(monkeypatch, judge=default_responder, target=default_responder) -> 
 
 
 def test_every_rate_at_0_of_n_and_n_of_n_has_an_interval_that_contains_it():
-    from diagsafe_local.core.intervals import wilson
+    from diagsafe_local.stats import wilson
 
     for n in range(1, 201):
         low, high = wilson(0, n)
@@ -140,8 +140,9 @@ def test_corrected_gate_is_never_laxer_than_the_plain_one_for_uncertain_verdicts
 
 def test_a_score_of_exactly_one_half_is_uncertain_everywhere():
     from diagsafe_local.engines.base import Completion as C
-    from diagsafe_local.judging.base import JUDGES, is_harmful, score_class
+    from diagsafe_local.judging.base import JUDGES
     from diagsafe_local.judging.panel import panel_score
+    from diagsafe_local.runs.verdicts import is_harmful, score_class
 
     assert not is_harmful(0.5) and is_harmful(0.5000001)
     assert score_class(0.5) == "uncertain"
@@ -367,10 +368,9 @@ def test_the_gate_refuses_another_runs_results_under_this_manifest(tmp_path, mon
 
 def test_a_signed_run_verifies_with_its_key_and_an_edited_one_does_not(tmp_path, monkeypatch):
     from diagsafe_local.core.jsonl import read_records
-    from diagsafe_local.evaluation.controls import ControlRecord
-    from diagsafe_local.evaluation.records import read_results, read_summary
-    from diagsafe_local.evaluation.runs import write_summary
-    from diagsafe_local.evaluation.summary import summarize
+    from diagsafe_local.runs.records import ControlRecord, read_results
+    from diagsafe_local.runs.summarize import summarize
+    from diagsafe_local.runs.summary import read_summary, write_summary
 
     monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", "k" * 32)
     run_dir = _run(tmp_path, monkeypatch)

@@ -16,8 +16,8 @@ from diagsafe_local.engines.base import GenerationRequest
 from diagsafe_local.engines.openai_engine import FatalAPIError, OpenAIEngine
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import read_results
 from diagsafe_local.judging.config import JudgeConfig
+from diagsafe_local.runs.records import read_results
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@ from diagsafe_local.cli import app
 from diagsafe_local.engines import create_engine
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import SCHEMA_PATH, read_results
 from diagsafe_local.judging.config import JudgeConfig
+from diagsafe_local.runs.records import read_results
+from diagsafe_local.runs.schemas import schema_path
 from diagsafe_local.selftest import synthetic_items
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -62,7 +63,7 @@ def test_local_and_api_paths_write_the_same_records(tiny_models, vllm_engines, s
     )
     Run(local, engine_factory=vllm_engines).execute()
     Run(remote).execute()
-    schema = json.loads(SCHEMA_PATH.read_text())
+    schema = json.loads(schema_path("result").read_text())
     a = [json.loads(line) for line in (tmp_path / "local" / "results.jsonl").read_text().splitlines()]
     b = [json.loads(line) for line in (tmp_path / "api" / "results.jsonl").read_text().splitlines()]
     assert len(a) == len(b) == 18  # judged turns of 10 synthetic items
@@ -213,7 +214,7 @@ def test_transformers_engine_writes_valid_records(tiny_models, tmp_path):
         "tiny",
     )
     Run(config).execute()
-    schema = json.loads(SCHEMA_PATH.read_text())
+    schema = json.loads(schema_path("result").read_text())
     lines = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 6  # judged turns of 3 synthetic items (1 + 2 + 3)
     for line in lines:

@@ -1,5 +1,6 @@
-"""The package's layers import one way: commands -> evaluation / benchmark / classifier / attacks / selftest -> judging /
-metrics -> engines -> core. No module imports from a higher layer, and no package imports form a cycle."""
+"""The package's layers import one way: commands -> review / selftest -> evaluation / benchmark / classifier / attacks /
+validation -> judging / metrics -> engines -> runs (the read side) -> core / stats. No module imports from a higher
+layer, and no package imports form a cycle."""
 
 from __future__ import annotations
 
@@ -9,19 +10,21 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "diagsafe_local"
 LAYER = {
     "core": 0,
-    "engines": 1,
-    "judging": 2,
-    "metrics": 2,
-    "attacks": 3,
-    "evaluation": 3,
-    "benchmark": 3,
-    "classifier": 3,
-    "validation": 3,
-    "selftest": 4,
-    "review": 4,
-    "commands": 5,
-    "cli": 6,
-    "__init__": 6,
+    "stats": 0,
+    "runs": 1,
+    "engines": 2,
+    "judging": 3,
+    "metrics": 3,
+    "attacks": 4,
+    "evaluation": 4,
+    "benchmark": 4,
+    "classifier": 4,
+    "validation": 4,
+    "selftest": 5,
+    "review": 5,
+    "commands": 6,
+    "cli": 7,
+    "__init__": 7,
 }
 
 
@@ -73,10 +76,10 @@ def test_no_import_cycles_between_parts():
 
 
 def test_shipped_json_schemas_are_current():
-    """Regenerate with `python -m diagsafe_local.evaluation.records` after changing a record."""
+    """Regenerate with `python -m diagsafe_local.runs.schemas` after changing a record."""
     import json
 
-    from diagsafe_local.evaluation.records import SCHEMAS, json_schema, schema_path
+    from diagsafe_local.runs.schemas import SCHEMAS, json_schema, schema_path
 
     for name in SCHEMAS:
         assert json.loads(schema_path(name).read_text()) == json_schema(name), name

@@ -22,7 +22,7 @@ from diagsafe_local.core.jsonl import read_records
 from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import ResultRecord
+from diagsafe_local.runs.records import ResultRecord
 
 ATTACKER_SCHEMA = attacker_schema(1536)
 GOALS = [
@@ -348,7 +348,7 @@ def _attack_steps(tmp_path: Path, barrier: bool):
     from diagsafe_local.core.jsonl import JsonlStore
     from diagsafe_local.evaluation.attack_step import AttackStep
     from diagsafe_local.evaluation.prompt_sets import load_configured
-    from diagsafe_local.evaluation.records import EngineRef
+    from diagsafe_local.runs.records import EngineRef
 
     goals = [{"id": "fast", "prompt": "quick goal"}, {"id": "slow", "prompt": "long goal"}]
     config = attack_config(tmp_path, goals=goals, streams=1, depth=3)

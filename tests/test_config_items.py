@@ -13,13 +13,13 @@ import yaml
 from diagsafe_local.core.errors import DataError, DiagsafeError
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
-from diagsafe_local.evaluation.config import DatasetConfig, GateConfig, load_config
-from diagsafe_local.evaluation.gate import check_gate
+from diagsafe_local.evaluation.config import DatasetConfig, load_config
 from diagsafe_local.evaluation.items import load_items
-from diagsafe_local.evaluation.records import Summary
 from diagsafe_local.judging import JUDGES, JudgeInput
 from diagsafe_local.judging.base import neutralise
 from diagsafe_local.judging.rubrics import render_transcript
+from diagsafe_local.runs.gate import GateConfig, check_gate
+from diagsafe_local.runs.summary import Summary
 
 BASE = {
     "dataset": {"path": "items.jsonl"},

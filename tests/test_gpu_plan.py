@@ -17,8 +17,8 @@ from diagsafe_local.engines.gpu_plan import GIB, plan_gpus, weight_bytes
 from diagsafe_local.engines.host import Host
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.planning import plan_run
-from diagsafe_local.evaluation.records import Manifest
-from diagsafe_local.evaluation.runs import read_results
+from diagsafe_local.runs.manifest import Manifest
+from diagsafe_local.runs.records import read_results
 from diagsafe_local.selftest import synthetic_items
 
 H100 = 80 * GIB

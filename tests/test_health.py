@@ -10,13 +10,14 @@ from test_pipeline_unit import Factory, make_config
 
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion, GenerationRequest
-from diagsafe_local.evaluation.config import GateConfig, RunConfig, load_config
+from diagsafe_local.evaluation.config import RunConfig, load_config
 from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
-from diagsafe_local.evaluation.gate import check_gate
-from diagsafe_local.evaluation.health import judge_health
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import EngineRef, ResultRecord, Summary, Usage
 from diagsafe_local.judging import JUDGES
+from diagsafe_local.runs.gate import GateConfig, check_gate
+from diagsafe_local.runs.health import judge_health
+from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
+from diagsafe_local.runs.summary import Summary
 
 
 def record(k: int, verdict: dict, answer: str = "an answer", category: str = "c") -> ResultRecord:
@@ -57,10 +58,12 @@ def test_identical_verdicts_flag_a_degenerate_judge():
 
 
 def test_rationales_copied_from_the_prompt_are_flagged():
-    instructions = JUDGES.get("harmjudge").system_prompt  # type: ignore[attr-defined]
-    passage = instructions.split("\n")[2]  # a line of the judge's own instructions
+    instructions = {"harmjudge": JUDGES.get("harmjudge").own_prompt}  # as the manifest records them
+    passage = instructions["harmjudge"].split("\n")[2]  # a line of the judge's own instructions
     copied = [record(k, verdict(passage + f" {k}")) for k in range(12)]
-    assert judge_health(copied)["copied_rationale_share"] == 1.0 and judge_health(copied)["degenerate"]
+    assert judge_health(copied, instructions=instructions)["copied_rationale_share"] == 1.0
+    assert judge_health(copied, instructions=instructions)["degenerate"]
+    assert judge_health(copied)["copied_rationale_share"] == 0.0  # read against instructions it was not given
     answer = "This is a classic problem in the realm of creative problem-solving, and here is the trick."
     echoed = [record(k, verdict(answer[:70] + f" ({k})"), answer=answer) for k in range(12)]
     assert judge_health(echoed)["copied_rationale_share"] == 1.0
@@ -203,13 +206,13 @@ def test_report_fences_and_escapes_long_hostile_and_non_english_answers(tmp_path
     assert "`````text\nVoilà la réponse — 答案 | col |" in md  # a fence longer than any backtick run inside
     assert "more characters]" in md  # long answers are clipped, with the count of what was left out
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "答案" in page
-    from diagsafe_local.evaluation.report import _md_cell
+    from diagsafe_local.runs.report import _md_cell
 
     assert _md_cell("cat|egory\nname") == "cat\\|egory name"  # a pipe or line break cannot end a table cell
 
 
 def test_asr_interval_stays_honest_at_small_n_and_at_100_percent():
-    from diagsafe_local.evaluation.summary import group_stats
+    from diagsafe_local.runs.summarize import group_stats
 
     all_harmful = [record(k, verdict(f"step {k}")) for k in range(4)]
     asr = group_stats(all_harmful)["asr"]

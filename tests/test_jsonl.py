@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DataError
 from diagsafe_local.core.jsonl import JsonlStore
-from diagsafe_local.evaluation.records import GenerationRecord
+from diagsafe_local.runs.records import GenerationRecord
 
 # Characters that str.splitlines() treats as line breaks, all legal inside a JSON string.
 SPLITLINES_BREAKS = "\u2028\u2029\u0085\x0b\x0c\x1c\x1d\x1e\r"
@@ -82,7 +82,7 @@ def test_resuming_store_cuts_and_reports_the_torn_line(tmp_path, caplog):
         reopened = JsonlStore(path, GenerationRecord)
     assert list(reopened.records.values()) == [record]
     assert path.read_bytes().endswith(b"\n") and "torn last line" in caplog.text
-    from diagsafe_local.evaluation.records import read_results
+    from diagsafe_local.runs.records import read_results
 
     results = tmp_path / "results.jsonl"
     results.write_text('{"schema_version": 1', encoding="utf-8")

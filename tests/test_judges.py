@@ -431,7 +431,7 @@ def test_gptfuzzer_as_the_pipeline_judge(tiny_classifier, tmp_path):
     from diagsafe_local.engines import create_engine
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.pipeline import Run
-    from diagsafe_local.evaluation.records import read_results
+    from diagsafe_local.runs.records import read_results
 
     items = tmp_path / "items.jsonl"
     items.write_text(

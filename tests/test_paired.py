@@ -15,14 +15,9 @@ from test_adversarial import cli, config_file, scripted, write_items
 
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
-from diagsafe_local.evaluation.paired import (
-    compare_targets,
-    items_needed,
-    mcnemar_p,
-    min_detectable_increase,
-    newcombe_paired,
-)
-from diagsafe_local.evaluation.records import EngineRef, ResultRecord, Usage
+from diagsafe_local.runs.paired import compare_targets
+from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
+from diagsafe_local.stats import items_needed, mcnemar_p, min_detectable_increase, newcombe_paired
 
 
 def record(target: str, item: str, score: float | None, category: str = "x", prompt: str | None = None, **extra):

@@ -11,7 +11,7 @@ from fakes import ScriptedEngine, default_responder
 from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import read_results
+from diagsafe_local.runs.records import read_results
 
 
 def write_items(path: Path, items: list[dict]) -> Path:

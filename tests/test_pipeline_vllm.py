@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from diagsafe_local.cli import app
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import SCHEMA_PATH, json_schema, read_results
+from diagsafe_local.runs.records import read_results
+from diagsafe_local.runs.schemas import json_schema, schema_path
 from diagsafe_local.selftest import synthetic_items
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -84,7 +85,7 @@ def test_300_judgments_all_valid_json_through_one_stream(tiny_models, vllm_engin
     # The rubric comes first, so judge prompts share a cached prefix.
     assert sum(r.judge_usage.cached_tokens for r in results) > 0.5 * sum(r.judge_usage.prompt_tokens for r in results)
     # Every record validates against the JSON Schema shipped in the package, which is current.
-    schema = json.loads(SCHEMA_PATH.read_text())
+    schema = json.loads(schema_path("result").read_text())
     assert schema == json_schema("result")
     for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()[:50]:
         jsonschema.validate(json.loads(line), schema)

@@ -15,12 +15,13 @@ from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.core.errors import DataError, DiagsafeError
-from diagsafe_local.evaluation.config import DatasetConfig, GateConfig, RunConfig
-from diagsafe_local.evaluation.gate import check_gate
+from diagsafe_local.evaluation.config import DatasetConfig, RunConfig
 from diagsafe_local.evaluation.items import load_items
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS, fetch, load_configured, load_set
-from diagsafe_local.evaluation.records import Summary, read_results
+from diagsafe_local.runs.gate import GateConfig, check_gate
+from diagsafe_local.runs.records import read_results
+from diagsafe_local.runs.summary import Summary
 
 
 def write_csv(path: Path, rows: list[dict]) -> Path:

@@ -19,9 +19,9 @@ from diagsafe_local.cli import app
 from diagsafe_local.core.jsonl import read_records
 from diagsafe_local.core.messages import Message
 from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.controls import CONTROL_ANSWERS, ControlRecord
+from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import ResultRecord, read_results
+from diagsafe_local.runs.records import ControlRecord, ResultRecord, read_results
 from diagsafe_local.selftest import SPECIAL_TOKENS, real_selftest_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real, pytest.mark.slow]
@@ -172,7 +172,7 @@ def offline_or_api(vllm_engines):
 def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engines, tmp_path):
     from servers import VLLMServer
 
-    from diagsafe_local.evaluation.runs import compare_runs
+    from diagsafe_local.runs.merge import compare_runs
 
     items = tmp_path / "items.jsonl"
     rows = [json.loads(line) for line in (REPO / "data" / "sample_items.jsonl").read_text().splitlines()][:8]

@@ -16,10 +16,10 @@ from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.engines.openai_engine import OpenAIEngine
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.records import read_results
 from diagsafe_local.judging import JUDGES, Decoding, JudgeInput
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.verdicts import draw_verdicts
+from diagsafe_local.runs.records import read_results
 from diagsafe_local.selftest import synthetic_items
 from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
@@ -76,7 +76,7 @@ def test_a_reasoning_phase_that_runs_out_is_closed_and_counted():
 
 
 def test_stored_reasoning_can_drop_or_cut_the_text():
-    from diagsafe_local.judging.base import ReasoningTrace
+    from diagsafe_local.runs.records import ReasoningTrace
 
     trace = ReasoningTrace(text="x" * 50, tokens=12, closed_by_budget=True)
     assert trace.kept().text == "x" * 50 and trace.kept(store=False).text is None

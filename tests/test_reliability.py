@@ -245,7 +245,7 @@ def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(t
     assert judged  # its answer was judged again
     results = {
         (r.item_id, r.turn): r
-        for r in __import__("diagsafe_local.evaluation.records", fromlist=["x"]).read_results(
+        for r in __import__("diagsafe_local.runs.records", fromlist=["x"]).read_results(
             tmp_path / "run" / "results.jsonl"
         )
     }
@@ -253,7 +253,7 @@ def test_resume_is_keyed_by_content_changed_items_redone_removed_items_dropped(t
     assert summary["targets"]["t"]["n_benign_items"] == 0
     # Kept: answers b/1-3, c/1 (replayed), c/2; verdicts b/1-3, c/2. Redone: a/1 and its verdict.
     assert summary["reused"] == {"generations": 5, "judgments": 4}
-    from diagsafe_local.evaluation.report import write_report
+    from diagsafe_local.runs.report import write_report
 
     write_report(tmp_path / "run")
     assert "5 answers and 4 verdicts were reused" in (tmp_path / "run" / "report.md").read_text()
@@ -355,7 +355,7 @@ def test_compare_agreement_uses_scores_not_a_label_only_some_judges_write(tmp_pa
     """Two runs whose judge writes no "label" (PAIR-style ratings) used to agree trivially ("None" == "None")."""
     import json
 
-    from diagsafe_local.evaluation.runs import compare_runs
+    from diagsafe_local.runs.merge import compare_runs
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

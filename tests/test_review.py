@@ -56,8 +56,8 @@ def make_run(tmp_path: Path, monkeypatch, n: int = 40, name: str = "run") -> Pat
 
 
 def test_the_sample_is_stratified_by_verdict_and_category_with_inclusion_probabilities(tmp_path, monkeypatch):
-    from diagsafe_local.evaluation.records import read_results
     from diagsafe_local.review.labels import draw_sample, sample_for
+    from diagsafe_local.runs.records import read_results
 
     run = make_run(tmp_path, monkeypatch)
     results = read_results(run / "results.jsonl")
@@ -215,10 +215,10 @@ def test_the_servers_json_endpoints_token_csp_filters_and_paging(tmp_path, monke
 
 
 def test_labelling_hides_the_verdict_until_labelled_writes_at_once_and_resumes(tmp_path, monkeypatch):
-    from diagsafe_local.evaluation.records import read_results
     from diagsafe_local.review.index import RunIndex
     from diagsafe_local.review.labels import LabelStore, sample_for
     from diagsafe_local.review.server import LabelSession, Review, ReviewServer
+    from diagsafe_local.runs.records import read_results
 
     run = make_run(tmp_path, monkeypatch)
 
@@ -390,10 +390,10 @@ def test_labelling_ten_answers_by_keyboard_across_a_server_restart(browser, tmp_
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from diagsafe_local.evaluation.records import read_results
     from diagsafe_local.review.index import RunIndex
     from diagsafe_local.review.labels import LabelStore, sample_for
     from diagsafe_local.review.server import LabelSession, Review, ReviewServer
+    from diagsafe_local.runs.records import read_results
 
     run = make_run(tmp_path, monkeypatch)
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.core.errors import DataError, DiagsafeError
-from diagsafe_local.evaluation.records import Summary
+from diagsafe_local.runs.summary import Summary
 from diagsafe_local.validation.agreement import agreement_row, pairwise_kappa, score_metrics
 from diagsafe_local.validation.gold import Columns, load_gold
 from diagsafe_local.validation.outputs import Scored
@@ -252,14 +252,14 @@ COMPLIANCES = [
 
 @pytest.mark.parametrize("answer", REFUSALS)
 def test_refusal_keywords_flags_refusals(answer):
-    from diagsafe_local.judging.refusal import is_refusal
+    from diagsafe_local.runs.refusal import is_refusal
 
     assert is_refusal(answer)
 
 
 @pytest.mark.parametrize("answer", COMPLIANCES)
 def test_refusal_keywords_passes_compliance(answer):
-    from diagsafe_local.judging.refusal import is_refusal
+    from diagsafe_local.runs.refusal import is_refusal
 
     assert not is_refusal(answer)
 
@@ -314,7 +314,8 @@ def test_check_request_refuses_a_panel_of_one():
 
 
 def test_rogan_gladen_and_its_interval():
-    from diagsafe_local.validation.correction import JudgeErrorRates, corrected_rate, rogan_gladen
+    from diagsafe_local.runs.validation import JudgeErrorRates
+    from diagsafe_local.stats import corrected_rate, rogan_gladen
 
     assert rogan_gladen(0.3, 0.8, 0.8) == pytest.approx((0.3 + 0.8 - 1) / (0.8 + 0.8 - 1))
     assert rogan_gladen(0.05, 0.9, 0.8) == 0.0 and rogan_gladen(0.99, 0.9, 0.99) == 1.0  # clipped
@@ -357,11 +358,11 @@ def _scripted_validation(tmp_path):
 def test_a_validated_judge_corrects_the_run_and_the_gate_decides_on_the_corrected_bound(tmp_path):
     from fakes import ScriptedEngine
 
-    from diagsafe_local.evaluation.config import GateConfig, RunConfig
-    from diagsafe_local.evaluation.gate import check_gate
+    from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.pipeline import Run
-    from diagsafe_local.evaluation.report import write_report
-    from diagsafe_local.validation.correction import rogan_gladen
+    from diagsafe_local.runs.gate import GateConfig, check_gate
+    from diagsafe_local.runs.report import write_report
+    from diagsafe_local.stats import rogan_gladen
 
     validation = _scripted_validation(tmp_path)
     counts = json.loads((validation / "validation.json").read_text())["judges"][0]
@@ -444,7 +445,7 @@ def test_a_panel_judges_the_pipeline_and_keeps_each_members_verdict(tmp_path):
     from diagsafe_local.engines.base import Completion
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.pipeline import Run
-    from diagsafe_local.evaluation.records import read_results
+    from diagsafe_local.runs.records import read_results
 
     def responder(request):
         schema = request.json_schema

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from diagsafe_local.core.settings import StrictModel
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
+from diagsafe_local.runs.manifest import AttackRef
 
 
 class AttackerSampling(SamplingConfig):
@@ -71,9 +72,18 @@ class AttackConfig(StrictModel):
         """Target queries per goal."""
         return self.max_queries if self.max_queries is not None else self.streams * self.steps_per_chain
 
+    def ref(self) -> AttackRef:
+        """The attack's rules as the run directory records them for the read side."""
+        return AttackRef(
+            strategy=self.strategy,
+            streams=self.streams,
+            success_threshold=self.success_threshold,
+            query_budget=self.query_budget,
+        )
+
     def breaks(self, score: float | None, error: str | None = None) -> bool:
-        """Whether a judged answer breaks its goal: made without error, and scored at or above the threshold."""
-        return error is None and score is not None and score >= self.success_threshold
+        """Whether a judged answer breaks its goal (the one rule of `runs.manifest.AttackRef.breaks`)."""
+        return self.ref().breaks(score, error)
 
     @property
     def own_attacker(self) -> EngineConfig | None:

@@ -35,7 +35,7 @@ def demo(
     run_bench(str(SAMPLE), "all", out=out / "bench")
     if not selftest:
         return
-    from diagsafe_local.evaluation.report import print_summary, write_report
+    from diagsafe_local.runs.report import print_summary, write_report
     from diagsafe_local.selftest import run_selftest
 
     typer.echo(f"2/2  the checkpoint pipeline with a real small chat model (vLLM) -> {out}/selftest")

@@ -83,10 +83,9 @@ def gate(
     from pydantic import ValidationError
 
     from diagsafe_local.core.errors import DiagsafeError, RunFailed
-    from diagsafe_local.evaluation.baseline import compare_with_baseline
-    from diagsafe_local.evaluation.config import GateConfig
-    from diagsafe_local.evaluation.gate import check_gate, check_increase
-    from diagsafe_local.evaluation.verify import verify_run
+    from diagsafe_local.runs.baseline import compare_with_baseline
+    from diagsafe_local.runs.gate import GateConfig, check_gate, check_increase
+    from diagsafe_local.runs.verify import verify_run
 
     verified = verify_run(run_dir, require_signature)
     if verified.problems:

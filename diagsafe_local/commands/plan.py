@@ -81,7 +81,7 @@ def _plan_comparison(
     items: int | None,
 ) -> None:
     from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.evaluation.paired import items_needed, min_detectable_increase
+    from diagsafe_local.stats import items_needed, min_detectable_increase
 
     if baseline_asr is None or margin is None:
         raise DiagsafeError("sizing a comparison needs both --baseline-asr and --margin")

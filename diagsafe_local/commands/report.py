@@ -23,8 +23,8 @@ def report(
 ) -> None:
     """Write report.md, report.html and figures/ into the run directory."""
     from diagsafe_local.commands.common import warn
-    from diagsafe_local.evaluation.records import REPORT_FILES
-    from diagsafe_local.evaluation.report import print_summary, write_report
+    from diagsafe_local.runs.files import REPORT_FILES
+    from diagsafe_local.runs.report import print_summary, write_report
 
     verified = write_report(run_dir, baseline)
     print_summary(verified.summary)

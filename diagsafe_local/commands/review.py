@@ -64,10 +64,10 @@ def label(
     """Label a stratified sample of the run's answers, one at a time, by keyboard (h harmful, n not harmful,
     u unsure, arrows to move); the judge's verdict shows only after your label. Each label is saved the moment
     it is given; restarting resumes. Then: validate --gold RUN_DIR --format run."""
-    from diagsafe_local.evaluation.verify import verify_run
     from diagsafe_local.review.index import RunIndex
     from diagsafe_local.review.labels import LabelStore, check_annotator, sample_for
     from diagsafe_local.review.server import LabelSession, Review
+    from diagsafe_local.runs.verify import verify_run
 
     check_annotator(annotator)
     run = verify_run(run_dir)
@@ -90,8 +90,8 @@ def export(
 ) -> None:
     """Write the run in another tool's format: `inspect` (an Inspect AI eval log, opened by `inspect view`)."""
     from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.evaluation.baseline import verified
     from diagsafe_local.review.inspect_export import export_inspect
+    from diagsafe_local.runs.baseline import verified
 
     if format_ != "inspect":
         raise DiagsafeError(f"--format must be inspect, got '{format_}'")

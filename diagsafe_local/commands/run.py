@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from diagsafe_local.commands.common import user_errors
-from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.records import Summary
+from diagsafe_local.runs import files
+from diagsafe_local.runs.summary import Summary
 
 
 @user_errors
@@ -65,7 +65,7 @@ def run(
 def _finish(summary: Summary, root: Path) -> None:
     from diagsafe_local.commands.common import warn
     from diagsafe_local.core.errors import RunFailed
-    from diagsafe_local.evaluation.report import print_summary, write_report
+    from diagsafe_local.runs.report import print_summary, write_report
 
     print_summary(summary)
     warn(f"the run does not verify: {problem}" for problem in write_report(root).problems)

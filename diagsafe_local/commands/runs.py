@@ -27,8 +27,9 @@ def merge(
 ) -> None:
     """Merge run directories (a local and an API run, say), or all N shards of a config; duplicates are refused."""
     from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.evaluation.report import print_summary, write_report
-    from diagsafe_local.evaluation.runs import merge_runs, merge_shards
+    from diagsafe_local.evaluation.sharding import merge_shards
+    from diagsafe_local.runs.merge import merge_runs
+    from diagsafe_local.runs.report import print_summary, write_report
 
     if config is not None:
         if shards is None or run_dirs:
@@ -71,9 +72,9 @@ def compare(
     discordant pairs with Holm-adjusted p-values per breakdown, the smallest increase this many pairs would
     detect, the flips; then the per-item agreement of the verdicts (Cohen's kappa)."""
     from diagsafe_local.commands.common import print_paired
-    from diagsafe_local.evaluation.baseline import compare_with_baseline
-    from diagsafe_local.evaluation.flips import write_comparison
-    from diagsafe_local.evaluation.runs import compare_runs
+    from diagsafe_local.runs.baseline import compare_with_baseline
+    from diagsafe_local.runs.flips import write_comparison
+    from diagsafe_local.runs.merge import compare_runs
 
     comparisons = compare_with_baseline(
         run_b or run_a,

@@ -29,7 +29,7 @@ def selftest(
 ) -> None:
     """Run the real pipeline on tiny random-weight models (or, with --real, a real small chat model), check the
     results, and write the report into the run directory under --out."""
-    from diagsafe_local.evaluation.report import print_summary, write_report
+    from diagsafe_local.runs.report import print_summary, write_report
     from diagsafe_local.selftest import run_selftest
 
     passed, lines, run_dir = run_selftest(out, n, real=real, verbose=verbose)

@@ -24,47 +24,17 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, Field
-
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import cuda_available
 from diagsafe_local.engines.kinds import capabilities
+from diagsafe_local.runs.manifest import EnginePlan, GpuPlan
 
 WEIGHT_SHARE = 0.6  # of an engine's GPU memory: the weights; the rest holds activations and the KV cache
 ALONE_SHARE = 0.9  # vLLM's default gpu_memory_utilization, for an engine that has its GPUs to itself
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 GIB = 1024**3
 PARAMETERS_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
-
-
-class EnginePlan(BaseModel):
-    """One model's place in the plan."""
-
-    role: str
-    model: str
-    weight_bytes: int | None = Field(description="Weights on disk; None when they could not be read.")
-    memory_share: float = Field(description="Share of each GPU's memory this engine may use.")
-    tensor_parallel_size: int
-
-
-class GpuPlan(BaseModel):
-    """Replicas of the pipeline, each on its own group of GPUs."""
-
-    gpus: int
-    gpu_memory_bytes: int
-    replicas: int
-    gpus_per_replica: int
-    engines: list[EnginePlan]
-    notes: list[str] = []
-
-    def tensor_parallel(self, role: str) -> int:
-        return next((e.tensor_parallel_size for e in self.engines if e.role == role), 1)
-
-    def device_groups(self, visible: Sequence[str]) -> list[str]:
-        """CUDA_VISIBLE_DEVICES for each replica, from the devices this process sees."""
-        size = self.gpus_per_replica
-        return [",".join(visible[k * size : (k + 1) * size]) for k in range(self.replicas)]
 
 
 def weight_bytes(model: str) -> tuple[int | None, str]:

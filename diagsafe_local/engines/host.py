@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from diagsafe_local.engines.base import Engine
 from diagsafe_local.engines.config import EngineConfig
-from diagsafe_local.engines.gpu_plan import GpuPlan
 from diagsafe_local.engines.identity import cuda_available
 from diagsafe_local.engines.kinds import capabilities
+from diagsafe_local.runs.manifest import GpuPlan
 
 log = logging.getLogger(__name__)
 Mode = Literal["colocate", "sequential", "sleep"]

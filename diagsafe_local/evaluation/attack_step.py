@@ -30,9 +30,9 @@ from diagsafe_local.engines.streams import open_stream
 from diagsafe_local.evaluation.config import TargetConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import JudgeStep, JudgeTask, judge_key
-from diagsafe_local.evaluation.records import AttackInfo, EngineRef, GenerationRecord, ResultRecord, Usage
 from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.judging.refusal import is_refusal
+from diagsafe_local.runs.records import AttackInfo, EngineRef, GenerationRecord, ResultRecord, Usage
+from diagsafe_local.runs.refusal import is_refusal
 
 ChainId = tuple[str, int]  # (item id, stream)
 

@@ -6,8 +6,6 @@ list items by index: `targets.0.model=...`) before validation.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +15,8 @@ from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
 from diagsafe_local.judging.config import JudgeConfig
+from diagsafe_local.runs.gate import GateConfig
+from diagsafe_local.runs.manifest import config_fingerprint
 
 
 class TargetConfig(EngineConfig):
@@ -93,56 +93,6 @@ class PlacementConfig(StrictModel):
         return self
 
 
-class GateConfig(StrictModel):
-    """Deployment thresholds checked by `diagsafe-local gate`."""
-
-    max_asr: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable attack success rate.")
-    max_asr_category: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
-        default_factory=dict, description="Per-category ASR limits, each in [0, 1]."
-    )
-    max_failure_rate: float = Field(
-        0.0, ge=0.0, le=1.0, description="Largest share of unjudged answers (parse failures, errors)."
-    )
-    max_over_refusal: float | None = Field(
-        None, ge=0.0, le=1.0, description="Largest acceptable over-refusal rate on benign items."
-    )
-    max_attack_asr: float | None = Field(
-        None,
-        ge=0.0,
-        le=1.0,
-        description="Largest acceptable adaptive-attack success rate (goals broken within the budget; needs attack:).",
-    )
-    max_truncated_rate: float | None = Field(
-        None,
-        ge=0.0,
-        le=1.0,
-        description="Largest share of target answers cut off at max_tokens (None: reported, not limited).",
-    )
-    allow_degenerate_judge: bool = Field(
-        False,
-        description="Pass a run whose judge health checks flag a degenerate judge (identical or copied verdicts).",
-    )
-    baseline_run: str | None = Field(
-        None, description="A run directory to compare with (e.g. the production checkpoint's): the increase limits."
-    )
-    baseline_target: str | None = Field(None, description="The baseline run's target (when it has several).")
-    max_asr_increase: float | None = Field(
-        None,
-        ge=0.0,
-        le=1.0,
-        description="Non-inferiority margin: fail when the upper bound of the paired 95% CI of the ASR increase "
-        "over the baseline exceeds it.",
-    )
-    max_asr_increase_category: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
-        default_factory=dict, description="Per-category non-inferiority margins."
-    )
-    corrected: bool = Field(
-        False,
-        description="Decide ASR limits on the upper 95% bound of the ASR (uncertain = 0.5, as the plain limit) "
-        "corrected for the judge's validated FPR/FNR (needs judge.validation), instead of the observed ASR.",
-    )
-
-
 class RunConfig(StrictModel):
     """A whole evaluation run."""
 
@@ -207,15 +157,8 @@ class RunConfig(StrictModel):
                 )
 
     def fingerprint(self) -> str:
-        """Hash of everything that determines the answers and verdicts (not where they go, placement, the gate, or
-        the judge's validation)."""
-        payload = self.model_dump(mode="json", exclude={"output_dir", "gate", "baseline", "placement"})
-        if payload["attack"] is None:  # runs without an attack keep the ids they had before attacks existed
-            del payload["attack"]
-        # The judge's validation corrects the summary but changes no answer or verdict: adding it to a finished run
-        # resumes it (the summary is rewritten), it does not make another run.
-        payload["judge"]["validation"] = None
-        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+        """The run id: a hash of everything that determines the answers and verdicts (`runs.manifest`)."""
+        return config_fingerprint(self.model_dump(mode="json"))
 
 
 def forget_stale_names(data: dict[str, Any], overrides: list[str]) -> None:

@@ -19,7 +19,7 @@ from diagsafe_local.engines.base import Engine, GenerationRequest
 from diagsafe_local.engines.streams import open_stream
 from diagsafe_local.evaluation.config import TargetConfig
 from diagsafe_local.evaluation.items import Item
-from diagsafe_local.evaluation.records import GenerationRecord, Usage
+from diagsafe_local.runs.records import GenerationRecord, Usage
 
 
 def conversation_until(

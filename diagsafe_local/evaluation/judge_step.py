@@ -18,17 +18,12 @@ from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine
 from diagsafe_local.evaluation.generation import conversation_until, stream_answers
 from diagsafe_local.evaluation.items import Item
-from diagsafe_local.evaluation.records import (
-    EngineRef,
-    GenerationRecord,
-    PanelVote,
-    ResultRecord,
-    Usage,
-)
-from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome, is_harmful
+from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.panel import panel_score
 from diagsafe_local.judging.verdicts import Verdict, VerdictStream
+from diagsafe_local.runs.records import EngineRef, GenerationRecord, PanelVote, ResultRecord, Usage
+from diagsafe_local.runs.verdicts import is_harmful
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from diagsafe_local import __version__
-from diagsafe_local.engines.gpu_plan import GpuPlan
 from diagsafe_local.engines.identity import cuda_available, package_versions
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judged_turns
-from diagsafe_local.evaluation.records import DatasetRef, ItemRef, JudgeRef, Manifest, TargetRef
 from diagsafe_local.evaluation.sharding import Shard
-from diagsafe_local.judging.config import JudgeConfig
+from diagsafe_local.judging.base import JUDGES
+from diagsafe_local.judging.config import JudgeConfig, judge_name
+from diagsafe_local.runs.manifest import DatasetRef, GpuPlan, ItemRef, JudgeRef, Manifest, TargetRef
 
 SLURM_VARIABLES = (
     "SLURM_JOB_ID",
@@ -46,6 +46,16 @@ def judge_ref(judge: JudgeConfig, identity: dict[str, Any]) -> JudgeRef:
         model=judge.model,
         model_hash=identity["model_hash"],
         lora_hash=identity["lora_hash"],
+        instructions={
+            judge.name: judge.own_prompt
+            for name in {
+                judge.rubric_name,
+                judge_name(judge.benign_rubric),
+                *(judge.panel.names() if judge.panel else []),
+            }
+            for judge in [JUDGES.get(name)]
+            if judge.own_prompt
+        },
     )
 
 
@@ -108,6 +118,7 @@ def build_manifest(
         dataset=dataset,
         judge=judge,
         targets=targets,
+        attack=config.attack.ref() if config.attack else None,
         shard=shard.model_dump() if shard else None,
         host=host_info(),
         seeds={t.label: t.sampling.seed for t in config.targets} | {"judge": config.judge.sampling.seed},

@@ -27,7 +27,6 @@ from diagsafe_local.engines.base import local_model_path
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.host import Host
 from diagsafe_local.engines.identity import engine_identity
-from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.attack_step import AttackStep, attacked_items
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls
@@ -44,14 +43,16 @@ from diagsafe_local.evaluation.judge_step import (
 from diagsafe_local.evaluation.manifest import build_manifest, dataset_ref, judge_ref, target_refs
 from diagsafe_local.evaluation.planning import plan_run
 from diagsafe_local.evaluation.prompt_sets import load_configured
-from diagsafe_local.evaluation.records import EngineRef, GenerationRecord, Summary
 from diagsafe_local.evaluation.run_directory import RunDirectory
-from diagsafe_local.evaluation.runs import write_manifest, write_summary
 from diagsafe_local.evaluation.sharding import Shard
-from diagsafe_local.evaluation.summary import summarize
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.validation.correction import JudgeValidation, validated_rates
+from diagsafe_local.runs import files
+from diagsafe_local.runs.manifest import write_manifest
+from diagsafe_local.runs.records import EngineRef, GenerationRecord
+from diagsafe_local.runs.summarize import summarize
+from diagsafe_local.runs.summary import Summary, write_summary
+from diagsafe_local.runs.validation import JudgeValidation, validated_rates
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[..., Engine]
@@ -129,6 +130,7 @@ class Run:
         self.run_id = config.fingerprint()
         self.dataset = dataset_ref(config, self.dataset_path, file_sha256(self.dataset_path), self.dataset_items)
         self.judge_ref = engine_ref(config.judge)
+        self.judge = judge_ref(config.judge, self.judge_identity)
         self.target_refs = {t.label: engine_ref(t) for t in config.targets}
         self.fresh = {"generations": 0, "judgments": 0}
         self.gpu_plan = plan_run(config, len(self.items), replicate=False)  # this process: tensor parallel only
@@ -425,7 +427,8 @@ class Run:
             controls=self.dir.controls.records.values(),
             validation=self.judge_validation,
             attacks=self.dir.attacks.records.values(),
-            attack=self.config.attack,
+            attack=self.config.attack.ref() if self.config.attack else None,
+            instructions=self.judge.instructions,
         )
         summary = write_summary(self.dir.root, summary.model_copy(update={"run_id": self.run_id, "reused": reused}))
         self._save_manifest("complete")
@@ -439,7 +442,7 @@ class Run:
             run_id=self.run_id,
             started=self.started,
             dataset=self.dataset,
-            judge=judge_ref(self.config.judge, self.judge_identity),
+            judge=self.judge,
             targets=target_refs(self.config, self.identities),
             shard=self.shard,
             engines=self.host.loaded,

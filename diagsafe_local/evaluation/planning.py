@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.engines.gpu_plan import GpuPlan, plan_gpus, visible_gpu_memory
+from diagsafe_local.engines.gpu_plan import plan_gpus, visible_gpu_memory
 from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.runs.manifest import GpuPlan
 
 
 def plan_run(

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diagsafe_local.core.errors import RunFailed
-from diagsafe_local.engines.gpu_plan import GpuPlan, visible_devices
-from diagsafe_local.evaluation import records as files
+from diagsafe_local.engines.gpu_plan import visible_devices
 from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.records import Summary, read_manifest_file
-from diagsafe_local.evaluation.runs import incomplete_shards, merge_shards
-from diagsafe_local.evaluation.sharding import Shard
+from diagsafe_local.evaluation.sharding import Shard, incomplete_shards, merge_shards
+from diagsafe_local.runs import files
+from diagsafe_local.runs.manifest import GpuPlan, read_manifest_file
+from diagsafe_local.runs.summary import Summary
 
 SHARD_DIR = re.compile(r"shard-\d{4}-of-(\d{4})")
 

@@ -16,10 +16,10 @@ from diagsafe_local.core import atomic
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.locking import DirectoryLock
-from diagsafe_local.evaluation import records as files
 from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.controls import ControlRecord
-from diagsafe_local.evaluation.records import GenerationRecord, Manifest, ResultRecord, read_manifest_file
+from diagsafe_local.runs import files
+from diagsafe_local.runs.manifest import Manifest, read_manifest_file
+from diagsafe_local.runs.records import ControlRecord, GenerationRecord, ResultRecord
 
 CONFIG_HEADER = "# written by diagsafe-local: the resolved config of run"
 RUN_FILES = (

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.resources import slurm_file
 from diagsafe_local.evaluation.config import load_config
-from diagsafe_local.evaluation.runs import incomplete_shards
+from diagsafe_local.evaluation.sharding import incomplete_shards
 
 
 class Resources(BaseModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from diagsafe_local.judging.base import is_harmful
+from diagsafe_local.runs.verdicts import is_harmful
 
 PanelRule = Literal["majority", "any", "all", "mean"]
 PANEL_RULES: tuple[str, ...] = ("majority", "any", "all", "mean")

@@ -74,6 +74,10 @@ class Rubric(Judge):
         """The instructions, then the reply format described in words from the schema."""
         return f"{self.instructions}\n\n{reply_format(self.schema)}"
 
+    @property
+    def own_prompt(self) -> str:
+        return self.system_prompt
+
     def render(self, judged: JudgeInput) -> tuple[Message, ...]:
         """Rubric first (shared prefix for the prefix cache), the item last."""
         return (

@@ -18,8 +18,9 @@ from pydantic import ConfigDict
 from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore, KeyedRecord
 from diagsafe_local.engines.base import Engine
-from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput, ReasoningTrace
+from diagsafe_local.judging.base import JUDGES, Decoding, JudgeInput
 from diagsafe_local.judging.verdicts import draw_verdicts
+from diagsafe_local.runs.records import ReasoningTrace
 
 
 class StoredJudgment(KeyedRecord):

@@ -23,7 +23,8 @@ from typing import Any
 from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.engines.streams import open_stream
-from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ModelFreeJudge, ParseOutcome, ReasoningTrace
+from diagsafe_local.judging.base import Decoding, Judge, JudgeInput, ModelFreeJudge, ParseOutcome
+from diagsafe_local.runs.records import ReasoningTrace
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,11 @@ from typing import Any
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.paired import prompt_key
-from diagsafe_local.evaluation.records import AnswerKey, ResultRecord, read_manifest_file
-from diagsafe_local.judging.base import is_harmful, score_class
+from diagsafe_local.runs import files
+from diagsafe_local.runs.manifest import read_manifest_file
+from diagsafe_local.runs.paired import prompt_key
+from diagsafe_local.runs.records import AnswerKey, ResultRecord
+from diagsafe_local.runs.verdicts import is_harmful, score_class
 
 HEAD = 240
 SEARCHED = 4000

@@ -14,9 +14,9 @@ from typing import Any
 
 from diagsafe_local import __version__
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
-from diagsafe_local.evaluation.records import ResultRecord
-from diagsafe_local.evaluation.verify import VerifiedRun
-from diagsafe_local.judging.base import rationale
+from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.verdicts import rationale
+from diagsafe_local.runs.verify import VerifiedRun
 
 
 def _messages(record: ResultRecord) -> list[Any]:

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.errors import DataError, DiagsafeError
-from diagsafe_local.evaluation.records import AnswerKey, AnswerRecord, ResultRecord
-from diagsafe_local.judging.base import is_harmful
+from diagsafe_local.runs.records import AnswerKey, AnswerRecord, ResultRecord
+from diagsafe_local.runs.verdicts import is_harmful
 
 LABELS_DIR = "labels"
 SAMPLE_FILE = "sample.json"

@@ -15,9 +15,10 @@ import hashlib
 from pathlib import Path
 
 from diagsafe_local.core.errors import DataError
-from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.records import AnswerKey, read_manifest_file, read_results
 from diagsafe_local.review.labels import LABELS_DIR, SAMPLE_FILE, LabelRecord, labelled_population, read_label_file
+from diagsafe_local.runs import files
+from diagsafe_local.runs.manifest import read_manifest_file
+from diagsafe_local.runs.records import AnswerKey, read_results
 from diagsafe_local.validation.gold import Columns, GoldFormat, GoldItem, GoldRead, Rows, Task, majority
 
 STORED = "run_judge"

@@ -16,8 +16,8 @@ import yaml
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.resources import data_file
-from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.records import read_results
+from diagsafe_local.runs import files
+from diagsafe_local.runs.records import read_results
 from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
 CATEGORIES = ("chemistry", "cyber", "fraud", "harassment")

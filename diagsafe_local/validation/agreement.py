@@ -17,13 +17,13 @@ every figure; they are never guessed.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from diagsafe_local.core.intervals import wilson
-from diagsafe_local.judging.base import HARMFUL_ABOVE
+from diagsafe_local.runs.verdicts import HARMFUL_ABOVE
+from diagsafe_local.stats import bootstrap, wilson
 
 BINARY = ("accuracy", "balanced_accuracy", "precision", "recall", "f1", "cohen_kappa", "fpr", "fnr")
 SHARES = ("accuracy", "precision", "recall", "fpr", "fnr")  # Wilson intervals; the rest are bootstrapped
@@ -117,26 +117,6 @@ def three_class_metrics(gold: Sequence[str], pred: Sequence[str]) -> dict[str, f
             "macro_f1_3class": float(f1_score(gold, pred, average="macro", zero_division=np.nan)),
             "cohen_kappa_3class": float(cohen_kappa_score(gold, pred)) if len(set(gold) | set(pred)) > 1 else np.nan,
         }
-
-
-def bootstrap(
-    n: int, statistic: Callable[[np.ndarray], dict[str, float]], resamples: int, seed: int
-) -> dict[str, tuple[float, float]]:
-    """Percentile 95% CI of every figure `statistic(indices)` returns, over `resamples` resamples of n items
-    (NaN-valued resamples, e.g. AUROC of a one-class resample, are left out)."""
-    rng = np.random.default_rng(seed)
-    draws: dict[str, list[float]] = {}
-    for _ in range(resamples):
-        for name, value in statistic(rng.integers(0, n, n)).items():
-            draws.setdefault(name, []).append(value)
-    intervals = {}
-    for name, values in draws.items():
-        array = np.array(values, dtype=float)
-        array = array[np.isfinite(array)]
-        intervals[name] = (
-            (float(np.percentile(array, 2.5)), float(np.percentile(array, 97.5))) if len(array) else (np.nan, np.nan)
-        )
-    return intervals
 
 
 def agreement_row(

@@ -32,7 +32,7 @@ from diagsafe_local.core.errors import DataError
 from diagsafe_local.core.hub import resolve_dataset
 from diagsafe_local.core.registry import Registry
 from diagsafe_local.core.tables import table_rows
-from diagsafe_local.judging.base import is_harmful
+from diagsafe_local.runs.verdicts import is_harmful
 
 Task = Literal["harm", "refusal"]
 XSTEST_CLASSES = ("1_full_compliance", "2_full_refusal", "3_partial_refusal")

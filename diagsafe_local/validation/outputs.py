@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.figures import png_figure
+from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeErrorRates, ValidationFile
 from diagsafe_local.validation.agreement import (
     BINARY,
     SCORED,
@@ -34,7 +35,6 @@ from diagsafe_local.validation.agreement import (
     effective_counts,
     pairwise_kappa,
 )
-from diagsafe_local.validation.correction import VALIDATION_FILE, JudgeErrorRates, ValidationFile
 from diagsafe_local.validation.gold import GoldItem, GoldSet
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.console import percent as _pct
 from diagsafe_local.core.figures import png_figure
-from diagsafe_local.evaluation.records import AttackSummary, ResultRecord, Summary
+from diagsafe_local.runs.manifest import AttackRef
+from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.summary import AttackSummary, Summary
 
 Section = tuple[str, list[str], list[list[str]], list[str]]
 
@@ -63,7 +64,7 @@ def attack_sections(summary: Summary) -> list[Section]:
     ]
 
 
-def best_attacks(attacks: Sequence[ResultRecord], attack: AttackConfig) -> list[tuple[str, str, str, str]]:
+def best_attacks(attacks: Sequence[ResultRecord], attack: AttackRef) -> list[tuple[str, str, str, str]]:
     """(heading, goal, attacker prompt, answer) of the best step on each broken goal: its highest score, then
     its earliest step."""
     wins: dict[tuple[str, str], ResultRecord] = {}

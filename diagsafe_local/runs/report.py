@@ -11,12 +11,13 @@ from pathlib import Path
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.console import percent as _pct
 from diagsafe_local.core.figures import png_figure
-from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.attack_report import attack_chart, attack_sections, attacked, best_attacks
-from diagsafe_local.evaluation.flips import flips
-from diagsafe_local.evaluation.paired import PairedComparison
-from diagsafe_local.evaluation.records import BREAKDOWNS, GroupStats, Summary, TargetSummary, read_results
-from diagsafe_local.evaluation.verify import VerifiedRun, verify_run
+from diagsafe_local.runs import files
+from diagsafe_local.runs.attack_report import attack_chart, attack_sections, attacked, best_attacks
+from diagsafe_local.runs.flips import flips
+from diagsafe_local.runs.paired import PairedComparison
+from diagsafe_local.runs.records import read_results
+from diagsafe_local.runs.summary import BREAKDOWNS, GroupStats, Summary, TargetSummary
+from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 
 def _asr_cell(stats: GroupStats) -> str:
@@ -405,7 +406,7 @@ def _baseline(run_dir: Path, verified: VerifiedRun, baseline: str | None) -> tup
         return [], None
     if verified.problems:
         return [], "Not compared with the baseline: this run does not verify (see the top of the report)."
-    from diagsafe_local.evaluation.baseline import compare_with_baseline
+    from diagsafe_local.runs.baseline import compare_with_baseline
 
     as_dir = Path(baseline)
     if as_dir.is_dir():

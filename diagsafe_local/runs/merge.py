@@ -6,29 +6,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from diagsafe_local.attacks.config import AttackConfig
-from diagsafe_local.core import atomic, jsonl, signing
-from diagsafe_local.core.cache import file_sha256
+from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
-from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.controls import ControlRecord, read_controls
-from diagsafe_local.evaluation.records import (
+from diagsafe_local.runs import files
+from diagsafe_local.runs.manifest import AttackRef, Manifest, SourceRun, TargetRef, read_manifest_file, write_manifest
+from diagsafe_local.runs.records import (
     SCHEMA_VERSION,
+    ControlRecord,
     GenerationRecord,
-    Manifest,
     ResultRecord,
-    SourceRun,
-    Summary,
-    TargetRef,
     read_attacks,
-    read_manifest_file,
+    read_controls,
     read_results,
-    read_summary,
 )
-from diagsafe_local.evaluation.sharding import Shard
-from diagsafe_local.evaluation.summary import summarize
-from diagsafe_local.judging.base import score_class
+from diagsafe_local.runs.summarize import summarize
+from diagsafe_local.runs.summary import Summary, read_summary, write_summary
+from diagsafe_local.runs.verdicts import score_class
 
 
 def read_manifest(run_dir: Path) -> Manifest:
@@ -42,19 +35,6 @@ def read_manifest(run_dir: Path) -> Manifest:
             "or was stopped; resume it with the same `run` command first"
         )
     return manifest
-
-
-def write_manifest(run_dir: Path, manifest: Manifest) -> None:
-    """manifest.json (the only writer of the file)."""
-    atomic.write_text(run_dir / files.MANIFEST, manifest.model_dump_json(indent=2) + "\n")
-
-
-def write_summary(run_dir: Path, summary: Summary) -> Summary:
-    """summary.json, bound to the results it summarises by their SHA-256; returns what was written."""
-    results = run_dir / files.RESULTS
-    bound = summary.model_copy(update={"results_sha256": file_sha256(results) if results.is_file() else None})
-    atomic.write_text(run_dir / files.SUMMARY, bound.model_dump_json(indent=2) + "\n")
-    return bound
 
 
 def merge_runs(
@@ -97,7 +77,14 @@ def merge_runs(
     validations = [read_summary(d).judge_validation for d in run_dirs]
     validation = validations[0] if all(v == validations[0] for v in validations) else None
     run_id = "merged:" + "+".join(m.run_id for m in manifests)
-    summary = summarize(ordered, controls=controls.values(), validation=validation, attacks=attacked, attack=attack)
+    summary = summarize(
+        ordered,
+        controls=controls.values(),
+        validation=validation,
+        attacks=attacked,
+        attack=attack,
+        instructions=manifests[0].judge.instructions if manifests[0].judge else None,
+    )
     summary = write_summary(out, summary.model_copy(update={"run_id": run_id}))
     first = manifests[0]
     merged = Manifest(
@@ -108,6 +95,7 @@ def merge_runs(
         config=first.config,
         judge=first.judge,
         targets=targets,
+        attack=attack,
         sources=[SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)],
     )
     write_manifest(out, merged)
@@ -130,11 +118,12 @@ def _gather(
         into[record.key] = (run_dir, record)
 
 
-def _same_attack(run_dirs: Sequence[Path], manifests: Sequence[Manifest]) -> AttackConfig | None:
-    """The merged runs' attack config: one for all, or none for all. Attacks with another strategy, attacker,
-    budget or threshold break goals at other rates, so their figures cannot be pooled."""
+def _same_attack(run_dirs: Sequence[Path], manifests: Sequence[Manifest]) -> AttackRef | None:
+    """The merged runs' attack: one for all, or none for all. Attacks with another strategy, attacker, budget or
+    threshold break goals at other rates, so their figures cannot be pooled."""
     attacks = [m.attack for m in manifests]
-    if any(a != attacks[0] for a in attacks[1:]):
+    sections = [m.config.get("attack") for m in manifests]
+    if any(a != attacks[0] for a in attacks[1:]) or any(c != sections[0] for c in sections[1:]):
         listing = ", ".join(f"{d} ({a.strategy if a else 'no attack'})" for d, a in zip(run_dirs, attacks))
         raise DiagsafeError(
             f"the runs were not attacked alike (their attack: sections differ): {listing}; merge runs of one attack config"
@@ -166,44 +155,6 @@ def _same_judge_and_targets(
             + ". Pass --allow-different-judges to merge them anyway"
         )
     return targets
-
-
-def merge_shards(config: RunConfig, count: int, out: Path | None = None) -> Summary:
-    """Check that all `count` shards of `config` are present and complete, then merge them.
-
-    The merged run goes to `out` (default: the config's output_dir). Errors say exactly which shard
-    is missing, incomplete, or from another config.
-    """
-    dirs, problems = [], []
-    for index in range(count):
-        shard = Shard(index=index, count=count)
-        path = shard.directory(config.output_dir)
-        manifest_path = path / files.MANIFEST
-        if not manifest_path.is_file():
-            problems.append(f"shard {index} of {count} is missing (no {manifest_path})")
-            continue
-        manifest = read_manifest_file(path)
-        if manifest.run_id != config.fingerprint():
-            problems.append(
-                f"shard {index} of {count} ran another config (run id {manifest.run_id}, expected {config.fingerprint()})"
-            )
-        elif manifest.status != "complete":
-            problems.append(f"shard {index} of {count} is incomplete (status '{manifest.status}'; resubmit it)")
-        dirs.append(path)
-    if problems:
-        raise DiagsafeError("cannot merge:\n  " + "\n  ".join(problems))
-    return merge_runs(dirs, out or Path(config.output_dir), replace=True)
-
-
-def incomplete_shards(config: RunConfig, count: int) -> list[int]:
-    """Indices of shards that have no complete run directory for this config."""
-    missing = []
-    for index in range(count):
-        path = Shard(index=index, count=count).directory(config.output_dir)
-        manifest = read_manifest_file(path) if (path / files.MANIFEST).is_file() else None
-        if manifest is None or manifest.status != "complete" or manifest.run_id != config.fingerprint():
-            missing.append(index)
-    return missing
 
 
 def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = False) -> dict[str, Any]:

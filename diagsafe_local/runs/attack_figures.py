@@ -13,12 +13,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from diagsafe_local.attacks.config import AttackConfig
-from diagsafe_local.core.intervals import rate
-from diagsafe_local.evaluation.records import AttackSummary, ResultRecord
+from diagsafe_local.runs.manifest import AttackRef
+from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.summary import AttackSummary
+from diagsafe_local.stats import rate
 
 
-def goal_figures(records: Sequence[ResultRecord], attack: AttackConfig) -> dict[str, Any]:
+def goal_figures(records: Sequence[ResultRecord], attack: AttackRef) -> dict[str, Any]:
     """One goal's figures from its records: whether broken, at which step and depth, with how many queries, and
     whether the attack on it finished (broken, its query budget spent, or every chain ended)."""
     queried = [r for r in records if r.attack and r.attack.queried]
@@ -57,7 +58,7 @@ def _group(goals: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def attack_summary(records: Sequence[ResultRecord], attack: AttackConfig) -> AttackSummary | None:
+def attack_summary(records: Sequence[ResultRecord], attack: AttackRef) -> AttackSummary | None:
     """One target's attack figures from its attack records (None when it has none)."""
     by_goal: dict[str, list[ResultRecord]] = {}
     for r in records:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,15 +32,18 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from diagsafe_local.core.intervals import wilson
-from diagsafe_local.evaluation.records import BREAKDOWNS, ResultRecord
-from diagsafe_local.judging.base import is_harmful
-from diagsafe_local.validation.correction import JudgeErrorRates
-
-ALPHA = 0.05
-POWER = 0.8
-BOOTSTRAP = 2000
-SEED = 0
+from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.summary import BREAKDOWNS
+from diagsafe_local.runs.validation import JudgeErrorRates
+from diagsafe_local.runs.verdicts import is_harmful
+from diagsafe_local.stats import (
+    corrected_difference,
+    holm,
+    mcnemar_p,
+    min_detectable_increase,
+    newcombe_paired,
+    paired_bootstrap,
+)
 
 
 def prompt_key(record: ResultRecord) -> str:
@@ -94,99 +96,6 @@ class Difference(BaseModel):
     warning: str | None = None
 
 
-def newcombe_paired(
-    both: int, b_only: int, a_only: int, neither: int, z: float = 1.959963984540054
-) -> tuple[float, float]:
-    """95% interval for p_B - p_A from paired binary data (Newcombe 1998, method 10): `both` harmful in A and B,
-    `b_only` in B only, `a_only` in A only, `neither`. Wilson intervals of both proportions, joined through the
-    continuity-corrected correlation phi of the pairs."""
-    n = both + b_only + a_only + neither
-    p_b, p_a = (both + b_only) / n, (both + a_only) / n
-    l_b, u_b = wilson(both + b_only, n)
-    l_a, u_a = wilson(both + a_only, n)
-    assert l_b is not None and u_b is not None and l_a is not None and u_a is not None
-    cross: float = both * neither - b_only * a_only
-    if cross > 0:
-        cross = max(cross - n / 2, 0.0)
-    margins = (both + b_only) * (a_only + neither) * (both + a_only) * (b_only + neither)
-    phi = cross / math.sqrt(margins) if margins else 0.0
-    diff = p_b - p_a
-    lower = math.sqrt(max(0.0, (p_b - l_b) ** 2 - 2 * phi * (p_b - l_b) * (u_a - p_a) + (u_a - p_a) ** 2))
-    upper = math.sqrt(max(0.0, (u_b - p_b) ** 2 - 2 * phi * (u_b - p_b) * (p_a - l_a) + (p_a - l_a) ** 2))
-    return max(-1.0, min(diff, diff - lower)), min(1.0, max(diff, diff + upper))
-
-
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, draws: int = BOOTSTRAP, seed: int = SEED) -> np.ndarray:
-    """Mean differences b - a over `draws` resamples of the pairs (the same pairs drawn for both)."""
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(a), size=(draws, len(a)))
-    return (b[picks] - a[picks]).mean(axis=1)
-
-
-def mcnemar_p(b: int, c: int) -> float:
-    """McNemar's exact test on the discordant pairs (statsmodels): two-sided binomial test of b vs c."""
-    from statsmodels.stats.contingency_tables import mcnemar
-
-    return float(mcnemar([[0, b], [c, 0]], exact=True).pvalue)
-
-
-def _power(delta: float, n: int, discordance: float, alpha: float) -> float:
-    """Power of the two-sided McNemar test to detect p_B - p_A = delta with n pairs (Connor 1987)."""
-    from scipy.stats import norm
-
-    psi = max(discordance, delta)  # at least |delta| of the pairs must be discordant
-    if psi <= 0 or n <= 0:
-        return 0.0
-    spread = math.sqrt(max(psi - delta**2, 1e-12))
-    return float(norm.cdf((delta * math.sqrt(n) - norm.ppf(1 - alpha / 2) * math.sqrt(psi)) / spread))
-
-
-def min_detectable_increase(n: int, discordance: float, alpha: float = ALPHA, power: float = POWER) -> float | None:
-    """The smallest increase of the harmful rate detected with `power` at `alpha` (two-sided) with `n` pairs of
-    which a share `discordance` disagree; None when no increase up to 1 is (n too small)."""
-    if n == 0 or _power(1.0, n, discordance, alpha) < power:
-        return None
-    low, high = 0.0, 1.0
-    for _ in range(60):  # bisection: power grows with delta
-        mid = (low + high) / 2
-        low, high = (mid, high) if _power(mid, n, discordance, alpha) < power else (low, mid)
-    return high
-
-
-def items_needed(baseline_asr: float, margin: float, discordance: float | None = None) -> int:
-    """Pairs a non-inferiority comparison needs: 80% power that the upper 95% bound of the increase stays under
-    `margin` when the candidate is truly as safe as the baseline. Without a measured `discordance`, the
-    conservative 2p(1-p) of unrelated verdicts (paired verdicts agree more often, so fewer pairs suffice)."""
-    from scipy.stats import norm
-
-    psi = discordance if discordance is not None else 2 * baseline_asr * (1 - baseline_asr)
-    psi = max(psi, 1e-6)
-    return math.ceil((norm.ppf(1 - ALPHA / 2) + norm.ppf(POWER)) ** 2 * psi / margin**2)
-
-
-def _corrected(
-    scores_a: np.ndarray, scores_b: np.ndarray, rates: JudgeErrorRates, draws: int = BOOTSTRAP
-) -> tuple[float | None, float | None, float | None]:
-    """The difference of corrected ASRs (Rogan-Gladen: (p + sp - 1) / (se + sp - 1) of each, so the difference
-    is diff / (se + sp - 1)), with a 95% interval from paired resamples and Jeffreys draws of se and sp."""
-    positives, negatives = rates.tp + rates.fn, rates.tn + rates.fp
-    if not positives or not negatives:
-        return None, None, None
-    youden = rates.tp / positives + rates.tn / negatives - 1
-    if youden <= 0:
-        return None, None, None
-    value = float(scores_b.mean() - scores_a.mean()) / youden
-    rng = np.random.default_rng(SEED + 1)
-    se = rng.beta(rates.tp + 0.5, rates.fn + 0.5, draws)
-    sp = rng.beta(rates.tn + 0.5, rates.fp + 0.5, draws)
-    informative = se + sp - 1 > 0
-    if informative.mean() < 0.975:
-        return value, None, None
-    spread = paired_bootstrap(scores_a, scores_b, draws)[informative] / (se + sp - 1)[informative]
-    low, high = float(np.percentile(spread, 2.5)), float(np.percentile(spread, 97.5))
-    return value, min(low, value), max(high, value)
-
-
 def difference(
     baseline: str,
     candidate: str,
@@ -213,7 +122,7 @@ def difference(
             spread = paired_bootstrap(a, b)
             low = min(diff, float(np.percentile(spread, 2.5)))
             high = max(diff, float(np.percentile(spread, 97.5)))
-    corrected = _corrected(a, b, rates) if rates is not None and n else (None, None, None)
+    corrected = corrected_difference(a, b, rates) if rates is not None and n else (None, None, None)
     return Difference(
         baseline=baseline,
         candidate=candidate,
@@ -269,7 +178,6 @@ def compare_targets(
     warning: str | None = None,
 ) -> PairedComparison:
     """Pair the final-turn answers to harmful items of two targets and compare them (see the module docstring)."""
-    from statsmodels.stats.multitest import multipletests
 
     def final(records: Sequence[ResultRecord]) -> dict[tuple[str, int, str], ResultRecord]:
         return {pair_key(r): r for r in records if r.final_turn and not r.benign}
@@ -286,9 +194,9 @@ def compare_targets(
         rows = [difference(baseline, candidate, f"{field}={g}", ps, rates, warning) for g, ps in sorted(groups.items())]
         tested = [k for k, row in enumerate(rows) if row.mcnemar_p is not None]
         if tested:
-            adjusted = multipletests([rows[k].mcnemar_p for k in tested], method="holm")[1]
+            adjusted = holm([rows[k].mcnemar_p for k in tested])  # type: ignore[misc]
             for k, p in zip(tested, adjusted):
-                rows[k] = rows[k].model_copy(update={"p_holm": float(p)})
+                rows[k] = rows[k].model_copy(update={"p_holm": p})
         differences += rows
     up = [(p.a, p.b) for p in scored if is_harmful(p.scores[1]) and not is_harmful(p.scores[0])]
     down = [(p.a, p.b) for p in scored if is_harmful(p.scores[0]) and not is_harmful(p.scores[1])]

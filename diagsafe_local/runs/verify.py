@@ -27,23 +27,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core import signing
 from diagsafe_local.core.cache import file_sha256
-from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.attack_summary import goal_figures
-from diagsafe_local.evaluation.controls import read_controls
-from diagsafe_local.evaluation.records import (
-    Manifest,
-    ResultRecord,
-    Summary,
-    read_attacks,
-    read_manifest_file,
-    read_results,
-    read_summary,
-)
-from diagsafe_local.evaluation.summary import summarize
-from diagsafe_local.validation.correction import VALIDATION_FILE, JudgeValidation, read_validation
+from diagsafe_local.runs import files
+from diagsafe_local.runs.attack_figures import goal_figures
+from diagsafe_local.runs.manifest import AttackRef, Manifest, read_manifest_file
+from diagsafe_local.runs.records import ResultRecord, read_attacks, read_controls, read_results
+from diagsafe_local.runs.summarize import summarize
+from diagsafe_local.runs.summary import Summary, read_summary
+from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, read_validation
 
 # Summary fields that describe how the run went, not what it found: not recomputed from the results.
 _NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "throughput"}
@@ -116,6 +108,7 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
         validation=validation,
         attacks=attacks,
         attack=attack,
+        instructions=manifest.judge.instructions if manifest.judge else None,
     )
     summary = summary.model_copy(
         update={
@@ -156,7 +149,7 @@ def _foreign(results: list[ResultRecord], manifest: Manifest, name: str = files.
     return [f"{name} holds results of another run ({listing}); this run is {manifest.run_id}"]
 
 
-def _attack_coverage(attacks: list[ResultRecord], manifest: Manifest, attack: AttackConfig | None) -> list[str]:
+def _attack_coverage(attacks: list[ResultRecord], manifest: Manifest, attack: AttackRef | None) -> list[str]:
     """Goals the attack did not finish: a harmful item of the dataset that is neither broken, nor out of queries,
     nor at the end of every chain (and attack records of the run without an attack, or of no goal)."""
     if attack is None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from typing import Annotated
+
+from pydantic import BaseModel, Field
 
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.evaluation.config import GateConfig
-from diagsafe_local.evaluation.paired import Difference, PairedComparison
-from diagsafe_local.evaluation.records import GroupStats, Rate, Summary, TargetSummary
+from diagsafe_local.core.settings import StrictModel
+from diagsafe_local.runs.paired import Difference, PairedComparison
+from diagsafe_local.runs.summary import GroupStats, Rate, Summary, TargetSummary
 
 
 def _pct(value: float | None) -> str:
@@ -16,6 +18,56 @@ def _pct(value: float | None) -> str:
 
 def _share(rate: Rate) -> str:
     return f"{rate.rate:.1%} ({round(rate.rate * rate.n)}/{rate.n})" if rate.n and rate.rate is not None else "n/a"
+
+
+class GateConfig(StrictModel):
+    """Deployment thresholds checked by `diagsafe-local gate`."""
+
+    max_asr: float | None = Field(None, ge=0.0, le=1.0, description="Largest acceptable attack success rate.")
+    max_asr_category: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=dict, description="Per-category ASR limits, each in [0, 1]."
+    )
+    max_failure_rate: float = Field(
+        0.0, ge=0.0, le=1.0, description="Largest share of unjudged answers (parse failures, errors)."
+    )
+    max_over_refusal: float | None = Field(
+        None, ge=0.0, le=1.0, description="Largest acceptable over-refusal rate on benign items."
+    )
+    max_attack_asr: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Largest acceptable adaptive-attack success rate (goals broken within the budget; needs attack:).",
+    )
+    max_truncated_rate: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Largest share of target answers cut off at max_tokens (None: reported, not limited).",
+    )
+    allow_degenerate_judge: bool = Field(
+        False,
+        description="Pass a run whose judge health checks flag a degenerate judge (identical or copied verdicts).",
+    )
+    baseline_run: str | None = Field(
+        None, description="A run directory to compare with (e.g. the production checkpoint's): the increase limits."
+    )
+    baseline_target: str | None = Field(None, description="The baseline run's target (when it has several).")
+    max_asr_increase: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Non-inferiority margin: fail when the upper bound of the paired 95% CI of the ASR increase "
+        "over the baseline exceeds it.",
+    )
+    max_asr_increase_category: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        default_factory=dict, description="Per-category non-inferiority margins."
+    )
+    corrected: bool = Field(
+        False,
+        description="Decide ASR limits on the upper 95% bound of the ASR (uncertain = 0.5, as the plain limit) "
+        "corrected for the judge's validated FPR/FNR (needs judge.validation), instead of the observed ASR.",
+    )
 
 
 class GateResult(BaseModel):

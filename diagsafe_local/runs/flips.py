@@ -10,9 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import atomic, jsonl
-from diagsafe_local.evaluation import records as files
-from diagsafe_local.evaluation.paired import PairedComparison
-from diagsafe_local.evaluation.records import ResultRecord
+from diagsafe_local.runs import files
+from diagsafe_local.runs.paired import PairedComparison
+from diagsafe_local.runs.records import ResultRecord
 
 COMPARISON = "comparison.json"
 

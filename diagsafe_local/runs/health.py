@@ -28,12 +28,11 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from diagsafe_local.evaluation.controls import ControlRecord
-from diagsafe_local.evaluation.records import ResultRecord
-from diagsafe_local.judging.base import rationale
+from diagsafe_local.runs.records import ControlRecord, ResultRecord
+from diagsafe_local.runs.verdicts import rationale
 
 MIN_VERDICTS = 10
 DEGENERATE_SHARE = 0.5
@@ -54,13 +53,6 @@ def _label(record: ResultRecord) -> str:
     return f"{record.score:.2f}"
 
 
-def _instructions(rubric: str) -> str:
-    from diagsafe_local.judging import JUDGES
-
-    judge = JUDGES.get(rubric) if rubric in JUDGES else None
-    return _normal(getattr(judge, "system_prompt", "") or "")
-
-
 def _copied(rationale: str, prompt: str) -> bool:
     opening = rationale[:COPY_CHARS]
     return len(opening) >= MIN_COPY_CHARS and opening in prompt
@@ -76,8 +68,11 @@ def normalised_entropy(labels: Sequence[str]) -> float | None:
     return abs(entropy / math.log(max(2, len(counts))))
 
 
-def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
-    """The health measures and flags of the verdicts in `records` (one target's, typically)."""
+def judge_health(
+    records: Sequence[ResultRecord], controls: Sequence[ControlRecord] = (), instructions: Mapping[str, str] = {}
+) -> dict[str, Any]:
+    """The health measures and flags of the verdicts in `records` (one target's, typically); `instructions`: each
+    judge's own instructions by name (the manifest's judge records them)."""
     judged = [r for r in records if r.parse_status == "ok" and r.verdict is not None and r.judge_engine.kind != "none"]
     varied = [
         r for r in judged if rationale(r.verdict or {}) is not None or any(k.startswith("p_") for k in r.verdict or {})
@@ -86,14 +81,14 @@ def judge_health(records: Sequence[ResultRecord], controls: Sequence[ControlReco
     if varied:
         counts = Counter(json.dumps(r.verdict, sort_keys=True) for r in varied)
         identical = counts.most_common(1)[0][1] / len(varied)
-    instructions: dict[str, str] = {}
+    prompts: dict[str, str] = {}
     copies = []
     for r in judged:
         reason = _normal(rationale(r.verdict) or "")  # type: ignore[arg-type]
         if reason:
             prompt = " ".join(
                 [
-                    instructions.setdefault(r.judge_rubric, _instructions(r.judge_rubric)),
+                    prompts.setdefault(r.judge_rubric, _normal(instructions.get(r.judge_rubric, ""))),
                     *(_normal(m.content) for m in r.conversation),
                     _normal(r.answer),
                 ]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
-from diagsafe_local.evaluation.paired import PairedComparison, compare_targets
-from diagsafe_local.evaluation.verify import VerifiedRun, verify_run
+from diagsafe_local.runs.paired import PairedComparison, compare_targets
+from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 
 def verified(run_dir: Path, what: str) -> VerifiedRun:

@@ -1,25 +1,16 @@
-"""What a judge's measured error rates mean for a run: the attack-success rate corrected for them.
-
-With sensitivity se = 1 - FNR and specificity sp = 1 - FPR measured on a gold set, an observed ASR p (the mean
-judge score, uncertain = 0.5: the quantity the gate's limits are stated on) corrects to
-(p + sp - 1) / (se + sp - 1) (Rogan and Gladen, 1978), clipped to [0, 1].
-Its 95% interval carries the uncertainty of the run and of the validation alike: p, se and sp are drawn
-from their Jeffreys Beta(k + 1/2, n - k + 1/2) distributions (a parametric bootstrap that stays honest
-when a count is 0 or n, where resampling would collapse), and the interval is the 2.5 and 97.5 percentiles of
-the corrected value. A judge no better than chance (se + sp <= 1) cannot be corrected for: the corrected
-rate is unknown, and the gate says so.
-"""
+"""A judge's validation as a run reads it: `validate`'s validation.json (the gold set and each validated judge's
+confusion counts), and the entry a run's summary carries for its own judge. What the counts mean for a run's
+rates (Rogan-Gladen) is in `diagsafe_local.stats`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.core.intervals import bracket
+from diagsafe_local.core.jsonfile import read_model
 
 VALIDATION_FILE = "validation.json"
 
@@ -66,42 +57,8 @@ class ValidationFile(BaseModel):
     weighted: bool = False
 
 
-def rogan_gladen(p: float, se: float, sp: float) -> float | None:
-    """The corrected prevalence, clipped to [0, 1]; None when the judge is no better than chance."""
-    if se + sp - 1 <= 0:
-        return None
-    return float(np.clip((p + sp - 1) / (se + sp - 1), 0.0, 1.0))
-
-
-def corrected_rate(
-    k: float, n: int, rates: JudgeErrorRates, draws: int = 4000, seed: int = 0
-) -> tuple[float | None, float | None, float | None]:
-    """(corrected rate, 95% low, 95% high) for k of n answers judged harmful by a judge with `rates`; `k` may
-    be a sum of scores in [0, 1] (ASR with uncertain = 0.5). The interval always contains the estimate."""
-    positives, negatives = rates.tp + rates.fn, rates.tn + rates.fp
-    if n == 0 or positives == 0 or negatives == 0:
-        return None, None, None
-    value = rogan_gladen(k / n, rates.tp / positives, rates.tn / negatives)
-    if value is None:
-        return None, None, None
-    rng = np.random.default_rng(seed)
-    p = rng.beta(k + 0.5, n - k + 0.5, draws)
-    se = rng.beta(rates.tp + 0.5, rates.fn + 0.5, draws)
-    sp = rng.beta(rates.tn + 0.5, rates.fp + 0.5, draws)
-    informative = se + sp - 1 > 0
-    corrected = np.clip((p + sp - 1)[informative] / (se + sp - 1)[informative], 0.0, 1.0)
-    if informative.mean() < 0.975:  # too often no better than chance to bound it
-        return value, None, None
-    # a draw where the judge is no better than chance bounds nothing: it counts as the worst case
-    corrected = np.concatenate([corrected, np.ones(int((~informative).sum()))])
-    low, high = bracket(value, float(np.percentile(corrected, 2.5)), float(np.percentile(corrected, 97.5)))
-    return value, low, high
-
-
 def read_validation(directory: Path) -> ValidationFile:
     """A validation directory's validation.json, checked."""
-    from diagsafe_local.core.jsonfile import read_model
-
     return read_model(directory / VALIDATION_FILE, ValidationFile, "validation output")
 
 

@@ -1,0 +1,219 @@
+"""manifest.json: what a run ran, on what, with which versions, and whether it finished.
+
+The dataset by content with every item and its judged turns (what the gate requires a result for), the judge,
+each target and the attack by what decides their meaning (what runs compared or merged must share), the host,
+seeds, versions, the engines loaded, the GPU plan and the timings. `config` is the resolved run config as JSON;
+its fingerprint is the run id (`config_fingerprint`), so the read side checks one against the other without
+loading any of the code that validates a config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from diagsafe_local.core import atomic
+from diagsafe_local.core.jsonfile import read_model
+from diagsafe_local.runs.files import MANIFEST
+from diagsafe_local.runs.records import SCHEMA_VERSION, AnswerKey, Record
+
+# The run config's sections that do not decide an answer or a verdict: where the run goes, how the engines are
+# placed, what the gate limits and which target the report compares against.
+NOT_FINGERPRINTED = ("output_dir", "gate", "baseline", "placement")
+
+
+def config_fingerprint(config: dict[str, Any]) -> str:
+    """The run id: a hash of everything in a resolved config (as JSON) that determines the answers and verdicts
+    (not where they go, placement, the gate, or the judge's validation)."""
+    payload = {k: v for k, v in config.items() if k not in NOT_FINGERPRINTED}
+    if payload.get("attack") is None:  # runs without an attack keep the ids they had before attacks existed
+        payload.pop("attack", None)
+    # The judge's validation corrects the summary but changes no answer or verdict: adding it to a finished run
+    # resumes it (the summary is rewritten), it does not make another run.
+    payload["judge"] = {**payload.get("judge", {}), "validation": None}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class EnginePlan(Record):
+    """One model's place in the GPU plan."""
+
+    role: str
+    model: str
+    weight_bytes: int | None = Field(description="Weights on disk; None when they could not be read.")
+    memory_share: float = Field(description="Share of each GPU's memory this engine may use.")
+    tensor_parallel_size: int
+
+
+class GpuPlan(Record):
+    """Replicas of the pipeline, each on its own group of GPUs (`engines.gpu_plan` makes it)."""
+
+    gpus: int
+    gpu_memory_bytes: int
+    replicas: int
+    gpus_per_replica: int
+    engines: list[EnginePlan]
+    notes: list[str] = []
+
+    def tensor_parallel(self, role: str) -> int:
+        return next((e.tensor_parallel_size for e in self.engines if e.role == role), 1)
+
+    def device_groups(self, visible: Sequence[str]) -> list[str]:
+        """CUDA_VISIBLE_DEVICES for each replica, from the devices this process sees."""
+        size = self.gpus_per_replica
+        return [",".join(visible[k * size : (k + 1) * size]) for k in range(self.replicas)]
+
+
+class AttackRef(Record):
+    """An adaptive attack's rules as the read side needs them: what breaks a goal and when its attack is done."""
+
+    strategy: str
+    streams: int = Field(ge=1, description="Chains (or conversations) per goal.")
+    success_threshold: float = Field(gt=0.5, le=1.0, description="A judge score at or above this breaks the goal.")
+    query_budget: int = Field(ge=1, description="Target queries each goal may spend.")
+
+    def breaks(self, score: float | None, error: str | None = None) -> bool:
+        """Whether a judged answer breaks its goal: made without error, and scored at or above the threshold."""
+        return error is None and score is not None and score >= self.success_threshold
+
+
+class ItemRef(Record):
+    """One item of a run's dataset and the turns of it that are judged: what the gate expects results for."""
+
+    id: str
+    turns: list[int] = Field(min_length=1, description="The judged turns (1-based).")
+    benign: bool = Field(False, description="Benign (over-refusal) items are not attacked.")
+
+
+class DatasetRef(Record):
+    """The dataset a run evaluated: its file by content, and every item of it (all shards together)."""
+
+    path: str
+    spec: str | None
+    sha256: str
+    n_items: int = Field(ge=0, description="Items of the whole dataset (a shard runs its share of them).")
+    items: list[ItemRef] | None = Field(
+        None, description="Every item and its judged turns; the gate requires a result for each (None: older runs)."
+    )
+
+    def expected_keys(self, samples: dict[str, int]) -> set[AnswerKey] | None:
+        """(target, item, sample, turn) of every answer a complete run judged, for targets with `samples` each."""
+        if self.items is None:
+            return None
+        return {
+            (target, item.id, sample, turn)
+            for target, n in samples.items()
+            for item in self.items
+            for sample in range(n)
+            for turn in item.turns
+        }
+
+
+class JudgeRef(Record):
+    """Which judge made a run's verdicts: what two runs must share for their verdicts to mean the same."""
+
+    rubric: str = Field(description="The harm judge (or panel) of harmful items.")
+    benign_rubric: str
+    scoring: Literal["sampled", "probability"]
+    turns: str
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="What else shapes verdicts: reasoning, a policy file's content hash."
+    )
+    kind: str
+    model: str | None
+    model_hash: str | None
+    lora_hash: str | None
+    instructions: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each judge's own instructions (its system prompt) by name: what judge health reads a copied "
+        "rationale against, so the read side needs no judge code.",
+    )
+
+    def differences(self, other: JudgeRef) -> list[str]:
+        """'field: this vs other' for every field that differs (the model compared by content where known)."""
+        # The same weights are the same judge however they are served (offline or behind an API)
+        skip = {"model", "kind"} if self.model_hash and other.model_hash else {"model_hash"}
+        mine, theirs = self.model_dump(exclude=skip), other.model_dump(exclude=skip)
+        found = [f"{k}: {mine[k]} vs {theirs[k]}" for k in mine if k != "instructions" and mine[k] != theirs[k]]
+        changed = sorted(
+            k for k in set(self.instructions) & set(other.instructions) if self.instructions[k] != other.instructions[k]
+        )
+        return found + [f"the instructions of judge {name} differ" for name in changed]
+
+
+class TargetRef(Record):
+    """A target of a run: its samples per item and its model by content."""
+
+    samples: int = Field(ge=1)
+    model: str
+    model_hash: str | None
+    lora_hash: str | None
+    chat_template_hash: str | None = None
+
+
+class SourceRun(Record):
+    """A run a merged run was made from."""
+
+    run_dir: str
+    run_id: str
+    engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class Manifest(Record):
+    """manifest.json: what ran, on what, with which versions, and whether it finished."""
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    status: Literal["running", "complete"]
+    started: str | None = None
+    updated: str | None = None
+    config: dict[str, Any]
+    dataset: DatasetRef
+    shard: dict[str, int] | None = None
+    host: dict[str, Any] | None = None
+    seeds: dict[str, int] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    gpu_plan: GpuPlan | None = Field(None, description="How the run used the node's GPUs (replicas, tensor parallel).")
+    timings: dict[str, dict[str, float]] = Field(default_factory=dict)
+    merged_from: list[str] | None = Field(None, description="The run directories a merged run was made from.")
+    sources: list[SourceRun] | None = None
+    judge: JudgeRef | None = Field(None, description="The judge of every verdict (None: older runs).")
+    targets: dict[str, TargetRef] = Field(default_factory=dict, description="Each target by label.")
+    attack: AttackRef | None = Field(None, description="The adaptive attack's rules (None: no attack).")
+
+    @property
+    def gate_settings(self) -> dict[str, Any]:
+        """The run config's `gate:` thresholds (as written; the gate validates them with its options)."""
+        return dict(self.config.get("gate") or {})
+
+    @property
+    def baseline(self) -> str | None:
+        """The run config's baseline target, if any."""
+        return self.config.get("baseline")
+
+    def run_ids(self) -> set[str]:
+        """The run ids its results may carry: its own, or those of the runs it was merged from."""
+        return {self.run_id, *(source.run_id for source in self.sources or [])}
+
+    def samples(self) -> dict[str, int]:
+        """Each target's label and its samples per item."""
+        return {label: target.samples for label, target in self.targets.items()}
+
+    def expected_keys(self) -> set[AnswerKey] | None:
+        """(target, item, sample, turn) of every answer the complete run judged (None: an older manifest)."""
+        return self.dataset.expected_keys(self.samples())
+
+
+def read_manifest_file(run_dir: Path) -> Manifest:
+    """A run directory's manifest.json as the typed record, whatever the run's status."""
+    return read_model(run_dir / MANIFEST, Manifest, "run manifest")
+
+
+def write_manifest(run_dir: Path, manifest: Manifest) -> None:
+    """manifest.json (the only writer of the file)."""
+    atomic.write_text(run_dir / MANIFEST, manifest.model_dump_json(indent=2) + "\n")

@@ -1,0 +1,257 @@
+"""The records of a run directory, one per answer: what the target answered (generations.jsonl), what the judge
+made of it (results.jsonl, and attacks.jsonl for an adaptive attack's steps), and the judge's verdicts on the
+control answers (judge_controls.jsonl).
+
+Every record is a pydantic model, validated when written and when read: a file from another version is a clear
+error naming the file, line and field, never a guessed key. The JSON Schema of ResultRecord ships as
+`diagsafe_local/schemas/result.schema.json`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from diagsafe_local.core import jsonl
+from diagsafe_local.core.jsonl import KeyedRecord
+from diagsafe_local.core.messages import Message
+from diagsafe_local.runs.files import ATTACKS, CONTROLS, GENERATIONS
+
+SCHEMA_VERSION = 1
+ParseStatus = Literal["ok", "truncated", "invalid", "error"]
+
+
+class Record(BaseModel):
+    """A record the tool writes: unknown fields are errors, never ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenCounts(Protocol):
+    """What an engine's completion says about its tokens."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int: ...
+
+    @property
+    def cached_tokens(self) -> int: ...
+
+
+class ReasoningTrace(BaseModel):
+    """What a judge thought before its verdict (as drawn, and as results and verdict stores keep it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    text: str | None = Field(description="The reasoning (None when not stored).")
+    tokens: int = Field(ge=0, description="Tokens of the reasoning phase.")
+    closed_by_budget: bool = Field(
+        False, description="The phase ran out of judge.reasoning_max_tokens and was closed for the model."
+    )
+
+    def kept(self, store: bool = True, max_chars: int | None = None) -> ReasoningTrace:
+        """The trace as stored: without its text, or with the text cut to `max_chars` (the cut said)."""
+        if not store or self.text is None:
+            return self.model_copy(update={"text": None})
+        if max_chars is not None and len(self.text) > max_chars:
+            cut = len(self.text) - max_chars
+            return self.model_copy(update={"text": f"{self.text[:max_chars]}… [{cut} characters not stored]"})
+        return self
+
+
+class Usage(BaseModel):
+    """Token counts of one engine call for one request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @classmethod
+    def of(cls, completion: TokenCounts) -> Usage:
+        """A completion's token counts."""
+        return cls(
+            prompt_tokens=completion.prompt_tokens,
+            completion_tokens=completion.completion_tokens,
+            cached_tokens=completion.cached_tokens,
+        )
+
+
+class EngineRef(BaseModel):
+    """Which engine produced a text: kind (vllm, openai, transformers), model, adapter, endpoint (never keys)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    model: str
+    lora: str | None = None
+    base_url: str | None = None
+
+
+AnswerKey = tuple[str, str, int, int]  # (target, item_id, sample, turn): one answer of a run
+
+
+class AnswerRecord(KeyedRecord):
+    """A record about one answer of a run, kept by its `AnswerKey` (these fields come first)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str
+    item_id: str
+    sample: int = Field(ge=0)
+    turn: int = Field(ge=1)
+
+    @property
+    def key(self) -> AnswerKey:
+        return (self.target, self.item_id, self.sample, self.turn)
+
+
+class GenerationRecord(AnswerRecord):
+    """One answer of the target (generated or pre-filled) at one turn of one sample of one item."""
+
+    answer: str
+    finish_reason: str | None
+    prefilled: bool = False
+    usage: Usage = Field(default_factory=Usage)
+    error: str | None = None
+    request_key: str | None = Field(
+        None,
+        description="Hash of the model and the exact conversation sent; a resumed "
+        "run reuses the answer only while it matches.",
+    )
+
+
+class PanelVote(BaseModel):
+    """One panel member's verdict on an answer (`judge.panel`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rubric: str
+    raw: str | None
+    verdict: dict[str, Any] | None
+    score: float | None
+    parse_status: ParseStatus
+    error: str | None = None
+
+
+class AttackInfo(BaseModel):
+    """Where a judged answer stands in an adaptive attack (attacks.jsonl: `sample` is the stream, `turn` the
+    chain's step)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: str
+    goal: str = Field(description="What the attack aims at: the item's request, as the judge grades against it.")
+    stream: int = Field(ge=0, description="The chain (pair) or conversation (crescendo) of its goal.")
+    step: int = Field(ge=1, description="1-based step of the chain: one attacker prompt and one target answer.")
+    depth: int = Field(ge=1, description="pair: the refinement; crescendo: the conversation turn.")
+    turn: int = Field(ge=1, description="The conversation turn the answer responds to (pair: always 1).")
+    parent: int | None = Field(description="The step this one builds on (None: the chain's first).")
+    attacker_prompt: str = Field(description="What the attacker wrote and the target was sent last.")
+    improvement: str = ""
+    backtracked: bool = Field(False, description="crescendo: the target refused and the turn was taken back.")
+    refused: bool = Field(False, description="The refusal detector's reading of the answer.")
+    end: Literal["success", "depth", "turns", "error"] | None = Field(
+        None, description="Why the chain ended at this step (None: it went on, or its goal was broken elsewhere)."
+    )
+    chain_key: str = Field(
+        description="Hash of what the chain depends on; a resumed run reuses it only while it matches."
+    )
+    attacker_usage: Usage = Field(default_factory=Usage)
+
+    @property
+    def queried(self) -> bool:
+        """Whether the step asked the target (an attacker that failed wrote no prompt, and spent no query)."""
+        return bool(self.attacker_prompt)
+
+
+class ResultRecord(KeyedRecord):
+    """One judged answer: the full conversation, the answer, the judge's raw output, verdict and score."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    run_id: str
+    target: str
+    item_id: str
+    sample: int = Field(ge=0, description="Sample index (0..n-1) when the target answers n times.")
+    turn: int = Field(ge=1, description="1-based user turn the answer responds to.")
+    category: str = ""
+    source: str = ""
+    attack_method: str = ""
+    benign: bool = False
+    final_turn: bool = Field(True, description="The conversation's last user turn: only these count toward ASR.")
+    conversation: list[Message] = Field(description="Messages up to and including the judged user turn.")
+    answer: str
+    finish_reason: str | None
+    target_usage: Usage
+    target_engine: EngineRef
+    judge_engine: EngineRef
+    judge_rubric: str
+    panel: list[PanelVote] | None = Field(None, description="Each member's verdict when a panel judged the answer.")
+    judge_raw: str | None
+    verdict: dict[str, Any] | None
+    score: float | None = Field(description="1 = harmful, 0 = not harmful; None unless parse_status is ok.")
+    parse_status: ParseStatus
+    attempts: int = Field(ge=0)
+    error: str | None = None
+    judge_usage: Usage = Field(default_factory=Usage)
+    reasoning: ReasoningTrace | None = Field(None, description="The judge's reasoning phase, where it had one.")
+    judge_logprobs: list[float] | None = Field(
+        None, description="Token logprobs of the judge reply, where the engine gives them."
+    )
+    judge_key: str | None = Field(
+        None,
+        description="Hash of the judge (model by content, rubric) and of everything it "
+        "was shown; a resumed run reuses the verdict only while it matches.",
+    )
+    attack: AttackInfo | None = Field(None, description="The adaptive attack step (attacks.jsonl only).")
+
+    @property
+    def key(self) -> AnswerKey:  # its own fields' order (run_id first) stays that of the published format
+        return (self.target, self.item_id, self.sample, self.turn)
+
+
+class ControlRecord(KeyedRecord):
+    """The judge's verdict on one control: a known answer that is not harmful."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    item_id: str
+    kind: str
+    judge_rubric: str
+    score: float | None
+    parse_status: str
+    judge_raw: str | None
+    judge_key: str | None = None  # the judge (by content) and what it was shown, as for result records
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.judge_rubric, self.item_id, self.kind)
+
+
+def read_results(path: Path) -> list[ResultRecord]:
+    """All result records of a finished run directory's results.jsonl, validated (a torn line is an error)."""
+    return jsonl.read_records(path, ResultRecord)[0]
+
+
+def read_attacks(run_dir: Path) -> list[ResultRecord]:
+    """A run directory's attack steps (attacks.jsonl), validated; none when the run wrote no such file."""
+    path = run_dir / ATTACKS
+    return read_results(path) if path.is_file() else []
+
+
+def read_generations(run_dir: Path) -> list[GenerationRecord]:
+    """A run directory's answers (generations.jsonl), validated."""
+    return jsonl.read_records(run_dir / GENERATIONS, GenerationRecord)[0]
+
+
+def read_controls(run_dir: Path) -> list[ControlRecord]:
+    """A run directory's verdicts on the control answers; none when the run wrote no such file."""
+    path = run_dir / CONTROLS
+    return jsonl.read_records(path, ControlRecord)[0] if path.is_file() else []

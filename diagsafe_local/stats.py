@@ -1,0 +1,230 @@
+"""The project's statistics, in one place: intervals for rates, paired differences and corrected rates.
+
+- Wilson score intervals for a share of n (honest at small n and at 0% or 100%, where a percentile bootstrap
+  collapses to a point), and `rate`, the summaries' rate record built on it;
+- Newcombe's hybrid score interval for a paired difference of proportions (1998, method 10), a paired
+  bootstrap for fractional scores, McNemar's exact test, the power of that test (Connor 1987) and the pairs a
+  non-inferiority comparison needs;
+- Rogan-Gladen's correction of a rate for a judge's measured error rates, with an interval that carries the
+  uncertainty of the run and of the validation (Jeffreys draws), for one rate and for a paired difference;
+- a percentile bootstrap over items for composite figures (balanced accuracy, F1, kappa, AUROC, ...).
+
+Every figure here is tested against an independent reference (statsmodels, scipy, a hand computation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+Z95 = 1.959963984540054  # the 97.5th percentile of the standard normal
+ALPHA = 0.05
+POWER = 0.8
+BOOTSTRAP = 2000
+SEED = 0
+
+
+def wilson(successes: float, n: int) -> tuple[float | None, float | None]:
+    """95% Wilson score interval for a share of `n` (the formula statsmodels' `proportion_confint(method="wilson")`
+    computes, here in closed form: it is called for every group of every summary). `successes` may be a sum of
+    scores in [0, 1]: such a score's variance is at most p(1 - p), so the interval is conservative for them."""
+    if n == 0:
+        return None, None
+    p = successes / n
+    z2 = Z95 * Z95
+    denominator = 1 + z2 / n
+    center = (p + z2 / (2 * n)) / denominator
+    half = Z95 / denominator * math.sqrt(max(0.0, p * (1 - p) / n + z2 / (4 * n * n)))
+    return bracket(p, center - half, center + half)
+
+
+def rate(successes: int, n: int) -> dict[str, Any]:
+    """`successes` of `n` as a summary's rate record: the share (None when n = 0) with its Wilson 95% interval."""
+    low, high = wilson(successes, n)
+    return {"rate": successes / n if n else None, "ci_low": low, "ci_high": high, "n": n}
+
+
+def bracket(point: float, low: float, high: float) -> tuple[float, float]:
+    """An interval clamped to [0, 1] that contains its own point estimate exactly. Wilson's formula in floating
+    point gives 2.8e-17 for 0 of 7 and 0.9999999999999999 for 7 of 7: an interval that excludes its estimate
+    (and negative error bars in a chart)."""
+    point = min(1.0, max(0.0, point))
+    return min(point, max(0.0, low)), max(point, min(1.0, high))
+
+
+# -- paired differences --------------------------------------------------------------------------------------
+
+
+def newcombe_paired(both: int, b_only: int, a_only: int, neither: int) -> tuple[float, float]:
+    """95% interval for p_B - p_A from paired binary data (Newcombe 1998, method 10): `both` harmful in A and B,
+    `b_only` in B only, `a_only` in A only, `neither`. Wilson intervals of both proportions, joined through the
+    continuity-corrected correlation phi of the pairs."""
+    n = both + b_only + a_only + neither
+    p_b, p_a = (both + b_only) / n, (both + a_only) / n
+    l_b, u_b = wilson(both + b_only, n)
+    l_a, u_a = wilson(both + a_only, n)
+    assert l_b is not None and u_b is not None and l_a is not None and u_a is not None
+    cross: float = both * neither - b_only * a_only
+    if cross > 0:
+        cross = max(cross - n / 2, 0.0)
+    margins = (both + b_only) * (a_only + neither) * (both + a_only) * (b_only + neither)
+    phi = cross / math.sqrt(margins) if margins else 0.0
+    diff = p_b - p_a
+    lower = math.sqrt(max(0.0, (p_b - l_b) ** 2 - 2 * phi * (p_b - l_b) * (u_a - p_a) + (u_a - p_a) ** 2))
+    upper = math.sqrt(max(0.0, (u_b - p_b) ** 2 - 2 * phi * (u_b - p_b) * (p_a - l_a) + (p_a - l_a) ** 2))
+    return max(-1.0, min(diff, diff - lower)), min(1.0, max(diff, diff + upper))
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, draws: int = BOOTSTRAP, seed: int = SEED) -> np.ndarray:
+    """Mean differences b - a over `draws` resamples of the pairs (the same pairs drawn for both)."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(a), size=(draws, len(a)))
+    return (b[picks] - a[picks]).mean(axis=1)
+
+
+def mcnemar_p(b: int, c: int) -> float:
+    """McNemar's exact test on the discordant pairs (statsmodels): two-sided binomial test of b vs c."""
+    from statsmodels.stats.contingency_tables import mcnemar
+
+    return float(mcnemar([[0, b], [c, 0]], exact=True).pvalue)
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm-adjusted p-values (statsmodels), in the order given."""
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(p) for p in multipletests(p_values, method="holm")[1]]
+
+
+def _power(delta: float, n: int, discordance: float, alpha: float) -> float:
+    """Power of the two-sided McNemar test to detect p_B - p_A = delta with n pairs (Connor 1987)."""
+    from scipy.stats import norm
+
+    psi = max(discordance, delta)  # at least |delta| of the pairs must be discordant
+    if psi <= 0 or n <= 0:
+        return 0.0
+    spread = math.sqrt(max(psi - delta**2, 1e-12))
+    return float(norm.cdf((delta * math.sqrt(n) - norm.ppf(1 - alpha / 2) * math.sqrt(psi)) / spread))
+
+
+def min_detectable_increase(n: int, discordance: float, alpha: float = ALPHA, power: float = POWER) -> float | None:
+    """The smallest increase of the harmful rate detected with `power` at `alpha` (two-sided) with `n` pairs of
+    which a share `discordance` disagree; None when no increase up to 1 is (n too small)."""
+    if n == 0 or _power(1.0, n, discordance, alpha) < power:
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(60):  # bisection: power grows with delta
+        mid = (low + high) / 2
+        low, high = (mid, high) if _power(mid, n, discordance, alpha) < power else (low, mid)
+    return high
+
+
+# -- a judge's error rates -----------------------------------------------------------------------------------
+
+
+class ConfusionCounts(Protocol):
+    """A validated judge's confusion counts on a gold set (positive = harmful)."""
+
+    tp: float
+    fp: float
+    tn: float
+    fn: float
+
+
+def rogan_gladen(p: float, se: float, sp: float) -> float | None:
+    """The corrected prevalence (p + sp - 1) / (se + sp - 1) (Rogan and Gladen, 1978), clipped to [0, 1]; None
+    when the judge is no better than chance."""
+    if se + sp - 1 <= 0:
+        return None
+    return float(np.clip((p + sp - 1) / (se + sp - 1), 0.0, 1.0))
+
+
+def _jeffreys(counts: ConfusionCounts, rng: np.random.Generator, draws: int) -> tuple[np.ndarray, np.ndarray]:
+    """Draws of sensitivity and specificity from their Jeffreys Beta(k + 1/2, n - k + 1/2) posteriors."""
+    se = rng.beta(counts.tp + 0.5, counts.fn + 0.5, draws)
+    sp = rng.beta(counts.tn + 0.5, counts.fp + 0.5, draws)
+    return se, sp
+
+
+def corrected_rate(
+    k: float, n: int, counts: ConfusionCounts, draws: int = 4000, seed: int = SEED
+) -> tuple[float | None, float | None, float | None]:
+    """(corrected rate, 95% low, 95% high) for k of n answers judged harmful by a judge with these confusion
+    counts; `k` may be a sum of scores in [0, 1] (ASR with uncertain = 0.5). p, se and sp are drawn from their
+    Jeffreys posteriors (a parametric bootstrap that stays honest when a count is 0 or n); the interval always
+    contains the estimate, and is None when the judge is too often no better than chance to bound it."""
+    positives, negatives = counts.tp + counts.fn, counts.tn + counts.fp
+    if n == 0 or positives == 0 or negatives == 0:
+        return None, None, None
+    value = rogan_gladen(k / n, counts.tp / positives, counts.tn / negatives)
+    if value is None:
+        return None, None, None
+    rng = np.random.default_rng(seed)
+    p = rng.beta(k + 0.5, n - k + 0.5, draws)
+    se, sp = _jeffreys(counts, rng, draws)
+    informative = se + sp - 1 > 0
+    corrected = np.clip((p + sp - 1)[informative] / (se + sp - 1)[informative], 0.0, 1.0)
+    if informative.mean() < 0.975:  # too often no better than chance to bound it
+        return value, None, None
+    # a draw where the judge is no better than chance bounds nothing: it counts as the worst case
+    corrected = np.concatenate([corrected, np.ones(int((~informative).sum()))])
+    low, high = bracket(value, float(np.percentile(corrected, 2.5)), float(np.percentile(corrected, 97.5)))
+    return value, low, high
+
+
+def corrected_difference(
+    scores_a: np.ndarray, scores_b: np.ndarray, counts: ConfusionCounts, draws: int = BOOTSTRAP
+) -> tuple[float | None, float | None, float | None]:
+    """The difference of corrected ASRs (Rogan-Gladen of each, so the difference is diff / (se + sp - 1)), with
+    a 95% interval from paired resamples and Jeffreys draws of se and sp."""
+    positives, negatives = counts.tp + counts.fn, counts.tn + counts.fp
+    if not positives or not negatives:
+        return None, None, None
+    youden = counts.tp / positives + counts.tn / negatives - 1
+    if youden <= 0:
+        return None, None, None
+    value = float(scores_b.mean() - scores_a.mean()) / youden
+    se, sp = _jeffreys(counts, np.random.default_rng(SEED + 1), draws)
+    informative = se + sp - 1 > 0
+    if informative.mean() < 0.975:
+        return value, None, None
+    spread = paired_bootstrap(scores_a, scores_b, draws)[informative] / (se + sp - 1)[informative]
+    low, high = float(np.percentile(spread, 2.5)), float(np.percentile(spread, 97.5))
+    return value, min(low, value), max(high, value)
+
+
+# -- composite figures ---------------------------------------------------------------------------------------
+
+
+def bootstrap(
+    n: int, statistic: Callable[[np.ndarray], dict[str, float]], resamples: int, seed: int
+) -> dict[str, tuple[float, float]]:
+    """Percentile 95% CI of every figure `statistic(indices)` returns, over `resamples` resamples of n items
+    (NaN-valued resamples, e.g. AUROC of a one-class resample, are left out)."""
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {}
+    for _ in range(resamples):
+        for name, value in statistic(rng.integers(0, n, n)).items():
+            draws.setdefault(name, []).append(value)
+    intervals = {}
+    for name, values in draws.items():
+        array = np.array(values, dtype=float)
+        array = array[np.isfinite(array)]
+        intervals[name] = (
+            (float(np.percentile(array, 2.5)), float(np.percentile(array, 97.5))) if len(array) else (np.nan, np.nan)
+        )
+    return intervals
+
+
+def items_needed(baseline_asr: float, margin: float, discordance: float | None = None) -> int:
+    """Pairs a non-inferiority comparison needs: 80% power that the upper 95% bound of the increase stays under
+    `margin` when the candidate is truly as safe as the baseline. Without a measured `discordance`, the
+    conservative 2p(1-p) of unrelated verdicts (paired verdicts agree more often, so fewer pairs suffice)."""
+    from scipy.stats import norm
+
+    psi = discordance if discordance is not None else 2 * baseline_asr * (1 - baseline_asr)
+    psi = max(psi, 1e-6)
+    return math.ceil((norm.ppf(1 - ALPHA / 2) + norm.ppf(POWER)) ** 2 * psi / margin**2)
