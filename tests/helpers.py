@@ -244,3 +244,11 @@ def write_plugin(root: Path, broken: bool = False) -> Path:
         (bad / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
         (bad / "entry_points.txt").write_text("[diagsafe_local.judges]\nbroken = no_such_module:judge\n")
     return root
+
+
+def gate_figures(summary, validation=None, **command_line):
+    """The gate's decision on a summary's figures with limits as given on the command line."""
+    from diagsafe_local.runs.gate import check_figures
+    from diagsafe_local.runs.limits import resolve
+
+    return check_figures(summary, resolve(command_line, None), validation=validation)

@@ -296,7 +296,7 @@ GATE = ("--max-asr", "1", "--allow-degenerate-judge")
 
 
 def test_the_gate_refuses_a_shard_an_empty_shard_and_a_merge_of_some_shards(tmp_path, monkeypatch):
-    from diagsafe_local.evaluation.sharding import shard_of
+    from diagsafe_local.runs.manifest import shard_of
 
     scripted(monkeypatch)
     items = write_items(tmp_path / "items.jsonl", 8)
@@ -350,7 +350,7 @@ def test_the_gate_recomputes_every_figure_from_the_results(tmp_path, monkeypatch
     (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     _rewrite_summary(run_dir, lambda s: s.update(results_sha256=file_sha256(run_dir / "results.jsonl")))
     forged = cli("gate", run_dir, "--max-asr", "0.2", "--allow-degenerate-judge")
-    assert forged.exit_code == 3 and "does not match results.jsonl" in forged.text
+    assert forged.exit_code == 3 and "does not match the run's records" in forged.text
     report = cli("report", run_dir)  # the report says the same, as a banner, and still renders
     assert report.exit_code == 0 and "does not verify" in report.text
     assert "NOT VERIFIED" in (run_dir / "report.md").read_text()

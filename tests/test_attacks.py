@@ -289,7 +289,7 @@ def test_the_gate_limits_the_attack_success_rate_on_figures_it_recomputes(tmp_pa
 
 
 def test_a_sharded_attack_merges_into_the_figures_and_steps_of_one_run(tmp_path):
-    from diagsafe_local.evaluation.sharding import Shard, shard_of
+    from diagsafe_local.runs.manifest import Shard, shard_of
 
     whole = Run(attack_config(tmp_path), engine_factory=Engines()).execute().targets["t"].attack
     goals = [g["id"] for g in GOALS if not g.get("benign")]
@@ -310,11 +310,11 @@ def test_a_sharded_attack_merges_into_the_figures_and_steps_of_one_run(tmp_path)
     failed = cli.invoke(app, ["gate", str(tmp_path / "merged"), "--max-attack-asr", "0.5"])
     assert failed.exit_code == 1 and "pair attack success rate 66.7% (2/3)" in failed.output, failed.output
     assert cli.invoke(app, ["gate", str(tmp_path / "merged"), "--max-attack-asr", "0.7"]).exit_code == 0
-    # a torn attack step in a shard: exit 2 naming the file and line, and nothing merged
+    # a torn attack step in a shard: the shard does not verify (exit 3, naming the file and line); nothing merged
     steps_file = shards[-1] / "attacks.jsonl"
     steps_file.write_text(steps_file.read_text() + '{"schema_version": 1, "run_id": \n')
     torn = cli.invoke(app, ["merge", *map(str, shards), "--out", str(tmp_path / "torn")])
-    assert torn.exit_code == 2 and "attacks.jsonl" in torn.output and "line" in torn.output, torn.output
+    assert torn.exit_code == 3 and "attacks.jsonl" in torn.output and "line" in torn.output, torn.output
     assert "Traceback" not in torn.output and not (tmp_path / "torn").exists()
     # a run attacked otherwise (here: not at all) cannot be pooled with these figures
     plain = config.model_copy(update={"attack": None, "output_dir": str(tmp_path / "plain")})

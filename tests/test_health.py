@@ -6,6 +6,7 @@ import json
 
 import pytest
 from fakes import default_responder
+from helpers import gate_figures
 from test_pipeline_unit import Factory, make_config
 
 from diagsafe_local.core.messages import Message
@@ -14,7 +15,6 @@ from diagsafe_local.evaluation.config import RunConfig, load_config
 from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.judging import JUDGES
-from diagsafe_local.runs.gate import GateConfig, check_gate
 from diagsafe_local.runs.health import judge_health
 from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
 from diagsafe_local.runs.summary import Summary
@@ -99,8 +99,8 @@ def test_controls_catch_a_judge_that_calls_a_refusal_harmful_and_the_gate_refuse
     assert health["n_controls"] == 3 * len(CONTROL_ANSWERS)  # 3 harmful items in the unit-test set
     assert health["control_mean_score"] == 1.0 and health["degenerate"]
     assert (tmp_path / "bad" / "run" / "judge_controls.jsonl").is_file()
-    assert not check_gate(Summary.model_validate(summary), GateConfig(max_asr=1.0)).passed
-    assert check_gate(Summary.model_validate(summary), GateConfig(max_asr=1.0, allow_degenerate_judge=True)).passed
+    assert not gate_figures(Summary.model_validate(summary), max_asr=1.0).passed
+    assert gate_figures(Summary.model_validate(summary), max_asr=1.0, allow_degenerate_judge=True).passed
 
     good = (
         Run(make_config(tmp_path / "good"), engine_factory=Factory())

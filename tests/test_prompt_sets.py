@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from fakes import ScriptedEngine, default_responder
+from helpers import gate_figures
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -19,7 +20,6 @@ from diagsafe_local.evaluation.config import DatasetConfig, RunConfig
 from diagsafe_local.evaluation.items import load_items
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS, fetch, load_configured, load_set
-from diagsafe_local.runs.gate import GateConfig, check_gate
 from diagsafe_local.runs.records import read_results
 from diagsafe_local.runs.summary import Summary
 
@@ -298,5 +298,5 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
             controls = [r for r in judged if any(a in r.messages[-1].content for a in CONTROL_ANSWERS.values())]
             assert len(judged) - len(controls) == 2  # only the harmful items went to the judge model
             assert len(controls) == 2 * len(CONTROL_ANSWERS)  # and the controls, under the two harmful prompts
-        assert not check_gate(Summary.model_validate(summary), GateConfig(max_asr=1.0, max_over_refusal=0.2)).passed
-        assert check_gate(Summary.model_validate(summary), GateConfig(max_asr=1.0, max_over_refusal=0.6)).passed
+        assert not gate_figures(Summary.model_validate(summary), max_asr=1.0, max_over_refusal=0.2).passed
+        assert gate_figures(Summary.model_validate(summary), max_asr=1.0, max_over_refusal=0.6).passed

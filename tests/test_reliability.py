@@ -105,14 +105,17 @@ def test_gate_refuses_an_unfinished_run_with_its_own_exit_code(tmp_path):
 def test_corrupt_run_files_and_bad_thresholds_are_input_errors_not_tracebacks(tmp_path):
     run_dir = _finished_run(tmp_path)
     bad = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1.5"])
-    assert bad.exit_code == 2 and "invalid gate thresholds: max_asr" in " ".join(bad.output.split())
+    assert bad.exit_code == 2 and "--max-asr: a limit must be a number in [0, 1], got 1.5" in " ".join(
+        bad.output.split()
+    )
+    # a run file that does not read is a run the gate cannot verify: refused (3), naming the file
     (run_dir / "summary.json").write_text('{"targets": {')
     for command in (["gate", str(run_dir), "--max-asr", "1"], ["report", str(run_dir)]):
         result = CliRunner().invoke(app, command)
-        assert result.exit_code == 2 and "corrupt run summary" in " ".join(result.output.split()), command
+        assert result.exit_code == 3 and "corrupt run summary" in " ".join(result.output.split()), command
     (run_dir / "manifest.json").write_bytes(b"\xff\xfe")
     result = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1"])
-    assert result.exit_code == 2 and "corrupt run manifest" in " ".join(result.output.split())
+    assert result.exit_code == 3 and "corrupt run manifest" in " ".join(result.output.split())
     missing = CliRunner().invoke(app, ["compare", str(tmp_path / "nope"), str(run_dir)])
     assert missing.exit_code == 2 and "Traceback" not in missing.output
 
@@ -380,4 +383,4 @@ def test_a_summary_of_another_version_is_a_clear_error_not_a_guessed_key(tmp_pat
     (run_dir / "summary.json").write_text(json.dumps(summary))
     result = CliRunner().invoke(app, ["gate", str(run_dir), "--max-asr", "1"])
     message = " ".join(result.output.split())
-    assert result.exit_code == 2 and "not a run summary of this version" in message and "judge_health" in message
+    assert result.exit_code == 3 and "not a run summary of this version" in message and "judge_health" in message

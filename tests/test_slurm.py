@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from diagsafe_local.cli import app
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
-from diagsafe_local.evaluation.sharding import Shard, shard_of
+from diagsafe_local.runs.manifest import Shard, shard_of
 from diagsafe_local.selftest import synthetic_items
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

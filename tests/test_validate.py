@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import REPO, SAMPLE
+from helpers import REPO, SAMPLE, gate_figures
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -360,7 +360,6 @@ def test_a_validated_judge_corrects_the_run_and_the_gate_decides_on_the_correcte
 
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.pipeline import Run
-    from diagsafe_local.runs.gate import GateConfig, check_gate
     from diagsafe_local.runs.report import write_report
     from diagsafe_local.stats import rogan_gladen
 
@@ -393,23 +392,19 @@ def test_a_validated_judge_corrects_the_run_and_the_gate_decides_on_the_correcte
     assert corrected["ci_low"] <= corrected["value"] <= corrected["ci_high"] < 1
     assert summary["judge_validation"]["fpr_measured"] == pytest.approx(0.2)
     high = corrected["ci_high"]
-    assert check_gate(
-        Summary.model_validate(summary), GateConfig(max_asr=high + 0.01, corrected=True, allow_degenerate_judge=True)
-    ).passed
-    failed = check_gate(
-        Summary.model_validate(summary), GateConfig(max_asr=high - 0.01, corrected=True, allow_degenerate_judge=True)
-    )
+    figures = Summary.model_validate(summary)
+    rates = figures.judge_validation
+    assert gate_figures(figures, rates, max_asr=high + 0.01, corrected=True, allow_degenerate_judge=True).passed
+    failed = gate_figures(figures, rates, max_asr=high - 0.01, corrected=True, allow_degenerate_judge=True)
     assert not failed.passed and any("corrected ASR" in line for line in failed.lines)
-    assert check_gate(
-        Summary.model_validate(summary), GateConfig(max_asr=0.35, allow_degenerate_judge=True)
-    ).passed  # the observed ASR alone would pass
+    assert gate_figures(figures, rates, max_asr=0.35, allow_degenerate_judge=True).passed  # observed ASR alone passes
     assert any("FPR 20.0%" in line for line in failed.lines)
     write_report(tmp_path / "run")
     report = (tmp_path / "run" / "report.md").read_text()
     assert "corrected" in report and "FNR 20.0%" in report
 
     plain = run({"model": "j"}, "plain")
-    gated = check_gate(Summary.model_validate(plain), GateConfig(max_asr=1.0, corrected=True))
+    gated = gate_figures(Summary.model_validate(plain), max_asr=1.0, corrected=True)
     assert not gated.passed and any("never validated" in line for line in gated.lines)
     with pytest.raises(DiagsafeError, match="not this run's judge"):
         run({"model": "other", "validation": str(validation)}, "other")

@@ -1,16 +1,22 @@
-"""`diagsafe-local gate RUN_DIR`: exit 0 if the checkpoint meets the thresholds, 1 if not."""
+"""`diagsafe-local gate RUN_DIR`: exit 0 if the checkpoint meets the limits, 1 if not, 3 if the run (or its
+baseline) does not verify or anything unexpected happens. Its limit options are generated from the limits
+table (`runs.limits`); it imports only the read side of the package."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from diagsafe_local.commands.common import user_errors
+from diagsafe_local.runs.limits import LIMITS, SWITCHES
 
 
-def _category_limits(values: list[str], option: str = "--max-asr-category") -> dict[str, float]:
+def _category_limits(values: list[str], option: str) -> dict[str, float]:
     from diagsafe_local.core.errors import DiagsafeError
 
     limits = {}
@@ -25,34 +31,46 @@ def _category_limits(values: list[str], option: str = "--max-asr-category") -> d
     return limits
 
 
+def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command one option per limit and switch of the tables (typed and documented from them); the
+    command receives what was given as `command_line` (per-category limits as dicts)."""
+    original = inspect.signature(fn, eval_str=True)
+    extra = []
+    for limit in LIMITS:
+        kind: Any = list[str] | None if limit.per_category else float | None
+        option = typer.Option(limit.option, help=limit.help, show_default=False)
+        extra.append(
+            inspect.Parameter(
+                limit.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[kind, option]
+            )
+        )
+    for switch in SWITCHES:
+        option = typer.Option(switch.option, help=switch.help)
+        extra.append(
+            inspect.Parameter(
+                switch.name, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, option]
+            )
+        )
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given: dict[str, Any] = {}
+        for limit in LIMITS:
+            value = kwargs.pop(limit.name, None)
+            given[limit.name] = _category_limits(value, limit.option) if limit.per_category and value else value
+        for switch in SWITCHES:
+            given[switch.name] = kwargs.pop(switch.name, False)
+        return fn(*args, **kwargs, command_line=given)
+
+    kept = [p for p in original.parameters.values() if p.name != "command_line"]
+    wrapper.__signature__ = original.replace(parameters=[*kept, *extra])  # type: ignore[attr-defined]
+    return wrapper
+
+
 @user_errors
+@limit_options
 def gate(
     run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
-    max_asr: Annotated[
-        float | None, typer.Option(help="Largest acceptable ASR (default: the config's gate.max_asr).")
-    ] = None,
-    max_asr_category: Annotated[list[str] | None, typer.Option(help="CATEGORY=MAX, repeatable.")] = None,
-    max_failure_rate: Annotated[
-        float | None, typer.Option(help="Largest share of unjudged answers (default 0).")
-    ] = None,
-    max_over_refusal: Annotated[float | None, typer.Option(help="Largest over-refusal rate on benign items.")] = None,
-    max_attack_asr: Annotated[
-        float | None,
-        typer.Option(help="Largest adaptive-attack success rate: goals broken within the budget (needs attack:)."),
-    ] = None,
-    max_truncated_rate: Annotated[
-        float | None, typer.Option(help="Largest share of answers cut off at max_tokens.")
-    ] = None,
-    allow_degenerate_judge: Annotated[
-        bool, typer.Option(help="Pass even if the judge health checks flag a degenerate judge.")
-    ] = False,
-    corrected: Annotated[
-        bool,
-        typer.Option(
-            help="Decide ASR limits on the upper 95% bound of the ASR corrected for the judge's validated FPR/FNR "
-            "(needs judge.validation)."
-        ),
-    ] = False,
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
     baseline: Annotated[
         Path | None,
@@ -60,83 +78,39 @@ def gate(
             help="A baseline run directory (e.g. production's) for --max-asr-increase (default: gate.baseline_run)."
         ),
     ] = None,
-    max_asr_increase: Annotated[
-        float | None,
-        typer.Option(help="Non-inferiority margin: largest acceptable upper bound of the paired ASR increase."),
-    ] = None,
-    max_asr_increase_category: Annotated[
-        list[str] | None, typer.Option(help="CATEGORY=MARGIN, repeatable: the same per category.")
-    ] = None,
     baseline_target: Annotated[str | None, typer.Option(help="The baseline run's target, if it has several.")] = None,
     require_signature: Annotated[
         bool,
         typer.Option(
-            help="Refuse a run directory without a valid signature.json (an HMAC of every run file, made at the end "
-            "of `run` with the key in DIAGSAFE_SIGNING_KEY; the gate needs the same key)."
+            help="Refuse a run (and a baseline run) without a valid signature.json: an HMAC of every run file, made by "
+            "`run` and `merge` with the key in DIAGSAFE_SIGNING_KEY; the gate needs the same key."
         ),
     ] = False,
+    *,
+    command_line: dict[str, Any],
 ) -> None:
-    """Pass (exit 0) or fail (exit 1) a run against ASR thresholds, with a one-screen reason. Every figure is
-    recomputed from results.jsonl; a run that is not complete, lacks a result for any item of its dataset, holds
-    another run's results, or whose summary does not match its results, is refused with exit 3; bad input
-    exits 2."""
-    from pydantic import ValidationError
+    """Pass (exit 0) or fail (exit 1) a run against its limits, with a one-screen reason. The run is verified
+    first (complete, whole, its own, every figure recomputed from its records, its judge validation and
+    signature checked): one that does not verify is refused with exit 3, as is anything unexpected; bad input
+    exits 2. Limits on the command line are the authority; the run's config can only add stricter ones."""
+    from diagsafe_local.core.errors import DiagsafeError, Interrupted, RunFailed
+    from diagsafe_local.runs.gate import gate_run
 
-    from diagsafe_local.core.errors import DiagsafeError, RunFailed
-    from diagsafe_local.runs.baseline import compare_with_baseline
-    from diagsafe_local.runs.gate import GateConfig, check_gate, check_increase
-    from diagsafe_local.runs.verify import verify_run
-
-    verified = verify_run(run_dir, require_signature)
-    if verified.problems:
-        raise RunFailed(f"{run_dir}: refused, the run does not verify:\n  - " + "\n  - ".join(verified.problems))
-    settings = verified.manifest.gate_settings
-    if max_asr is not None:
-        settings["max_asr"] = max_asr
-    if max_asr_category:
-        settings["max_asr_category"] = _category_limits(max_asr_category)
-    if max_failure_rate is not None:
-        settings["max_failure_rate"] = max_failure_rate
-    if max_over_refusal is not None:
-        settings["max_over_refusal"] = max_over_refusal
-    if max_attack_asr is not None:
-        settings["max_attack_asr"] = max_attack_asr
-    if max_truncated_rate is not None:
-        settings["max_truncated_rate"] = max_truncated_rate
-    if allow_degenerate_judge:
-        settings["allow_degenerate_judge"] = True
-    if corrected:
-        settings["corrected"] = True
     if baseline is not None:
-        settings["baseline_run"] = str(baseline)
-    if max_asr_increase is not None:
-        settings["max_asr_increase"] = max_asr_increase
-    if max_asr_increase_category:
-        settings["max_asr_increase_category"] = _category_limits(
-            max_asr_increase_category, "--max-asr-increase-category"
-        )
-    if baseline_target is not None:
-        settings["baseline_target"] = baseline_target
+        command_line["baseline_run"] = str(baseline)
+    command_line["baseline_target"] = baseline_target
     try:
-        thresholds = GateConfig.model_validate(settings)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise DiagsafeError(f"invalid gate thresholds: {problems}") from None
-    for note in verified.notes:
+        run, decision = gate_run(run_dir, command_line, targets=target, require_signature=require_signature)
+    except (DiagsafeError, Interrupted):
+        raise
+    except BaseException as exc:  # fail closed: nothing unexpected may end in a pass, or in the "do not deploy" 1
+        raise RunFailed(
+            f"{run_dir}: refused: the gate stopped on an unexpected {type(exc).__name__} ({exc}); nothing was decided"
+        ) from None
+    for note in run.notes:
         typer.echo(f"NOTE  {note}")
-    result = check_gate(verified.summary, thresholds, target)
-    if thresholds.max_asr_increase is not None or thresholds.max_asr_increase_category:
-        if not thresholds.baseline_run:
-            raise DiagsafeError("--max-asr-increase needs the baseline run: --baseline DIR (or gate.baseline_run)")
-        comparisons = compare_with_baseline(
-            run_dir, Path(thresholds.baseline_run), baseline_target=thresholds.baseline_target
-        )
-        comparisons = [c for c in comparisons if not target or c.candidate in target]
-        increase = check_increase(comparisons, thresholds)
-        result = result.model_copy(
-            update={"passed": result.passed and increase.passed, "lines": result.lines + increase.lines}
-        )
-    for line in result.lines:
+    for line in decision.lines:
         typer.echo(line)
-    typer.echo("GATE PASSED" if result.passed else "GATE FAILED")
-    raise typer.Exit(0 if result.passed else 1)
+    passed = decision.passed is True and decision.checks > 0
+    typer.echo("GATE PASSED" if passed else "GATE FAILED")
+    raise typer.Exit(0 if passed else 1)

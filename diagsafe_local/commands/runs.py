@@ -72,18 +72,26 @@ def compare(
     discordant pairs with Holm-adjusted p-values per breakdown, the smallest increase this many pairs would
     detect, the flips; then the per-item agreement of the verdicts (Cohen's kappa)."""
     from diagsafe_local.commands.common import print_paired
-    from diagsafe_local.runs.baseline import compare_with_baseline
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.runs.baseline import compare_with_baseline, verified
     from diagsafe_local.runs.flips import write_comparison
     from diagsafe_local.runs.merge import compare_runs
 
+    baseline = verified(run_a, "the baseline run" if run_b is not None else "the run")
+    candidate = verified(run_b, "the run") if run_b is not None else baseline
     comparisons = compare_with_baseline(
-        run_b or run_a,
-        run_a if run_b is not None else None,
+        candidate,
+        baseline if run_b is not None else None,
         target=target,
         baseline_target=baseline_target,
         allow_different_judges=allow_different_judges,
         allow_different_datasets=allow_different_datasets,
     )
+    if not comparisons:
+        raise DiagsafeError(
+            f"no target pair to compare ({', '.join(candidate.summary.targets)}): name the pair with --baseline-target "
+            "and --target"
+        )
     agreement = compare_runs(run_a, run_b, allow_different_datasets) if run_b is not None else None
     if out is not None:
         write_comparison(out, comparisons, agreement)

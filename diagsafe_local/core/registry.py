@@ -4,8 +4,8 @@ installed plugins, and entries made on demand from a name (a policy file's path,
 Plugins follow the packaging convention: an installed distribution declares entry points in the registry's
 group (`diagsafe_local.judges`, `diagsafe_local.metrics`, ...); each resolves to what the built-ins register
 (the registry's `adapt` turns it into entries). They load the first time the registry is read. A plugin that
-fails to load, or gives something that is not an entry, is one warning naming its package; the other entries
-still work.
+fails to load (raises anything, `SystemExit` included), or gives something that is not an entry, is one warning
+naming its package; the other entries still work. The read side (`runs`) never reads a registry.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
 from typing import Any, Generic, Protocol, TypeVar
 
-from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.errors import DiagsafeError, Interrupted
 
 log = logging.getLogger("diagsafe_local.plugins")
 BUILT_IN = "diagsafe-local"
@@ -78,7 +78,9 @@ class Registry(Generic[T]):
                 entries = list(self._adapt(point.load(), point.name))
                 for entry in entries:
                     self.add(entry, origin=package)
-            except Exception as exc:  # a broken plugin must not break the commands that do not use it
+            except (KeyboardInterrupt, Interrupted):
+                raise  # the user's interrupt is still an interrupt
+            except BaseException as exc:  # a broken plugin (even one that calls sys.exit) is one warning, no more
                 log.warning(
                     "plugin %s: %s entry point '%s' (%s) was not loaded: %s: %s",
                     package,

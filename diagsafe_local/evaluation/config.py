@@ -15,7 +15,7 @@ from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
 from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.runs.gate import GateConfig
+from diagsafe_local.runs.limits import GateConfig
 from diagsafe_local.runs.manifest import config_fingerprint
 
 

@@ -23,7 +23,7 @@ from diagsafe_local.evaluation.judge_step import judged_turns
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig, judge_name
-from diagsafe_local.runs.manifest import DatasetRef, GpuPlan, ItemRef, JudgeRef, Manifest, TargetRef
+from diagsafe_local.runs.manifest import DatasetRef, GpuPlan, ItemRef, JudgeRef, Manifest, TargetRef, ValidationRef
 
 SLURM_VARIABLES = (
     "SLURM_JOB_ID",
@@ -107,6 +107,7 @@ def build_manifest(
     engines: dict[str, Any],
     gpu_plan: GpuPlan,
     timings: dict[str, dict[str, float]],
+    validation: ValidationRef | None = None,
 ) -> Manifest:
     """The run's manifest at `status`."""
     return Manifest(
@@ -119,7 +120,8 @@ def build_manifest(
         judge=judge,
         targets=targets,
         attack=config.attack.ref() if config.attack else None,
-        shard=shard.model_dump() if shard else None,
+        validation=validation,
+        shard=shard,
         host=host_info(),
         seeds={t.label: t.sampling.seed for t in config.targets} | {"judge": config.judge.sampling.seed},
         versions={

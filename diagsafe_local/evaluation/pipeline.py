@@ -48,11 +48,11 @@ from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs import files
-from diagsafe_local.runs.manifest import write_manifest
+from diagsafe_local.runs.manifest import ValidationRef, write_manifest
 from diagsafe_local.runs.records import EngineRef, GenerationRecord
 from diagsafe_local.runs.summarize import summarize
 from diagsafe_local.runs.summary import Summary, write_summary
-from diagsafe_local.runs.validation import JudgeValidation, validated_rates
+from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
 
 log = logging.getLogger(__name__)
 EngineFactory = Callable[..., Engine]
@@ -65,11 +65,16 @@ def engine_ref(config: EngineConfig) -> EngineRef:
     return EngineRef(kind=config.kind, model=config.model, lora=config.lora, base_url=config.base_url)
 
 
-def judge_validation(judge: JudgeConfig, identity: dict[str, Any]) -> JudgeValidation | None:
-    """The measured error rates of this run's judge, from `judge.validation` (None when not set)."""
+def judge_validation(judge: JudgeConfig, identity: dict[str, Any]) -> tuple[JudgeValidation, ValidationRef] | None:
+    """The measured error rates of this run's judge, from `judge.validation` (None when not set), and the
+    manifest's record of where they came from, by content."""
     if not judge.validation:
         return None
-    return validated_rates(Path(judge.validation), judge.rubric_name, identity, judge.scoring)
+    directory = Path(judge.validation).resolve()
+    rates = validated_rates(directory, judge.rubric_name, identity, judge.scoring)
+    return rates, ValidationRef(
+        directory=str(directory), sha256=file_sha256(directory / VALIDATION_FILE), rubric=judge.rubric_name
+    )
 
 
 def missing_references(judge: JudgeConfig, items: Sequence[Item]) -> None:
@@ -124,7 +129,9 @@ class Run:
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
         self.judge_identity = engine_identity(config.judge)
         self.attacker_identity = engine_identity(attacker) if attacker else {"attacker": "judge"}
-        self.judge_validation = judge_validation(config.judge, self.judge_identity)
+        validated = judge_validation(config.judge, self.judge_identity)
+        self.judge_validation: JudgeValidation | None = validated[0] if validated else None
+        self.validation_ref: ValidationRef | None = validated[1] if validated else None
         # Models by content: what a resumed run may reuse is decided by content keys, not by paths.
         self.identities = {t.label: engine_identity(t) for t in config.targets}
         self.run_id = config.fingerprint()
@@ -432,7 +439,6 @@ class Run:
         )
         summary = write_summary(self.dir.root, summary.model_copy(update={"run_id": self.run_id, "reused": reused}))
         self._save_manifest("complete")
-        signing.sign(self.dir.root, self.run_id, files.SIGNED_FILES)
         return summary
 
     def _save_manifest(self, status: Literal["running", "complete"]) -> None:
@@ -448,5 +454,8 @@ class Run:
             engines=self.host.loaded,
             gpu_plan=self.gpu_plan,
             timings=self.timings,
+            validation=self.validation_ref,
         )
         write_manifest(self.dir.root, manifest)
+        # Signed at every save (where a key is set): a resumed run reuses only what was signed.
+        signing.sign(self.dir.root, self.run_id, files.SIGNED_FILES)

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from diagsafe_local.core import atomic
+from diagsafe_local.core import atomic, signing
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.runs import files
-from diagsafe_local.runs.manifest import Manifest, read_manifest_file
+from diagsafe_local.runs.manifest import Manifest, read_manifest_file, write_config
 from diagsafe_local.runs.records import ControlRecord, GenerationRecord, ResultRecord
 
-CONFIG_HEADER = "# written by diagsafe-local: the resolved config of run"
 RUN_FILES = (
     files.MANIFEST,
     files.CONFIG,
@@ -52,7 +49,7 @@ class RunDirectory:
     def open(self) -> RunDirectory:
         """Lock the directory, resume or replace what is there, and open the record stores."""
         foreign = self.root / files.CONFIG
-        if foreign.is_file() and not foreign.read_bytes().startswith(CONFIG_HEADER.encode()):
+        if foreign.is_file() and not foreign.read_bytes().startswith(files.CONFIG_HEADER.encode()):
             raise DiagsafeError(
                 f"{foreign} was not written by diagsafe-local (your own config?): a run writes its resolved config "
                 "there and never overwrites a file it did not create; move the file or choose another output_dir"
@@ -77,6 +74,8 @@ class RunDirectory:
                         f"this config {run_id}). Use another output_dir, or --overwrite to replace it."
                     )
                 self._wipe()
+            elif signing.signing_key() is not None:
+                self._keep_signed(run_id)
         elif self.root.exists() and any((self.root / name).exists() for name in RUN_FILES[2:]):
             if not self.overwrite:
                 raise DiagsafeError(f"{self.root} holds run files without a manifest; use --overwrite to replace them.")
@@ -89,6 +88,18 @@ class RunDirectory:
         self.controls = JsonlStore(self.root / files.CONTROLS, ControlRecord)
         self.attacks = JsonlStore(self.root / files.ATTACKS, ResultRecord)
 
+    def _keep_signed(self, run_id: str) -> None:
+        """With a signing key set, resume only from what was signed: a file whose signed part changed refuses the
+        resume; what a killed writer added after the last signature is dropped (it is redone)."""
+        for name, length in signing.signed_lengths(self.root, run_id, files.SIGNED_FILES).items():
+            path = self.root / name
+            if length is None:
+                path.unlink(missing_ok=True)
+            elif path.stat().st_size > length:
+                with open(path, "r+b") as handle:
+                    handle.truncate(length)
+        self.previous = read_manifest_file(self.root)
+
     def _wipe(self) -> None:
         # Only what the tool writes: a user's own files in the directory (or in figures/) stay.
         for name in RUN_FILES + files.REPORT_FILES:
@@ -99,11 +110,7 @@ class RunDirectory:
 
     def write_config(self, run_id: str) -> None:
         """config.yaml: the resolved config, marked as the tool's own."""
-        atomic.write_text(
-            self.root / files.CONFIG,
-            f"{CONFIG_HEADER} {run_id}, as validated with every --set applied; edit the config you ran, "
-            "not this copy\n" + yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False),
-        )
+        write_config(self.root, run_id, self.config.model_dump(mode="json"))
 
     def close(self) -> None:
         """Release the lock (the stores are written as they go)."""

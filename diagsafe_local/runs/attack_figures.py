@@ -21,7 +21,9 @@ from diagsafe_local.stats import rate
 
 def goal_figures(records: Sequence[ResultRecord], attack: AttackRef) -> dict[str, Any]:
     """One goal's figures from its records: whether broken, at which step and depth, with how many queries, and
-    whether the attack on it finished (broken, its query budget spent, or every chain ended)."""
+    whether the attack on it finished (broken, its query budget spent, or every chain ended), whether it was
+    attacked at all (a target answer to it was judged), and its steps without a verdict (the attacker, the target
+    or the judge failed: none of them tells whether the goal is safe)."""
     queried = [r for r in records if r.attack and r.attack.queried]
     wins = [r for r in queried if attack.breaks(r.score, r.error)]
     first = min(wins, key=lambda r: (r.turn, r.sample)) if wins else None
@@ -32,6 +34,9 @@ def goal_figures(records: Sequence[ResultRecord], attack: AttackRef) -> dict[str
         "depth": None if first is None else min(r.attack.depth for r in wins if r.turn == first.turn),  # type: ignore[union-attr]
         "spent": len(queried),
         "errors": sum(r.attack is not None and r.attack.end == "error" for r in records),
+        "attacked": any(r.score is not None and r.error is None for r in queried),
+        "unjudged": sum(r.score is None or r.error is not None for r in records),
+        "steps": len(records),
         "max_depth": max((r.attack.depth for r in records if r.attack), default=1),
         "finished": first is not None or len(queried) >= attack.query_budget or ended == set(range(attack.streams)),
     }
@@ -49,6 +54,9 @@ def _group(goals: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "attack_success_rate": rate(len(broken), len(goals)),
         "n_queries": sum(g["spent"] for g in goals),
         "n_errors": sum(g["errors"] for g in goals),
+        "n_attacked": sum(g["attacked"] for g in goals),
+        "n_steps": sum(g["steps"] for g in goals),
+        "n_unjudged": sum(g["unjudged"] for g in goals),
         "queries_to_success_median": statistics.median(g["queries"] for g in broken) if broken else None,
         "queries_to_success": distribution,
         "broken_by_depth": {

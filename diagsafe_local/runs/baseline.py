@@ -2,9 +2,10 @@
 and `report --baseline` use it.
 
 Two run directories (last week's production run as the baseline, today's as the candidate), or two targets of
-one sweep. Both runs must verify as the gate requires (complete, whole, their own, summary matching; else exit
-3); they must have evaluated the same dataset and been judged by the same judge (model by content, rubric,
-scoring mode, adapter, policy content; else exit 2, unless allowed — then every figure carries the warning).
+one sweep. Both runs must verify as the gate requires (complete, whole, their own, summary matching, signed
+where that is required; else exit 3); they must have evaluated the same dataset and been judged by the same
+judge (model by content, rubric, scoring mode, adapter, policy content; else exit 2, unless allowed — then
+every figure carries the warning).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from diagsafe_local.runs.paired import PairedComparison, compare_targets
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 
-def verified(run_dir: Path, what: str) -> VerifiedRun:
+def verified(run_dir: Path, what: str, require_signature: bool = False) -> VerifiedRun:
     """A run that verifies, or exit 3 naming what does not."""
-    run = verify_run(run_dir)
+    run = verify_run(run_dir, require_signature)
     if run.problems:
-        raise RunFailed(f"{what} {run_dir} does not verify:\n  - " + "\n  - ".join(run.problems))
+        raise RunFailed(f"{what} {run_dir}: refused, it does not verify:\n  - " + "\n  - ".join(run.problems))
     return run
 
 
@@ -28,9 +29,8 @@ def judge_warning(baseline: VerifiedRun, candidate: VerifiedRun, allow_different
     """None when both runs were judged alike; else an error (exit 2), or with `allow_different_judges` the
     warning every figure carries."""
     a, b = baseline.manifest.judge, candidate.manifest.judge
-    if a is None or b is None:
-        differences = ["a run written by an older version does not record its judge"]
-    else:
+    differences = ["a run written by an older version does not record its judge"] if a is None or b is None else []
+    if a is not None and b is not None:
         differences = a.differences(b)
     if not differences:
         return None
@@ -47,7 +47,8 @@ def target_pairs(
     baseline: VerifiedRun, candidate: VerifiedRun, baseline_target: str | None, target: str | None
 ) -> list[tuple[str, str]]:
     """(baseline target, candidate target) pairs: the named ones; the one target of each run; the targets both
-    runs share by name; or, within one sweep, every target against the baseline target."""
+    runs share by name; or, within one sweep, every target against the baseline target (never a target against
+    itself: that compares nothing). A candidate target with no pair is left out (the gate fails it)."""
     names_a, names_b = list(baseline.summary.targets), list(candidate.summary.targets)
     same_run = baseline.run_dir.resolve() == candidate.run_dir.resolve()
     if same_run:
@@ -56,22 +57,17 @@ def target_pairs(
             raise DiagsafeError(
                 "comparing the targets of one sweep needs --baseline-target (or baseline: in its config)"
             )
-        chosen = [target] if target else [n for n in names_b if n != base]
-        pairs = [(base, t) for t in chosen]
+        chosen = [target] if target else names_b
+        pairs = [(base, t) for t in chosen if t != base]
     elif baseline_target or target:
         pairs = [(baseline_target or _only(names_a, baseline.run_dir), target or _only(names_b, candidate.run_dir))]
     elif len(names_a) == len(names_b) == 1:
         pairs = [(names_a[0], names_b[0])]
     else:
         pairs = [(n, n) for n in names_b if n in names_a]
-        if not pairs:
-            raise DiagsafeError(
-                f"no target name in common ({', '.join(names_a)} vs {', '.join(names_b)}): name the pair with "
-                "--baseline-target and --target"
-            )
-    for name, names, run in ((a, names_a, baseline) for a, _ in pairs):
-        if name not in names:
-            raise DiagsafeError(f"{run.run_dir} has no target '{name}' (it has {', '.join(names)})")
+    for name, _ in pairs:
+        if name not in names_a:
+            raise DiagsafeError(f"{baseline.run_dir} has no target '{name}' (it has {', '.join(names_a)})")
     for _, name in pairs:
         if name not in names_b:
             raise DiagsafeError(f"{candidate.run_dir} has no target '{name}' (it has {', '.join(names_b)})")
@@ -85,18 +81,17 @@ def _only(names: list[str], run_dir: Path) -> str:
 
 
 def compare_with_baseline(
-    candidate_dir: Path,
-    baseline_dir: Path | None = None,
+    candidate: VerifiedRun,
+    baseline: VerifiedRun | None = None,
     *,
     target: str | None = None,
     baseline_target: str | None = None,
     allow_different_judges: bool = False,
     allow_different_datasets: bool = False,
 ) -> list[PairedComparison]:
-    """The paired comparison of every target pair of a candidate run and its baseline run (or, with
-    `baseline_dir` None, of the targets of one sweep)."""
-    candidate = verified(candidate_dir, "the run")
-    baseline = candidate if baseline_dir is None else verified(baseline_dir, "the baseline run")
+    """The paired comparison of every target pair of a verified candidate run and its verified baseline run (or,
+    with `baseline` None, of the targets of one sweep)."""
+    baseline = baseline or candidate
     if baseline.manifest.dataset.sha256 != candidate.manifest.dataset.sha256 and not allow_different_datasets:
         raise DiagsafeError(
             f"the runs evaluate different datasets ({baseline.run_dir}: {baseline.manifest.dataset.sha256[:12]}, "
@@ -105,19 +100,17 @@ def compare_with_baseline(
             "compare them anyway"
         )
     warning = judge_warning(baseline, candidate, allow_different_judges) if baseline is not candidate else None
-    rates = candidate.summary.judge_validation
-    if rates is not None and baseline.summary.judge_validation != rates:
-        rates = None  # the corrected difference needs one judge validation for both
-    comparisons = []
-    for base, cand in target_pairs(baseline, candidate, baseline_target, target):
-        comparisons.append(
-            compare_targets(
-                base,
-                cand,
-                [r for r in baseline.results if r.target == base],
-                [r for r in candidate.results if r.target == cand],
-                rates,
-                warning,
-            )
+    rates = candidate.validation
+    if rates is None or baseline.validation != rates:
+        rates = None  # the corrected difference needs one verified judge validation for both
+    return [
+        compare_targets(
+            base,
+            cand,
+            [r for r in baseline.results if r.target == base],
+            [r for r in candidate.results if r.target == cand],
+            rates,
+            warning,
         )
-    return comparisons
+        for base, cand in target_pairs(baseline, candidate, baseline_target, target)
+    ]

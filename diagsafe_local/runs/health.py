@@ -110,6 +110,11 @@ def judge_health(
             f"copied rationales: {copied:.0%} of {len(copies)} rationales open with a passage copied "
             "from the judge's prompt"
         )
+    if controls and not scored_controls:
+        flags.append(
+            f"control verdicts: none of the {len(controls)} control answers could be judged, so whether the judge "
+            "looks at what it judges is not known"
+        )
     if control_mean is not None and control_mean >= 0.5:
         flags.append(
             f"control verdicts: answers that are not harmful by construction (a plain refusal, an "

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from diagsafe_local.core import atomic
+from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.jsonfile import read_model
-from diagsafe_local.runs.files import MANIFEST
+from diagsafe_local.runs.files import CONFIG, CONFIG_HEADER, MANIFEST
 from diagsafe_local.runs.records import SCHEMA_VERSION, AnswerKey, Record
 
 # The run config's sections that do not decide an answer or a verdict: where the run goes, how the engines are
@@ -37,6 +39,42 @@ def config_fingerprint(config: dict[str, Any]) -> str:
     # resumes it (the summary is rewritten), it does not make another run.
     payload["judge"] = {**payload.get("judge", {}), "validation": None}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Shard(Record):
+    """Shard `index` of `count` (0-based)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        match = re.fullmatch(r"(\d+)/(\d+)", text.strip())
+        if not match or not 0 <= int(match[1]) < int(match[2]):
+            raise DiagsafeError(f"--shard expects i/N with 0 <= i < N, got '{text}'")
+        return cls(index=int(match[1]), count=int(match[2]))
+
+    def owns(self, item_id: str) -> bool:
+        return shard_of(item_id, self.count) == self.index
+
+    def directory(self, output_dir: str | Path) -> Path:
+        return Path(output_dir) / "shards" / f"shard-{self.index:04d}-of-{self.count:04d}"
+
+
+def shard_of(item_id: str, count: int) -> int:
+    """The shard (0..count-1) an item id belongs to: a hash, not Python's salted hash()."""
+    return int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:8], "big") % count
+
+
+class ValidationRef(Record):
+    """The judge validation a run was corrected with (`judge.validation`), by content: the gate reads the file
+    again and uses it only while it is the one the run recorded."""
+
+    directory: str = Field(description="The validation directory, as an absolute path.")
+    sha256: str = Field(description="SHA-256 of its validation.json when the run read it.")
+    rubric: str = Field(description="The harm judge whose entry the run took from it.")
 
 
 class EnginePlan(Record):
@@ -173,7 +211,7 @@ class Manifest(Record):
     updated: str | None = None
     config: dict[str, Any]
     dataset: DatasetRef
-    shard: dict[str, int] | None = None
+    shard: Shard | None = None
     host: dict[str, Any] | None = None
     seeds: dict[str, int] = Field(default_factory=dict)
     versions: dict[str, str] = Field(default_factory=dict)
@@ -185,6 +223,7 @@ class Manifest(Record):
     judge: JudgeRef | None = Field(None, description="The judge of every verdict (None: older runs).")
     targets: dict[str, TargetRef] = Field(default_factory=dict, description="Each target by label.")
     attack: AttackRef | None = Field(None, description="The adaptive attack's rules (None: no attack).")
+    validation: ValidationRef | None = Field(None, description="The judge validation the summary is corrected with.")
 
     @property
     def gate_settings(self) -> dict[str, Any]:
@@ -195,6 +234,10 @@ class Manifest(Record):
     def baseline(self) -> str | None:
         """The run config's baseline target, if any."""
         return self.config.get("baseline")
+
+    def owns(self, item_id: str) -> bool:
+        """Whether an item of the dataset is this run's to answer (a shard's share; every item otherwise)."""
+        return self.shard is None or self.shard.owns(item_id)
 
     def run_ids(self) -> set[str]:
         """The run ids its results may carry: its own, or those of the runs it was merged from."""
@@ -212,6 +255,17 @@ class Manifest(Record):
 def read_manifest_file(run_dir: Path) -> Manifest:
     """A run directory's manifest.json as the typed record, whatever the run's status."""
     return read_model(run_dir / MANIFEST, Manifest, "run manifest")
+
+
+def write_config(run_dir: Path, run_id: str, config: dict[str, Any]) -> None:
+    """config.yaml: the resolved config, marked as the tool's own (the gate checks it against the manifest)."""
+    import yaml
+
+    atomic.write_text(
+        run_dir / CONFIG,
+        f"{CONFIG_HEADER} {run_id}, as validated with every --set applied; edit the config you ran, not this copy\n"
+        + yaml.safe_dump(config, sort_keys=False),
+    )
 
 
 def write_manifest(run_dir: Path, manifest: Manifest) -> None:

@@ -9,19 +9,27 @@ from typing import Any
 from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.runs import files
-from diagsafe_local.runs.manifest import AttackRef, Manifest, SourceRun, TargetRef, read_manifest_file, write_manifest
+from diagsafe_local.runs.manifest import (
+    AttackRef,
+    Manifest,
+    SourceRun,
+    TargetRef,
+    read_manifest_file,
+    write_config,
+    write_manifest,
+)
 from diagsafe_local.runs.records import (
     SCHEMA_VERSION,
     ControlRecord,
     GenerationRecord,
     ResultRecord,
-    read_attacks,
     read_controls,
     read_results,
 )
 from diagsafe_local.runs.summarize import summarize
-from diagsafe_local.runs.summary import Summary, read_summary, write_summary
+from diagsafe_local.runs.summary import Summary, write_summary
 from diagsafe_local.runs.verdicts import score_class
+from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 
 def read_manifest(run_dir: Path) -> Manifest:
@@ -41,11 +49,14 @@ def merge_runs(
     run_dirs: Sequence[Path], out: Path, replace: bool = False, allow_different_judges: bool = False
 ) -> Summary:
     """Merge complete runs of the same dataset into `out` (results, attack steps, generations, controls); refuse
-    duplicates, schema mismatches, runs attacked under different attack configs, and runs judged by different
-    judges or holding one target name for different models (unless `allow_different_judges`)."""
+    a run that does not verify as complete for its share of the dataset (with a signing key set: unsigned, or
+    changed since it was signed), duplicates, schema mismatches, runs attacked under different attack configs,
+    and runs judged by different judges or holding one target name for different models (unless
+    `allow_different_judges`). The merged run is written as one, with its config, and signed where a key is set."""
     if not run_dirs:
         raise DiagsafeError("merge needs run directories")
-    manifests = [read_manifest(d) for d in run_dirs]
+    sources = [_verified_source(d) for d in run_dirs]
+    manifests = [s.manifest for s in sources]
     datasets = {m.dataset.sha256 for m in manifests}
     if len(datasets) > 1:
         listing = ", ".join(f"{d} ({m.dataset.sha256[:12]})" for d, m in zip(run_dirs, manifests))
@@ -56,9 +67,9 @@ def merge_runs(
     attacks: dict[tuple, tuple[Path, ResultRecord]] = {}
     generations: dict[tuple, GenerationRecord] = {}
     controls: dict[tuple, ControlRecord] = {}
-    for run_dir in run_dirs:
-        _gather(run_dir, files.RESULTS, read_results(run_dir / files.RESULTS), results)
-        _gather(run_dir, files.ATTACKS, read_attacks(run_dir), attacks)
+    for run_dir, source in zip(run_dirs, sources):
+        _gather(run_dir, files.RESULTS, source.results, results)
+        _gather(run_dir, files.ATTACKS, source.attacks, attacks)
         generations.update((g.key, g) for g in jsonl.read_records(run_dir / files.GENERATIONS, GenerationRecord)[0])
         controls.update((c.key, c) for c in read_controls(run_dir))
     out.mkdir(parents=True, exist_ok=True)
@@ -73,9 +84,10 @@ def merge_runs(
         (out / files.ATTACKS).unlink(missing_ok=True)
     jsonl.write(out / files.GENERATIONS, sorted(generations.values(), key=lambda g: g.key))
     jsonl.write(out / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
-    # the judge's validated error rates carry over when every merged run was corrected by the same ones
-    validations = [read_summary(d).judge_validation for d in run_dirs]
-    validation = validations[0] if all(v == validations[0] for v in validations) else None
+    # the judge's validated error rates carry over when every merged run was corrected by the same verified ones
+    first = manifests[0]
+    same = all(m.validation == first.validation for m in manifests) and all(s.validation for s in sources)
+    validation, validation_ref = (sources[0].validation, first.validation) if same else (None, None)
     run_id = "merged:" + "+".join(m.run_id for m in manifests)
     summary = summarize(
         ordered,
@@ -86,7 +98,7 @@ def merge_runs(
         instructions=manifests[0].judge.instructions if manifests[0].judge else None,
     )
     summary = write_summary(out, summary.model_copy(update={"run_id": run_id}))
-    first = manifests[0]
+    write_config(out, run_id, first.config)
     merged = Manifest(
         run_id=run_id,
         status="complete",
@@ -96,11 +108,21 @@ def merge_runs(
         judge=first.judge,
         targets=targets,
         attack=attack,
+        validation=validation_ref,
         sources=[SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)],
     )
     write_manifest(out, merged)
     signing.sign(out, run_id, files.SIGNED_FILES)
     return summary
+
+
+def _verified_source(run_dir: Path) -> VerifiedRun:
+    """A run to merge, verified as complete for its share of the dataset and, with a signing key set, signed:
+    merging signs the result, so nothing unverified may go into it."""
+    source = verify_run(run_dir, require_signature=signing.signing_key() is not None, whole=False)
+    if source.problems:
+        raise RunFailed(f"{run_dir}: not merged, it does not verify:\n  - " + "\n  - ".join(source.problems))
+    return source
 
 
 def _gather(

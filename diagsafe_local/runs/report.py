@@ -407,8 +407,9 @@ def _baseline(run_dir: Path, verified: VerifiedRun, baseline: str | None) -> tup
     if verified.problems:
         return [], "Not compared with the baseline: this run does not verify (see the top of the report)."
     from diagsafe_local.runs.baseline import compare_with_baseline
+    from diagsafe_local.runs.baseline import verified as verified_run
 
     as_dir = Path(baseline)
     if as_dir.is_dir():
-        return compare_with_baseline(run_dir, as_dir), None
-    return compare_with_baseline(run_dir, baseline_target=baseline), None
+        return compare_with_baseline(verified, verified_run(as_dir, "the baseline run")), None
+    return compare_with_baseline(verified, baseline_target=baseline), None

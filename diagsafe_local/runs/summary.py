@@ -83,6 +83,15 @@ class AttackGroup(Record):
     attack_success_rate: Rate = Field(description="Goals broken within the budget (a goal counts once).")
     n_queries: int = Field(description="Target queries spent.")
     n_errors: int = Field(description="Steps that ended their chain with an attacker or target error.")
+    n_attacked: int = Field(
+        description="Goals with at least one judged target answer; a goal whose every chain failed before that was "
+        "never attacked, and the gate does not count it as safe."
+    )
+    n_steps: int = Field(description="Attack steps recorded.")
+    n_unjudged: int = Field(
+        description="Steps without a verdict: the attacker wrote no prompt, the target failed, or the judge did "
+        "(counted against the gate's max_failure_rate)."
+    )
     queries_to_success_median: float | None = Field(
         description="Median target queries (over all the goal's chains) until its first break."
     )

@@ -1,21 +1,26 @@
-"""What a decision on a run directory rests on, checked rather than trusted.
+"""What a decision on a run directory rests on, each input loaded through one verification path.
 
 The gate (and, as a banner, the report) decides only on a run that verifies:
-- finished: the manifest says `complete` (a running, killed or half-resumed run is refused);
-- whole: a result for every (target, item, sample, judged turn) of the dataset the manifest lists (every item
-  of the whole dataset, so a shard, a merge of some shards or a run whose results were cut is refused,
-  naming what is missing), and no result for anything else;
-- its own: every result carries this run's id (or, for a merged run, the id of a run it was merged from),
-  and summary.json names this run;
-- attacked, where the config has an attack: every harmful item of the dataset was attacked to its end (broken,
-  its query budget spent, or every chain ended), by this run;
-- recomputed: every figure is recomputed from results.jsonl (the controls, attacks.jsonl); summary.json is a cache,
-  and one that disagrees with the recomputation, or whose results hash is not the results file's, is refused;
-- signed, where a key is set: the HMAC in signature.json over every run file's hash (see `core.signing`).
+- its record: manifest.json reads as a complete run's, its config hashes to its run id (a merged run: to the
+  id of the runs it was merged from, and its id is theirs joined), and config.yaml, where the tool wrote it, is
+  the same config (the gate's own section included);
+- finished and whole: the manifest says `complete`, and there is a result for every (target, item, sample,
+  judged turn) of the dataset the manifest lists (every item of the whole dataset: a shard, a merge of some
+  shards or a run whose results were cut is refused, naming what is missing), and none for anything else;
+- its own: every result, attack step and control verdict carries this run's id (or a merged source's) and
+  is of an item of its dataset; summary.json names this run and its results file;
+- attacked, where the config has an attack: every harmful item attacked to its end (broken, its query budget
+  spent, or every chain ended), by this run;
+- checked by its controls, where its judge is a model: the judge graded its control answers;
+- recomputed: every figure is recomputed from results.jsonl, attacks.jsonl and judge_controls.jsonl;
+  summary.json is a cache, and one that disagrees with the recomputation is refused;
+- corrected by the validation it recorded: the judge validation is read again from its directory and used only
+  while its validation.json is the one the run recorded (by SHA-256), for the judge the run recorded;
+- signed, where a key is set: the HMAC in signature.json over every run file (see `core.signing`).
 
-What this cannot catch: someone who can write the directory and rewrites every file consistently (results,
-summary, manifest) produces a run that verifies. Only a signature made with a key they do not hold
-(`gate --require-signature`) rules that out.
+A file that cannot be read is a reason to refuse (exit 3), never a usage error. What this cannot catch: someone
+who can write the directory and rewrites every file consistently produces a run that verifies; only a signature
+made with a key they do not hold (`gate --require-signature`) rules that out.
 """
 
 from __future__ import annotations
@@ -25,17 +30,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import signing
 from diagsafe_local.core.cache import file_sha256
+from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.runs import files
 from diagsafe_local.runs.attack_figures import goal_figures
-from diagsafe_local.runs.manifest import AttackRef, Manifest, read_manifest_file
-from diagsafe_local.runs.records import ResultRecord, read_attacks, read_controls, read_results
+from diagsafe_local.runs.manifest import AttackRef, Manifest, config_fingerprint, read_manifest_file
+from diagsafe_local.runs.records import ControlRecord, ResultRecord, read_attacks, read_controls, read_results
 from diagsafe_local.runs.summarize import summarize
 from diagsafe_local.runs.summary import Summary, read_summary
-from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, read_validation
+from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
 
 # Summary fields that describe how the run went, not what it found: not recomputed from the results.
 _NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "throughput"}
@@ -43,7 +50,8 @@ _SHOWN = 5
 
 
 class VerifiedRun(BaseModel):
-    """A run directory as verified: its manifest, the summary recomputed from its results, and what failed."""
+    """A run directory as verified: its manifest, the summary recomputed from its records, the judge validation
+    that verified (None: none, or it did not), whether its config's gate section can be trusted, and what failed."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -52,6 +60,8 @@ class VerifiedRun(BaseModel):
     summary: Summary
     results: list[ResultRecord]
     attacks: list[ResultRecord] = []
+    validation: JudgeValidation | None = None
+    config_trusted: bool = False
     problems: list[str]
     notes: list[str]
 
@@ -60,54 +70,65 @@ class VerifiedRun(BaseModel):
         return not self.problems
 
 
-def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
-    """Check a run directory (see the module docstring). Unreadable files are errors (exit 2); a run that is
-    unfinished, partial, another run's, edited or unsigned where a signature is required is listed in
-    `problems`, for the gate to refuse (exit 3) and the report to show."""
-    from diagsafe_local.core.errors import DiagsafeError
+def _read(what: str, read: Any, *args: Any) -> Any:
+    """A run file read for a decision: one that does not read is a reason to refuse the run (exit 3)."""
+    try:
+        return read(*args)
+    except DiagsafeError as exc:
+        raise RunFailed(f"refused, {what} does not read: {exc}") from None
 
+
+def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = True) -> VerifiedRun:
+    """Check a run directory (see the module docstring). A directory that is not there is a usage error (exit
+    2); a run file that does not read is refused (exit 3); everything else that fails is listed in `problems`,
+    for the gate to refuse (exit 3) and the report to show. `whole=False` checks a shard as complete for its own
+    share of the dataset (what `merge` needs of its sources)."""
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
-    manifest = read_manifest_file(run_dir)
-    problems: list[str] = []
+    manifest = _read("its manifest", read_manifest_file, run_dir)
+    problems = _record(manifest)
     notes: list[str] = []
-    if manifest.status != "complete":
-        problems.append(
-            f"the run is not complete (status '{manifest.status}'): it is still running, or was stopped; resume it "
-            "with the same `run` command first"
-        )
-    if not (run_dir / files.SUMMARY).is_file():
-        problems.append(f"no {files.SUMMARY}: the run never finished")
-    stored = read_summary(run_dir) if (run_dir / files.SUMMARY).is_file() else Summary(targets={})
-    sign_problems, sign_note = signing.check_signature(run_dir, manifest.run_id, require_signature)
+    sign_problems, sign_note = signing.check_signature(run_dir, manifest.run_id, files.SIGNED_FILES, require_signature)
     problems += sign_problems
     notes.append(f"signature: {sign_note}")
+    config_trusted, config_problems = _config_file(run_dir, manifest)
+    problems += config_problems
+    if not config_trusted and manifest.gate_settings:
+        notes.append(f"the run's gate: section is not used: {files.CONFIG} is not the tool's copy of the run's config")
     results_path = run_dir / files.RESULTS
-    results = read_results(results_path) if results_path.is_file() else []
+    results = _read(files.RESULTS, read_results, results_path) if results_path.is_file() else []
     if not results_path.is_file():
         problems.append(f"no {files.RESULTS}")
     problems += _foreign(results, manifest)
-    problems += _coverage(results, manifest)
-    actual = file_sha256(results_path) if results_path.is_file() else None
-    if stored.results_sha256 != actual:
+    problems += _coverage(results, manifest, whole)
+    stored = Summary(targets={})
+    if (run_dir / files.SUMMARY).is_file():
+        stored = _read(files.SUMMARY, read_summary, run_dir)
+    else:
+        problems.append(f"no {files.SUMMARY}: the run never finished")
+    if stored.results_sha256 != (file_sha256(results_path) if results_path.is_file() else None):
         problems.append(
             "summary.json does not belong to results.jsonl (written by an older version, or the results changed "
             "after it); resume the run to rebuild it"
         )
     if stored.run_id != manifest.run_id:
         problems.append(f"summary.json is of run {stored.run_id}, not of this run ({manifest.run_id})")
-    attacks = read_attacks(run_dir)
-    attack = manifest.attack
-    if attack is not None or attacks:
+    attacks = _read(files.ATTACKS, read_attacks, run_dir)
+    if manifest.attack is not None or attacks:
         problems += _foreign(attacks, manifest, files.ATTACKS)
-        problems += _attack_coverage(attacks, manifest, attack)
-    validation = stored.judge_validation
+        problems += _attack_coverage(attacks, manifest, manifest.attack, whole)
+    controls = _read(files.CONTROLS, read_controls, run_dir)
+    problems += _controls(controls, manifest)
+    validation, validation_notes = _validation(manifest)
+    notes += validation_notes
     summary = summarize(
         results,
-        controls=read_controls(run_dir),
-        validation=validation,
+        controls=controls,
+        # recomputed with the validation that verified; where the run recorded one that cannot be read here, with
+        # the summary's own, which then corrects nothing the gate relies on (--corrected refuses such a run)
+        validation=validation or (stored.judge_validation if manifest.validation else None),
         attacks=attacks,
-        attack=attack,
+        attack=manifest.attack,
         instructions=manifest.judge.instructions if manifest.judge else None,
     )
     summary = summary.model_copy(
@@ -125,8 +146,7 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
     )
     mismatch = _first_difference(stored.model_dump(mode="json"), summary.model_dump(mode="json"))
     if mismatch:
-        problems.append(f"summary.json does not match results.jsonl: {mismatch}; resume the run to rebuild it")
-    notes += _validation_notes(validation, problems)
+        problems.append(f"summary.json does not match the run's records: {mismatch}; resume the run to rebuild it")
     notes += _dataset_notes(manifest)
     return VerifiedRun(
         run_dir=run_dir,
@@ -134,9 +154,67 @@ def verify_run(run_dir: Path, require_signature: bool = False) -> VerifiedRun:
         summary=summary,
         results=results,
         attacks=attacks,
+        validation=validation,
+        config_trusted=config_trusted and not config_problems,
         problems=problems,
         notes=notes,
     )
+
+
+def _record(manifest: Manifest) -> list[str]:
+    """The manifest's own checks: finished, written by this version, and its config the one its id names."""
+    problems = []
+    if manifest.status != "complete":
+        problems.append(
+            f"the run is not complete (status '{manifest.status}'): it is still running, or was stopped; resume it "
+            "with the same `run` command first"
+        )
+    missing = [
+        what
+        for what, absent in (
+            ("its dataset's items", manifest.dataset.items is None),
+            ("its judge", manifest.judge is None),
+            ("its targets", not manifest.targets),
+        )
+        if absent
+    ]
+    if missing:
+        problems.append(
+            f"the manifest does not record {', '.join(missing)} (written by an older version), so the run cannot be "
+            "checked; resume it with this version to record them"
+        )
+    fingerprint = config_fingerprint(manifest.config)
+    if manifest.sources:
+        sources = [source.run_id for source in manifest.sources]
+        if manifest.run_id != "merged:" + "+".join(sources) or fingerprint not in sources:
+            problems.append(
+                f"the merged run's id {manifest.run_id} is not that of the runs it names, or its config is none of "
+                "theirs (the manifest was edited)"
+            )
+    elif fingerprint != manifest.run_id:
+        problems.append(
+            f"the manifest's config is not the config of run {manifest.run_id} (it hashes to {fingerprint}): the "
+            "manifest was edited"
+        )
+    return problems
+
+
+def _config_file(run_dir: Path, manifest: Manifest) -> tuple[bool, list[str]]:
+    """(trusted, problems): config.yaml, where the tool wrote it, must hold the manifest's config; only then is
+    the config's gate section used (a user's own config.yaml there is left alone, and the section with it)."""
+    path = run_dir / files.CONFIG
+    if not path.is_file():
+        return False, []
+    raw = path.read_bytes()
+    if not raw.startswith(files.CONFIG_HEADER.encode()):
+        return False, []
+    try:
+        written = yaml.safe_load(raw.decode("utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError):
+        return False, [f"{files.CONFIG} does not read as YAML (edited)"]
+    if written != manifest.config:
+        return False, [f"{files.CONFIG} and the manifest's config differ (one of them was edited)"]
+    return True, []
 
 
 def _foreign(results: list[ResultRecord], manifest: Manifest, name: str = files.RESULTS) -> list[str]:
@@ -149,12 +227,14 @@ def _foreign(results: list[ResultRecord], manifest: Manifest, name: str = files.
     return [f"{name} holds results of another run ({listing}); this run is {manifest.run_id}"]
 
 
-def _attack_coverage(attacks: list[ResultRecord], manifest: Manifest, attack: AttackRef | None) -> list[str]:
+def _attack_coverage(
+    attacks: list[ResultRecord], manifest: Manifest, attack: AttackRef | None, whole: bool
+) -> list[str]:
     """Goals the attack did not finish: a harmful item of the dataset that is neither broken, nor out of queries,
     nor at the end of every chain (and attack records of the run without an attack, or of no goal)."""
     if attack is None:
         return [f"{files.ATTACKS} holds {len(attacks)} attack records, and the run's config has no attack"]
-    goals = [item.id for item in manifest.dataset.items or [] if not item.benign]
+    goals = [i.id for i in manifest.dataset.items or [] if not i.benign and (whole or manifest.owns(i.id))]
     by_goal: dict[tuple[str, str], list[ResultRecord]] = {}
     for r in attacks:
         by_goal.setdefault((r.target, r.item_id), []).append(r)
@@ -176,33 +256,38 @@ def _attack_coverage(attacks: list[ResultRecord], manifest: Manifest, attack: At
     return problems
 
 
-def _coverage(results: list[ResultRecord], manifest: Manifest) -> list[str]:
-    """What is missing from (or extra in) the results, against every item of the manifest's dataset."""
+def _coverage(results: list[ResultRecord], manifest: Manifest, whole: bool) -> list[str]:
+    """What is missing from (or extra in) the results, against every item of the manifest's dataset (with
+    `whole=False`, against a shard's own items)."""
     expected = manifest.expected_keys()
     if expected is None:
-        return [
-            "the manifest lists no items (written by an older version), so completeness cannot be checked; "
-            "resume the run with this version to record them"
-        ]
+        return []  # an older manifest: said by _record
     problems = []
-    shard = f" (this is shard {manifest.shard['index']} of {manifest.shard['count']})" if manifest.shard else ""
-    found = {r.key for r in results}
-    missing = expected - found
+    shard = manifest.shard
+    if not whole:  # a shard's own share of the dataset
+        expected = {key for key in expected if manifest.owns(key[1])}
+    found = Counter(r.key for r in results)
+    duplicated = [key for key, n in found.items() if n > 1]
+    if duplicated:
+        problems.append(f"{len(duplicated)} answers have more than one result, e.g. {sorted(duplicated)[0]}")
+    missing = expected - set(found)
     if missing:
         by_target = Counter(key[0] for key in missing)
         first = sorted(missing)[:_SHOWN]
         problems.append(
-            f"{len(missing)} of {len(expected)} judged answers are missing{shard}: "
+            f"{len(missing)} of {len(expected)} judged answers are missing"
+            + (f" (this is shard {shard.index} of {shard.count})" if shard and whole else "")
+            + ": "
             + ", ".join(f"{target} {n}" for target, n in sorted(by_target.items()))
             + "; e.g. "
             + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in first)
             + (
                 "; merge every shard (diagsafe-local merge --config CONFIG --shards N) and gate the merged run"
-                if manifest.shard or manifest.merged_from
+                if manifest.merged_from or shard
                 else "; resume the run to complete it"
             )
         )
-    extra = found - expected
+    extra = set(found) - expected
     if extra:
         first = sorted(extra)[:_SHOWN]
         problems.append(
@@ -210,6 +295,43 @@ def _coverage(results: list[ResultRecord], manifest: Manifest) -> list[str]:
             + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in first)
         )
     return problems
+
+
+def _controls(controls: list[ControlRecord], manifest: Manifest) -> list[str]:
+    """The judge's control verdicts: of items of the run's dataset and of its harm judge; present wherever the
+    judge is a model and the run has harmful items (without them judge health is not known)."""
+    items = {item.id for item in manifest.dataset.items or []}
+    judge = manifest.judge
+    problems = []
+    strangers = [c.key for c in controls if c.item_id not in items]
+    if strangers:
+        problems.append(
+            f"{files.CONTROLS} holds controls of items the run's dataset does not have, e.g. {strangers[0]}"
+        )
+    harmful = any(not item.benign and manifest.owns(item.id) for item in manifest.dataset.items or [])
+    if judge is not None and judge.kind != "none" and harmful and not controls:
+        problems.append(
+            f"no control verdicts ({files.CONTROLS} is empty or missing): the run's judge health is not known"
+        )
+    return problems
+
+
+def _validation(manifest: Manifest) -> tuple[JudgeValidation | None, list[str]]:
+    """The judge validation the run recorded, read again from its directory: used only while its validation.json
+    has the content the run recorded and holds an entry for the run's judge."""
+    ref, judge = manifest.validation, manifest.judge
+    if ref is None or judge is None:
+        return None, []
+    path = Path(ref.directory) / VALIDATION_FILE
+    if not path.is_file():
+        return None, [f"judge validation {path} is not readable here: the corrected figures cannot be checked"]
+    if file_sha256(path) != ref.sha256:
+        return None, [f"judge validation {path} is not the one the run was corrected with (its content changed)"]
+    identity = {"model": judge.model, "model_hash": judge.model_hash, "lora_hash": judge.lora_hash}
+    try:
+        return validated_rates(Path(ref.directory), ref.rubric, identity, judge.scoring), []
+    except DiagsafeError as exc:
+        return None, [f"judge validation {path} does not verify: {exc}"]
 
 
 def _first_difference(stored: Any, recomputed: Any, path: str = "") -> str | None:
@@ -234,27 +356,7 @@ def _first_difference(stored: Any, recomputed: Any, path: str = "") -> str | Non
             return None
     elif stored == recomputed:
         return None
-    return f"{path} is {stored!r} in summary.json, {recomputed!r} recomputed from results.jsonl"
-
-
-def _validation_notes(validation: JudgeValidation | None, problems: list[str]) -> list[str]:
-    """Whether the judge's validated error counts in summary.json are the validation directory's own."""
-    if validation is None:
-        return []
-    directory = Path(validation.directory)
-    if not (directory / VALIDATION_FILE).is_file():
-        return [f"judge validation {directory} is not readable here: its error counts are taken from summary.json"]
-    counts = ("tp", "fp", "tn", "fn")
-    mine = tuple(getattr(validation, c) for c in counts)
-    if not any(
-        tuple(getattr(e, c) for c in counts) == mine and e.judge == validation.judge
-        for e in read_validation(directory).judges
-    ):
-        problems.append(
-            f"summary.json's judge validation counts are not those of {directory / VALIDATION_FILE} (edited, or the "
-            "validation was rerun); resume the run to take them again"
-        )
-    return []
+    return f"{path} is {stored!r} in summary.json, {recomputed!r} recomputed"
 
 
 def _dataset_notes(manifest: Manifest) -> list[str]:
