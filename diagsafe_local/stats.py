@@ -58,24 +58,41 @@ def bracket(point: float, low: float, high: float) -> tuple[float, float]:
 # -- paired differences --------------------------------------------------------------------------------------
 
 
-def newcombe_paired(both: int, b_only: int, a_only: int, neither: int) -> tuple[float, float]:
-    """95% interval for p_B - p_A from paired binary data (Newcombe 1998, method 10): `both` harmful in A and B,
-    `b_only` in B only, `a_only` in A only, `neither`. Wilson intervals of both proportions, joined through the
-    continuity-corrected correlation phi of the pairs."""
+def _wilson_arrays(k: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`wilson` over arrays (n > 0), each interval containing its point."""
+    p = k / n
+    z2 = Z95 * Z95
+    denominator = 1 + z2 / n
+    center = (p + z2 / (2 * n)) / denominator
+    half = Z95 / denominator * np.sqrt(np.maximum(0.0, p * (1 - p) / n + z2 / (4 * n * n)))
+    return np.minimum(p, np.maximum(0.0, center - half)), np.maximum(p, np.minimum(1.0, center + half))
+
+
+def newcombe_arrays(
+    both: np.ndarray, b_only: np.ndarray, a_only: np.ndarray, neither: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """95% intervals for p_B - p_A from paired binary counts (Newcombe 1998, method 10), over arrays of pair
+    counts: `both` harmful in A and B, `b_only` in B only, `a_only` in A only, `neither`. Wilson intervals of
+    both proportions, joined through the continuity-corrected correlation phi of the pairs."""
+    both, b_only, a_only, neither = (np.asarray(x, dtype=float) for x in (both, b_only, a_only, neither))
     n = both + b_only + a_only + neither
     p_b, p_a = (both + b_only) / n, (both + a_only) / n
-    l_b, u_b = wilson(both + b_only, n)
-    l_a, u_a = wilson(both + a_only, n)
-    assert l_b is not None and u_b is not None and l_a is not None and u_a is not None
-    cross: float = both * neither - b_only * a_only
-    if cross > 0:
-        cross = max(cross - n / 2, 0.0)
+    l_b, u_b = _wilson_arrays(both + b_only, n)
+    l_a, u_a = _wilson_arrays(both + a_only, n)
+    cross = both * neither - b_only * a_only
+    cross = np.where(cross > 0, np.maximum(cross - n / 2, 0.0), cross)
     margins = (both + b_only) * (a_only + neither) * (both + a_only) * (b_only + neither)
-    phi = cross / math.sqrt(margins) if margins else 0.0
+    phi = np.divide(cross, np.sqrt(margins), out=np.zeros_like(cross), where=margins > 0)
     diff = p_b - p_a
-    lower = math.sqrt(max(0.0, (p_b - l_b) ** 2 - 2 * phi * (p_b - l_b) * (u_a - p_a) + (u_a - p_a) ** 2))
-    upper = math.sqrt(max(0.0, (u_b - p_b) ** 2 - 2 * phi * (u_b - p_b) * (p_a - l_a) + (p_a - l_a) ** 2))
-    return max(-1.0, min(diff, diff - lower)), min(1.0, max(diff, diff + upper))
+    lower = np.sqrt(np.maximum(0.0, (p_b - l_b) ** 2 - 2 * phi * (p_b - l_b) * (u_a - p_a) + (u_a - p_a) ** 2))
+    upper = np.sqrt(np.maximum(0.0, (u_b - p_b) ** 2 - 2 * phi * (u_b - p_b) * (p_a - l_a) + (p_a - l_a) ** 2))
+    return np.maximum(-1.0, np.minimum(diff, diff - lower)), np.minimum(1.0, np.maximum(diff, diff + upper))
+
+
+def newcombe_paired(both: int, b_only: int, a_only: int, neither: int) -> tuple[float, float]:
+    """`newcombe_arrays` for one set of pair counts."""
+    low, high = newcombe_arrays(*(np.array([x]) for x in (both, b_only, a_only, neither)))
+    return float(low[0]), float(high[0])
 
 
 def paired_bootstrap(a: np.ndarray, b: np.ndarray, draws: int = BOOTSTRAP, seed: int = SEED) -> np.ndarray:
@@ -219,12 +236,40 @@ def bootstrap(
     return intervals
 
 
-def items_needed(baseline_asr: float, margin: float, discordance: float | None = None) -> int:
-    """Pairs a non-inferiority comparison needs: 80% power that the upper 95% bound of the increase stays under
-    `margin` when the candidate is truly as safe as the baseline. Without a measured `discordance`, the
-    conservative 2p(1-p) of unrelated verdicts (paired verdicts agree more often, so fewer pairs suffice)."""
-    from scipy.stats import norm
+def null_pairs(baseline_asr: float, discordance: float | None = None) -> np.ndarray:
+    """Shares of (both harmful, candidate only, baseline only, neither) among pairs when the candidate is exactly
+    as safe as a baseline at `baseline_asr`, with a share `discordance` of the pairs disagreeing (default: that
+    of unrelated verdicts, 2p(1 - p); it can be no more than 2 min(p, 1 - p))."""
+    p = baseline_asr
+    psi = 2 * p * (1 - p) if discordance is None else min(discordance, 2 * min(p, 1 - p))
+    return np.array([p - psi / 2, psi / 2, psi / 2, 1 - p - psi / 2]).clip(0.0, 1.0)
 
-    psi = discordance if discordance is not None else 2 * baseline_asr * (1 - baseline_asr)
-    psi = max(psi, 1e-6)
-    return math.ceil((norm.ppf(1 - ALPHA / 2) + norm.ppf(POWER)) ** 2 * psi / margin**2)
+
+def non_inferiority_power(
+    n: int, baseline_asr: float, margin: float, discordance: float | None = None, draws: int = 2000, seed: int = SEED
+) -> float:
+    """The share of `draws` simulated comparisons of n pairs, with the candidate as safe as the baseline, whose
+    paired 95% upper bound (Newcombe, as the gate computes it) stays at or under `margin`: the chance such a
+    candidate passes the gate."""
+    shares = null_pairs(baseline_asr, discordance)
+    counts = np.random.default_rng(seed).multinomial(n, shares / shares.sum(), size=draws)
+    _, high = newcombe_arrays(*counts.T)
+    return float((high <= margin).mean())
+
+
+def items_needed(
+    baseline_asr: float, margin: float, discordance: float | None = None, power: float = POWER, limit: int = 10**7
+) -> int | None:
+    """Pairs a non-inferiority comparison needs: the fewest n for which a candidate as safe as the baseline passes
+    the gate (Newcombe's paired upper bound under `margin`) in at least `power` of simulated comparisons. Sized
+    on the interval the gate uses, so it holds at a baseline ASR of 0 too, where an interval of zero width would
+    say one pair is enough. None when even `limit` pairs are too few."""
+    if non_inferiority_power(limit, baseline_asr, margin, discordance) < power:
+        return None
+    low, high = 0, 1
+    while non_inferiority_power(high, baseline_asr, margin, discordance) < power:
+        low, high = high, high * 2
+    while high - low > 1:  # the smallest n whose simulated power reaches `power` (the same draws for every n)
+        mid = (low + high) // 2
+        low, high = (mid, high) if non_inferiority_power(mid, baseline_asr, margin, discordance) < power else (low, mid)
+    return high

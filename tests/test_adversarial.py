@@ -52,6 +52,8 @@ def config_file(tmp_path: Path, items: Path, name: str = "run", **extra) -> Path
         "output_dir": str(tmp_path / name),
         **extra,
     }
+    if "targets" in extra:  # a sweep
+        del data["target"]
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(data))  # JSON is YAML
     return path
@@ -96,7 +98,7 @@ def test_a_safe_checkpoint_runs_reports_and_gates(tmp_path, monkeypatch):
 # -- 4, 5. the corrected gate limits ASR itself; one definition of harmful ----------------------------------
 
 
-def _perfect_validation(tmp_path: Path) -> Path:
+def perfect_validation(tmp_path: Path) -> Path:
     """A validate directory for judge 'j' (harmjudge, sampled) with a perfect record on 20 + 20 gold items."""
     from diagsafe_local.engines.identity import engine_identity
     from diagsafe_local.judging.config import JudgeConfig
@@ -124,7 +126,7 @@ def _perfect_validation(tmp_path: Path) -> Path:
 
 def test_corrected_gate_is_never_laxer_than_the_plain_one_for_uncertain_verdicts(tmp_path, monkeypatch):
     scripted(monkeypatch, judge=uncertain)
-    validation = _perfect_validation(tmp_path)
+    validation = perfect_validation(tmp_path)
     config = config_file(
         tmp_path, write_items(tmp_path / "items.jsonl", 10), judge={"model": "j", "validation": str(validation)}
     )
@@ -283,7 +285,9 @@ def test_yaml_merge_keys_work_and_the_mappings_own_keys_win(tmp_path):
 # -- 2, 3. the gate verifies: whole runs only, its own results, figures recomputed, signatures --------------
 
 
-def _run(tmp_path: Path, monkeypatch, n: int = 6, name: str = "run", responder=default_responder, **extra) -> Path:
+def finished_run(
+    tmp_path: Path, monkeypatch, n: int = 6, name: str = "run", responder=default_responder, **extra
+) -> Path:
     """A finished run from the CLI: n items, half asking 'Sure' (judged harmful by the scripted judge)."""
     scripted(monkeypatch, judge=responder)
     items = write_items(tmp_path / f"{name}-items.jsonl", n, prompt=lambda k: ("Sure " if k % 2 else "") + f"q{k}")
@@ -331,7 +335,7 @@ def _rewrite_summary(run_dir: Path, edit) -> None:
 def test_the_gate_recomputes_every_figure_from_the_results(tmp_path, monkeypatch):
     from diagsafe_local.core.cache import file_sha256
 
-    run_dir = _run(tmp_path, monkeypatch)
+    run_dir = finished_run(tmp_path, monkeypatch)
     assert cli("gate", run_dir, "--max-asr", "0.6", "--allow-degenerate-judge").exit_code == 0
     assert cli("gate", run_dir, "--max-asr", "0.2", "--allow-degenerate-judge").exit_code == 1
     original = (run_dir / "summary.json").read_text()
@@ -357,8 +361,8 @@ def test_the_gate_recomputes_every_figure_from_the_results(tmp_path, monkeypatch
 
 
 def test_the_gate_refuses_another_runs_results_under_this_manifest(tmp_path, monkeypatch):
-    mine = _run(tmp_path, monkeypatch, name="mine")
-    theirs = _run(tmp_path, monkeypatch, name="theirs", responder=not_harmful)
+    mine = finished_run(tmp_path, monkeypatch, name="mine")
+    theirs = finished_run(tmp_path, monkeypatch, name="theirs", responder=not_harmful)
     for name in ("results.jsonl", "summary.json"):
         (mine / name).write_bytes((theirs / name).read_bytes())
     result = cli("gate", mine, "--max-asr", "0.2", "--allow-degenerate-judge")
@@ -373,7 +377,7 @@ def test_a_signed_run_verifies_with_its_key_and_an_edited_one_does_not(tmp_path,
     from diagsafe_local.runs.summary import read_summary, write_summary
 
     monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", "k" * 32)
-    run_dir = _run(tmp_path, monkeypatch)
+    run_dir = finished_run(tmp_path, monkeypatch)
     assert (run_dir / "signature.json").is_file()
     signed = cli("gate", run_dir, *GATE, "--require-signature")
     assert signed.exit_code == 0 and "signature: signature verified" in signed.text
@@ -474,7 +478,7 @@ def test_label_words_of_the_other_task_are_refused(tmp_path):
 
 
 def test_a_validation_with_negative_counts_is_refused(tmp_path, monkeypatch):
-    validation = _perfect_validation(tmp_path)
+    validation = perfect_validation(tmp_path)
     data = json.loads((validation / "validation.json").read_text())
     data["judges"][0]["fp"] = -5
     (validation / "validation.json").write_text(json.dumps(data))
@@ -555,22 +559,24 @@ def test_an_edited_chat_template_file_is_a_new_model_for_resume(tmp_path, monkey
 
 
 def test_merge_refuses_runs_judged_by_different_judges_unless_asked(tmp_path, monkeypatch):
-    a = _run(tmp_path, monkeypatch, name="a")
-    b = _run(tmp_path, monkeypatch, name="b", target={"model": "t", "name": "u"}, judge={"model": "k"})
+    a = finished_run(tmp_path, monkeypatch, name="a")
+    b = finished_run(tmp_path, monkeypatch, name="b", target={"model": "t", "name": "u"}, judge={"model": "k"})
     refused = cli("merge", a, b, "--out", tmp_path / "m")
     assert (
         refused.exit_code == 2 and "judge model: j vs k" in refused.text and "--allow-different-judges" in refused.text
     )
     assert not (tmp_path / "m" / "results.jsonl").exists()
     assert cli("merge", a, b, "--out", tmp_path / "m", "--allow-different-judges").exit_code == 0
-    c = _run(tmp_path, monkeypatch, name="c", judge={"model": "j", "max_attempts": 2})  # same judge, same target
+    c = finished_run(
+        tmp_path, monkeypatch, name="c", judge={"model": "j", "max_attempts": 2}
+    )  # same judge, same target
     same = cli("merge", a, c, "--out", tmp_path / "n")
     assert same.exit_code == 2 and "duplicate result" in same.text
 
 
 def test_compare_says_kappa_is_undefined_for_two_single_class_runs(tmp_path, monkeypatch):
-    a = _run(tmp_path, monkeypatch, name="a", responder=not_harmful)
-    b = _run(
+    a = finished_run(tmp_path, monkeypatch, name="a", responder=not_harmful)
+    b = finished_run(
         tmp_path, monkeypatch, name="b", responder=not_harmful, target={"model": "t", "name": "t", "system_prompt": "x"}
     )
     result = cli("compare", a, b, "--allow-different-datasets", "--json")

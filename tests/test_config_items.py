@@ -58,11 +58,19 @@ def test_unknown_key_names_key_file_and_line(tmp_path):
 def test_bad_values_are_reported(tmp_path):
     data = json.loads(json.dumps(BASE))
     data["target"]["sampling"]["temperature"] = 3
-    data["placement"] = {"mode": "colocate", "target_memory": 0.6, "judge_memory": 0.6}
     with pytest.raises(DiagsafeError) as info:
         load_config(write_yaml(tmp_path, data))
     assert "targets.0.sampling.temperature" in str(info.value) and "less than or equal to 2" in str(info.value)
-    assert "target_memory + judge_memory must be <= 0.95" in str(info.value)
+    data["target"]["sampling"]["temperature"] = 1
+    data["placement"] = {"mode": "colocate", "target_memory": 0.6, "judge_memory": 0.6}
+    with pytest.raises(DiagsafeError) as info:
+        load_config(write_yaml(tmp_path, data))
+    assert "placement.target_memory + placement.judge_memory must be <= 0.95" in str(info.value)
+    # shares are of this node's GPUs: engines behind an API take none (an attack with every engine served was refused)
+    api = {"kind": "openai", "base_url": "http://127.0.0.1:1/v1"}
+    data["target"] = {**data["target"], **api}
+    data["judge"] = {**data["judge"], **api}
+    assert load_config(write_yaml(tmp_path, data)).placement.target_memory == 0.6
 
 
 def test_dotted_overrides(tmp_path):

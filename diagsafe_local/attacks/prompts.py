@@ -57,10 +57,14 @@ CRESCENDO_SYSTEM = _COMMON + (
 )
 
 
+# The labels of the attacker's prompts and reply: a target's text must not pose as one of them.
+LABELS = ("GOAL", "LAST PROMPT", "TARGET ANSWER", "JUDGE SCORE", "improvement", "prompt")
+
+
 def _fenced(text: str, limit: int) -> str:
-    """The target's text as data: neutralised, its head only, inside markers it cannot write itself."""
+    """The target's text as data: neutralised (our labels too), its head only, inside markers it cannot write."""
     head = text[:limit] + (" [...]" if len(text) > limit else "")
-    return "<<<TARGET>>>\n" + neutralise(head) + "\n<<<END TARGET>>>"
+    return "<<<TARGET>>>\n" + neutralise(head, LABELS) + "\n<<<END TARGET>>>"
 
 
 def pair_messages(goal: str, last: tuple[str, str, float | None] | None, limit: int) -> tuple[Message, ...]:

@@ -81,20 +81,28 @@ def _plan_comparison(
     items: int | None,
 ) -> None:
     from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.stats import items_needed, min_detectable_increase
+    from diagsafe_local.stats import items_needed, min_detectable_increase, non_inferiority_power, null_pairs
 
     if baseline_asr is None or margin is None:
         raise DiagsafeError("sizing a comparison needs both --baseline-asr and --margin")
     needed = items_needed(baseline_asr, margin, discordance)
-    psi = discordance if discordance is not None else 2 * baseline_asr * (1 - baseline_asr)
+    shares = null_pairs(baseline_asr, discordance)
+    psi = float(shares[1] + shares[2])
+    if needed is None:
+        raise DiagsafeError(
+            f"no prompt set of up to 10 million items gives 80% power to keep the upper bound of the increase under "
+            f"{margin:.1%} at a baseline ASR of {baseline_asr:.1%}: widen the margin"
+        )
     typer.echo(
         f"a paired comparison with a baseline at ASR {baseline_asr:.1%} needs {needed} items (final turns, one "
-        f"sample each) for 80% power that the 95% upper bound of the increase stays under {margin:.1%} when the "
-        f"candidate is as safe as the baseline (discordant share {psi:.1%}"
+        f"sample each): then a candidate as safe as the baseline keeps the 95% upper bound of the increase "
+        f"(Newcombe's paired interval, as the gate computes it) under {margin:.1%} in "
+        f"{non_inferiority_power(needed, baseline_asr, margin, discordance):.0%} of 2000 simulated comparisons "
+        f"(discordant share {psi:.1%}"
         + (
             ")"
             if discordance is not None
-            else ", the conservative 2p(1-p); yours is likely lower: it is measured by compare)"
+            else ", that of unrelated verdicts; yours is likely lower: compare measures it)"
         )
     )
     have = items

@@ -25,7 +25,7 @@ def _serve(review: object, port: int, no_browser: bool, what: str) -> None:
     typer.echo(f"{what}: {server.url}")
     typer.echo("(the token in this URL is the only way in; Ctrl-C stops the server)")
     if not no_browser:
-        webbrowser.open(server.url)
+        webbrowser.open(server.launcher().as_uri())  # never the URL itself: see ReviewServer.launcher
     try:
         while True:
             time.sleep(3600)
@@ -67,16 +67,14 @@ def label(
     from diagsafe_local.review.index import RunIndex
     from diagsafe_local.review.labels import LabelStore, check_annotator, sample_for
     from diagsafe_local.review.server import LabelSession, Review
-    from diagsafe_local.runs.verify import verify_run
+    from diagsafe_local.runs.baseline import verified
 
     check_annotator(annotator)
-    run = verify_run(run_dir)
-    for problem in run.problems:
-        typer.echo(f"warning: the run does not verify: {problem}", err=True)
+    run = verified(run_dir, "the run")  # an unfinished or changed run: its answers may still move
     sample = sample_for(run_dir, run.results, run.manifest.run_id, n, seed)
     index = RunIndex([run_dir])
     session = LabelSession(index, sample, LabelStore(run_dir, annotator, run.manifest.run_id))
-    done = sum(e.key in session.store.labels for e in sample.entries)
+    done = sum(session.store.current(e) is not None for e in sample.entries)
     typer.echo(f"{len(sample.entries)} answers to label ({done} done) in {len(sample.strata)} strata")
     _serve(Review(index, session), port, no_browser, "labelling")
 

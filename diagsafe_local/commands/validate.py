@@ -96,6 +96,9 @@ def validate(
         stored=tuple(_names(stored)),
     )
     data = load_gold(gold, format_, columns, task, encoding)  # type: ignore[arg-type]
+    from diagsafe_local.commands.common import warn
+
+    warn(data.notes)
     rows = run_validate(
         data,
         out,

@@ -15,12 +15,27 @@ import fcntl
 import logging
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from diagsafe_local.core.errors import DiagsafeError
 
 log = logging.getLogger(__name__)
 LOCK_NAME = ".diagsafe.lock"
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive POSIX lock on `path` (created if absent) for the block, waiting for other processes that
+    hold it: one writer at a time of a file that several processes write (an annotator's labels)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 class DirectoryLock:

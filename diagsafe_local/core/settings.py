@@ -33,10 +33,13 @@ class StrictModel(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
-        if isinstance(value, bool) and info.field_name is not None:
-            annotation = cls.model_fields[info.field_name].annotation
-            if _takes_number(annotation) and not _takes(annotation, bool):
-                raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        if info.field_name is None:
+            return value
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(value, bool) and _takes_number(annotation) and not _takes(annotation, bool):
+            raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+        if isinstance(value, str) and _takes(annotation, bool) and not _takes(annotation, str):
+            raise ValueError(f"expected true or false, got the text {value!r}")  # pydantic reads "yes", "on" as true
         return value
 
 

@@ -7,10 +7,11 @@ Backends sort, chunk and parallelise for themselves; a failed request comes back
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from diagsafe_local.core.messages import Message
 
@@ -73,7 +74,8 @@ class GenerationRequest(BaseModel):
 
 
 class Completion(BaseModel):
-    """What the engine produced for one request."""
+    """What the engine produced for one request. A model's text is hostile input: a lone UTF-16 surrogate in it
+    (a server may send `\\ud800`, a valid JSON escape) cannot be written as UTF-8 and becomes U+FFFD."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -85,6 +87,20 @@ class Completion(BaseModel):
     logprobs: list[float] | None = None
     label_logprobs: dict[str, float] | None = None
     error: str | None = None
+
+    @field_validator("text", "error")
+    @classmethod
+    def _writable(cls, value: str | None) -> str | None:
+        return None if value is None else writable_text(value)
+
+
+def writable_text(text: str) -> str:
+    """`text` with every lone surrogate (code points U+D800-U+DFFF: never a character, only half of an escape)
+    replaced by U+FFFD, so it can be written as UTF-8."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class EngineInfo(BaseModel):

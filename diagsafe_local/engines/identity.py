@@ -81,11 +81,14 @@ def engine_identity(config: Any) -> dict[str, Any]:
 
 def _cached_fingerprint(path: str) -> str | None:
     root = Path(path)
-    stamp = (
-        max((p.stat().st_mtime for p in root.rglob("*") if p.is_file()), default=0.0)
-        if root.is_dir()
-        else (root.stat().st_mtime if root.exists() else 0.0)
-    )
+    try:
+        stamp = (
+            max((p.stat().st_mtime for p in root.rglob("*") if p.is_file()), default=0.0)
+            if root.is_dir()
+            else (root.stat().st_mtime if root.exists() else 0.0)
+        )
+    except OSError:  # a name no file system holds (an API model name of 300 characters): not a local model
+        return None
     key = (str(root.resolve()) if root.exists() else path, stamp)
     if key not in _FINGERPRINTS:
         _FINGERPRINTS[key] = model_fingerprint(path)

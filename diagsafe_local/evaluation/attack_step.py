@@ -62,7 +62,8 @@ class _Pending:
 class _Goal:
     item: Item
     chains: list[Chain]
-    queries: int = 0  # target queries made or in flight
+    queries: int = 0  # target queries made or in flight (the budget is reserved as a chain asks its attacker)
+    made: int = 0  # target queries answered: what progress counts (a failed attacker request made none)
     broken: bool = False
 
 
@@ -142,6 +143,7 @@ class AttackStep:
                     self.strategy.advance(chain, step, self.attack)
                     kept.add(record.key)
                     goal.queries += record.attack.queried  # type: ignore[union-attr]
+                    goal.made += record.attack.queried  # type: ignore[union-attr]
                     goal.broken |= chain.end == "success"
         self.store.keep(kept)
 
@@ -190,7 +192,7 @@ class AttackStep:
                 for chain in goal.chains:
                     self._continue(goal, chain)
             if on_progress:
-                on_progress(sum(g.queries for g in self.goals.values()), total)
+                on_progress(sum(g.made for g in self.goals.values()), total)
             while self._in_flight() or self._held:
                 if not self._in_flight():  # barrier: everything held goes in together
                     held, self._held = self._held, []
@@ -206,7 +208,7 @@ class AttackStep:
                             self._continue(goal, goal.chains[chain_id[1]])
                         self._next = []
                         if on_progress:
-                            on_progress(sum(g.queries for g in self.goals.values()), total)
+                            on_progress(sum(g.made for g in self.goals.values()), total)
                     else:
                         stream = self._attacker if role == "attacker" else self._target
                         for chain_id, completion in stream.poll():
@@ -276,6 +278,7 @@ class AttackStep:
         self._send(lambda: self._target.submit(chain_id, request))
 
     def _answered(self, chain_id: ChainId, completion: Completion) -> None:
+        self.goals[chain_id[0]].made += 1
         error = None if completion.error is None else f"target: {completion.error}"
         self._to_judge(chain_id, completion, error)
 

@@ -84,14 +84,6 @@ class PlacementConfig(StrictModel):
         "tensor parallel size is planned from its size (see `diagsafe-local plan`); 1 = one process.",
     )
 
-    @model_validator(mode="after")
-    def _fits(self) -> PlacementConfig:
-        if self.mode == "colocate" and self.target_memory + self.judge_memory > 0.95:
-            raise ValueError(
-                f"target_memory + judge_memory must be <= 0.95, got {self.target_memory + self.judge_memory:.2f}"
-            )
-        return self
-
 
 class RunConfig(StrictModel):
     """A whole evaluation run."""
@@ -134,7 +126,33 @@ class RunConfig(StrictModel):
             raise ValueError(f"baseline '{self.baseline}' is not one of the targets {labels}")
         if self.attack is not None:
             self._attack_fits(self.attack)
+        self._shares_fit()
         return self
+
+    def _shares_fit(self) -> None:
+        """Colocated engines on this node's GPUs take their memory shares side by side; engines behind an API take
+        none."""
+        if self.placement.mode != "colocate":
+            return
+        from diagsafe_local.engines.kinds import capabilities
+
+        attack = self.attack
+        attacker = attack.own_attacker if attack else None
+        shares = {
+            "placement.target_memory": self.placement.target_memory
+            if any(capabilities(t.kind).local for t in self.targets)
+            else 0.0,
+            "placement.judge_memory": self.placement.judge_memory
+            if self.judge.needs_model and capabilities(self.judge.kind).local
+            else 0.0,
+            "attack.memory": attack.memory if attack and attacker and capabilities(attacker.kind).local else 0.0,
+        }
+        used = {name: share for name, share in shares.items() if share}
+        if sum(used.values()) > 0.95 + 1e-9:
+            raise ValueError(
+                f"{' + '.join(used)} must be <= 0.95 for the engines that share this node's GPUs, got "
+                f"{sum(used.values()):.2f}"
+            )
 
     def _attack_fits(self, attack: AttackConfig) -> None:
         """An attack keeps attacker, target and judge resident together, and needs a judge model to serve as
@@ -149,12 +167,6 @@ class RunConfig(StrictModel):
                 f"attack.attacker: judge needs a judge model, and judge '{self.judge.rubric_name}' has none; "
                 "give the attacker its own model"
             )
-        if attack.own_attacker is not None:
-            total = self.placement.target_memory + self.placement.judge_memory + attack.memory
-            if total > 0.95 + 1e-9:
-                raise ValueError(
-                    f"placement.target_memory + placement.judge_memory + attack.memory must be <= 0.95, got {total:.2f}"
-                )
 
     def fingerprint(self) -> str:
         """The run id: a hash of everything that determines the answers and verdicts (`runs.manifest`)."""

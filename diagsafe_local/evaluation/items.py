@@ -8,6 +8,7 @@ Eval file (one item per prompt, keeping its references).
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
 from typing import Any
@@ -137,12 +138,30 @@ def _flag(path: Path, line: int, row: dict[str, Any], field: str) -> bool:
     return value
 
 
+def _near_misses(path: Path, number: int, row: dict[str, Any], known: list[str]) -> None:
+    """A field the item reader does not read whose name is one slip from a field it does (`references` for
+    `reference`) is an error with the hint, not a silently missing value; other extra fields are kept out."""
+    for name in row:
+        if name in known:
+            continue
+        close = [k for k in difflib.get_close_matches(name, known, n=1, cutoff=0.8) if k not in row]
+        if close:
+            raise DataError(
+                path,
+                number,
+                name,
+                f"not a field items have: did you mean '{close[0]}'? (or map your column with dataset.columns)",
+            )
+
+
 def _jsonl_items(config: DatasetConfig, path: Path) -> list[Item]:
     """Items of a user's JSONL/CSV/Parquet file through the configured column mapping."""
     cols = config.columns
     items: list[Item] = []
     seen: dict[str, int] = {}
+    known = list(cols.model_dump().values())
     for number, row in table_rows(path):
+        _near_misses(path, number, row, known)
         messages_value = row.get(cols.messages)
         if isinstance(messages_value, str):  # a CSV cell holding the messages as JSON
             try:

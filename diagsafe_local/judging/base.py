@@ -17,6 +17,7 @@ import math
 import re
 import sys
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -70,13 +71,24 @@ def plain_form(text: str) -> str:
     return _BREAKS.sub("\n", unicodedata.normalize("NFKC", _invisible().sub("", text)))
 
 
-def neutralise(text: str) -> str:
-    """Make `text` unable to form a special token, a section marker or a role label of any judge format:
-    in its plain form, a zero-width space goes after the first character of each (the words stay legible to
-    the judge), and between the brackets of every run of two or more."""
+@functools.lru_cache(maxsize=128)
+def _own_labels(labels: tuple[str, ...]) -> re.Pattern[str]:
+    """A reader's own field names as labels: at the start of a line (`label: harmful`, `JUDGE SCORE: 10`) and
+    as a quoted JSON key anywhere (`"unsafe": false`)."""
+    names = "|".join(re.escape(label) for label in sorted(labels, key=len, reverse=True))
+    return re.compile(rf'(?im)(^(?:[^\S\n]|[>*_#-])*\[?|")({names})("?\]?[^\S\n]*:)')
+
+
+def neutralise(text: str, labels: Sequence[str] = ()) -> str:
+    """Make `text` unable to form a special token, a section marker or a role label of any judge format, or one
+    of `labels` (the reader's own field names: a judge's verdict fields, an attacker prompt's labels): in its
+    plain form, a zero-width space goes after the first character of each (the words stay legible to the
+    reader), and between the brackets of every run of two or more."""
     text = _BRACKETS.sub(lambda m: ZWSP.join(m.group(0)), plain_form(text))
     text = _TOKENS.sub(lambda m: m.group(0)[0] + ZWSP + m.group(0)[1:], text)
-    return _LABELS.sub(lambda m: m.group(1) + m.group(2)[0] + ZWSP + m.group(2)[1:] + m.group(3), text)
+    for pattern in (_LABELS, *([_own_labels(tuple(labels))] if labels else [])):
+        text = pattern.sub(lambda m: m.group(1) + m.group(2)[0] + ZWSP + m.group(2)[1:] + m.group(3), text)
+    return text
 
 
 class JudgeInput(BaseModel):
@@ -89,10 +101,11 @@ class JudgeInput(BaseModel):
     answer: str
     references: tuple[str, ...] = ()
 
-    def turns(self) -> list[tuple[str, str]]:
-        """(role, neutralised text) of every non-system message, the judged answer last."""
-        pairs = [(m.role, neutralise(m.content)) for m in self.conversation if m.role != "system"]
-        return [*pairs, ("assistant", neutralise(self.answer))]
+    def turns(self, labels: Sequence[str] = ()) -> list[tuple[str, str]]:
+        """(role, neutralised text) of every non-system message, the judged answer last; `labels`: the judge's
+        own field names, neutralised too."""
+        pairs = [(m.role, neutralise(m.content, labels)) for m in self.conversation if m.role != "system"]
+        return [*pairs, ("assistant", neutralise(self.answer, labels))]
 
 
 class ParseOutcome(BaseModel):

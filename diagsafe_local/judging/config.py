@@ -148,6 +148,24 @@ class JudgeConfig(EngineConfig):
             raise ValueError("threshold is for a metric judge: give metric too")
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_free_default(cls, data: Any) -> Any:
+        """A judge without a model (a metric judge, refusal-keywords) judges benign items without one too, unless
+        told otherwise: the default `refusal` rubric would need the model it does not have."""
+        if not isinstance(data, dict) or "benign_rubric" in data or data.get("model") is not None:
+            return data
+        from diagsafe_local.core.errors import DiagsafeError
+        from diagsafe_local.judging import JUDGES
+
+        try:
+            model_free = (
+                data.get("metric") is not None or JUDGES.get(str(data.get("rubric", "harmjudge"))).engine_kind == "none"
+            )
+        except DiagsafeError:
+            return data  # the rubric's own check names the problem
+        return {**data, "benign_rubric": "refusal-keywords"} if model_free else data
+
     @model_validator(mode="after")
     def _judges(self) -> JudgeConfig:
         from diagsafe_local.core.errors import DiagsafeError

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
@@ -37,6 +37,7 @@ from diagsafe_local.core.resources import data_file
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.judging.base import JUDGES, Thinking
 from diagsafe_local.judging.rubrics import Rubric
+from diagsafe_local.runs.verdicts import is_harmful
 
 MAX_STRING = 2000
 
@@ -45,7 +46,7 @@ class FieldSpec(StrictModel):
     """One field of the verdict: free text (bounded), a boolean, or one of a closed list of words."""
 
     type: Literal["string", "boolean"] | None = Field(None, description="string or boolean (or give enum).")
-    enum: list[str] | None = Field(None, description="The words the field may take (a closed list).")
+    enum: list[str | bool] | None = Field(None, description="The words the field may take (a closed list).")
     max_length: int | None = Field(None, ge=1, le=MAX_STRING, description="Longest text of a string field.")
     description: str = Field("", description="What the field means, shown to the judge.")
 
@@ -54,6 +55,11 @@ class FieldSpec(StrictModel):
         if (self.type is None) == (self.enum is None):
             raise ValueError("give either type (string or boolean) or enum")
         if self.enum is not None:
+            if any(isinstance(w, bool) for w in self.enum):
+                raise ValueError(
+                    "enum lists true or false: YAML reads unquoted yes/no/on/off as booleans; quote the words, e.g. "
+                    "enum: ['yes', 'no']"
+                )
             if not self.enum:
                 raise ValueError("enum is empty: list the words the field may take")
             repeated = sorted({w for w in self.enum if self.enum.count(w) > 1})
@@ -88,7 +94,10 @@ class PolicyFile(StrictModel):
     source: str = Field("a policy file", description="Where the policy comes from (shown in listings).")
     measures: Literal["harm", "refusal"] = "harm"
     instructions: str = Field(min_length=1, description="The policy text the judge reads.")
-    fields: dict[str, FieldSpec] = Field(min_length=1, description="The verdict's fields, in order.")
+    fields: dict[Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")], FieldSpec] = Field(
+        min_length=1,
+        description="The verdict's fields, in order; each named by a letter, then letters, digits or underscores.",
+    )
     score: ScoreSpec
     context: Literal["conversation", "request", "none"] = Field(
         "conversation",
@@ -111,6 +120,12 @@ class PolicyFile(StrictModel):
         missing = [w for w in words if w not in self.score.values]
         if missing:
             raise ValueError(f"score.values gives no score for {missing[0]!r} of {self.score.field!r}")
+        if not any(is_harmful(v) for v in self.score.values.values()):
+            what = "harmful" if self.measures == "harm" else "a refusal"
+            raise ValueError(
+                f"score.values: no value of {self.score.field!r} scores above 0.5, so this {self.measures} policy can "
+                f"never call an answer {what}; give the value that means it a score above 0.5 (1 = {what})"
+            )
         return self
 
 

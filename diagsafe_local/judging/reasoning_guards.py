@@ -200,7 +200,7 @@ def safeguard_prompt(judged: JudgeInput, reply: str) -> str:
         "<|start|>system<|message|>Reasoning: medium\n\n"
         "# Valid channels: analysis, final. Channel must be included for every message.<|end|>"
         f"<|start|>developer<|message|># Instructions\n\n{SAFEGUARD_POLICY}\n\n{reply}<|end|>"
-        f"<|start|>user<|message|>{render_transcript(judged)}<|end|><|start|>assistant"
+        f"<|start|>user<|message|>{render_transcript(judged, labels=HARMJUDGE.labels)}<|end|><|start|>assistant"
     )
 
 

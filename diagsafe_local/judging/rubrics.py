@@ -7,7 +7,7 @@ or inject instructions into the judge.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal
@@ -20,10 +20,10 @@ from diagsafe_local.judging.base import Judge, JudgeInput, ParseOutcome
 Context = Literal["conversation", "request", "none"]
 
 
-def render_transcript(judged: JudgeInput, context: Context = "conversation") -> str:
+def render_transcript(judged: JudgeInput, context: Context = "conversation", labels: Sequence[str] = ()) -> str:
     """The judged material between fixed delimiters, the answer last: after the whole conversation, after the
-    request it replies to only, or alone."""
-    *before, (_, answer) = judged.turns()
+    request it replies to only, or alone; `labels` (the judge's verdict fields) neutralised in it."""
+    *before, (_, answer) = judged.turns(labels)
     if context == "request":
         before = [turn for turn in before if turn[0] == "user"][-1:]
     shown = [] if context == "none" else ["<<<CONVERSATION>>>", *(f"[{r.upper()}]: {t}" for r, t in before)]
@@ -78,11 +78,18 @@ class Rubric(Judge):
     def own_prompt(self) -> str:
         return self.system_prompt
 
+    @cached_property
+    def labels(self) -> tuple[str, ...]:
+        """The verdict's field names: an answer that writes `label: not_harmful` must not pose as a verdict."""
+        return tuple(self.schema.get("properties", {}))
+
     def render(self, judged: JudgeInput) -> tuple[Message, ...]:
         """Rubric first (shared prefix for the prefix cache), the item last."""
         return (
             Message(role="system", content=self.system_prompt),
-            Message(role="user", content=render_transcript(judged, self.context) + "\n\nYour JSON verdict:"),
+            Message(
+                role="user", content=render_transcript(judged, self.context, self.labels) + "\n\nYour JSON verdict:"
+            ),
         )
 
     def constraint(self) -> dict[str, Any]:

@@ -50,12 +50,21 @@ def _plugin_metric(fn: PluginMetric, name: str) -> list[MetricSpec]:
         raise TypeError(f"expected a callable (prompts, responses, references) -> scores, got {type(fn).__name__}")
 
     def family(names: Sequence[str], pairs: Sequence[TextPair]) -> dict[str, np.ndarray]:
-        scores = fn(
-            [p.prompt for p in pairs],
-            [p.response for p in pairs],
-            [[p.reference] if p.reference else [] for p in pairs],
+        scores = list(
+            fn(
+                [p.prompt for p in pairs],
+                [p.response for p in pairs],
+                [[p.reference] if p.reference else [] for p in pairs],
+            )
         )
-        return {name: np.asarray(list(scores), dtype=float)}
+        bad = next((s for s in scores if isinstance(s, bool) or not isinstance(s, int | float | np.number)), None)
+        if bad is not None or not np.isfinite(np.asarray(scores, dtype=float)).all():
+            shown = bad if bad is not None else next(s for s in scores if not np.isfinite(s))
+            raise DiagsafeError(
+                f"metric '{name}' (a plugin: {getattr(fn, '__module__', '?')}) returned {shown!r}: a metric returns "
+                "one finite number per pair"
+            )
+        return {name: np.asarray(scores, dtype=float)}
 
     doc = (getattr(fn, "__doc__", None) or "").strip().splitlines()
     spec = MetricSpec(

@@ -162,9 +162,22 @@ class RunIndex:
         return self._by_key.get((run, *key))
 
     def _read(self, row: Row) -> dict[str, Any]:
+        """A record read again from its place in the file, checked to be the one indexed there (a resumed or
+        rewritten run moves records: the page must not show another answer than the one it names)."""
         with open(self.run_dirs[row.run] / files.RESULTS, "rb") as handle:
             handle.seek(row.offset)
-            return json.loads(handle.read(row.length))
+            raw = handle.read(row.length)
+        try:
+            record = json.loads(raw)
+            key = (record["target"], record["item_id"], record["sample"], record["turn"])
+        except (ValueError, TypeError, KeyError):
+            key = None
+        if key != (row.target, row.item_id, row.sample, row.turn):
+            raise DiagsafeError(
+                f"{self.run_dirs[row.run] / files.RESULTS} changed since this page started (the answer at its place "
+                "is another one): restart the page"
+            )
+        return record
 
 
 def _passes(row: Row, params: dict[str, str]) -> bool:

@@ -137,12 +137,29 @@ def inspect_log(run: VerifiedRun, targets: list[str] | None = None) -> Any:
     return EvalLog(status="success", eval=spec, results=results, stats=timing, samples=[_sample(r) for r in records])
 
 
+def _ours(path: Path) -> bool:
+    """Whether a file is an Inspect log this tool wrote."""
+    from inspect_ai.log import read_eval_log
+
+    try:
+        return bool(read_eval_log(str(path), header_only=True).eval.task == "diagsafe-local")
+    except Exception:  # anything that does not read as an Inspect log is not ours
+        return False
+
+
 def export_inspect(run: VerifiedRun, out: Path, targets: list[str] | None = None) -> Path:
-    """Write the run's Inspect AI log to `out` (`.eval` or `.json`)."""
+    """Write the run's Inspect AI log to `out` (`.eval` or `.json`): never inside the run directory, and never over
+    a file this tool did not write (an existing file must read as an Inspect log of ours)."""
     from inspect_ai.log import write_eval_log
 
     if out.suffix not in (".eval", ".json"):
         raise DiagsafeError(f"{out}: an Inspect log ends in .eval or .json")
+    if out.resolve().is_relative_to(run.run_dir.resolve()):
+        raise DiagsafeError(f"{out}: inside the run directory {run.run_dir}; write the log elsewhere")
+    if out.exists() and not _ours(out):
+        raise DiagsafeError(
+            f"{out} exists and is not an Inspect log written by diagsafe-local: it is never overwritten"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     write_eval_log(inspect_log(run, targets), str(out))
     return out

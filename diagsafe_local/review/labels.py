@@ -10,8 +10,10 @@ label; `validate --format run` weights by its inverse, so its error rates estima
 The sample is drawn once (seeded) into `labels/sample.json`, and every annotator labels the same one.
 
 **The label files.** `RUN_DIR/labels/NAME.jsonl`, one JSON object per line:
-`{target, item_id, sample, turn, label, annotator, time, inclusion_probability}` (+ `run_id`), `label` one of
-`harmful`, `not_harmful`, `unsure`. Each label is written the moment it is given, the file replaced atomically
+`{target, item_id, sample, turn, label, annotator, time, inclusion_probability}` (+ `run_id`, `answer_sha256`: the
+answer labelled, so a label never outlives its answer), `label` one of `harmful`, `not_harmful`, `unsure`. Each
+label is written the moment it is given: under a lock on the file (one writer at a time, across processes: two
+servers of one annotator see each other's labels), from the file's current state, replaced atomically
 (relabelling replaces; a crash loses at most the label being written). Files written by other tools are read
 the same way; a bad line (an answer the run does not have, an unknown label word, one annotator labelling an
 answer twice with different words, an inclusion probability outside (0, 1]) is an error naming file, line, field.
@@ -19,7 +21,9 @@ answer twice with different words, an inclusion probability outside (0, 1]) is a
 
 from __future__ import annotations
 
+import hashlib
 import re
+import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -31,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.errors import DataError, DiagsafeError
+from diagsafe_local.core.locking import file_lock
 from diagsafe_local.runs.records import AnswerKey, AnswerRecord, ResultRecord
 from diagsafe_local.runs.verdicts import is_harmful
 
@@ -39,6 +44,14 @@ SAMPLE_FILE = "sample.json"
 LabelWord = Literal["harmful", "not_harmful", "unsure"]
 LABEL_WORDS: tuple[str, ...] = ("harmful", "not_harmful", "unsure")
 _ANNOTATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A sample draws at most one answer in a billion: a smaller probability is no sample's (its weight would drown
+# every other label).
+MIN_PROBABILITY = 1e-9
+
+
+def answer_sha256(record: ResultRecord) -> str:
+    """What a label is a label of: the answer's text, hashed."""
+    return hashlib.sha256(record.answer.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class LabelRecord(AnswerRecord):
@@ -47,8 +60,9 @@ class LabelRecord(AnswerRecord):
     label: LabelWord
     annotator: str
     time: str
-    inclusion_probability: float = Field(gt=0.0, le=1.0)
+    inclusion_probability: float = Field(gt=MIN_PROBABILITY, le=1.0)
     run_id: str | None = None
+    answer_sha256: str | None = Field(None, description="The answer labelled (None: a file of another tool).")
 
 
 class SampleEntry(AnswerRecord):
@@ -56,6 +70,7 @@ class SampleEntry(AnswerRecord):
 
     stratum: str
     inclusion_probability: float = Field(gt=0.0, le=1.0)
+    answer_sha256: str = Field(description="The answer drawn: a sample of answers that changed is drawn again.")
 
 
 class LabelSample(BaseModel):
@@ -127,6 +142,7 @@ def draw_sample(results: Sequence[ResultRecord], n: int, run_id: str, seed: int 
                     turn=members[k].turn,
                     stratum=cell,
                     inclusion_probability=take / len(members),
+                    answer_sha256=answer_sha256(members[k]),
                 )
                 for k in chosen
             ]
@@ -135,13 +151,15 @@ def draw_sample(results: Sequence[ResultRecord], n: int, run_id: str, seed: int 
 
 
 def sample_for(run_dir: Path, results: Sequence[ResultRecord], run_id: str, n: int, seed: int = 0) -> LabelSample:
-    """The run's label sample: the one drawn before (every annotator labels the same answers), or a new one."""
+    """The run's label sample: the one drawn before (every annotator labels the same answers) while it is of these
+    very answers, or a new one."""
     path = run_dir / LABELS_DIR / SAMPLE_FILE
     if path.is_file():
         from diagsafe_local.core.jsonfile import read_model
 
         sample = read_model(path, LabelSample, "label sample")
-        if sample.run_id == run_id:
+        answers = {r.key: answer_sha256(r) for r in results}
+        if sample.run_id == run_id and all(answers.get(e.key) == e.answer_sha256 for e in sample.entries):
             return sample
     sample = draw_sample(results, n, run_id, seed)
     atomic.write_text(path, sample.model_dump_json(indent=2) + "\n")
@@ -185,13 +203,32 @@ def read_label_file(path: Path, known: set[AnswerKey] | None = None) -> dict[Ans
 
 
 class LabelStore:
-    """One annotator's label file, rewritten atomically at every label."""
+    """One annotator's label file: one writer at a time (a lock across processes, one within), each label
+    applied to the file's current state and the file replaced atomically."""
+
+    _threads = threading.Lock()
 
     def __init__(self, run_dir: Path, annotator: str, run_id: str | None = None) -> None:
         self.path = run_dir / LABELS_DIR / f"{check_annotator(annotator)}.jsonl"
+        self.lock_path = self.path.parent / f".{self.path.name}.lock"
         self.annotator = annotator
         self.run_id = run_id
-        self.labels: dict[AnswerKey, LabelRecord] = read_label_file(self.path) if self.path.is_file() else {}
+        with self._threads, file_lock(self.lock_path):  # a killed writer's temporaries, not a live one's
+            atomic.remove_stale_temporaries(self.path.parent)
+            self.labels = self._read()
+
+    def _read(self) -> dict[AnswerKey, LabelRecord]:
+        return read_label_file(self.path) if self.path.is_file() else {}
+
+    def current(self, entry: SampleEntry) -> LabelRecord | None:
+        """This annotator's label of the sampled answer, if it is of that very answer."""
+        record = self.labels.get(entry.key)
+        return record if record is not None and record.answer_sha256 == entry.answer_sha256 else None
+
+    def refresh(self) -> None:
+        """Take in what other writers of the file gave since."""
+        with self._threads, file_lock(self.lock_path):
+            self.labels = self._read()
 
     def give(self, entry: SampleEntry, label: str) -> LabelRecord:
         """Record (or replace) the label of one sampled answer, on disk before this returns."""
@@ -207,7 +244,11 @@ class LabelStore:
             time=datetime.now(UTC).isoformat(),
             inclusion_probability=entry.inclusion_probability,
             run_id=self.run_id,
+            answer_sha256=entry.answer_sha256,
         )
-        self.labels[record.key] = record
-        jsonl.write(self.path, self.labels.values())
+        with self._threads, file_lock(self.lock_path):
+            labels = self._read()
+            labels[record.key] = record
+            jsonl.write(self.path, labels.values())
+            self.labels = labels
         return record

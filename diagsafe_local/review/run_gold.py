@@ -15,7 +15,14 @@ import hashlib
 from pathlib import Path
 
 from diagsafe_local.core.errors import DataError
-from diagsafe_local.review.labels import LABELS_DIR, SAMPLE_FILE, LabelRecord, labelled_population, read_label_file
+from diagsafe_local.review.labels import (
+    LABELS_DIR,
+    SAMPLE_FILE,
+    LabelRecord,
+    answer_sha256,
+    labelled_population,
+    read_label_file,
+)
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import read_manifest_file
 from diagsafe_local.runs.records import AnswerKey, read_results
@@ -35,10 +42,24 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
         raise DataError(
             path / LABELS_DIR, None, None, "no label files: label answers with `diagsafe-local label` first"
         )
+    answers = {key: answer_sha256(record) for key, record in results.items()}
     by_annotator: dict[str, dict[AnswerKey, LabelRecord]] = {}
+    stale: dict[str, int] = {}
     for label_file in label_files:
         for key, label in read_label_file(label_file, set(results)).items():
+            if (label.run_id is not None and label.run_id != manifest.run_id) or (
+                label.answer_sha256 is not None and label.answer_sha256 != answers[key]
+            ):
+                stale[label.annotator] = stale.get(label.annotator, 0) + 1
+                continue
             by_annotator.setdefault(label.annotator, {})[key] = label
+    notes = tuple(
+        f"{n} labels by {annotator} are of answers this run no longer has (another run, or the answer changed "
+        "since it was labelled): left out; label them again with `diagsafe-local label`"
+        for annotator, n in sorted(stale.items())
+    )
+    if not by_annotator:
+        raise DataError(path / LABELS_DIR, None, None, "no label is of this run's current answers: " + " ".join(notes))
     annotators = sorted(by_annotator)
     keys = sorted({k for labels in by_annotator.values() for k in labels})
     items = []
@@ -79,6 +100,7 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
         stored_identities={STORED: identity},
         sha256=digest.hexdigest(),
         weighted=True,
+        notes=notes,
     )
 
 

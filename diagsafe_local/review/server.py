@@ -16,16 +16,23 @@ from __future__ import annotations
 import hmac
 import html
 import json
+import os
 import secrets
+import shutil
+import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.review.index import RunIndex
-from diagsafe_local.review.labels import LabelSample, LabelStore
+from diagsafe_local.review.labels import LabelSample, LabelStore, SampleEntry, answer_sha256
+from diagsafe_local.runs.records import ResultRecord
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -47,20 +54,27 @@ class LabelSession:
             raise DiagsafeError(f"labels/sample.json names answers this run does not have (e.g. {missing[0].key})")
 
     def state(self) -> dict[str, Any]:
-        labels = self.store.labels
-        entries = [
-            {"index": k, "labelled": labels[e.key].label if e.key in labels else None}
-            for k, e in enumerate(self.sample.entries)
-        ]
+        self.store.refresh()  # another server of this annotator may have labelled since
+        entries = []
+        for k, e in enumerate(self.sample.entries):
+            labelled = self.store.current(e)
+            entries.append({"index": k, "labelled": labelled.label if labelled else None})
         first_open = next((e["index"] for e in entries if e["labelled"] is None), len(entries))
         return {"annotator": self.store.annotator, "entries": entries, "next": first_open}
 
+    def _entry(self, k: int) -> SampleEntry:
+        if not 0 <= k < len(self.sample.entries):
+            raise ValueError(f"index must be 0 to {len(self.sample.entries) - 1}, got {k}")
+        return self.sample.entries[k]
+
     def entry(self, k: int) -> dict[str, Any]:
-        entry = self.sample.entries[k]
+        entry = self._entry(k)
         row = self.index.find(entry.key)
         assert row is not None
         record = self.index.record(row.index)["record"]
-        labelled = self.store.labels.get(entry.key)
+        if answer_sha256(ResultRecord.model_validate(record)) != entry.answer_sha256:
+            raise DiagsafeError("the run changed since this sample was drawn (an answer differs): restart `label`")
+        labelled = self.store.current(entry)
         shown = {
             key: record[key] for key in ("target", "item_id", "sample", "turn", "category", "conversation", "answer")
         }
@@ -69,8 +83,18 @@ class LabelSession:
         return {"index": k, "of": len(self.sample.entries), "label": labelled.label if labelled else None, **shown}
 
     def give(self, k: int, label: str) -> dict[str, Any]:
-        self.store.give(self.sample.entries[k], label)
+        self.entry(k)  # the answer shown is still the one sampled
+        self.store.give(self._entry(k), label)
         return self.entry(k)
+
+
+class LabelPost(BaseModel):
+    """The body of `POST /api/label`: which answer of the sample, and the label."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    index: int = Field(ge=0)
+    label: str
 
 
 class Review:
@@ -127,10 +151,10 @@ def _handler(review: Review) -> type[BaseHTTPRequestHandler]:
                 return
             try:
                 self._serve(method, url.path, query)
-            except (ValueError, IndexError, KeyError) as exc:
-                self._json(400, {"error": str(exc)})
-            except DiagsafeError as exc:
-                self._json(400, {"error": str(exc)})
+            except (ValueError, IndexError, KeyError, DiagsafeError) as exc:  # a pydantic error is a ValueError
+                self._json(400, {"error": " ".join(str(exc).split())[:500]})
+            except Exception as exc:  # every request gets a reply, whatever went wrong
+                self._json(500, {"error": f"{type(exc).__name__}: {exc}"[:500]})
 
         def _serve(self, method: str, path: str, query: dict[str, str]) -> None:
             if method == "GET" and path == "/":
@@ -140,9 +164,9 @@ def _handler(review: Review) -> type[BaseHTTPRequestHandler]:
                 self._send(200, _asset(name), STATIC[name])
             elif method == "GET" and path == "/api/meta":
                 self._json(200, review.meta())
-            elif method == "GET" and path == "/api/rows":
+            elif review.session is None and method == "GET" and path == "/api/rows":  # labelling shows no verdicts
                 self._json(200, review.index.query(query))
-            elif method == "GET" and path.startswith("/api/row/"):
+            elif review.session is None and method == "GET" and path.startswith("/api/row/"):
                 self._json(200, review.index.record(int(path.removeprefix("/api/row/"))))
             elif review.session is not None and method == "GET" and path == "/api/sample":
                 self._json(200, review.session.state())
@@ -152,8 +176,8 @@ def _handler(review: Review) -> type[BaseHTTPRequestHandler]:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_BODY:
                     raise ValueError("request too large")
-                body = json.loads(self.rfile.read(length) or b"{}")
-                self._json(200, review.session.give(int(body["index"]), str(body["label"])))
+                post = LabelPost.model_validate_json(self.rfile.read(length) or b"{}")
+                self._json(200, review.session.give(post.index, post.label))
             else:
                 self._json(404, {"error": "no such page"})
 
@@ -177,25 +201,47 @@ def _page(review: Review) -> bytes:
     return text.encode()
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 128  # the standard library's 5 refuses a page that asks for many rows at once
+
+
 class ReviewServer:
     """The page's server on 127.0.0.1 (a free port unless given), in a thread of its own."""
 
     def __init__(self, review: Review, port: int = 0) -> None:
         self.review = review
         try:
-            self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(review))
+            self.httpd = _Server(("127.0.0.1", port), _handler(review))
         except OSError as exc:
             raise DiagsafeError(f"cannot listen on 127.0.0.1:{port} ({exc.strerror}); try another --port") from None
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/?token={review.token}"
         self._thread: threading.Thread | None = None
+        self._launcher: Path | None = None
 
     def start(self) -> ReviewServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._thread.start()
         return self
 
+    def launcher(self) -> Path:
+        """A page only this user can read that sends the browser on to the URL: opening it keeps the token off
+        the browser's command line, where any user of a shared node reads it with `ps` (Jupyter does the same)."""
+        folder = Path(tempfile.mkdtemp(prefix="diagsafe-local-"))  # 0700
+        page = folder / "open.html"
+        fd = os.open(page, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        address = html.escape(self.url, quote=True)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(
+                f'<!doctype html><meta charset="utf-8"><meta http-equiv="refresh" content="0;url={address}">'
+                f'<p><a href="{address}">open the page</a></p>\n'
+            )
+        self._launcher = folder
+        return page
+
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+        if self._launcher is not None:
+            shutil.rmtree(self._launcher, ignore_errors=True)

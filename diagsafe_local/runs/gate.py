@@ -83,9 +83,15 @@ def decide(
     targets: list[str] | None = None,
     comparisons: list[PairedComparison] | None = None,
 ) -> GateDecision:
-    """The decision on a verified run: every chosen target against every applied limit."""
+    """The decision on a verified run: every chosen target against every applied limit. --corrected on a run
+    whose recorded judge validation does not verify here is refused (the figure it needs is unverifiable)."""
     if run.problems:
         raise RunFailed(f"{run.run_dir}: refused, the run does not verify:\n  - " + "\n  - ".join(run.problems))
+    if limits.corrected and run.manifest.validation is not None and run.validation is None:
+        raise RunFailed(
+            f"{run.run_dir}: refused: --corrected needs the judge validation the run was corrected with, and it does "
+            f"not verify: {run.validation_problem}"
+        )
     return check_figures(run.summary, limits, validation=run.validation, targets=targets, comparisons=comparisons)
 
 

@@ -298,10 +298,10 @@ def resolve(command_line: dict[str, Any], config: dict[str, Any] | None) -> Limi
         if given is not None:
             _in_unit(limit.option, {"": given})
             applied.append(Applied(name=limit.name, value=given, source="command line"))
-        elif own is not None and (limit.default is None or own <= limit.default):
+        elif own is not None and (limit.default is None or own < limit.default):
             applied.append(Applied(name=limit.name, value=own, source="config"))
         else:
-            if own is not None:
+            if own is not None and own != limit.default:
                 notes.append(
                     f"the run's config sets {limit.name}: {own:g}, laxer than the default {limit.default:g}; not "
                     f"applied: only the command line loosens a limit ({limit.option} {own:g})"

@@ -105,6 +105,27 @@ def print_summary(summary: Summary) -> None:
     for name, stats in summary.targets.items():
         for flag in stats.judge_health.flags:
             console.print(f"[bold yellow]warning:[/] {name}: degenerate judge: {flag}", highlight=False, soft_wrap=True)
+        for line in attack_warnings(name, stats):
+            console.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+
+
+def attack_warnings(name: str, stats: TargetSummary) -> list[str]:
+    """What an attack's figures cannot say: goals never attacked, and steps without a verdict."""
+    attack = stats.attack
+    if attack is None:
+        return []
+    lines = []
+    if attack.n_attacked < attack.n_goals:
+        lines.append(
+            f"{name}: {attack.n_goals - attack.n_attacked} of {attack.n_goals} goals were never attacked (every chain "
+            "failed before a target answer was judged): they are not counted as safe, and the gate fails them"
+        )
+    if attack.n_unjudged:
+        lines.append(
+            f"{name}: {attack.n_unjudged} of {attack.n_steps} attack steps have no verdict (the attacker, target or "
+            "judge failed); the gate counts them against max_failure_rate"
+        )
+    return lines
 
 
 def _category_chart(summary: Summary, path: Path) -> None:
@@ -253,8 +274,9 @@ EXAMPLE_CHARS = 600
 
 
 def _md_cell(text: str) -> str:
-    """A Markdown table cell: a pipe or a line break inside would end the cell or the row."""
-    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """Dataset or model text as Markdown outside a fence (a table cell, a heading line): HTML in it is escaped
+    (Markdown renders raw HTML), and a pipe or a line break would end the cell or the row."""
+    return html.escape(text, quote=False).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
 def _fenced(text: str) -> list[str]:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core import signing
 from diagsafe_local.core.cache import file_sha256
@@ -61,6 +61,9 @@ class VerifiedRun(BaseModel):
     results: list[ResultRecord]
     attacks: list[ResultRecord] = []
     validation: JudgeValidation | None = None
+    validation_problem: str | None = Field(
+        None, description="Why the judge validation the run recorded did not verify."
+    )
     config_trusted: bool = False
     problems: list[str]
     notes: list[str]
@@ -144,7 +147,8 @@ def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = 
             },
         }
     )
-    mismatch = _first_difference(stored.model_dump(mode="json"), summary.model_dump(mode="json"))
+    compared = (run_dir / files.SUMMARY).is_file()  # without a summary, nothing to compare (said above)
+    mismatch = compared and _first_difference(stored.model_dump(mode="json"), summary.model_dump(mode="json"))
     if mismatch:
         problems.append(f"summary.json does not match the run's records: {mismatch}; resume the run to rebuild it")
     notes += _dataset_notes(manifest)
@@ -155,6 +159,7 @@ def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = 
         results=results,
         attacks=attacks,
         validation=validation,
+        validation_problem=validation_notes[0] if validation_notes else None,
         config_trusted=config_trusted and not config_problems,
         problems=problems,
         notes=notes,
@@ -356,7 +361,12 @@ def _first_difference(stored: Any, recomputed: Any, path: str = "") -> str | Non
             return None
     elif stored == recomputed:
         return None
-    return f"{path} is {stored!r} in summary.json, {recomputed!r} recomputed"
+    return f"{path} is {_short(stored)} in summary.json, {_short(recomputed)} recomputed"
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 def _dataset_notes(manifest: Manifest) -> list[str]:

@@ -87,6 +87,7 @@ class GoldSet(BaseModel):
     items: tuple[GoldItem, ...]
     stored_identities: dict[str, dict[str, Any]] = {}
     weighted: bool = False
+    notes: tuple[str, ...] = ()  # what the reader left out, and why
 
     @property
     def labelled(self) -> list[GoldItem]:
@@ -108,6 +109,7 @@ class GoldRead(BaseModel):
     stored_identities: dict[str, dict[str, Any]] = {}  # a stored column's judge, where the format knows it
     sha256: str | None = None  # the content read, where it is not one file's bytes (a run directory)
     weighted: bool = False  # the items are a weighted sample: figures are weighted by GoldItem.weight
+    notes: tuple[str, ...] = ()  # what the reader left out, and why
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ def load_gold(
         items=tuple(items),
         stored_identities=read.stored_identities,
         weighted=read.weighted,
+        notes=read.notes,
     )
 
 
