@@ -41,7 +41,11 @@ def weight_bytes(model: str) -> tuple[int | None, str]:
     """Size of a model's weights and where it came from: a local directory's weight files, a cached hub
     model's safetensors index, or the parameter count in its name ("...-72B-...") at 2 bytes each."""
     path = Path(model).expanduser()
-    if path.is_dir():
+    try:
+        local = path.is_dir()
+    except OSError:  # a name no file system holds (an API model name of 300 characters)
+        return None, "unknown"
+    if local:
         files = {f for pattern in WEIGHT_FILES for f in path.glob(pattern)}
         return sum(f.stat().st_size for f in files) or None, "weight files"
     if model.count("/") <= 1 and not path.is_absolute():
