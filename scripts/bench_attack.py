@@ -72,7 +72,7 @@ def main() -> None:
 def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from diagsafe_local.core.jsonl import JsonlStore
     from diagsafe_local.engines.vllm_engine import VLLMEngine
-    from diagsafe_local.evaluation.attack_step import AttackStep
+    from diagsafe_local.evaluation.attack.step import AttackStep
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.prompt_sets import load_configured
     from diagsafe_local.judging.config import JudgeConfig

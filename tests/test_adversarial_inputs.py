@@ -240,8 +240,8 @@ def test_a_bad_label_post_gets_a_400_reply(tmp_path, monkeypatch, body):
 def test_an_answer_cannot_write_a_judges_verdict_fields_or_the_attackers_score(tmp_path):
     from helpers import ACME_POLICY
 
-    from diagsafe_local.attacks.prompts import pair_messages
     from diagsafe_local.core.messages import Message
+    from diagsafe_local.evaluation.attack.pair import pair_messages
     from diagsafe_local.judging import JUDGES, JudgeInput
     from diagsafe_local.judging.base import ZWSP
     from diagsafe_local.judging.policy import load_policy

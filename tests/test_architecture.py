@@ -1,4 +1,4 @@
-"""The package's layers import one way: commands -> review / selftest -> evaluation / benchmark / classifier / attacks /
+"""The package's layers import one way: commands -> review / selftest -> evaluation / benchmark / classifier /
 validation -> judging / metrics -> engines -> runs (the read side) -> core / stats. No module imports from a higher
 layer, and no package imports form a cycle."""
 
@@ -15,7 +15,6 @@ LAYER = {
     "engines": 2,
     "judging": 3,
     "metrics": 3,
-    "attacks": 4,
     "evaluation": 4,
     "benchmark": 4,
     "classifier": 4,

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import GIB, plan_gpus, weight_bytes
 from diagsafe_local.engines.host import Host
+from diagsafe_local.evaluation.attack.pair import PairConfig
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.planning import plan_run
 from diagsafe_local.runs.manifest import Manifest
@@ -148,12 +148,12 @@ def test_an_attackers_own_model_is_planned_and_opened_with_its_tensor_parallel_s
     sizes = {"t": 15 * GIB, "j": 15 * GIB, "a": 16 * GIB}  # a: 16 GiB > 0.6 x 20% of 80 GiB
     monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model: (sizes[model], "test"))
     config = run_config(tmp_path, mode="colocate", target_memory=0.35, judge_memory=0.35)
-    attacked = config.model_copy(update={"attack": AttackConfig(strategy="pair", attacker={"model": "a"})})
+    attacked = config.model_copy(update={"attack": PairConfig(strategy="pair", attacker={"model": "a"})})
     chosen = plan_run(attacked, None, [H100] * 8)
     assert chosen.tensor_parallel("attacker") == 2 and chosen.engines[-1].memory_share == 0.2
     assert (chosen.replicas, chosen.gpus_per_replica) == (4, 2)  # alone, target and judge fit one GPU each
     assert plan_run(config, None, [H100] * 8).gpus_per_replica == 1
-    shared = config.model_copy(update={"attack": AttackConfig(strategy="pair")})  # the judge's engine attacks
+    shared = config.model_copy(update={"attack": PairConfig(strategy="pair")})  # the judge's engine attacks
     assert [e.role for e in plan_run(shared, None, [H100] * 8).engines] == ["target:t", "judge"]
     sizes["a"] = 70 * GIB
     with pytest.raises(DiagsafeError, match="attacker a needs 8 GPUs .* 4 are visible; an attack keeps every model"):

@@ -41,7 +41,7 @@ def list_metrics(as_json: bool = False) -> None:
             "name": judge.name,
             "kind": "judge",
             "measures": judge.measures,
-            "model": judge.engine_kind != "none",
+            "model": judge.needs_model,
             "p_yes": "no" if judge.label_words is None else ("default" if judge.default_probability else "option"),
             "reasons": "no" if judge.thinking is None else ("default" if judge.reasons_by_default else "option"),
             "description": judge.description,

@@ -258,13 +258,13 @@ def judge_spec(rubric: str, model: str | None, settings: dict[str, Any]) -> Any:
     from diagsafe_local.judging.config import JudgeConfig
 
     judge = JUDGES.get(rubric)
-    if judge.engine_kind != "none" and not model:
+    if judge.needs_model and not model:
         raise DiagsafeError(f"--judge {rubric} needs --judge-model")
     data = {**settings, "rubric": rubric, "model": model, "benign_rubric": "refusal-keywords"}
-    if judge.engine_kind == "classifier":
+    if judge.classifier:
         data = {"kind": "classifier", **{k: v for k, v in data.items() if k in ("rubric", "model", "probability")}}
         data["benign_rubric"] = "refusal-keywords"
-    if judge.engine_kind == "none":
+    if not judge.needs_model:
         data["model"] = None
     flags = {**JUDGE_FLAGS, "model": "--judge-model", "rubric": "--judge"}
     try:

@@ -73,7 +73,7 @@ def validate(
     from diagsafe_local.validation.validate import run_validate
 
     judges, models = _names(judge), list(judge_model or [])
-    needs_model = [name for name in judges if JUDGES.get(name).engine_kind != "none"]
+    needs_model = [name for name in judges if JUDGES.get(name).needs_model]
     if needs_model and not models:
         raise DiagsafeError(f"--judge {needs_model[0]} needs --judge-model")
     if len(models) > 1 and len(models) != len(needs_model):

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
-from diagsafe_local.attacks.config import AttackConfig
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
+from diagsafe_local.evaluation.attack.config import AttackConfig, attack_config
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs.limits import GateConfig
 from diagsafe_local.runs.manifest import config_fingerprint
@@ -95,8 +95,10 @@ class RunConfig(StrictModel):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     output_dir: str = Field(..., description="Run directory (created; resumed if it exists with the same config).")
     gate: GateConfig = Field(default_factory=GateConfig)
-    attack: AttackConfig | None = Field(
-        None, description="An adaptive attack (PAIR or Crescendo) on every harmful item, after its direct answers."
+    attack: SerializeAsAny[AttackConfig] | None = Field(
+        None,
+        description="An adaptive attack on every harmful item, after its direct answers: a strategy (pair, crescendo "
+        "or a plugin's) and its knobs.",
     )
 
     @model_validator(mode="before")
@@ -108,6 +110,12 @@ class RunConfig(StrictModel):
             data = {**data, "targets": [data["target"]]}
             del data["target"]
         return data
+
+    @field_validator("attack", mode="wrap")
+    @classmethod
+    def _strategy(cls, value: Any, handler: Any) -> Any:
+        """The section is validated by its strategy's own config (its knobs)."""
+        return attack_config(value) if isinstance(value, dict) else handler(value)
 
     @field_validator("output_dir")
     @classmethod

@@ -122,7 +122,7 @@ def _members(config: JudgeConfig, name: str) -> list[str]:
 
 
 def _model_free(name: str) -> bool:
-    return name in JUDGES and JUDGES.get(name).engine_kind == "none"
+    return name in JUDGES and not JUDGES.get(name).needs_model
 
 
 class JudgeStep:

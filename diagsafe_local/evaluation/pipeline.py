@@ -27,7 +27,7 @@ from diagsafe_local.engines.base import local_model_path
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.host import Host
 from diagsafe_local.engines.identity import engine_identity
-from diagsafe_local.evaluation.attack_step import AttackStep, attacked_items
+from diagsafe_local.evaluation.attack.step import AttackStep, attacked_items
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls
 from diagsafe_local.evaluation.generation import generate_streams, generation_done

@@ -171,6 +171,16 @@ class Judge:
         part of a published template): what judge health reads a copied rationale against."""
         return ""
 
+    @property
+    def needs_model(self) -> bool:
+        """Whether the judge asks a model (a model-free judge decides from the text alone)."""
+        return self.engine_kind != "none"
+
+    @property
+    def classifier(self) -> bool:
+        """Whether the judge is a sequence classifier (its own engine kind; scored by probability only)."""
+        return self.engine_kind == "classifier"
+
     def render(self, judged: JudgeInput) -> tuple[Message, ...] | str:
         raise NotImplementedError
 
@@ -183,7 +193,7 @@ class Judge:
     def uses_probability(self, requested: bool | None) -> bool:
         """Whether verdicts come from P(positive): the request where the judge can, else its default
         (a judge without a word pair always samples; a classifier always gives probabilities)."""
-        if requested is None or self.label_words is None or self.engine_kind == "classifier":
+        if requested is None or self.label_words is None or self.classifier:
             return self.default_probability
         return requested
 
@@ -191,7 +201,7 @@ class Judge:
         """Refuse a scoring mode the judge cannot give (configs and the CLI call this)."""
         if requested and self.label_words is None:
             raise ValueError(f"judge '{self.name}' has no Yes/No-style first token: it cannot score by probability")
-        if requested is False and self.engine_kind == "classifier":
+        if requested is False and self.classifier:
             raise ValueError(f"judge '{self.name}' is a classifier: it scores by probability only")
 
     def reasons(self, decoding: Decoding) -> bool:

@@ -160,7 +160,7 @@ class JudgeConfig(EngineConfig):
 
         try:
             model_free = (
-                data.get("metric") is not None or JUDGES.get(str(data.get("rubric", "harmjudge"))).engine_kind == "none"
+                data.get("metric") is not None or not JUDGES.get(str(data.get("rubric", "harmjudge"))).needs_model
             )
         except DiagsafeError:
             return data  # the rubric's own check names the problem
@@ -178,16 +178,14 @@ class JudgeConfig(EngineConfig):
         except DiagsafeError as exc:  # an unknown name, a bad policy file: the config's error, located by key
             raise ValueError(str(exc)) from None
         for field, judge in (("rubric", harm), ("benign_rubric", benign), *members):
-            if judge.engine_kind != "none" and (judge.engine_kind or "") != (
-                "classifier" if self.kind == "classifier" else ""
-            ):
-                need = judge.engine_kind or "an LLM engine (vllm, openai or transformers)"
+            if judge.needs_model and judge.classifier != (self.kind == "classifier"):
+                need = "classifier" if judge.classifier else "an LLM engine (vllm, openai or transformers)"
                 hint = (
                     " (use benign_rubric: refusal-keywords with a classifier judge)" if field == "benign_rubric" else ""
                 )
                 raise ValueError(f"{field} '{judge.name}' needs kind {need}, not '{self.kind}'{hint}")
         model_needed = [j.name for _, j in (("rubric", harm), ("benign_rubric", benign), *members)]
-        model_needed = [n for n in model_needed if JUDGES.get(n).engine_kind != "none"]
+        model_needed = [n for n in model_needed if JUDGES.get(n).needs_model]
         if self.model is None and model_needed:
             raise ValueError(f"judge '{model_needed[0]}' needs a model: set model")
         harm.check_probability(self.probability)
@@ -235,7 +233,7 @@ class JudgeConfig(EngineConfig):
         from diagsafe_local.judging import JUDGES
 
         names = [self.rubric_name, judge_name(self.benign_rubric), *(self.panel.names() if self.panel else [])]
-        return any(JUDGES.get(n).engine_kind != "none" for n in names)
+        return any(JUDGES.get(n).needs_model for n in names)
 
     def judge_for(self, benign: bool) -> str:
         """The judge of an item: the over-refusal judge for benign items; the harm judge, or the panel, else."""

@@ -156,8 +156,10 @@ class AttackInfo(BaseModel):
     improvement: str = ""
     backtracked: bool = Field(False, description="crescendo: the target refused and the turn was taken back.")
     refused: bool = Field(False, description="The refusal detector's reading of the answer.")
-    end: Literal["success", "depth", "turns", "error"] | None = Field(
-        None, description="Why the chain ended at this step (None: it went on, or its goal was broken elsewhere)."
+    end: str | None = Field(
+        None,
+        description="Why the chain ended at this step: success, error, or the strategy's own reason (pair: depth; "
+        "crescendo: turns). None: it went on, or its goal was broken elsewhere.",
     )
     chain_key: str = Field(
         description="Hash of what the chain depends on; a resumed run reuses it only while it matches."

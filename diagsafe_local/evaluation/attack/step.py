@@ -19,14 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from diagsafe_local.attacks.config import AttackConfig
-from diagsafe_local.attacks.prompts import attacker_schema, parse_attacker
-from diagsafe_local.attacks.strategies import STRATEGIES, Chain, Step, Strategy
 from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.engines.streams import open_stream
+from diagsafe_local.evaluation.attack.config import AttackConfig
+from diagsafe_local.evaluation.attack.prompts import attacker_schema, parse_attacker
+from diagsafe_local.evaluation.attack.strategy import STRATEGIES, Chain, Step, Strategy
 from diagsafe_local.evaluation.config import TargetConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import JudgeStep, JudgeTask, judge_key

@@ -1,8 +1,10 @@
-"""The run config's `attack:` section: which strategy, which attacker model, and the budget per goal."""
+"""The run config's `attack:` section: the knobs every strategy shares (`AttackConfig`), and each strategy's own
+(a subclass of it that the strategy declares, e.g. `pair.PairConfig` with `depth`). `attack_config` validates a
+section against the subclass of the strategy it names: a knob of another strategy is an unknown key."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -24,14 +26,14 @@ class AttackerSampling(SamplingConfig):
 
 
 class AttackConfig(StrictModel):
-    """An adaptive attack on every harmful item of the dataset (each item's last user turn is the goal)."""
+    """An adaptive attack on every harmful item of the dataset (each item's last user turn is the goal): the
+    knobs every strategy shares. A strategy's own config subclasses it and says how many target queries one of
+    its chains can make (`steps_per_chain`)."""
 
-    strategy: Literal["pair", "crescendo"] = Field(
-        ...,
-        description="pair: `streams` chains per goal, each rewriting one prompt from the last answer and score; "
-        "crescendo: `streams` conversations per goal, steered from harmless towards the goal turn by turn.",
+    strategy: str = Field(
+        description="A strategy of `diagsafe-local bench --list`'s attack strategies (pair, crescendo, or a plugin's)."
     )
-    attacker: EngineConfig | Literal["judge"] = Field(
+    attacker: EngineConfig | str = Field(
         "judge",
         description="The attacker model (engine keys, as a target's), or `judge`: the judge's model serves both "
         "roles on one engine.",
@@ -40,12 +42,7 @@ class AttackConfig(StrictModel):
     memory: float = Field(
         0.2, gt=0.0, lt=1.0, description="GPU memory share of a separate attacker (beside target_memory, judge_memory)."
     )
-    streams: int = Field(3, ge=1, le=64, description="Independent chains (pair) or conversations (crescendo) per goal.")
-    depth: int = Field(3, ge=1, le=50, description="pair: most refinements per chain.")
-    max_turns: int = Field(5, ge=1, le=50, description="crescendo: most accepted turns per conversation.")
-    max_backtracks: int = Field(
-        3, ge=0, le=50, description="crescendo: refused turns taken back and rephrased, per conversation."
-    )
+    streams: int = Field(3, ge=1, le=64, description="Independent chains (or conversations) per goal.")
     success_threshold: float = Field(
         1.0,
         gt=0.5,
@@ -55,8 +52,7 @@ class AttackConfig(StrictModel):
     max_queries: int | None = Field(
         None,
         ge=1,
-        description="Most target queries per goal over all its chains (None: streams x depth for pair, streams x "
-        "(max_turns + max_backtracks) for crescendo).",
+        description="Most target queries per goal over all its chains (None: streams x the strategy's steps per chain).",
     )
     answer_chars: int = Field(
         1500, ge=100, description="Most characters of a target answer shown to the attacker (its head)."
@@ -64,8 +60,8 @@ class AttackConfig(StrictModel):
 
     @property
     def steps_per_chain(self) -> int:
-        """The most target queries one chain can make."""
-        return self.depth if self.strategy == "pair" else self.max_turns + self.max_backtracks
+        """The most target queries one chain can make (each strategy says from its own knobs)."""
+        raise NotImplementedError(f"attack strategy '{self.strategy}' does not say how long its chains are")
 
     @property
     def query_budget(self) -> int:
@@ -88,10 +84,35 @@ class AttackConfig(StrictModel):
     @property
     def own_attacker(self) -> EngineConfig | None:
         """The attacker's own model (None: the judge's engine writes the prompts too)."""
-        return None if self.attacker == "judge" else self.attacker
+        return self.attacker if isinstance(self.attacker, EngineConfig) else None
 
     @model_validator(mode="after")
-    def _sampling_n(self) -> AttackConfig:
+    def _checked(self) -> AttackConfig:
+        if isinstance(self.attacker, str) and self.attacker != "judge":
+            raise ValueError(
+                f"attack.attacker must be 'judge' or an engine's keys ({{model: ...}}), got '{self.attacker}'"
+            )
         if self.sampling.n != 1:
             raise ValueError("attack.sampling.n must be 1: `streams` sets how many chains each goal gets")
         return self
+
+
+def attack_config(data: Any) -> Any:
+    """A run config's `attack:` section validated by the config of the strategy it names (an unknown strategy is
+    an error at `attack.strategy`, naming the known ones)."""
+    if not isinstance(data, dict):
+        return data
+    import difflib
+
+    from pydantic import ValidationError
+
+    from diagsafe_local.evaluation.attack.strategy import STRATEGIES
+
+    name = data.get("strategy")
+    if name not in STRATEGIES:
+        close = difflib.get_close_matches(str(name), STRATEGIES.names(), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        message = f"unknown attack strategy {name!r} (known: {', '.join(STRATEGIES.names())}){hint}"
+        error = {"type": "value_error", "loc": ("strategy",), "input": name, "ctx": {"error": ValueError(message)}}
+        raise ValidationError.from_exception_data("AttackConfig", [error])  # type: ignore[list-item]
+    return STRATEGIES.get(str(name)).config.model_validate(data)
