@@ -74,9 +74,11 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.evaluation.attack.step import AttackStep
     from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.context import run_context
     from diagsafe_local.evaluation.prompt_sets import load_configured
+    from diagsafe_local.evaluation.run_directory import RunDirectory
     from diagsafe_local.judging.config import JudgeConfig
-    from diagsafe_local.runs.records import EngineRef, ResultRecord
+    from diagsafe_local.runs.records import ResultRecord
     from diagsafe_local.selftest import benchmark_model, data_file
 
     model = benchmark_model(args.model, work)
@@ -110,7 +112,6 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     items = load_configured(config.dataset)[0]
     target_engine = VLLMEngine(config.targets[0], structured_backend="xgrammar")
     shared = VLLMEngine(JudgeConfig(**settings), structured_backend="xgrammar")
-    ref = EngineRef(kind="vllm", model=model)
     result: dict[str, Any] = {}
     try:
         # A one-goal attack first: the engines' first steps and the grammars' compilation are not either way's cost.
@@ -118,21 +119,15 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for engine in (target_engine, shared):
                 engine._llm.reset_prefix_cache()
                 engine.steps = 0
+            directory = RunDirectory(config, work / way, overwrite=True).open()
             step = AttackStep(
-                config.attack,  # type: ignore[arg-type]
-                config.targets[0],
-                {"model": model},
-                config.judge,
-                {"model": model},
-                {"attacker": "judge"},
-                items[:1] if way == "warm-up" else items,
-                JsonlStore(work / f"{way}.jsonl", ResultRecord),
-                "bench",
-                {"t": ref},
-                ref,
+                run_context(config, items[:1] if way == "warm-up" else items, directory), config.targets[0]
             )
             start = time.perf_counter()
-            counts = step.run(target_engine, shared, shared, barrier=way == "barrier")
+            try:
+                counts = step.run(target_engine, shared, shared, barrier=way == "barrier")
+            finally:
+                directory.close()
             result[way] = {
                 "wall_s": round(time.perf_counter() - start, 2),
                 "target_engine_steps": target_engine.steps,
@@ -142,7 +137,7 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "records": counts.records,
                 "target_tokens": sum(
                     r.target_usage.completion_tokens
-                    for r in JsonlStore(work / f"{way}.jsonl", ResultRecord).records.values()
+                    for r in JsonlStore(work / way / "attacks.jsonl", ResultRecord).records.values()
                 ),
             }
     finally:

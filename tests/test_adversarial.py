@@ -110,7 +110,7 @@ def perfect_validation(tmp_path: Path) -> Path:
         "judge": "harmjudge",
         "rubric": "harmjudge",
         "model": "j",
-        "model_hash": identity["model_hash"],
+        "model_hash": identity.model_hash,
         "lora_hash": None,
         "scoring": "sampled",
         "tp": 20,

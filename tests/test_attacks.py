@@ -350,29 +350,20 @@ def _attack_steps(tmp_path: Path, barrier: bool):
     in 12; returns the target engine's log and the step counts."""
     from fakes import SteppedEngine
 
-    from diagsafe_local.core.jsonl import JsonlStore
     from diagsafe_local.evaluation.attack.step import AttackStep
+    from diagsafe_local.evaluation.context import run_context
     from diagsafe_local.evaluation.prompt_sets import load_configured
-    from diagsafe_local.runs.records import EngineRef
+    from diagsafe_local.evaluation.run_directory import RunDirectory
 
     goals = [{"id": "fast", "prompt": "quick goal"}, {"id": "slow", "prompt": "long goal"}]
     config = attack_config(tmp_path, goals=goals, streams=1, depth=3)
-    ref = EngineRef(kind="scripted", model="t")
-    step = AttackStep(
-        config.attack,
-        config.targets[0],
-        {"model": "t"},
-        config.judge,
-        {"model": "j"},
-        {"attacker": "judge"},
-        load_configured(config.dataset)[0],
-        JsonlStore(tmp_path / "attacks.jsonl", ResultRecord),
-        "run",
-        {"t": ref},
-        ref,
-    )
-    target = SteppedEngine(responder, cost=lambda r: 12 if "long goal" in r.messages[-1].content else 1)
-    counts = step.run(target, SteppedEngine(responder), SteppedEngine(responder), barrier=barrier)
+    directory = RunDirectory(config, tmp_path).open()  # attacks.jsonl beside the goals
+    try:
+        step = AttackStep(run_context(config, load_configured(config.dataset)[0], directory), config.targets[0])
+        target = SteppedEngine(responder, cost=lambda r: 12 if "long goal" in r.messages[-1].content else 1)
+        counts = step.run(target, SteppedEngine(responder), SteppedEngine(responder), barrier=barrier)
+    finally:
+        directory.close()
     return target.log, counts
 
 

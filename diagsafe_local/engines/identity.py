@@ -8,6 +8,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 FULL_HASH_LIMIT = 2 * 1024**3
 _FINGERPRINTS: dict[tuple[str, float], str | None] = {}
 
@@ -59,24 +61,45 @@ def cuda_available() -> bool:
         return False
 
 
-def engine_identity(config: Any) -> dict[str, Any]:
-    """The model an engine config points at, by content where it is local (a new checkpoint written to the
-    same path is a different model): kind, model, revision, LoRA adapter, chat template file, and their
-    fingerprints."""
+class EngineIdentity(BaseModel):
+    """The model an engine config points at, by content where it is local (a new checkpoint written to the same
+    path is a different model): kind, model, revision, LoRA adapter, chat template file, and their fingerprints."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    model: str | None
+    revision: str | None = None
+    lora: str | None = None
+    model_hash: str | None = None
+    lora_hash: str | None = None
+    base_url: str | None = None
+    chat_template: str | None = None
+    chat_template_hash: str | None = None
+
+    def key(self) -> dict[str, Any]:
+        """What the content keys of answers and verdicts are made from. A chat template file outside the model
+        directory shapes every prompt: edited in place, it is another model as far as reusing goes (present only
+        when set, so other runs keep their keys)."""
+        data = self.model_dump(exclude={"chat_template", "chat_template_hash"})
+        return data | ({"chat_template_hash": self.chat_template_hash} if self.chat_template else {})
+
+
+def engine_identity(config: Any) -> EngineIdentity:
+    """The identity (see `EngineIdentity`) of an engine config."""
     lora = getattr(config, "lora", None)
     template = getattr(config, "chat_template", None)
-    return {
-        "kind": config.kind,
-        "model": config.model,
-        "revision": config.revision,
-        "lora": lora,
-        "model_hash": _cached_fingerprint(config.model) if config.model else None,
-        "lora_hash": _cached_fingerprint(lora) if lora else None,
-        "base_url": config.base_url,
-        # A chat template file outside the model directory shapes every prompt: edited in place, it is another
-        # model as far as reusing answers goes (only present when set, so other runs keep their keys).
-        **({"chat_template_hash": _cached_fingerprint(template)} if template else {}),
-    }
+    return EngineIdentity(
+        kind=config.kind,
+        model=config.model,
+        revision=config.revision,
+        lora=lora,
+        model_hash=_cached_fingerprint(config.model) if config.model else None,
+        lora_hash=_cached_fingerprint(lora) if lora else None,
+        base_url=config.base_url,
+        chat_template=template,
+        chat_template_hash=_cached_fingerprint(template) if template else None,
+    )
 
 
 def _cached_fingerprint(path: str) -> str | None:

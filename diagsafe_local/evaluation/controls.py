@@ -7,15 +7,13 @@ them harmful does not look at what it judges.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine
+from diagsafe_local.evaluation.context import RunContext
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judge_key
 from diagsafe_local.judging.base import JUDGES, JudgeInput
-from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.verdicts import Verdict, VerdictStream
 from diagsafe_local.runs.records import ControlRecord
 
@@ -33,16 +31,14 @@ def control_cases(items: Sequence[Item]) -> list[tuple[Item, str, tuple[Message,
     return [(item, kind, item.messages, answer) for item in chosen for kind, answer in CONTROL_ANSWERS.items()]
 
 
-def pending_controls(
-    items: Sequence[Item], judge: JudgeConfig, identity: dict[str, Any], store: JsonlStore[ControlRecord]
-) -> list[tuple[Item, str, tuple[Message, ...], str, str]]:
+def pending_controls(ctx: RunContext) -> list[tuple[Item, str, tuple[Message, ...], str, str]]:
     """The controls without a current verdict (never graded, graded by another judge or from other prompts, or
     errored), each with the key its verdict is stored under."""
-    rubric = judge.rubric_name
+    rubric = ctx.config.judge.rubric_name
     pending = []
-    for item, kind, conversation, answer in control_cases(items):
-        key = judge_key(identity, rubric, conversation, answer, item.references)
-        stored = store.records.get((rubric, item.id, kind))
+    for item, kind, conversation, answer in control_cases(ctx.items):
+        key = judge_key(ctx.judge_identity.key(), rubric, conversation, answer, item.references)
+        stored = ctx.directory.controls.records.get((rubric, item.id, kind))
         if stored is None or stored.judge_key != key or stored.parse_status == "error":
             pending.append((item, kind, conversation, answer, key))
     return pending
@@ -55,14 +51,11 @@ class ControlJudging:
     rest."""
 
     def __init__(
-        self,
-        engine: Engine | None,
-        judge: JudgeConfig,
-        cases: Sequence[tuple[Item, str, tuple[Message, ...], str, str]],
-        store: JsonlStore[ControlRecord],
+        self, engine: Engine | None, ctx: RunContext, cases: Sequence[tuple[Item, str, tuple[Message, ...], str, str]]
     ) -> None:
+        judge = ctx.config.judge
         self.cases = list(cases)
-        self.store = store
+        self.store = ctx.directory.controls
         self.verdicts: VerdictStream | None = None
         if not self.cases:
             return
@@ -105,8 +98,8 @@ class ControlJudging:
         )
 
 
-def keep_current(items: Sequence[Item], judge: JudgeConfig, store: JsonlStore[ControlRecord]) -> None:
+def keep_current(ctx: RunContext) -> None:
     """Drop the verdicts of controls the run no longer has (items removed, another judge), in canonical order."""
-    rubric = judge.rubric_name
-    store.keep({(rubric, item.id, kind) for item, kind, *_ in control_cases(items)})
+    rubric, store = ctx.config.judge.rubric_name, ctx.directory.controls
+    store.keep({(rubric, item.id, kind) for item, kind, *_ in control_cases(ctx.items)})
     store.compact(lambda c: c.key)

@@ -10,14 +10,16 @@ turns are reported as errors by the judge step; a rerun retries the failed turn)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine, GenerationRequest
+from diagsafe_local.engines.identity import EngineIdentity
 from diagsafe_local.engines.streams import open_stream
 from diagsafe_local.evaluation.config import TargetConfig
+from diagsafe_local.evaluation.context import RunContext
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.runs.records import GenerationRecord, Usage
 
@@ -49,22 +51,31 @@ def stream_answers(store: JsonlStore, target: str, item: Item, sample: int) -> d
     return out
 
 
-def turn_key(identity: dict[str, Any], conversation: Sequence[Message], sample: int, recorded: str | None) -> str:
+def turn_key(identity: EngineIdentity, conversation: Sequence[Message], sample: int, recorded: str | None) -> str:
     """What a stored answer must have been made from to be reused: the model (by content), the exact
     conversation sent (earlier answers included), the sample index, and a replayed answer's text."""
-    return content_key(identity, list(conversation), sample, recorded)
+    return content_key(identity.key(), list(conversation), sample, recorded)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answer as generation made it: its record and the conversation it answers (what the judge is shown)."""
+
+    record: GenerationRecord
+    conversation: tuple[Message, ...]
 
 
 def plan_stream(
-    target: TargetConfig, identity: dict[str, Any], item: Item, sample: int, store: JsonlStore
-) -> tuple[list[GenerationRecord], tuple[int, str, GenerationRequest] | None]:
+    ctx: RunContext, target: TargetConfig, item: Item, sample: int
+) -> tuple[list[Answer], tuple[int, str, GenerationRequest] | None]:
     """One stream's next work: the replayed answers to record, and the (turn, key, request) to generate next
     (None when the stream is done, or stopped by a failed turn). A stored answer is reused only if its key
     matches: changed prompts, earlier answers or models are redone."""
     label, sampling = target.label, target.sampling
-    done = stream_answers(store, label, item, sample)
+    identity = ctx.identities[label]
+    done = stream_answers(ctx.directory.generations, label, item, sample)
     answers: dict[int, str] = {}
-    prefilled: list[GenerationRecord] = []
+    prefilled: list[Answer] = []
     for turn in range(1, item.n_turns + 1):
         conversation = conversation_until(item, turn, answers, target.system_prompt)
         recorded = item.prefilled(turn)
@@ -75,68 +86,67 @@ def plan_stream(
             continue
         if recorded is None:
             return prefilled, (turn, key, sampling.request(conversation, label, item.id, sample, turn))
-        prefilled.append(
-            GenerationRecord(
-                target=label,
-                item_id=item.id,
-                sample=sample,
-                turn=turn,
-                answer=recorded,
-                finish_reason=None,
-                prefilled=True,
-                request_key=key,
-            )
+        record = GenerationRecord(
+            target=label,
+            item_id=item.id,
+            sample=sample,
+            turn=turn,
+            answer=recorded,
+            finish_reason=None,
+            prefilled=True,
+            request_key=key,
         )
+        prefilled.append(Answer(record, conversation))
         answers[turn] = recorded
     return prefilled, None
 
 
-def generation_done(target: TargetConfig, identity: dict[str, Any], items: Sequence[Item], store: JsonlStore) -> bool:
+def generation_done(ctx: RunContext, target: TargetConfig) -> bool:
     """Whether every turn of every stream has a current, successful answer."""
     return all(
-        plan_stream(target, identity, item, sample, store) == ([], None)
-        for item in items
+        plan_stream(ctx, target, item, sample) == ([], None)
+        for item in ctx.items
         for sample in range(target.sampling.n)
     )
 
 
 def generate_streams(
     engine: Engine,
+    ctx: RunContext,
     target: TargetConfig,
-    identity: dict[str, Any],
-    items: Sequence[Item],
-    store: JsonlStore,
     on_progress: Callable[[int, int], None] | None = None,
-    on_records: Callable[[list[GenerationRecord]], None] | None = None,
+    on_answers: Callable[[list[Answer]], None] | None = None,
     on_poll: Callable[[], object] | None = None,
     max_batch: int = 256,
 ) -> tuple[int, int]:
     """Generate every missing or stale answer of `target` through one request stream: a conversation's next
-    turn is submitted the moment its previous answer is in, and every answer is appended to `store` as soon as
-    it is final (a killed run loses only what was in flight). `on_records` sees every appended batch (the
-    pipeline hands answers to a colocated judge from there) and `on_poll` runs after every engine step (the
-    colocated judge steps there). Returns (answers generated, replayed)."""
+    turn is submitted the moment its previous answer is in, and every answer is appended to the generations
+    store as soon as it is final (a killed run loses only what was in flight). `on_answers` sees every appended
+    batch with the conversations answered (the pipeline hands them to a colocated judge from there) and
+    `on_poll` runs after every engine step (the colocated judge steps there). Returns (generated, replayed)."""
     stream = open_stream(engine, max_batch)
-    by_id = {item.id: item for item in items}
+    store = ctx.directory.generations
+    sent: dict[tuple[str, int, int, str], tuple[Message, ...]] = {}
     generated = replayed = 0
     total = 0
 
     def advance(item: Item, sample: int) -> int:
         nonlocal replayed
-        prefilled, work = plan_stream(target, identity, item, sample, store)
+        prefilled, work = plan_stream(ctx, target, item, sample)
         if prefilled:
-            store.append(prefilled)
+            store.append(a.record for a in prefilled)
             replayed += len(prefilled)
-            if on_records:
-                on_records(prefilled)
+            if on_answers:
+                on_answers(prefilled)
         if work is None:
             return 0
         turn, key, request = work
+        sent[(item.id, sample, turn, key)] = request.messages
         stream.submit((item.id, sample, turn, key), request)
         return sum(item.prefilled(k) is None for k in range(turn, item.n_turns + 1))
 
     try:
-        for item in items:
+        for item in ctx.items:
             for sample in range(target.sampling.n):
                 total += advance(item, sample)
         if on_progress:
@@ -147,27 +157,30 @@ def generate_streams(
                 on_poll()
             if not finished:
                 continue
-            records = [
-                GenerationRecord(
-                    target=target.label,
-                    item_id=item_id,
-                    sample=sample,
-                    turn=turn,
-                    answer=c.text,
-                    finish_reason=c.finish_reason,
-                    error=c.error,
-                    request_key=key,
-                    usage=Usage.of(c),
+            answers = [
+                Answer(
+                    GenerationRecord(
+                        target=target.label,
+                        item_id=item_id,
+                        sample=sample,
+                        turn=turn,
+                        answer=c.text,
+                        finish_reason=c.finish_reason,
+                        error=c.error,
+                        request_key=key,
+                        usage=Usage.of(c),
+                    ),
+                    sent.pop((item_id, sample, turn, key)),
                 )
                 for (item_id, sample, turn, key), c in finished
             ]
-            store.append(records)
-            generated += len(records)
-            if on_records:
-                on_records(records)
-            for record in records:
-                if record.error is None:  # a failed turn stops its stream: its later turns are reported as errors
-                    advance(by_id[record.item_id], record.sample)
+            store.append(a.record for a in answers)
+            generated += len(answers)
+            if on_answers:
+                on_answers(answers)
+            for answer in answers:
+                if answer.record.error is None:  # a failed turn stops its stream: its later turns are errors
+                    advance(ctx.items_by_id[answer.record.item_id], answer.record.sample)
             if on_progress:
                 on_progress(generated, max(total, generated))
     finally:

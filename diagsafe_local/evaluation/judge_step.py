@@ -8,7 +8,7 @@ submits an answer's task the moment the answer is in (see `pipeline`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,9 @@ from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine
-from diagsafe_local.evaluation.generation import conversation_until, stream_answers
+from diagsafe_local.evaluation.config import TargetConfig
+from diagsafe_local.evaluation.context import RunContext
+from diagsafe_local.evaluation.generation import Answer, conversation_until, stream_answers
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome
 from diagsafe_local.judging.config import JudgeConfig
@@ -57,57 +59,45 @@ def judge_key(
     return content_key(judge, rubric, list(conversation), answer, list(references))
 
 
-def pending_tasks(
-    items: Sequence[Item],
-    target: str,
-    system_prompt: str | None,
-    n_samples: int,
-    config: JudgeConfig,
-    judge: dict[str, Any],
-    generations: JsonlStore,
-    results: JsonlStore,
-) -> list[JudgeTask]:
+def pending_tasks(ctx: RunContext, target: TargetConfig) -> list[JudgeTask]:
     """Answers of `target` without a current judgment: never judged, judged from other content (a changed
     prompt or answer, another judge model), or errored (retried on resume)."""
     tasks = []
-    for item in items:
-        for sample in range(n_samples):
-            for turn in judged_turns(item, config.turns):
-                task = task_for(item, sample, turn, target, system_prompt, config, judge, generations, results)
+    for item in ctx.items:
+        for sample in range(target.sampling.n):
+            for turn in judged_turns(item, ctx.config.judge.turns):
+                task = task_for(ctx, target, item, sample, turn)
                 if task is not None:
                     tasks.append(task)
     return tasks
 
 
-def task_for(
-    item: Item,
-    sample: int,
-    turn: int,
-    target: str,
-    system_prompt: str | None,
-    config: JudgeConfig,
-    judge: dict[str, Any],
-    generations: JsonlStore,
-    results: JsonlStore,
-) -> JudgeTask | None:
-    """The judge's task for one answer, or None when a current verdict is stored; an answer that is missing
-    or could not be generated is a task that records the error."""
-    done = stream_answers(generations, target, item, sample)
+def answer_task(ctx: RunContext, target: TargetConfig, answer: Answer) -> JudgeTask | None:
+    """The judge's task for an answer generation just made (with the conversation it answers), or None when a
+    current verdict is stored."""
+    record, item = answer.record, ctx.items_by_id[answer.record.item_id]
+    rubric = ctx.config.judge.judge_for(item.benign)
+    key = judge_key(ctx.judge_settings(rubric), rubric, answer.conversation, record.answer, item.references)
+    previous = ctx.directory.results.records.get(record.key)
+    if previous is not None and previous.parse_status != "error" and previous.judge_key == key:
+        return None
+    return JudgeTask(
+        target.label, target.system_prompt, item, record.sample, record.turn, record, answer.conversation, key=key
+    )
+
+
+def task_for(ctx: RunContext, target: TargetConfig, item: Item, sample: int, turn: int) -> JudgeTask | None:
+    """The judge's task for one stored answer, or None when a current verdict is stored; an answer that is
+    missing or could not be generated is a task that records the error."""
+    done = stream_answers(ctx.directory.generations, target.label, item, sample)
     answers = {k: r.answer for k, r in done.items() if r.error is None}
-    previous = results.records.get((target, item.id, sample, turn))
     record = done.get(turn)
     if record is not None and record.error is None:
-        conversation = conversation_until(item, turn, answers, system_prompt)
-        rubric = config.judge_for(item.benign)
-        settings = {**judge, **config.verdict_settings(rubric)}
-        key = judge_key(settings, rubric, conversation, record.answer, item.references)
-        if previous is not None and previous.parse_status != "error" and previous.judge_key == key:
-            return None
-        return JudgeTask(target, system_prompt, item, sample, turn, record, conversation, key=key)
+        return answer_task(ctx, target, Answer(record, conversation_until(item, turn, answers, target.system_prompt)))
     failed = next((done[k] for k in range(1, turn + 1) if k in done and done[k].error), None)
     reason = f"turn {failed.turn} could not be generated: {failed.error}" if failed else "answer missing"
-    conversation = conversation_until(item, turn, {k: answers.get(k, "") for k in range(1, turn)}, system_prompt)
-    return JudgeTask(target, system_prompt, item, sample, turn, record, conversation, reason)
+    conversation = conversation_until(item, turn, {k: answers.get(k, "") for k in range(1, turn)}, target.system_prompt)
+    return JudgeTask(target.label, target.system_prompt, item, sample, turn, record, conversation, reason)
 
 
 def rubric_name(config: JudgeConfig, task: JudgeTask) -> str:
@@ -133,19 +123,14 @@ class JudgeStep:
     def __init__(
         self,
         engine: Engine | None,
-        config: JudgeConfig,
-        results: JsonlStore,
-        run_id: str,
-        target_refs: dict[str, EngineRef],
-        judge_ref: EngineRef,
+        ctx: RunContext,
+        results: JsonlStore | None = None,
         finish: Callable[[JudgeTask, ResultRecord], ResultRecord] | None = None,
     ) -> None:
-        self.config = config
+        config = self.config = ctx.config.judge
+        self.ctx = ctx
         self.finish = finish  # completes each record before it is written (an attack adds its step)
-        self.results = results
-        self.run_id = run_id
-        self.target_refs = target_refs
-        self.judge_ref = judge_ref
+        self.results = results or ctx.directory.results  # an attack's steps go to their own store
         self.verdicts = VerdictStream(
             engine, config.decoding(), config.sampling.seed, config.max_attempts, config.batch_size
         )
@@ -197,25 +182,21 @@ class JudgeStep:
     def _record(
         self, task: JudgeTask, verdict: Verdict | None, name: str, members: dict[str, Verdict] | None
     ) -> ResultRecord:
-        ref = EngineRef(kind="none", model=name) if _model_free(name) else self.judge_ref
+        ref = EngineRef(kind="none", model=name) if _model_free(name) else self.ctx.judge_ref
         kept = (self.config.store_reasoning, self.config.reasoning_max_chars)
-        return _record(task, verdict, self.run_id, self.target_refs, ref, name, members, *kept)
+        return _record(task, verdict, self.ctx.run_id, self.ctx.target_refs, ref, name, members, *kept)
 
 
 def judge_tasks(
     engine: Engine | None,
-    config: JudgeConfig,
+    ctx: RunContext,
     tasks: Sequence[JudgeTask],
-    results: JsonlStore,
-    run_id: str,
-    target_refs: dict[str, EngineRef],
-    judge_ref: EngineRef,
     on_progress: Callable[[int, int], None] | None = None,
     alongside: Callable[[], object] | None = None,
 ) -> None:
     """Judge `tasks` through one stream, appending each record as soon as it is final; `alongside` is polled
     with every step (another stream on the judge engine, such as the controls')."""
-    step = JudgeStep(engine, config, results, run_id, target_refs, judge_ref)
+    step = JudgeStep(engine, ctx)
     try:
         if on_progress:
             on_progress(0, len(tasks))
@@ -276,7 +257,7 @@ def _record(
     task: JudgeTask,
     verdict: Verdict | None,
     run_id: str,
-    target_refs: dict[str, EngineRef],
+    target_refs: Mapping[str, EngineRef],
     judge_ref: EngineRef,
     rubric: str,
     members: dict[str, Verdict] | None = None,

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import platform
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from diagsafe_local import __version__
-from diagsafe_local.engines.identity import cuda_available, package_versions
+from diagsafe_local.engines.identity import EngineIdentity, cuda_available, package_versions
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judged_turns
@@ -34,7 +34,7 @@ SLURM_VARIABLES = (
 )
 
 
-def judge_ref(judge: JudgeConfig, identity: dict[str, Any]) -> JudgeRef:
+def judge_ref(judge: JudgeConfig, identity: EngineIdentity) -> JudgeRef:
     """Which judge makes the verdicts: its judges by name and what shapes them, its model by content."""
     return JudgeRef(
         rubric=judge.judge_for(benign=False),
@@ -44,8 +44,8 @@ def judge_ref(judge: JudgeConfig, identity: dict[str, Any]) -> JudgeRef:
         settings=judge.verdict_settings(judge.judge_for(benign=False)),
         kind=judge.kind if judge.needs_model else "none",
         model=judge.model,
-        model_hash=identity["model_hash"],
-        lora_hash=identity["lora_hash"],
+        model_hash=identity.model_hash,
+        lora_hash=identity.lora_hash,
         instructions={
             judge.name: judge.own_prompt
             for name in {
@@ -70,14 +70,14 @@ def dataset_ref(config: RunConfig, path: Path, sha256: str, items: Sequence[Item
     )
 
 
-def target_refs(config: RunConfig, identities: dict[str, dict[str, Any]]) -> dict[str, TargetRef]:
+def target_refs(config: RunConfig, identities: Mapping[str, EngineIdentity]) -> dict[str, TargetRef]:
     return {
         t.label: TargetRef(
             samples=t.sampling.n,
             model=t.model,
-            model_hash=identities[t.label]["model_hash"],
-            lora_hash=identities[t.label]["lora_hash"],
-            chat_template_hash=identities[t.label].get("chat_template_hash"),
+            model_hash=identities[t.label].model_hash,
+            lora_hash=identities[t.label].lora_hash,
+            chat_template_hash=identities[t.label].chat_template_hash,
         )
         for t in config.targets
     }

@@ -17,28 +17,29 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from diagsafe_local.core import atomic, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines import Engine, capabilities, create_engine
 from diagsafe_local.engines.base import local_model_path
-from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.host import Host
-from diagsafe_local.engines.identity import engine_identity
+from diagsafe_local.engines.identity import EngineIdentity, engine_identity
 from diagsafe_local.evaluation.attack.step import AttackStep, attacked_items
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
+from diagsafe_local.evaluation.context import run_context
 from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls
-from diagsafe_local.evaluation.generation import generate_streams, generation_done
+from diagsafe_local.evaluation.generation import Answer, generate_streams, generation_done
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import (
     JudgeStep,
+    JudgeTask,
+    answer_task,
     judge_tasks,
     judged_turns,
     needs_engine,
     pending_tasks,
-    task_for,
 )
 from diagsafe_local.evaluation.manifest import build_manifest, dataset_ref, judge_ref, target_refs
 from diagsafe_local.evaluation.planning import plan_run
@@ -49,7 +50,6 @@ from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import ValidationRef, write_manifest
-from diagsafe_local.runs.records import EngineRef, GenerationRecord
 from diagsafe_local.runs.summarize import summarize
 from diagsafe_local.runs.summary import Summary, write_summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
@@ -58,20 +58,13 @@ log = logging.getLogger(__name__)
 EngineFactory = Callable[..., Engine]
 
 
-def engine_ref(config: EngineConfig) -> EngineRef:
-    """How records name an engine (no secrets); a judge without a model is kind 'none'."""
-    if config.model is None:
-        return EngineRef(kind="none", model="none")
-    return EngineRef(kind=config.kind, model=config.model, lora=config.lora, base_url=config.base_url)
-
-
-def judge_validation(judge: JudgeConfig, identity: dict[str, Any]) -> tuple[JudgeValidation, ValidationRef] | None:
+def judge_validation(judge: JudgeConfig, identity: EngineIdentity) -> tuple[JudgeValidation, ValidationRef] | None:
     """The measured error rates of this run's judge, from `judge.validation` (None when not set), and the
     manifest's record of where they came from, by content."""
     if not judge.validation:
         return None
     directory = Path(judge.validation).resolve()
-    rates = validated_rates(directory, judge.rubric_name, identity, judge.scoring)
+    rates = validated_rates(directory, judge.rubric_name, identity.key(), judge.scoring)
     return rates, ValidationRef(
         directory=str(directory), sha256=file_sha256(directory / VALIDATION_FILE), rubric=judge.rubric_name
     )
@@ -117,7 +110,6 @@ class Run:
         self.shard = shard
         self.dataset_items, self.dataset_path = load_configured(config.dataset)
         self.items = [item for item in self.dataset_items if shard is None or shard.owns(item.id)]
-        self.items_by_id = {item.id: item for item in self.items}
         missing_references(config.judge, self.items)
         attacker = config.attack.own_attacker if config.attack else None
         for engine in (
@@ -128,17 +120,12 @@ class Run:
             if capabilities(engine.kind).local:
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
         self.judge_identity = engine_identity(config.judge)
-        self.attacker_identity = engine_identity(attacker) if attacker else {"attacker": "judge"}
         validated = judge_validation(config.judge, self.judge_identity)
         self.judge_validation: JudgeValidation | None = validated[0] if validated else None
         self.validation_ref: ValidationRef | None = validated[1] if validated else None
-        # Models by content: what a resumed run may reuse is decided by content keys, not by paths.
-        self.identities = {t.label: engine_identity(t) for t in config.targets}
         self.run_id = config.fingerprint()
         self.dataset = dataset_ref(config, self.dataset_path, file_sha256(self.dataset_path), self.dataset_items)
-        self.judge_ref = engine_ref(config.judge)
         self.judge = judge_ref(config.judge, self.judge_identity)
-        self.target_refs = {t.label: engine_ref(t) for t in config.targets}
         self.fresh = {"generations": 0, "judgments": 0}
         self.gpu_plan = plan_run(config, len(self.items), replicate=False)  # this process: tensor parallel only
         root = shard.directory(config.output_dir) if shard else Path(config.output_dir)
@@ -161,6 +148,8 @@ class Run:
         self.timings = dict(previous.timings) if previous else {}
         self.started = (previous.started if previous else None) or datetime.now(UTC).isoformat()
         self.host.loaded = dict(previous.engines) if previous else {}  # what an earlier run loaded, until reloaded
+        self.ctx = run_context(self.config, self.items, self.dir)
+        self._pending_tasks: dict[str, list[JudgeTask]] = {}
 
     def _reporter(self, stage: str, rate: bool = True) -> Callable[[int, int], None] | None:
         report = self.on_progress
@@ -171,7 +160,7 @@ class Run:
         return self.host.open_judge(self.config.judge, self.config.judge.structured_output_backend)
 
     def _generation_done(self, target: TargetConfig) -> bool:
-        return generation_done(target, self.identities[target.label], self.items, self.dir.generations)
+        return generation_done(self.ctx, target)
 
     def _open_target(self, target: TargetConfig) -> Engine:
         return self.host.open_target(f"target:{target.label}", target)
@@ -188,22 +177,17 @@ class Run:
         `opened`: the target's engine, already loaded (and left loaded) for the attack that follows."""
         if self._generation_done(target):
             return
+        self._pending_tasks.pop(target.label, None)  # the answers change: what waits for the judge too
         engine = opened or self._open_target(target)
-        step = (
-            JudgeStep(judge, self.config.judge, self.dir.results, self.run_id, self.target_refs, self.judge_ref)
-            if judge is not None
-            else None
-        )
+        step = JudgeStep(judge, self.ctx) if judge is not None else None
         try:
             start = time.perf_counter()
             n, replayed = generate_streams(
                 engine,
+                self.ctx,
                 target,
-                self.identities[target.label],
-                self.items,
-                self.dir.generations,
                 self._reporter(f"{target.label}: answering"),
-                on_records=(lambda records: self._hand_to_judge(step, target, records)) if step else None,
+                on_answers=(lambda answers: self._hand_to_judge(step, target, answers)) if step else None,
                 on_poll=(lambda: _step_judge(step, controls)) if step else None,
             )
             if step is not None:
@@ -229,37 +213,22 @@ class Run:
             if opened is None:
                 engine.close()
 
-    def _hand_to_judge(self, step: JudgeStep, target: TargetConfig, records: list[GenerationRecord]) -> None:
-        """Submit the judge's task for every answer in `records` that is judged (final turns, or every turn)."""
-        for record in records:
-            item = self.items_by_id[record.item_id]
+    def _hand_to_judge(self, step: JudgeStep, target: TargetConfig, answers: list[Answer]) -> None:
+        """Submit the judge's task for every answer just made that is judged (final turns, or every turn), with
+        the conversation generation sent (nothing is read back from the store)."""
+        for answer in answers:
+            record, item = answer.record, self.ctx.items_by_id[answer.record.item_id]
             if record.error is not None or record.turn not in judged_turns(item, self.config.judge.turns):
                 continue  # failed answers are recorded as errors by the judge step that follows
-            task = task_for(
-                item,
-                record.sample,
-                record.turn,
-                target.label,
-                target.system_prompt,
-                self.config.judge,
-                self.judge_identity,
-                self.dir.generations,
-                self.dir.results,
-            )
-            if task is not None and task.error is None:
+            task = answer_task(self.ctx, target, answer)
+            if task is not None:
                 step.submit(task)
 
-    def _pending(self, target: TargetConfig) -> list:
-        return pending_tasks(
-            self.items,
-            target.label,
-            target.system_prompt,
-            target.sampling.n,
-            self.config.judge,
-            self.judge_identity,
-            self.dir.generations,
-            self.dir.results,
-        )
+    def _pending(self, target: TargetConfig) -> list[JudgeTask]:
+        """The target's answers without a current verdict, worked out once for what the target has answered."""
+        if target.label not in self._pending_tasks:
+            self._pending_tasks[target.label] = pending_tasks(self.ctx, target)
+        return self._pending_tasks[target.label]
 
     def _needs_judge(self) -> bool:
         """Whether the judge model must be loaded (never for judges that need none)."""
@@ -272,7 +241,7 @@ class Run:
         )
 
     def _pending_controls(self) -> list:
-        return pending_controls(self.items, self.config.judge, self.judge_identity, self.dir.controls)
+        return pending_controls(self.ctx)
 
     def _needs_judge_model(self, target: TargetConfig) -> bool:
         """Whether this target still needs the judge model (answers missing, or judgments a model must make)."""
@@ -285,16 +254,9 @@ class Run:
         self.fresh["judgments"] += len(tasks)
         start = time.perf_counter()
         judge_tasks(
-            engine,
-            self.config.judge,
-            tasks,
-            self.dir.results,
-            self.run_id,
-            self.target_refs,
-            self.judge_ref,
-            self._reporter(f"{target.label}: judging, verdicts"),
-            alongside=controls.poll,
+            engine, self.ctx, tasks, self._reporter(f"{target.label}: judging, verdicts"), alongside=controls.poll
         )
+        self._pending_tasks[target.label] = []
         seconds = time.perf_counter() - start
         self.timings.setdefault(target.label, {}).update(
             judge_seconds=round(seconds, 3), judgments_per_second=round(len(tasks) / seconds, 3) if seconds else 0.0
@@ -311,22 +273,7 @@ class Run:
 
     def _attack_step(self, target: TargetConfig) -> AttackStep | None:
         """The target's attack, its chains replayed from attacks.jsonl (None without `attack:`)."""
-        attack = self.config.attack
-        if attack is None:
-            return None
-        return AttackStep(
-            attack,
-            target,
-            self.identities[target.label],
-            self.config.judge,
-            self.judge_identity,
-            self.attacker_identity,
-            self.items,
-            self.dir.attacks,
-            self.run_id,
-            self.target_refs,
-            self.judge_ref,
-        )
+        return AttackStep(self.ctx, target) if self.config.attack is not None else None
 
     def _attack(self, target: TargetConfig, engine: Engine, judge: Engine | None, attacker: Engine | None) -> None:
         """Run the target's attack to its end, its engines resident (see `attack_step`)."""
@@ -366,7 +313,7 @@ class Run:
         controls: ControlJudging | None = None
         try:
             attacker = self._open_attacker()
-            controls = ControlJudging(judge, self.config.judge, self._pending_controls(), self.dir.controls)
+            controls = ControlJudging(judge, self.ctx, self._pending_controls())
             for target in targets:
                 step = self.attacks[target.label]
                 opened = self._open_target(target) if step is not None and not step.done() else None
@@ -423,7 +370,7 @@ class Run:
                 {k for k, r in self.dir.attacks.records.items() if r.target in targets and r.item_id in goals}
             )
             self.dir.attacks.compact(key)
-        keep_current(self.items, self.config.judge, self.dir.controls)
+        keep_current(self.ctx)
         reused = {
             "generations": len(self.dir.generations.records) - self.fresh["generations"],
             "judgments": len(self.dir.results.records) - self.fresh["judgments"],
@@ -449,7 +396,7 @@ class Run:
             started=self.started,
             dataset=self.dataset,
             judge=self.judge,
-            targets=target_refs(self.config, self.identities),
+            targets=target_refs(self.config, self.ctx.identities),
             shard=self.shard,
             engines=self.host.loaded,
             gpu_plan=self.gpu_plan,

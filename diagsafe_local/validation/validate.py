@@ -135,7 +135,7 @@ def _judge_scores(
         reasoning.append(thought.text if thought else None)
     identity = {"rubric": name, "model": None, "model_hash": None, "lora_hash": None, "scoring": spec.scoring}
     if live:
-        identity |= {k: v for k, v in engine_identity(spec).items() if k in ("model", "model_hash", "lora_hash")}
+        identity |= engine_identity(spec).model_dump(include={"model", "model_hash", "lora_hash"})
     return Scored(label, "judge", np.array(scores), classes, raw, identity, reasoning)
 
 

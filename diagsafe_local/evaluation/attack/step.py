@@ -17,21 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from diagsafe_local.core.hashing import content_key
-from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion, Engine
 from diagsafe_local.engines.streams import open_stream
-from diagsafe_local.evaluation.attack.config import AttackConfig
 from diagsafe_local.evaluation.attack.prompts import attacker_schema, parse_attacker
 from diagsafe_local.evaluation.attack.strategy import STRATEGIES, Chain, Step, Strategy
 from diagsafe_local.evaluation.config import TargetConfig
+from diagsafe_local.evaluation.context import RunContext
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import JudgeStep, JudgeTask, judge_key
-from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.runs.records import AttackInfo, EngineRef, GenerationRecord, ResultRecord, Usage
+from diagsafe_local.runs.records import AttackInfo, GenerationRecord, ResultRecord, Usage
 from diagsafe_local.runs.refusal import is_refusal
 
 ChainId = tuple[str, int]  # (item id, stream)
@@ -80,39 +77,26 @@ class AttackCounts:
 class AttackStep:
     """Attack one target's harmful items with `attack` (see the module docstring)."""
 
-    def __init__(
-        self,
-        attack: AttackConfig,
-        target: TargetConfig,
-        target_identity: dict[str, Any],
-        judge: JudgeConfig,
-        judge_identity: dict[str, Any],
-        attacker_identity: dict[str, Any],
-        items: Sequence[Item],
-        store: JsonlStore[ResultRecord],
-        run_id: str,
-        target_refs: dict[str, EngineRef],
-        judge_ref: EngineRef,
-    ) -> None:
+    def __init__(self, ctx: RunContext, target: TargetConfig) -> None:
+        attack = ctx.config.attack
+        assert attack is not None
+        self.ctx = ctx
         self.attack = attack
         self.strategy: Strategy = STRATEGIES.get(attack.strategy)
         self.target = target
-        self.judge = judge
-        self.store = store
-        self.run_id = run_id
-        self.target_refs = target_refs
-        self.judge_ref = judge_ref
-        self.rubric = judge.judge_for(False)
-        self.judge_settings = {**judge_identity, **judge.verdict_settings(self.rubric)}
-        self.goals = {item.id: _Goal(item, []) for item in attacked_items(items)}
+        self.store = ctx.directory.attacks
+        self.rubric = ctx.config.judge.judge_for(False)
+        self.judge_settings = ctx.judge_settings(self.rubric)
+        self.goals = {item.id: _Goal(item, []) for item in attacked_items(ctx.items)}
+        attacker = ctx.attacker_identity.key() if ctx.attacker_identity else {"attacker": "judge"}
         self.chain_keys = {
             item_id: content_key(
                 attack,
-                target_identity,
+                ctx.identities[target.label].key(),
                 target.system_prompt,
                 target.sampling,
                 self.judge_settings,
-                attacker_identity,
+                attacker,
                 goal_of(goal.item),
             )
             for item_id, goal in self.goals.items()
@@ -182,9 +166,7 @@ class AttackStep:
         self._barrier = barrier
         self._attacker = open_stream(attacker_engine)
         self._target = open_stream(target_engine)
-        self._judge = JudgeStep(
-            judge_engine, self.judge, self.store, self.run_id, self.target_refs, self.judge_ref, finish=self._judged
-        )
+        self._judge = JudgeStep(judge_engine, self.ctx, self.store, finish=self._judged)
         self._next: list[ChainId] = []
         total = len(self.goals) * self.attack.query_budget
         try:
