@@ -1,9 +1,11 @@
 """diagsafe-local: offline harmfulness evaluation of LLM checkpoints, and the HarmMetric Eval benchmark.
 
-The Python API mirrors the CLI::
+The Python API mirrors the CLI (see `diagsafe_local.api`)::
 
-    from diagsafe_local import Run, load_config
-    summary = Run(load_config("configs/checkpoint_7b_qwen_judge.yaml")).execute()
+    import diagsafe_local as ds
+
+    result = ds.evaluate("configs/checkpoint_7b_qwen_judge.yaml", target="/ckpt/step-1200", output_dir="runs/1200")
+    decision = result.gate(max_asr=0.05)
 
 Names load on first use, so importing the package stays fast.
 """
@@ -16,6 +18,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "evaluate": "diagsafe_local.api",
+    "gate": "diagsafe_local.api",
+    "RunResult": "diagsafe_local.api",
+    "GateDecision": "diagsafe_local.runs.gate",
+    "DiagsafeError": "diagsafe_local.core.errors",
+    "RunFailed": "diagsafe_local.core.errors",
     "RunConfig": "diagsafe_local.evaluation.config",
     "load_config": "diagsafe_local.evaluation.config",
     "Run": "diagsafe_local.evaluation.pipeline",

@@ -27,14 +27,14 @@ def merge(
 ) -> None:
     """Merge run directories (a local and an API run, say), or all N shards of a config; duplicates are refused."""
     from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.evaluation.sharding import merge_shards
     from diagsafe_local.runs.merge import merge_runs
     from diagsafe_local.runs.report import print_summary, write_report
 
-    if config is not None:
+    if config is not None:  # a run config is the execution side's to read
         if shards is None or run_dirs:
             raise DiagsafeError("with --config give --shards N and no run directories")
         from diagsafe_local.evaluation.config import load_config
+        from diagsafe_local.evaluation.sharding import merge_shards
 
         cfg = load_config(config, set_ or [])
         target = out or Path(cfg.output_dir)

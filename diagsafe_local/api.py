@@ -1,0 +1,107 @@
+"""The Python API, shaped like the command line: evaluate a config into a run directory, gate a run.
+
+    import diagsafe_local as ds
+
+    result = ds.evaluate("configs/checkpoint_7b_qwen_judge.yaml", target="/ckpt/step-1200", output_dir="runs/1200")
+    print(result.summary.targets["step-1200"].asr.value)
+    decision = result.gate(max_asr=0.05)            # or ds.gate("runs/1200", max_asr=0.05)
+    if not decision.passed:
+        print("\\n".join(decision.lines))
+
+Errors are the command line's, raised with the same messages: `DiagsafeError` (the CLI's exit 2: bad input),
+`RunFailed` (exit 3: the run could not complete, or does not verify). A gate that says no is a decision, not an
+error: `passed` is False and `lines` says why. `evaluate` runs in this process (tensor parallel where the plan
+asks for it; data-parallel replicas are the `run` command's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.runs.gate import GateDecision
+from diagsafe_local.runs.manifest import Manifest
+from diagsafe_local.runs.summary import Summary
+
+
+class RunResult(BaseModel):
+    """A finished run: its directory, its verified summary (every figure recomputed from its records) and manifest,
+    and what did not verify (empty for a run the gate will decide on)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_dir: Path
+    summary: Summary
+    manifest: Manifest
+    problems: list[str]
+
+    def gate(self, **limits: Any) -> GateDecision:
+        """`gate(self.run_dir, **limits)`."""
+        return gate(self.run_dir, **limits)
+
+
+def evaluate(
+    config: str | Path | Any,
+    *,
+    target: str | None = None,
+    output_dir: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    overwrite: bool = False,
+    engine_factory: Callable[..., Any] | None = None,
+) -> RunResult:
+    """Run (or resume) a config: a YAML path or a `RunConfig`. `target` replaces the model of its one target (as
+    `--set target.model=...` does, the config's target name dropped with it), `output_dir` the run directory,
+    `overrides` are `key.path=value` settings as `--set` takes them."""
+    from diagsafe_local.evaluation.config import RunConfig, load_config
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.runs.verify import verify_run
+
+    settings = [*overrides]
+    if target is not None:
+        settings.append(f"target.model={target}")
+    if output_dir is not None:
+        settings.append(f"output_dir={output_dir}")
+    if isinstance(config, RunConfig):
+        if settings:
+            raise DiagsafeError("target, output_dir and overrides apply to a config file; edit the RunConfig instead")
+        loaded = config
+    else:
+        loaded = load_config(Path(config), settings)
+    run = Run(loaded, overwrite=overwrite, engine_factory=engine_factory)
+    run.execute()
+    verified = verify_run(run.dir.root)
+    return RunResult(
+        run_dir=run.dir.root, summary=verified.summary, manifest=verified.manifest, problems=verified.problems
+    )
+
+
+def gate(
+    run_dir: str | Path,
+    *,
+    targets: Sequence[str] | None = None,
+    baseline: str | Path | None = None,
+    baseline_target: str | None = None,
+    require_signature: bool = False,
+    **limits: float | Mapping[str, float] | bool,
+) -> GateDecision:
+    """The gate on a run directory, as `diagsafe-local gate` decides it: `limits` are the limits and switches of
+    the limits table by name (`max_asr=0.05`, `max_asr_category={"cyber": 0.1}`, `allow_degenerate_judge=True`).
+    A run (or baseline) that does not verify raises `RunFailed`."""
+    from diagsafe_local.runs.gate import gate_run
+    from diagsafe_local.runs.limits import LIMITS, SWITCHES
+
+    known = {limit.name for limit in LIMITS} | {switch.name for switch in SWITCHES}
+    unknown = sorted(set(limits) - known)
+    if unknown:
+        raise DiagsafeError(f"unknown gate limit(s) {unknown}; the limits are {sorted(known)}")
+    command_line: dict[str, Any] = {name: limits.get(name) for name in known}
+    command_line["baseline_run"] = str(baseline) if baseline is not None else None
+    command_line["baseline_target"] = baseline_target
+    _, decision = gate_run(
+        Path(run_dir), command_line, targets=list(targets) if targets else None, require_signature=require_signature
+    )
+    return decision
