@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from helpers import current_rows, wide_rows, write_jsonl
+from hypothesis import settings
 
 from diagsafe_local.engines.base import BorrowedEngine
 
@@ -14,6 +15,11 @@ from diagsafe_local.engines.base import BorrowedEngine
 # that stream is closed when the call returns, and vLLM's later log lines then break pytest's capture. Tests
 # leave vLLM's logging to Python's defaults (a test that checks the engine logs sets it back on).
 os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+# The progress interval in logs comes from the environment; tests that count progress lines set it themselves.
+os.environ.pop("DIAGSAFE_PROGRESS_SECONDS", None)
+# Property tests draw the same examples on every run: a failure in CI is a failure anyone can reproduce.
+settings.register_profile("diagsafe", derandomize=True, print_blob=True)
+settings.load_profile("diagsafe")
 
 
 @pytest.fixture

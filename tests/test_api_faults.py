@@ -4,7 +4,6 @@ a rejected key. (The real vLLM server is exercised in test_api_vllm.py.)"""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from servers import FakeOpenAIServer
@@ -146,10 +145,9 @@ def test_rejected_key_is_one_clear_error_not_many_retries(fake, monkeypatch):
     server = fake(always=("status", 401))
     monkeypatch.setenv("TEST_API_KEY", "sk-wrong")
     engine = OpenAIEngine(JudgeConfig(**api(server, api_key_env="TEST_API_KEY", concurrency=2)))
-    start = time.monotonic()
     with pytest.raises(FatalAPIError, match=r"refused the request \(401\).*\$TEST_API_KEY"):
         engine.generate([request(str(k)) for k in range(50)])
-    assert len(server.requests) <= 2 and time.monotonic() - start < 5
+    assert len(server.requests) <= 2  # one refusal stops all 50, with no retries
     assert "sk-wrong" not in json.dumps(engine.info.model_dump())
 
 

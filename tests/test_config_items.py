@@ -353,13 +353,15 @@ def test_progress_in_a_log_file_is_first_last_and_one_line_per_interval(monkeypa
 
     from diagsafe_local.core.console import Console
 
+    ticks = iter(range(10**6))
     stream = io.StringIO()  # not a terminal: plain lines, as in a SLURM log
-    console = Console(stream)
+    console = Console(stream, clock=lambda: next(ticks) / 1000)  # a verdict every millisecond: 100 s in all
     for done in range(0, 100_001):
         console.progress("judging, verdicts", done, 100_000)
     lines = stream.getvalue().splitlines()
     assert lines[0] == "judging, verdicts: 0/100000" and lines[-1].startswith("judging, verdicts: 100000/100000, ")
-    assert len(lines) <= 3  # first, last, and at most one per 10 s of this loop
+    assert len(lines) == 11  # the first, one every 10 s, and the last: not one per verdict
+    assert lines[1].startswith("judging, verdicts: 10000/100000, 1000.0/s, 1m30s left")
     monkeypatch.setenv("DIAGSAFE_PROGRESS_SECONDS", "0")
     every = Console(io.StringIO())
     for done in range(5):

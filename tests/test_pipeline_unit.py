@@ -244,3 +244,15 @@ def test_colocated_judge_grades_answers_while_the_target_is_still_generating(tmp
     results = read_results(tmp_path / "run" / "results.jsonl")
     assert sorted((r.item_id, r.turn) for r in results) == [("a", 1), ("b", 3), ("c", 2), ("d", 1)]
     assert summary["targets"]["t"]["n_judged"] == 4
+
+
+def test_sharding_is_deterministic_and_complete():
+    from diagsafe_local.runs.manifest import Shard, shard_of
+
+    ids = [f"item-{k}" for k in range(200)]
+    parts = [[i for i in ids if Shard(index=s, count=4).owns(i)] for s in range(4)]
+    assert sorted(sum(parts, [])) == sorted(ids) and all(parts)
+    assert [shard_of(i, 4) for i in ids] == [shard_of(i, 4) for i in ids]
+    assert shard_of("item-7", 4) == 1  # a fixed hash, stable across machines and Python processes
+    with pytest.raises(Exception, match="0 <= i < N"):
+        Shard.parse("4/4")

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jsonschema
@@ -137,20 +136,10 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     gate = CliRunner().invoke(app, ["gate", str(tmp_path / "killed"), "--max-asr", "1"])
     assert gate.exit_code == 3 and "not complete" in gate.output  # a killed run never passes
 
-    # SIGTERM (a SLURM time limit) while resuming: a clean stop, nothing half-written, then a full resume.
-    proc = subprocess.Popen(
-        command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    # Verdicts now stream in, and a tiny judge's same-length verdicts can all finish in one engine step, so the
-    # signal goes as soon as the resumed run has started (it rewrites its manifest), while it loads or works.
-    manifest = tmp_path / "killed" / "manifest.json"
-    before = manifest.stat().st_mtime_ns
-    deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None and manifest.stat().st_mtime_ns == before:
-        time.sleep(0.05)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    # SIGTERM (a SLURM time limit) while resuming, right after the resumed run has rewritten its manifest (before
+    # it loads an engine): a clean stop, nothing half-written, then a full resume.
+    proc = run_cut_at("SIGTERM", "manifest.json", 1, config_path)
+    err = proc.stderr
     assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
     assert not list((tmp_path / "killed").glob(".*.tmp"))
     assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"

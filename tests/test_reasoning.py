@@ -137,6 +137,7 @@ def test_every_reasoning_judge_gives_valid_verdicts_on_vllm(judge, architecture,
     assert all(v.reasoning is not None and 0 < v.reasoning.tokens <= 12 for v in verdicts)
 
 
+@pytest.mark.vllm
 def test_the_pipeline_records_reasoning_and_counts_closed_phases(guard_models, vllm_engines, tmp_path):
     items = write_jsonl(tmp_path / "items.jsonl", synthetic_items(4))
     judge = {**tiny_engine(guard_models["qwen3"]), "reasoning": True, "reasoning_max_tokens": 10}

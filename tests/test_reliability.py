@@ -7,7 +7,8 @@ import subprocess
 import sys
 import time
 
-from helpers import SAMPLE
+import pytest
+from helpers import REPO, SAMPLE
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -120,7 +121,7 @@ def test_corrupt_run_files_and_bad_thresholds_are_input_errors_not_tracebacks(tm
     assert missing.exit_code == 2 and "Traceback" not in missing.output
 
 
-def test_a_missing_model_path_is_named_not_tried_as_a_hub_id(tmp_path):
+def test_a_missing_model_path_is_named_not_tried_as_a_hub_id(tmp_path, monkeypatch):
     from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.engines.base import local_model_path
 
@@ -132,16 +133,10 @@ def test_a_missing_model_path_is_named_not_tried_as_a_hub_id(tmp_path):
             assert "no such file or directory" in str(exc)
         else:
             raise AssertionError(typo)
-    os.chdir(tmp_path)
-    try:
-        local_model_path("Qwen/Qwen2.5-7B-Instruct")  # a hub id stays a hub id
-        try:
-            local_model_path("runs/step-12O0")  # beside an existing runs/: a local path with a typo
-            raise AssertionError("runs/step-12O0")
-        except DiagsafeError:
-            pass
-    finally:
-        os.chdir("/")
+    monkeypatch.chdir(tmp_path)  # back where the test started afterwards: later tests use paths relative to it
+    local_model_path("Qwen/Qwen2.5-7B-Instruct")  # a hub id stays a hub id
+    with pytest.raises(DiagsafeError):
+        local_model_path("runs/step-12O0")  # beside an existing runs/: a local path with a typo
 
 
 def test_a_run_where_every_answer_failed_exits_3(tmp_path, monkeypatch):
@@ -282,8 +277,8 @@ def test_a_new_model_at_the_same_path_is_not_mistaken_for_the_old_one(tmp_path):
 
 
 def test_sigterm_during_bench_leaves_no_temporaries_and_no_mixed_outputs(tmp_path):
-    import signal
-
+    """SIGTERM right after the first output of the set is put in place (from inside the command, at that very
+    point): the set is finished with the signal held back, then the command stops (exit 3), all outputs or none."""
     expected = {
         "leaderboard.csv",
         "leaderboard.md",
@@ -294,34 +289,15 @@ def test_sigterm_during_bench_leaves_no_temporaries_and_no_mixed_outputs(tmp_pat
         "failure_analysis.csv",
         "category_scores.csv",
     }
-    for delay in (1.0, 3.0):
-        out = tmp_path / f"after-{delay}"
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "diagsafe_local.cli",
-                "bench",
-                "--dataset",
-                str(SAMPLE),
-                "--metrics",
-                "all",
-                "--chart",
-                "--out",
-                str(out),
-            ],
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(delay)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-        if proc.returncode == 0:
-            continue  # it finished first
-        assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
-        written = {p.name for p in out.iterdir()} - {".diagsafe.lock"} if out.exists() else set()
-        assert not [n for n in written if n.endswith(".tmp")]
-        assert written in (set(), expected), written  # all outputs or none
+    out = tmp_path / "out"
+    command = ["bench", "--dataset", str(SAMPLE), "--metrics", "all", "--chart", "--out", str(out)]
+    stopped = [sys.executable, str(REPO / "tests" / "node_failure.py"), "SIGTERM", "leaderboard.png", "1", *command]
+    done = subprocess.run(stopped, start_new_session=True, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 3 and "interrupted by SIGTERM" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    written = {p.name for p in out.iterdir()} - {".diagsafe.lock"}
+    assert not [n for n in written if n.endswith(".tmp")]
+    assert written == expected  # the whole set, never part of it
 
 
 def test_a_late_error_leaves_no_empty_output_directory(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -349,11 +349,17 @@ def test_the_viewer_in_a_real_browser_filters_opens_and_shows_hostile_text_as_te
     run = make_run(tmp_path, monkeypatch)
     index = RunIndex([run])
     answer_now = index.query
+    late_asked, newest_served, late_sent = threading.Event(), threading.Event(), threading.Event()
 
     def answer_late(params: dict[str, str]) -> dict:
-        # The filter a user just left answers last: the page must still show the newest filter's rows.
+        # The filter a user just left answers last: it waits until the newest filter's rows were served; the
+        # page must still show the newest filter's rows once the late answer is in.
         if params.get("verdict") == "harmful" and params.get("q") == "q13":
-            time.sleep(1.5)
+            late_asked.set()
+            assert newest_served.wait(60)
+            late_sent.set()
+        elif params.get("q") == "q13" and not params.get("verdict"):
+            newest_served.set()
         return answer_now(params)
 
     monkeypatch.setattr(index, "query", answer_late)
@@ -361,6 +367,12 @@ def test_the_viewer_in_a_real_browser_filters_opens_and_shows_hostile_text_as_te
     server = ReviewServer(review).start()
     try:
         browser.get(server.url)
+        # the page's requests, counted: one is done once its answer has been handled (the step after its promise)
+        browser.execute_script(
+            "window.inflight = 0; const f = window.fetch.bind(window);"
+            "window.fetch = (...a) => { window.inflight++; return f(...a).finally("
+            "() => setTimeout(() => window.inflight--, 0)); };"
+        )
         wait = WebDriverWait(browser, 20)
         wait.until(lambda d: d.find_element(By.ID, "count").text.startswith("40 of 40"))
         Select(browser.find_element(By.NAME, "verdict")).select_by_value("harmful")
@@ -376,10 +388,11 @@ def test_the_viewer_in_a_real_browser_filters_opens_and_shows_hostile_text_as_te
         _shot(browser, "viewer.png")
         search = browser.find_element(By.NAME, "q")
         search.send_keys("q13")
-        wait.until(lambda d: d.find_element(By.ID, "count").text.startswith("0 of 40"))  # q13 is not harmful
+        assert late_asked.wait(60)  # the page asked for (harmful, q13); its answer is held back
         Select(browser.find_element(By.NAME, "verdict")).select_by_value("")
         wait.until(lambda d: d.find_element(By.ID, "count").text.startswith("1 of 40"))
-        time.sleep(2)  # the late answer to the old filter has come back by now
+        assert late_sent.wait(60)  # the old filter's answer went out after the newest one's
+        wait.until(lambda d: d.execute_script("return window.inflight") == 0)  # and the page has handled it
         assert browser.find_element(By.ID, "count").text.startswith("1 of 40")
     finally:
         server.stop()

@@ -66,13 +66,21 @@ def remove_stale_temporaries(directory: Path) -> int:
 
 @contextmanager
 def outputs_together() -> Iterator[None]:
-    """Hold back SIGTERM and SIGINT until the block ends (they are delivered right after it)."""
+    """Hold back SIGTERM and SIGINT until the block ends (they are delivered right after it, once).
+
+    The signals' Python handlers are swapped for ones that only take note, rather than the signals being masked:
+    a mask holds only for the thread that sets it, and the kernel delivers a process's signal to any thread that
+    does not block it (a thread of pyarrow's, numpy's or vLLM's pools), so a masked block was still cut short."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = {signal.SIGTERM, signal.SIGINT}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    held: list[int] = []
+    stopping = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in stopping}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signal.raise_signal(held[0])

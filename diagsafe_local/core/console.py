@@ -46,8 +46,9 @@ class Console:
     plain lines where the output is a log file (SLURM): a stage's first and last line, and at most one line
     every `progress_interval()` seconds between them, however many units it counts."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, clock: Callable[[], float] = time.perf_counter) -> None:
         self.stream = stream
+        self.clock = clock
         self.live = stream.isatty()
         self._started: dict[str, float] = {}
         self._printed: dict[str, float] = {}
@@ -61,7 +62,7 @@ class Console:
         if self.live:
             self._bar(stage, done, total, rate, note)
             return
-        now = time.perf_counter()
+        now = self.clock()
         start = self._started.setdefault(stage, now)
         last = self._printed.get(stage)
         if last is not None and done < total and now - last < progress_interval():
