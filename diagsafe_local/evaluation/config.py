@@ -13,7 +13,8 @@ from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
-from diagsafe_local.evaluation.attack.config import AttackConfig, attack_config
+from diagsafe_local.evaluation.attack.config import AttackConfig
+from diagsafe_local.evaluation.attack.strategy import attack_config
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs.limits import GateConfig
 from diagsafe_local.runs.manifest import config_fingerprint

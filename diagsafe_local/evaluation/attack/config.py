@@ -1,10 +1,8 @@
 """The run config's `attack:` section: the knobs every strategy shares (`AttackConfig`), and each strategy's own
-(a subclass of it that the strategy declares, e.g. `pair.PairConfig` with `depth`). `attack_config` validates a
-section against the subclass of the strategy it names: a knob of another strategy is an unknown key."""
+(a subclass of it that the strategy declares, e.g. `pair.PairConfig` with `depth`). `strategy.attack_config`
+validates a section against the subclass of the strategy it names: a knob of another strategy is an unknown key."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -95,24 +93,3 @@ class AttackConfig(StrictModel):
         if self.sampling.n != 1:
             raise ValueError("attack.sampling.n must be 1: `streams` sets how many chains each goal gets")
         return self
-
-
-def attack_config(data: Any) -> Any:
-    """A run config's `attack:` section validated by the config of the strategy it names (an unknown strategy is
-    an error at `attack.strategy`, naming the known ones)."""
-    if not isinstance(data, dict):
-        return data
-    import difflib
-
-    from pydantic import ValidationError
-
-    from diagsafe_local.evaluation.attack.strategy import STRATEGIES
-
-    name = data.get("strategy")
-    if name not in STRATEGIES:
-        close = difflib.get_close_matches(str(name), STRATEGIES.names(), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        message = f"unknown attack strategy {name!r} (known: {', '.join(STRATEGIES.names())}){hint}"
-        error = {"type": "value_error", "loc": ("strategy",), "input": name, "ctx": {"error": ValueError(message)}}
-        raise ValidationError.from_exception_data("AttackConfig", [error])  # type: ignore[list-item]
-    return STRATEGIES.get(str(name)).config.model_validate(data)

@@ -101,3 +101,22 @@ def _entry(obj: Any, name: str) -> Iterable[Strategy]:
 STRATEGIES: Registry[Strategy] = Registry(
     "attack strategy", plugin_group="diagsafe_local.attack_strategies", adapt=_entry
 )
+
+
+def attack_config(data: Any) -> Any:
+    """A run config's `attack:` section validated by the config of the strategy it names (an unknown strategy is
+    an error at `attack.strategy`, naming the known ones)."""
+    if not isinstance(data, dict):
+        return data
+    import difflib
+
+    from pydantic import ValidationError
+
+    name = data.get("strategy")
+    if name not in STRATEGIES:
+        close = difflib.get_close_matches(str(name), STRATEGIES.names(), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        message = f"unknown attack strategy {name!r} (known: {', '.join(STRATEGIES.names())}){hint}"
+        error = {"type": "value_error", "loc": ("strategy",), "input": name, "ctx": {"error": ValueError(message)}}
+        raise ValidationError.from_exception_data("AttackConfig", [error])  # type: ignore[list-item]
+    return STRATEGIES.get(str(name)).config.model_validate(data)
