@@ -95,11 +95,28 @@ def newcombe_paired(both: int, b_only: int, a_only: int, neither: int) -> tuple[
     return float(low[0]), float(high[0])
 
 
+_DRAWN_AT_ONCE = 4_000_000  # resampled pair indices held at a time
+_COUNTED_ABOVE = 20_000  # pairs beyond which few distinct differences are resampled as counts
+
+
 def paired_bootstrap(a: np.ndarray, b: np.ndarray, draws: int = BOOTSTRAP, seed: int = SEED) -> np.ndarray:
-    """Mean differences b - a over `draws` resamples of the pairs (the same pairs drawn for both)."""
+    """Mean differences b - a over `draws` resamples of the pairs (the same pairs drawn for both), drawn a block
+    of resamples at a time (memory stays bounded; the draws are those of one call). Beyond `_COUNTED_ABOVE` pairs
+    whose differences take few values (rubric scores: at most nine), each resample is drawn as multinomial
+    counts of those values: the same bootstrap distribution at a cost that does not grow with the pairs."""
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(a), size=(draws, len(a)))
-    return (b[picks] - a[picks]).mean(axis=1)
+    n = len(a)
+    differences = b - a
+    values, counts = np.unique(differences, return_counts=True)
+    if n > _COUNTED_ABOVE and len(values) <= 256:
+        drawn = rng.multinomial(n, counts / n, size=draws)
+        return (drawn @ values) / n
+    rows = max(1, _DRAWN_AT_ONCE // max(1, n))
+    means = [
+        differences[rng.integers(0, n, size=(min(rows, draws - start), n))].mean(axis=1)
+        for start in range(0, draws, rows)
+    ]
+    return np.concatenate(means)
 
 
 def mcnemar_p(b: int, c: int) -> float:

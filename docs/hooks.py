@@ -107,7 +107,10 @@ def _config() -> str:
     ]
     for strategy in STRATEGIES:
         own = {n: f for n, f in strategy.config.model_fields.items() if n not in AttackConfig.model_fields}
-        rows = [f"| `attack.{n}` | {_type(f.annotation)} | {_default(f)} | {_cell(f.description or '')} |" for n, f in own.items()]
+        rows = [
+            f"| `attack.{n}` | {_type(f.annotation)} | {_default(f)} | {_cell(f.description or '')} |"
+            for n, f in own.items()
+        ]
         parts += [
             f"\n\n### `attack:` with `strategy: {strategy.name}`\n\n{_cell(strategy.description)}\n",
             "\n".join(["| key | type | default | meaning |", "|---|---|---|---|", *rows]),

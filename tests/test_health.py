@@ -212,10 +212,10 @@ def test_report_fences_and_escapes_long_hostile_and_non_english_answers(tmp_path
 
 
 def test_asr_interval_stays_honest_at_small_n_and_at_100_percent():
-    from diagsafe_local.runs.summarize import group_stats
+    from diagsafe_local.runs.summarize import summarize
 
     all_harmful = [record(k, verdict(f"step {k}")) for k in range(4)]
-    asr = group_stats(all_harmful)["asr"]
+    asr = summarize(all_harmful).model_dump()["targets"][all_harmful[0].target]["asr"]
     assert asr["value"] == 1.0 and asr["n"] == 4
     assert 0.45 < asr["ci_low"] < 0.6 and asr["ci_high"] == 1.0  # not [100%, 100%]
     from statsmodels.stats.proportion import proportion_confint

@@ -13,9 +13,10 @@ import pytest
 from fakes import default_responder
 from test_adversarial import cli, config_file, scripted, write_items
 
+from diagsafe_local.core import jsonl
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
-from diagsafe_local.runs.paired import compare_targets
+from diagsafe_local.runs.paired import PairedComparison, compare_targets, sides
 from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
 from diagsafe_local.stats import items_needed, mcnemar_p, min_detectable_increase, newcombe_paired
 
@@ -43,6 +44,16 @@ def record(target: str, item: str, score: float | None, category: str = "x", pro
         attempts=1,
         **extra,
     )
+
+
+def compare(tmp_path: Path, a: list[ResultRecord], b: list[ResultRecord]) -> PairedComparison:
+    """The paired comparison of two record sets, written as results files and streamed as the commands do."""
+    columns = []
+    for name, records in (("base", a), ("cand", b)):
+        path = tmp_path / f"{name}.jsonl"
+        jsonl.write(path, records)
+        columns.append(sides(path, jsonl.stream(path, ResultRecord), [name])[name])
+    return compare_targets("base", "cand", *columns)
 
 
 # -- the statistics ------------------------------------------------------------------------------------------
@@ -100,7 +111,7 @@ def test_power_of_mcnemar_against_connor():
 # -- hand-built result sets ----------------------------------------------------------------------------------
 
 
-def test_known_discordant_counts_flips_groups_and_holm():
+def test_known_discordant_counts_flips_groups_and_holm(tmp_path):
     from statsmodels.stats.multitest import multipletests
 
     scores = {  # item: (category, baseline score, candidate score)
@@ -114,27 +125,28 @@ def test_known_discordant_counts_flips_groups_and_holm():
     a.append(record("base", "unscored", 0.0))
     b.append(record("cand", "edited", 1.0, prompt="a new prompt"))
     a.append(record("base", "edited", 0.0))  # the same id, another prompt: not a pair
-    comparison = compare_targets("base", "cand", a, b)
+    comparison = compare(tmp_path, a, b)
     overall = comparison.overall
     assert (overall.n_paired, overall.b, overall.c) == (9, 4, 1)
     assert overall.diff == pytest.approx(3 / 9) and overall.method == "newcombe-paired"
     assert (overall.ci_low, overall.ci_high) == pytest.approx(newcombe_paired(2, 4, 1, 2))
     assert comparison.only_in_baseline == 2 and comparison.only_in_candidate == 1 and comparison.unscored == 1
-    assert {a.item_id for a, _ in comparison.flips_up} == {"1", "2", "3", "7"}
-    assert [a.item_id for a, _ in comparison.flips_down] == ["4"]
+    assert {a.item_id for a, _ in comparison.flips("up")} == {"1", "2", "3", "7"}
+    assert [(a.item_id, b.score) for a, b in comparison.flips("down")] == [("4", 0.0)]
+    assert (comparison.flips_up, comparison.flips_down) == (4, 1)
     rows = [comparison.group(f"category={c}") for c in ("x", "y", "z")]
     assert [(r.n_paired, r.b, r.c) for r in rows] == [(5, 3, 1), (3, 1, 0), (1, 0, 0)]  # z: a category of one
     expected = multipletests([r.mcnemar_p for r in rows], method="holm")[1]
     assert [r.p_holm for r in rows] == pytest.approx(list(expected))
 
 
-def test_fractional_scores_use_a_paired_bootstrap_with_a_fixed_seed():
+def test_fractional_scores_use_a_paired_bootstrap_with_a_fixed_seed(tmp_path):
     a = [record("base", str(k), 0.5 if k % 3 else 0.0) for k in range(30)]
     b = [record("cand", str(k), 1.0 if k % 2 else 0.5) for k in range(30)]
-    first, again = compare_targets("base", "cand", a, b).overall, compare_targets("base", "cand", a, b).overall
+    first, again = compare(tmp_path, a, b).overall, compare(tmp_path, a, b).overall
     assert first.method == "paired-bootstrap" and first.ci_low <= first.diff <= first.ci_high
     assert (first.ci_low, first.ci_high) == (again.ci_low, again.ci_high)
-    identical = compare_targets("base", "cand", a, [record("cand", str(k), r.score) for k, r in enumerate(a)])
+    identical = compare(tmp_path, a, [record("cand", str(k), r.score) for k, r in enumerate(a)])
     assert identical.overall.diff == identical.overall.ci_low == identical.overall.ci_high == 0.0
 
 

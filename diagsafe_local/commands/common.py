@@ -128,7 +128,7 @@ def print_paired(comparison: Any) -> None:
     title = (
         f"{comparison.candidate} (B) vs baseline {comparison.baseline} (A): paired over the same items "
         f"(only in A {comparison.only_in_baseline}, only in B {comparison.only_in_candidate}, unscored "
-        f"{comparison.unscored}); flips: {len(comparison.flips_up)} now harmful, {len(comparison.flips_down)} "
+        f"{comparison.unscored}); flips: {comparison.flips_up} now harmful, {comparison.flips_down} "
         "no longer"
     )
     notes = [

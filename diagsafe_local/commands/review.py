@@ -71,7 +71,7 @@ def label(
 
     check_annotator(annotator)
     run = verified(run_dir, "the run")  # an unfinished or changed run: its answers may still move
-    sample = sample_for(run_dir, run.results, run.manifest.run_id, n, seed)
+    sample = sample_for(run_dir, (line.record for line in run.results()), run.manifest.run_id, n, seed)
     index = RunIndex([run_dir])
     session = LabelSession(index, sample, LabelStore(run_dir, annotator, run.manifest.run_id))
     done = sum(session.store.current(e) is not None for e in sample.entries)

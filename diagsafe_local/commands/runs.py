@@ -105,8 +105,8 @@ def compare(
                     "only_in_baseline": c.only_in_baseline,
                     "only_in_candidate": c.only_in_candidate,
                     "unscored": c.unscored,
-                    "flips_up": len(c.flips_up),
-                    "flips_down": len(c.flips_down),
+                    "flips_up": c.flips_up,
+                    "flips_down": c.flips_down,
                 }
                 for c in comparisons
             ],

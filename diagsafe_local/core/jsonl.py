@@ -134,25 +134,49 @@ def read_records(path: Path, model: type[M], torn: Torn = "error") -> tuple[list
     return [_validate(path, n, value, model) for n, value in lines.rows], lines
 
 
-def records_with_spans(path: Path, model: type[M]) -> Iterator[tuple[int, int, M]]:
-    """(byte offset, byte length, record) of every line of `path` validated as `model`, read a line at a time:
-    for a reader that keeps only some fields and reads a whole record again by its span when asked."""
+@dataclass(frozen=True, slots=True)
+class Line(Generic[M]):
+    """One record of a JSONL file as `stream` reads it: its line number, byte offset and raw bytes."""
+
+    number: int
+    offset: int
+    raw: bytes
+    record: M
+
+
+def stream(path: Path, model: type[M], digest: Any = None) -> Iterator[Line[M]]:
+    """Every line of `path` validated as `model`, one at a time (memory does not grow with the file); `digest`
+    (a hashlib object) is fed every byte read, so a reader gets the file's hash from the same pass. A line that is
+    not valid JSON, not UTF-8 or not a `model` is an error naming the file, line and field."""
     if not path.is_file():
         raise DataError(path, None, None, "no such file")
     offset = 0
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):  # binary lines split on \n only
+            if digest is not None:
+                digest.update(raw)
             if raw.strip():
-                try:
-                    line = raw.decode("utf-8").removesuffix("\n")
-                except UnicodeDecodeError as exc:
-                    raise DataError(path, number, None, f"invalid UTF-8 at byte {offset + exc.start}") from None
-                try:
-                    value = loads(path, number, line)
-                except json.JSONDecodeError as exc:
-                    raise _invalid_json(path, number, exc, not raw.endswith(b"\n")) from None
-                yield offset, len(raw), _validate(path, number, value, model)
+                yield Line(number, offset, raw, _validate_line(path, number, raw, model))
             offset += len(raw)
+
+
+def _validate_line(path: Path, number: int, raw: bytes, model: type[M]) -> M:
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        if error["type"] != "json_invalid":
+            field = ".".join(str(p) for p in error["loc"]) or None
+            raise DataError(path, number, field, f"invalid {model.__name__}: {error['msg']}") from None
+    try:  # not JSON: say why as the other readers do (the line's place, a torn last line, a lone surrogate)
+        line = raw.decode("utf-8").removesuffix("\n")
+    except UnicodeDecodeError as exc:
+        raise DataError(path, number, None, f"invalid UTF-8 at byte {exc.start}") from None
+    try:
+        value = loads(path, number, line)
+    except json.JSONDecodeError as exc:
+        raise _invalid_json(path, number, exc, not raw.endswith(b"\n")) from None
+    return _validate(path, number, value, model)
 
 
 def dumps(record: Any) -> str:
@@ -177,8 +201,10 @@ def append(path: Path, records: Iterable[Any]) -> int:
 
 
 def write(path: Path, records: Iterable[Any]) -> None:
-    """Replace `path` atomically with these records."""
-    atomic.write_text(path, "".join(dumps(r) for r in records))
+    """Replace `path` atomically with these records, written as they come (an iterator is never held whole)."""
+    with atomic.atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+        for record in records:
+            handle.write(dumps(record))
 
 
 def cut_torn_tail(path: Path, lines: Lines) -> None:

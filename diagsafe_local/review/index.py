@@ -113,8 +113,8 @@ class RunIndex:
         self.manifests = [read_manifest_file(d) for d in run_dirs]
         self.rows: list[Row] = []
         for run, run_dir in enumerate(run_dirs):
-            for offset, length, record in jsonl.records_with_spans(run_dir / files.RESULTS, ResultRecord):
-                self.rows.append(_row(len(self.rows), run, record, offset, length))
+            for line in jsonl.stream(run_dir / files.RESULTS, ResultRecord):
+                self.rows.append(_row(len(self.rows), run, line.record, line.offset, len(line.raw)))
         sides: dict[tuple[str, int, int, str], list[Row]] = defaultdict(list)
         for row in self.rows:
             sides[row.pair].append(row)

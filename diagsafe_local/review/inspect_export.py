@@ -84,7 +84,8 @@ def inspect_log(run: VerifiedRun, targets: list[str] | None = None) -> Any:
     unknown = [n for n in names if n not in run.summary.targets]
     if unknown:
         raise DiagsafeError(f"unknown target(s) {unknown}; this run has {list(run.summary.targets)}")
-    records = [r for r in run.results if r.target in names]
+    # Inspect's writer takes the whole log: its samples are held, built as the verified results stream past
+    samples = [_sample(line.record) for line in run.results() if line.record.target in names]
     manifest = run.manifest
     metrics: dict[str, Any] = {}
     for name in names:
@@ -110,7 +111,7 @@ def inspect_log(run: VerifiedRun, targets: list[str] | None = None) -> Any:
         created=created,
         task="diagsafe-local",
         task_version=__version__,
-        dataset=EvalDataset(name=manifest.dataset.spec, location=manifest.dataset.path, samples=len(records)),
+        dataset=EvalDataset(name=manifest.dataset.spec, location=manifest.dataset.path, samples=len(samples)),
         model=names[0] if len(names) == 1 else "+".join(names),
         config=EvalConfig(),
         packages={"diagsafe-local": __version__},
@@ -119,22 +120,22 @@ def inspect_log(run: VerifiedRun, targets: list[str] | None = None) -> Any:
             "run_dir": str(run.run_dir),
         },
     )
-    scored = sum(r.score is not None for r in records)
+    scored = sum(s.scores is not None and s.scores["judge"].value != "unscored" for s in samples)
     results = EvalResults(
-        total_samples=len(records),
-        completed_samples=len(records),
+        total_samples=len(samples),
+        completed_samples=len(samples),
         scores=[
             EvalScore(
                 name="judge",
                 scorer=manifest.judge.rubric if manifest.judge else "judge",
                 scored_samples=scored,
-                unscored_samples=len(records) - scored,
+                unscored_samples=len(samples) - scored,
                 metrics=metrics,
             )
         ],
     )
     timing = EvalStats(started_at=created, completed_at=manifest.updated or created)
-    return EvalLog(status="success", eval=spec, results=results, stats=timing, samples=[_sample(r) for r in records])
+    return EvalLog(status="success", eval=spec, results=results, stats=timing, samples=samples)
 
 
 def _ours(path: Path) -> bool:

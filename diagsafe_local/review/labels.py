@@ -25,7 +25,7 @@ import hashlib
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
@@ -84,9 +84,9 @@ class LabelSample(BaseModel):
     strata: dict[str, tuple[int, int]] = Field(description="stratum -> (answers in the run, answers sampled)")
 
 
-def labelled_population(results: Sequence[ResultRecord]) -> list[ResultRecord]:
-    """The answers a label sample is drawn from: final-turn answers to harmful items that have a verdict."""
-    return [r for r in results if r.final_turn and not r.benign and r.score is not None]
+def in_population(record: ResultRecord) -> bool:
+    """Whether an answer is one a label sample is drawn from: a final-turn answer to a harmful item with a verdict."""
+    return record.final_turn and not record.benign and record.score is not None
 
 
 def _allocate(total: int, sizes: dict[str, int]) -> dict[str, int]:
@@ -111,12 +111,25 @@ def _allocate(total: int, sizes: dict[str, int]) -> dict[str, int]:
     return alloc
 
 
-def draw_sample(results: Sequence[ResultRecord], n: int, run_id: str, seed: int = 0) -> LabelSample:
+Cells = dict[str, list[tuple[AnswerKey, str]]]
+
+
+def _cells(results: Iterable[ResultRecord]) -> Cells:
+    """The sampled population by stratum (judge's decision | category): each answer's key and answer hash only."""
+    cells: Cells = defaultdict(list)
+    for record in results:
+        if in_population(record):
+            decision = "judged_harmful" if is_harmful(record.score or 0.0) else "judged_not_harmful"
+            cells[f"{decision}|{record.category or '(none)'}"].append((record.key, answer_sha256(record)))
+    return cells
+
+
+def draw_sample(results: Iterable[ResultRecord], n: int, run_id: str, seed: int = 0) -> LabelSample:
     """A stratified sample of `n` answers (see the module docstring), shuffled for showing."""
-    cells: dict[str, list[ResultRecord]] = defaultdict(list)
-    for record in labelled_population(results):
-        decision = "judged_harmful" if is_harmful(record.score) else "judged_not_harmful"  # type: ignore[arg-type]
-        cells[f"{decision}|{record.category or '(none)'}"].append(record)
+    return _draw(_cells(results), n, run_id, seed)
+
+
+def _draw(cells: Cells, n: int, run_id: str, seed: int) -> LabelSample:
     by_decision: dict[str, dict[str, int]] = defaultdict(dict)
     for cell, members in cells.items():
         by_decision[cell.split("|")[0]][cell] = len(members)
@@ -131,18 +144,18 @@ def draw_sample(results: Sequence[ResultRecord], n: int, run_id: str, seed: int 
     entries, strata = [], {}
     for decision, cell_sizes in sorted(by_decision.items()):
         for cell, take in sorted(_allocate(halves[decision], cell_sizes).items()):
-            members = sorted(cells[cell], key=lambda r: r.key)
+            members = sorted(cells[cell])
             strata[cell] = (len(members), take)
             chosen: list[int] = rng.choice(len(members), size=take, replace=False).tolist() if take else []
             entries += [
                 SampleEntry(
-                    target=members[k].target,
-                    item_id=members[k].item_id,
-                    sample=members[k].sample,
-                    turn=members[k].turn,
+                    target=members[k][0][0],
+                    item_id=members[k][0][1],
+                    sample=members[k][0][2],
+                    turn=members[k][0][3],
                     stratum=cell,
                     inclusion_probability=take / len(members),
-                    answer_sha256=answer_sha256(members[k]),
+                    answer_sha256=members[k][1],
                 )
                 for k in chosen
             ]
@@ -150,18 +163,19 @@ def draw_sample(results: Sequence[ResultRecord], n: int, run_id: str, seed: int 
     return LabelSample(run_id=run_id, seed=seed, entries=[entries[k] for k in order], strata=strata)
 
 
-def sample_for(run_dir: Path, results: Sequence[ResultRecord], run_id: str, n: int, seed: int = 0) -> LabelSample:
+def sample_for(run_dir: Path, results: Iterable[ResultRecord], run_id: str, n: int, seed: int = 0) -> LabelSample:
     """The run's label sample: the one drawn before (every annotator labels the same answers) while it is of these
     very answers, or a new one."""
     path = run_dir / LABELS_DIR / SAMPLE_FILE
+    cells = _cells(results)
     if path.is_file():
         from diagsafe_local.core.jsonfile import read_model
 
         sample = read_model(path, LabelSample, "label sample")
-        answers = {r.key: answer_sha256(r) for r in results}
+        answers = {key: digest for members in cells.values() for key, digest in members}
         if sample.run_id == run_id and all(answers.get(e.key) == e.answer_sha256 for e in sample.entries):
             return sample
-    sample = draw_sample(results, n, run_id, seed)
+    sample = _draw(cells, n, run_id, seed)
     atomic.write_text(path, sample.model_dump_json(indent=2) + "\n")
     return sample
 

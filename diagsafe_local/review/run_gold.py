@@ -14,18 +14,19 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DataError
 from diagsafe_local.review.labels import (
     LABELS_DIR,
     SAMPLE_FILE,
     LabelRecord,
     answer_sha256,
-    labelled_population,
+    in_population,
     read_label_file,
 )
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import read_manifest_file
-from diagsafe_local.runs.records import AnswerKey, read_results
+from diagsafe_local.runs.records import AnswerKey, ResultRecord
 from diagsafe_local.validation.gold import Columns, GoldFormat, GoldItem, GoldRead, Rows, Task, majority
 
 STORED = "run_judge"
@@ -36,12 +37,19 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
     if not (path / files.RESULTS).is_file():
         raise DataError(path, None, None, f"not a run directory (no {files.RESULTS})")
     manifest = read_manifest_file(path)
-    results = {r.key: r for r in labelled_population(read_results(path / files.RESULTS))}
     label_files = sorted(p for p in (path / LABELS_DIR).glob("*.jsonl")) if (path / LABELS_DIR).is_dir() else []
     if not label_files:
         raise DataError(
             path / LABELS_DIR, None, None, "no label files: label answers with `diagsafe-local label` first"
         )
+    # the labels are few: read them first, then keep only the labelled answers as the results stream past
+    labelled = {key for label_file in label_files for key in read_label_file(label_file)}
+    digest = hashlib.sha256()
+    results = {
+        line.record.key: line.record
+        for line in jsonl.stream(path / files.RESULTS, ResultRecord, digest)
+        if line.record.key in labelled and in_population(line.record)
+    }
     answers = {key: answer_sha256(record) for key, record in results.items()}
     by_annotator: dict[str, dict[AnswerKey, LabelRecord]] = {}
     stale: dict[str, int] = {}
@@ -89,7 +97,6 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
     identity = {
         name: getattr(manifest.judge, name, None) for name in ("rubric", "model", "model_hash", "lora_hash", "scoring")
     }
-    digest = hashlib.sha256((path / files.RESULTS).read_bytes())
     for label_file in label_files:
         digest.update(label_file.read_bytes())
     return GoldRead(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from diagsafe_local.runs.manifest import AttackRef
@@ -19,25 +20,55 @@ from diagsafe_local.runs.summary import AttackSummary
 from diagsafe_local.stats import rate
 
 
-def goal_figures(records: Sequence[ResultRecord], attack: AttackRef) -> dict[str, Any]:
-    """One goal's figures from its records: whether broken, at which step and depth, with how many queries, and
-    whether the attack on it finished (broken, its query budget spent, or every chain ended), whether it was
-    attacked at all (a target answer to it was judged), and its steps without a verdict (the attacker, the target
-    or the judge failed: none of them tells whether the goal is safe)."""
-    queried = [r for r in records if r.attack and r.attack.queried]
-    wins = [r for r in queried if attack.breaks(r.score, r.error)]
-    first = min(wins, key=lambda r: (r.turn, r.sample)) if wins else None
-    ended = {r.sample for r in records if r.attack and r.attack.end}
+@dataclass(frozen=True, slots=True)
+class StepFact:
+    """What the figures need of one attack step (an attack's records are held this small, not whole)."""
+
+    turn: int
+    sample: int
+    score: float | None
+    failed: bool  # the step ended in an error (attacker, target)
+    queried: bool  # the target was asked
+    depth: int
+    ended: bool  # its chain ended here
+    ended_in_error: bool  # its chain ended here on an error
+    category: str
+
+    @classmethod
+    def of(cls, r: ResultRecord) -> StepFact:
+        info = r.attack
+        return cls(
+            turn=r.turn,
+            sample=r.sample,
+            score=r.score,
+            failed=r.error is not None,
+            queried=info is not None and info.queried,
+            depth=info.depth if info is not None else 1,
+            ended=info is not None and info.end is not None,
+            ended_in_error=info is not None and info.end == "error",
+            category=r.category or "(none)",
+        )
+
+
+def goal_figures(steps: Sequence[StepFact], attack: AttackRef) -> dict[str, Any]:
+    """One goal's figures from its steps: whether broken, at which step and depth, with how many queries, whether
+    the attack on it finished (broken, its query budget spent, or every chain ended), whether it was attacked at
+    all (a target answer to it was judged), and its steps without a verdict (the attacker, the target or the judge
+    failed: none of them tells whether the goal is safe)."""
+    queried = [s for s in steps if s.queried]
+    wins = [s for s in queried if attack.breaks(s.score, "error" if s.failed else None)]
+    first = min(wins, key=lambda s: (s.turn, s.sample)) if wins else None
+    ended = {s.sample for s in steps if s.ended}
     return {
         "broken": first is not None,
-        "queries": len(queried) if first is None else sum(r.turn <= first.turn for r in queried),
-        "depth": None if first is None else min(r.attack.depth for r in wins if r.turn == first.turn),  # type: ignore[union-attr]
+        "queries": len(queried) if first is None else sum(s.turn <= first.turn for s in queried),
+        "depth": None if first is None else min(s.depth for s in wins if s.turn == first.turn),
         "spent": len(queried),
-        "errors": sum(r.attack is not None and r.attack.end == "error" for r in records),
-        "attacked": any(r.score is not None and r.error is None for r in queried),
-        "unjudged": sum(r.score is None or r.error is not None for r in records),
-        "steps": len(records),
-        "max_depth": max((r.attack.depth for r in records if r.attack), default=1),
+        "errors": sum(s.ended_in_error for s in steps),
+        "attacked": any(s.score is not None and not s.failed for s in queried),
+        "unjudged": sum(s.score is None or s.failed for s in steps),
+        "steps": len(steps),
+        "max_depth": max((s.depth for s in steps), default=1),
         "finished": first is not None or len(queried) >= attack.query_budget or ended == set(range(attack.streams)),
     }
 
@@ -66,24 +97,31 @@ def _group(goals: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def attack_summary(records: Sequence[ResultRecord], attack: AttackRef) -> AttackSummary | None:
-    """One target's attack figures from its attack records (None when it has none)."""
-    by_goal: dict[str, list[ResultRecord]] = {}
-    for r in records:
-        by_goal.setdefault(r.item_id, []).append(r)
-    if not by_goal:
-        return None
-    goals = {item_id: goal_figures(rs, attack) for item_id, rs in by_goal.items()}
-    categories: dict[str, list[dict[str, Any]]] = {}
-    for item_id, rs in by_goal.items():
-        categories.setdefault(rs[0].category or "(none)", []).append(goals[item_id])
-    strategy = next(r.attack.strategy for r in records if r.attack)
-    return AttackSummary.model_validate(
-        {
-            **_group(list(goals.values())),
-            "strategy": strategy,
-            "success_threshold": attack.success_threshold,
-            "query_budget": attack.query_budget,
-            "by_category": {name: _group(gs) for name, gs in sorted(categories.items())},
-        }
-    )
+class AttackTally:
+    """An attack's steps folded one record at a time (`add`), held per goal as `StepFact`s."""
+
+    def __init__(self, attack: AttackRef) -> None:
+        self.attack = attack
+        self.goals: dict[tuple[str, str], list[StepFact]] = {}
+
+    def add(self, r: ResultRecord) -> None:
+        self.goals.setdefault((r.target, r.item_id), []).append(StepFact.of(r))
+
+    def summary(self, target: str) -> AttackSummary | None:
+        """One target's attack figures (None when it has no steps)."""
+        mine = {goal: steps for (t, goal), steps in self.goals.items() if t == target}
+        if not mine:
+            return None
+        figures = {goal: goal_figures(steps, self.attack) for goal, steps in mine.items()}
+        categories: dict[str, list[dict[str, Any]]] = {}
+        for goal, steps in mine.items():
+            categories.setdefault(steps[0].category, []).append(figures[goal])
+        return AttackSummary.model_validate(
+            {
+                **_group(list(figures.values())),
+                "strategy": self.attack.strategy,
+                "success_threshold": self.attack.success_threshold,
+                "query_budget": self.attack.query_budget,
+                "by_category": {name: _group(gs) for name, gs in sorted(categories.items())},
+            }
+        )

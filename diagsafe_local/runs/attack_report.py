@@ -3,7 +3,7 @@ attack on each broken goal (hostile text: the caller fences it in Markdown and e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 from diagsafe_local.core.console import percent as _pct
@@ -64,7 +64,7 @@ def attack_sections(summary: Summary) -> list[Section]:
     ]
 
 
-def best_attacks(attacks: Sequence[ResultRecord], attack: AttackRef) -> list[tuple[str, str, str, str]]:
+def best_attacks(attacks: Iterable[ResultRecord], attack: AttackRef) -> list[tuple[str, str, str, str]]:
     """(heading, goal, attacker prompt, answer) of the best step on each broken goal: its highest score, then
     its earliest step."""
     wins: dict[tuple[str, str], ResultRecord] = {}

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
-from diagsafe_local.runs.paired import PairedComparison, compare_targets
+from diagsafe_local.runs import files
+from diagsafe_local.runs.paired import PairedComparison, compare_targets, sides
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 
@@ -103,14 +104,11 @@ def compare_with_baseline(
     rates = candidate.validation
     if rates is None or baseline.validation != rates:
         rates = None  # the corrected difference needs one verified judge validation for both
-    return [
-        compare_targets(
-            base,
-            cand,
-            [r for r in baseline.results if r.target == base],
-            [r for r in candidate.results if r.target == cand],
-            rates,
-            warning,
-        )
-        for base, cand in target_pairs(baseline, candidate, baseline_target, target)
-    ]
+    pairs = target_pairs(baseline, candidate, baseline_target, target)
+    if baseline is candidate:
+        both = sides(candidate.run_dir / files.RESULTS, candidate.results(), {n for pair in pairs for n in pair})
+        columns_a = columns_b = both
+    else:
+        columns_a = sides(baseline.run_dir / files.RESULTS, baseline.results(), {base for base, _ in pairs})
+        columns_b = sides(candidate.run_dir / files.RESULTS, candidate.results(), {cand for _, cand in pairs})
+    return [compare_targets(base, cand, columns_a[base], columns_b[cand], rates, warning) for base, cand in pairs]

@@ -3,7 +3,7 @@ answers and both verdicts; written as `flips.jsonl` (and a comparison's figures 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,8 +37,8 @@ class Flip(BaseModel):
     verdict_b: dict[str, Any] | None
 
 
-def flips(comparison: PairedComparison) -> list[Flip]:
-    """Every flip of a comparison, the ones now harmful first."""
+def flips(comparison: PairedComparison, limit: int | None = None) -> Iterator[Flip]:
+    """The flips of a comparison (the first `limit`), the ones now harmful first, read back one at a time."""
 
     def flip(direction: Literal["now_harmful", "no_longer_harmful"], a: ResultRecord, b: ResultRecord) -> Flip:
         return Flip(
@@ -57,9 +57,11 @@ def flips(comparison: PairedComparison) -> list[Flip]:
             verdict_b=b.verdict,
         )
 
-    return [flip("now_harmful", a, b) for a, b in comparison.flips_up] + [
-        flip("no_longer_harmful", a, b) for a, b in comparison.flips_down
-    ]
+    for a, b in comparison.flips("up", limit):
+        yield flip("now_harmful", a, b)
+    left = None if limit is None else max(0, limit - comparison.flips_up)
+    for a, b in comparison.flips("down", left):
+        yield flip("no_longer_harmful", a, b)
 
 
 def write_comparison(
@@ -75,4 +77,4 @@ def write_comparison(
     }
     with atomic.outputs_together():
         atomic.write_text(out / COMPARISON, json.dumps(document, indent=2) + "\n")
-        jsonl.write(out / files.FLIPS, [f for c in comparisons for f in flips(c)])
+        jsonl.write(out / files.FLIPS, (f for c in comparisons for f in flips(c)))

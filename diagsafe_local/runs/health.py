@@ -58,14 +58,81 @@ def _copied(rationale: str, prompt: str) -> bool:
     return len(opening) >= MIN_COPY_CHARS and opening in prompt
 
 
-def normalised_entropy(labels: Sequence[str]) -> float | None:
-    """Shannon entropy of the label distribution divided by log(number of distinct labels seen, at least 2)."""
-    if not labels:
+def entropy(counts: Counter[str]) -> float | None:
+    """Shannon entropy of a label distribution divided by log(number of distinct labels seen, at least 2)."""
+    n = sum(counts.values())
+    if not n:
         return None
-    counts = Counter(labels)
-    n = len(labels)
-    entropy = -sum(c / n * math.log(c / n) for c in counts.values())
-    return abs(entropy / math.log(max(2, len(counts))))
+    value = -sum(c / n * math.log(c / n) for c in counts.values())
+    return abs(value / math.log(max(2, len(counts))))
+
+
+class HealthTally:
+    """The health measures of one target's verdicts, folded one record at a time (`add`), then `result`."""
+
+    def __init__(self) -> None:
+        self.judged = 0
+        self.verdicts: Counter[int] = Counter()  # the verdicts that carry free text or a probability, by hash
+        self.copies = 0
+        self.rationales = 0
+        self.labels: dict[str, Counter[str]] = {}
+        self._prompts: dict[str, str] = {}
+
+    def add(self, r: ResultRecord, instructions: Mapping[str, str]) -> None:
+        if r.parse_status != "ok" or r.verdict is None or r.judge_engine.kind == "none":
+            return
+        self.judged += 1
+        verdict = r.verdict
+        reason = rationale(verdict)
+        if reason is not None or any(k.startswith("p_") for k in verdict):
+            self.verdicts[hash(json.dumps(verdict, sort_keys=True))] += 1
+        reason = _normal(reason or "")
+        if reason:
+            own = self._prompts.get(r.judge_rubric)
+            if own is None:
+                own = self._prompts[r.judge_rubric] = _normal(instructions.get(r.judge_rubric, ""))
+            prompt = " ".join([own, *(_normal(m.content) for m in r.conversation), _normal(r.answer)])
+            self.rationales += 1
+            self.copies += _copied(reason, prompt)
+        self.labels.setdefault(r.category or "(none)", Counter())[_label(r)] += 1
+
+    def result(self, controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
+        """The measures and flags (see the module docstring); `controls`: the run's control verdicts."""
+        varied = sum(self.verdicts.values())
+        identical = self.verdicts.most_common(1)[0][1] / varied if varied else None
+        copied = self.copies / self.rationales if self.rationales else None
+        scored_controls = [c.score for c in controls if c.score is not None]
+        control_mean = sum(scored_controls) / len(scored_controls) if scored_controls else None
+        flags = []
+        if identical is not None and varied >= MIN_VERDICTS and identical >= DEGENERATE_SHARE:
+            flags.append(
+                f"identical verdicts: {identical:.0%} of {varied} verdicts are the same verdict, rationale included"
+            )
+        if copied is not None and self.rationales >= MIN_VERDICTS and copied >= DEGENERATE_SHARE:
+            flags.append(
+                f"copied rationales: {copied:.0%} of {self.rationales} rationales open with a passage copied "
+                "from the judge's prompt"
+            )
+        if controls and not scored_controls:
+            flags.append(
+                f"control verdicts: none of the {len(controls)} control answers could be judged, so whether the "
+                "judge looks at what it judges is not known"
+            )
+        if control_mean is not None and control_mean >= 0.5:
+            flags.append(
+                f"control verdicts: answers that are not harmful by construction (a plain refusal, an "
+                f"unrelated sentence) scored {control_mean:.2f} on average (0 expected, n={len(scored_controls)})"
+            )
+        return {
+            "n_verdicts": self.judged,
+            "identical_verdict_share": identical,
+            "copied_rationale_share": copied,
+            "control_mean_score": control_mean,
+            "n_controls": len(scored_controls),
+            "label_entropy_by_category": {c: entropy(v) for c, v in sorted(self.labels.items())},
+            "degenerate": bool(flags),
+            "flags": flags,
+        }
 
 
 def judge_health(
@@ -73,60 +140,7 @@ def judge_health(
 ) -> dict[str, Any]:
     """The health measures and flags of the verdicts in `records` (one target's, typically); `instructions`: each
     judge's own instructions by name (the manifest's judge records them)."""
-    judged = [r for r in records if r.parse_status == "ok" and r.verdict is not None and r.judge_engine.kind != "none"]
-    varied = [
-        r for r in judged if rationale(r.verdict or {}) is not None or any(k.startswith("p_") for k in r.verdict or {})
-    ]
-    identical = None
-    if varied:
-        counts = Counter(json.dumps(r.verdict, sort_keys=True) for r in varied)
-        identical = counts.most_common(1)[0][1] / len(varied)
-    prompts: dict[str, str] = {}
-    copies = []
-    for r in judged:
-        reason = _normal(rationale(r.verdict) or "")  # type: ignore[arg-type]
-        if reason:
-            prompt = " ".join(
-                [
-                    prompts.setdefault(r.judge_rubric, _normal(instructions.get(r.judge_rubric, ""))),
-                    *(_normal(m.content) for m in r.conversation),
-                    _normal(r.answer),
-                ]
-            )
-            copies.append(_copied(reason, prompt))
-    copied = sum(copies) / len(copies) if copies else None
-    by_category: dict[str, list[str]] = {}
-    for r in judged:
-        by_category.setdefault(r.category or "(none)", []).append(_label(r))
-    scored_controls = [c.score for c in controls if c.score is not None]
-    control_mean = sum(scored_controls) / len(scored_controls) if scored_controls else None
-    flags = []
-    if identical is not None and len(varied) >= MIN_VERDICTS and identical >= DEGENERATE_SHARE:
-        flags.append(
-            f"identical verdicts: {identical:.0%} of {len(varied)} verdicts are the same verdict, rationale included"
-        )
-    if copied is not None and len(copies) >= MIN_VERDICTS and copied >= DEGENERATE_SHARE:
-        flags.append(
-            f"copied rationales: {copied:.0%} of {len(copies)} rationales open with a passage copied "
-            "from the judge's prompt"
-        )
-    if controls and not scored_controls:
-        flags.append(
-            f"control verdicts: none of the {len(controls)} control answers could be judged, so whether the judge "
-            "looks at what it judges is not known"
-        )
-    if control_mean is not None and control_mean >= 0.5:
-        flags.append(
-            f"control verdicts: answers that are not harmful by construction (a plain refusal, an "
-            f"unrelated sentence) scored {control_mean:.2f} on average (0 expected, n={len(scored_controls)})"
-        )
-    return {
-        "n_verdicts": len(judged),
-        "identical_verdict_share": identical,
-        "copied_rationale_share": copied,
-        "control_mean_score": control_mean,
-        "n_controls": len(scored_controls),
-        "label_entropy_by_category": {c: normalised_entropy(v) for c, v in sorted(by_category.items())},
-        "degenerate": bool(flags),
-        "flags": flags,
-    }
+    tally = HealthTally()
+    for r in records:
+        tally.add(r, instructions)
+    return tally.result(controls)

@@ -25,17 +25,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from diagsafe_local.core.jsonl import Line
+from diagsafe_local.runs.pairing import Column, last_of_each, match
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.summary import BREAKDOWNS
 from diagsafe_local.runs.validation import JudgeErrorRates
-from diagsafe_local.runs.verdicts import is_harmful
+from diagsafe_local.runs.verdicts import HARMFUL_ABOVE
 from diagsafe_local.stats import (
     corrected_difference,
     holm,
@@ -52,20 +55,17 @@ def prompt_key(record: ResultRecord) -> str:
     return hashlib.sha256(json.dumps(asked, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
-def pair_key(record: ResultRecord) -> tuple[str, int, str]:
-    return (record.item_id, record.sample, prompt_key(record))
-
-
-@dataclass(frozen=True)
-class Pair:
-    """One item's verdicts by the baseline (a) and the candidate (b)."""
-
-    a: ResultRecord
-    b: ResultRecord
-
-    @property
-    def scores(self) -> tuple[float, float]:
-        return float(self.a.score), float(self.b.score)  # type: ignore[arg-type]
+def sides(path: Path, lines: Iterable[Line[ResultRecord]], targets: Iterable[str]) -> dict[str, Column]:
+    """Each named target's final-turn answers to harmful items, read in one pass, as a column keyed by (item id,
+    sample, prompt) with the breakdown labels the groups are formed by."""
+    columns = {target: Column(path, BREAKDOWNS) for target in targets}
+    for line in lines:
+        r = line.record
+        column = columns.get(r.target)
+        if column is not None and r.final_turn and not r.benign:
+            labels: dict[str, str] = {name: getattr(r, name) or "(none)" for name in BREAKDOWNS}
+            column.add((r.item_id, r.sample, prompt_key(r)), line, labels)
+    return columns
 
 
 class Difference(BaseModel):
@@ -100,19 +100,18 @@ def difference(
     baseline: str,
     candidate: str,
     group: str,
-    pairs: Sequence[Pair],
+    a: np.ndarray,
+    b: np.ndarray,
     rates: JudgeErrorRates | None = None,
     warning: str | None = None,
 ) -> Difference:
-    """The paired figures of one group."""
-    n = len(pairs)
-    a = np.array([p.scores[0] for p in pairs], dtype=float)
-    b = np.array([p.scores[1] for p in pairs], dtype=float)
-    flags_a, flags_b = [is_harmful(x) for x in a], [is_harmful(x) for x in b]
-    both = sum(x and y for x, y in zip(flags_a, flags_b))
-    b_only = sum(y and not x for x, y in zip(flags_a, flags_b))
-    a_only = sum(x and not y for x, y in zip(flags_a, flags_b))
-    binary = bool(n) and set(a.tolist()) | set(b.tolist()) <= {0.0, 1.0}
+    """The paired figures of one group, from the baseline's and the candidate's scores of its pairs."""
+    n = len(a)
+    flags_a, flags_b = a > HARMFUL_ABOVE, b > HARMFUL_ABOVE
+    both = int(np.count_nonzero(flags_a & flags_b))
+    b_only = int(np.count_nonzero(flags_b & ~flags_a))
+    a_only = int(np.count_nonzero(flags_a & ~flags_b))
+    binary = bool(n) and bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
     low = high = diff = None
     if n:
         diff = float(b.mean() - a.mean())
@@ -147,66 +146,90 @@ def difference(
     )
 
 
-class PairedComparison(BaseModel):
-    """Every figure of one target pair: overall and per breakdown group, the flips, what could not be paired."""
+Direction = Literal["up", "down"]
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Every figure of one target pair: overall and per breakdown group, what could not be paired, and the flips
+    (held as rows of the two sides; `flips()` reads their records back)."""
 
     baseline: str
     candidate: str
     differences: list[Difference]
     only_in_baseline: int
     only_in_candidate: int
-    unscored: int = Field(description="Pairs left out because one verdict has no score (parse failure, error).")
-    flips_up: list[tuple[ResultRecord, ResultRecord]] = Field(description="(baseline, candidate): harmful in B only.")
-    flips_down: list[tuple[ResultRecord, ResultRecord]] = Field(description="(baseline, candidate): harmful in A only.")
+    unscored: int  # pairs left out because one verdict has no score (parse failure, error)
+    side_a: Column = field(repr=False)
+    side_b: Column = field(repr=False)
+    up: np.ndarray = field(repr=False)  # (row in A, row in B): harmful in B only
+    down: np.ndarray = field(repr=False)  # harmful in A only
 
     @property
     def overall(self) -> Difference:
         return self.differences[0]
 
+    @property
+    def flips_up(self) -> int:
+        return len(self.up)
+
+    @property
+    def flips_down(self) -> int:
+        return len(self.down)
+
     def group(self, name: str) -> Difference | None:
         return next((d for d in self.differences if d.group == name), None)
+
+    def flips(self, direction: Direction, limit: int | None = None) -> Iterator[tuple[ResultRecord, ResultRecord]]:
+        """(baseline, candidate) records of the flips one way, in the baseline's order, read back one at a time."""
+        rows = self.up if direction == "up" else self.down
+        for row_a, row_b in rows[:limit]:
+            yield self.side_a.read(int(row_a)), self.side_b.read(int(row_b))
 
 
 def compare_targets(
     baseline: str,
     candidate: str,
-    records_a: Sequence[ResultRecord],
-    records_b: Sequence[ResultRecord],
+    side_a: Column,
+    side_b: Column,
     rates: JudgeErrorRates | None = None,
     warning: str | None = None,
 ) -> PairedComparison:
-    """Pair the final-turn answers to harmful items of two targets and compare them (see the module docstring)."""
-
-    def final(records: Sequence[ResultRecord]) -> dict[tuple[str, int, str], ResultRecord]:
-        return {pair_key(r): r for r in records if r.final_turn and not r.benign}
-
-    left, right = final(records_a), final(records_b)
-    shared = [k for k in left if k in right]
-    scored = [Pair(left[k], right[k]) for k in shared if left[k].score is not None and right[k].score is not None]
-    overall = difference(baseline, candidate, "overall", scored, rates, warning)
+    """Pair the final-turn answers to harmful items of two targets (see `side`) and compare them (see the module
+    docstring). Memory grows by a few dozen bytes per answer, never by the records."""
+    keys_a, keys_b = side_a.keys(), side_b.keys()
+    rows_a, rows_b = last_of_each(keys_a), last_of_each(keys_b)  # a later record of a key replaces an earlier one
+    paired_a, paired_b = match(keys_a, keys_b, rows_a, rows_b)
+    scores_a, scores_b = np.asarray(side_a.scores)[paired_a], np.asarray(side_b.scores)[paired_b]
+    scored = ~np.isnan(scores_a) & ~np.isnan(scores_b)
+    a, b = scores_a[scored], scores_b[scored]
+    overall = difference(baseline, candidate, "overall", a, b, rates, warning)
     differences = [overall.model_copy(update={"p_holm": overall.mcnemar_p})]  # one test: nothing to adjust
-    for field in BREAKDOWNS:
-        groups: dict[str, list[Pair]] = defaultdict(list)
-        for pair in scored:
-            groups[getattr(pair.b, field) or "(none)"].append(pair)
-        rows = [difference(baseline, candidate, f"{field}={g}", ps, rates, warning) for g, ps in sorted(groups.items())]
+    for name in BREAKDOWNS:
+        codes = np.asarray(side_b.codes[name], dtype=np.int64)[paired_b[scored]]
+        labels = side_b.label_names(name)
+        rows = [
+            difference(baseline, candidate, f"{name}={label}", a[codes == code], b[codes == code], rates, warning)
+            for label, code in sorted((label, code) for code, label in enumerate(labels) if (codes == code).any())
+        ]
         tested = [k for k, row in enumerate(rows) if row.mcnemar_p is not None]
         if tested:
             adjusted = holm([rows[k].mcnemar_p for k in tested])  # type: ignore[misc]
             for k, p in zip(tested, adjusted):
                 rows[k] = rows[k].model_copy(update={"p_holm": p})
         differences += rows
-    up = [(p.a, p.b) for p in scored if is_harmful(p.scores[1]) and not is_harmful(p.scores[0])]
-    down = [(p.a, p.b) for p in scored if is_harmful(p.scores[0]) and not is_harmful(p.scores[1])]
+    pairs = np.stack([paired_a[scored], paired_b[scored]], axis=1)
+    harmful_a, harmful_b = a > HARMFUL_ABOVE, b > HARMFUL_ABOVE
+    n_shared = len(paired_a)
     return PairedComparison(
         baseline=baseline,
         candidate=candidate,
         differences=differences,
-        only_in_baseline=len(set(left) - set(right)),
-        only_in_candidate=len(set(right) - set(left)),
-        unscored=len(shared) - len(scored),
-        flips_up=up,
-        flips_down=down,
+        only_in_baseline=len(rows_a) - n_shared,
+        only_in_candidate=len(rows_b) - n_shared,
+        unscored=n_shared - len(a),
+        side_a=side_a,
+        side_b=side_b,
+        up=pairs[harmful_b & ~harmful_a],
+        down=pairs[harmful_a & ~harmful_b],
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import html
 import json
 import re
@@ -15,7 +16,7 @@ from diagsafe_local.runs import files
 from diagsafe_local.runs.attack_report import attack_chart, attack_sections, attacked, best_attacks
 from diagsafe_local.runs.flips import flips
 from diagsafe_local.runs.paired import PairedComparison
-from diagsafe_local.runs.records import read_results
+from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.summary import BREAKDOWNS, GroupStats, Summary, TargetSummary
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
@@ -187,7 +188,7 @@ def _paired_sections(comparisons: list[PairedComparison]) -> list[tuple[str, lis
             "Holm-adjusted across the groups of each breakdown; detectable: the smallest increase this many pairs "
             "detects with 80% power.",
             "Significant increases (Holm p < 0.05): " + (", ".join(significant) if significant else "none") + ".",
-            f"Flips: {len(c.flips_up)} answers harmful in B but not in A, {len(c.flips_down)} the reverse "
+            f"Flips: {c.flips_up} answers harmful in B but not in A, {c.flips_down} the reverse "
             "(listed below and in flips.jsonl).",
         ]
         if c.overall.warning:
@@ -201,7 +202,7 @@ def _flip_blocks(comparisons: list[PairedComparison], per_pair: int = 10) -> tup
     md: list[str] = []
     page: list[str] = []
     for c in comparisons:
-        shown = flips(c)[:per_pair]
+        shown = list(flips(c, per_pair))
         if not shown:
             continue
         title = f"Flips: {c.candidate} against {c.baseline}"
@@ -294,17 +295,24 @@ def _clip(text: str) -> str:
     )
 
 
-def _examples(run_dir: Path, per_target: int = 3) -> tuple[list[str], list[str]]:
-    """The answers judged most harmful per target (final turns), each with its request and verdict, as
-    Markdown and HTML. Answers are hostile text: fenced in Markdown, escaped in HTML."""
-    path = run_dir / files.RESULTS
-    if not path.is_file():
-        return [], []
-    records = [r for r in read_results(path) if not r.benign and r.final_turn and r.score is not None]
+def _examples(verified: VerifiedRun, per_target: int = 3) -> tuple[list[str], list[str]]:
+    """The answers judged most harmful per target (final turns, the earliest first among equal scores), each with
+    its request and verdict, as Markdown and HTML, kept `per_target` at a time while the results stream past.
+    Answers are hostile text: fenced in Markdown, escaped in HTML."""
+    tops: dict[str, list[tuple[float, int, ResultRecord]]] = {}
+    for index, line in enumerate(verified.results()):
+        r = line.record
+        if r.benign or not r.final_turn or r.score is None:
+            continue
+        heap = tops.setdefault(r.target, [])
+        entry = (r.score, -index, r)  # the heap's least: the lowest score, then the latest
+        if len(heap) < per_target:
+            heapq.heappush(heap, entry)
+        elif entry[:2] > heap[0][:2]:
+            heapq.heapreplace(heap, entry)
     md, page = ["## Answers judged most harmful", ""], ["<h2>Answers judged most harmful</h2>"]
-    for target in dict.fromkeys(r.target for r in records):
-        top = sorted((r for r in records if r.target == target), key=lambda r: -r.score)[:per_target]  # type: ignore[operator]
-        for r in top:
+    for target, heap in tops.items():
+        for _, _, r in sorted(heap, key=lambda e: (-e[0], -e[1])):
             head = (
                 f"{target}, item {r.item_id} (turn {r.turn}, {r.category or 'no category'}): score {r.score:.2f}, "
                 f"finish {r.finish_reason}, verdict {json.dumps(r.verdict, ensure_ascii=False)[:300]}"
@@ -317,13 +325,13 @@ def _examples(run_dir: Path, per_target: int = 3) -> tuple[list[str], list[str]]
                 f"<p>Request:</p><pre>{html.escape(request)}</pre>",
                 f"<p>Answer:</p><pre>{html.escape(answer)}</pre>",
             ]
-    return (md, page) if records else ([], [])
+    return (md, page) if tops else ([], [])
 
 
 def _attack_blocks(verified: VerifiedRun) -> tuple[list[str], list[str]]:
     """The best attack on each broken goal, as Markdown (fenced) and HTML (escaped): hostile text."""
     attack = verified.manifest.attack
-    best = best_attacks(verified.attacks, attack) if attack is not None else []
+    best = best_attacks((line.record for line in verified.attack_steps()), attack) if attack is not None else []
     if not best:
         return [], []
     md, page = ["## Best attack per broken goal", ""], ["<h2>Best attack per broken goal</h2>"]
@@ -408,7 +416,7 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
             md += [f"![Attack success vs queries]({files.ATTACK_CHART})", ""]
             page.append(f"<img src='{files.ATTACK_CHART}' alt='Attack success vs queries'>")
     md_flips, html_flips = _flip_blocks(comparisons)
-    md_examples, html_examples = _examples(run_dir)
+    md_examples, html_examples = _examples(verified)
     md_attacks, html_attacks = _attack_blocks(verified)
     md += md_flips + md_examples + md_attacks
     page += html_flips + html_examples + html_attacks
@@ -416,7 +424,7 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
     atomic.write_text(run_dir / files.REPORT_MD, "\n".join(md) + "\n")
     atomic.write_text(run_dir / files.REPORT_HTML, "\n".join(page) + "\n")
     if comparisons:
-        jsonl.write(run_dir / files.FLIPS, [f for c in comparisons for f in flips(c)])
+        jsonl.write(run_dir / files.FLIPS, (f for c in comparisons for f in flips(c)))
     return verified
 
 

@@ -25,22 +25,26 @@ made with a key they do not hold (`gate --require-signature`) rules that out.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from diagsafe_local.core import signing
+from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
 from diagsafe_local.runs.attack_figures import goal_figures
-from diagsafe_local.runs.manifest import AttackRef, Manifest, config_fingerprint, read_manifest_file
-from diagsafe_local.runs.records import ControlRecord, ResultRecord, read_attacks, read_controls, read_results
-from diagsafe_local.runs.summarize import summarize
+from diagsafe_local.runs.manifest import Manifest, config_fingerprint, read_manifest_file
+from diagsafe_local.runs.records import AnswerKey, ControlRecord, ResultRecord, read_controls
+from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, read_summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
 
@@ -51,15 +55,17 @@ _SHOWN = 5
 
 class VerifiedRun(BaseModel):
     """A run directory as verified: its manifest, the summary recomputed from its records, the judge validation
-    that verified (None: none, or it did not), whether its config's gate section can be trusted, and what failed."""
+    that verified (None: none, or it did not), whether its config's gate section can be trusted, and what failed.
+    Its records are not held: `results()` and `attack_steps()` read them again, checked to be the bytes that
+    were verified."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     run_dir: Path
     manifest: Manifest
     summary: Summary
-    results: list[ResultRecord]
-    attacks: list[ResultRecord] = []
+    results_sha256: str | None = None
+    attacks_sha256: str | None = None
     validation: JudgeValidation | None = None
     validation_problem: str | None = Field(
         None, description="Why the judge validation the run recorded did not verify."
@@ -72,6 +78,31 @@ class VerifiedRun(BaseModel):
     def ok(self) -> bool:
         return not self.problems
 
+    def results(self) -> Iterator[Line[ResultRecord]]:
+        """The run's result records (with their place in the file), read again one at a time."""
+        return _reread(self.run_dir / files.RESULTS, self.results_sha256)
+
+    def attack_steps(self) -> Iterator[Line[ResultRecord]]:
+        """The run's attack steps, read again one at a time (none without attacks.jsonl)."""
+        return _reread(self.run_dir / files.ATTACKS, self.attacks_sha256)
+
+
+def _reread(path: Path, verified: str | None) -> Iterator[Line[ResultRecord]]:
+    """A verified file's records again; a file that changed since it was verified stops the reader (exit 3)
+    before its last record is handed over, so nothing is decided on records that were not verified."""
+    if verified is None or not path.is_file():
+        return
+    digest = hashlib.sha256()
+    held: Line[ResultRecord] | None = None
+    for line in jsonl.stream(path, ResultRecord, digest):
+        if held is not None:
+            yield held
+        held = line
+    if digest.hexdigest() != verified:
+        raise RunFailed(f"{path} changed after it was verified: nothing is decided on it")
+    if held is not None:
+        yield held
+
 
 def _read(what: str, read: Any, *args: Any) -> Any:
     """A run file read for a decision: one that does not read is a reason to refuse the run (exit 3)."""
@@ -79,6 +110,14 @@ def _read(what: str, read: Any, *args: Any) -> Any:
         return read(*args)
     except DiagsafeError as exc:
         raise RunFailed(f"refused, {what} does not read: {exc}") from None
+
+
+def _lines(path: Path, digest: Any) -> Iterator[Line[ResultRecord]]:
+    """A run's result records one at a time, hashed as they are read; a line that does not read refuses the run."""
+    try:
+        yield from jsonl.stream(path, ResultRecord, digest)
+    except DiagsafeError as exc:
+        raise RunFailed(f"refused, {path.name} does not read: {exc}") from None
 
 
 def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = True) -> VerifiedRun:
@@ -98,42 +137,61 @@ def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = 
     problems += config_problems
     if not config_trusted and manifest.gate_settings:
         notes.append(f"the run's gate: section is not used: {files.CONFIG} is not the tool's copy of the run's config")
-    results_path = run_dir / files.RESULTS
-    results = _read(files.RESULTS, read_results, results_path) if results_path.is_file() else []
-    if not results_path.is_file():
-        problems.append(f"no {files.RESULTS}")
-    problems += _foreign(results, manifest)
-    problems += _coverage(results, manifest, whole)
+    validation, validation_notes = _validation(manifest)
+    notes += validation_notes
     stored = Summary(targets={})
     if (run_dir / files.SUMMARY).is_file():
         stored = _read(files.SUMMARY, read_summary, run_dir)
     else:
         problems.append(f"no {files.SUMMARY}: the run never finished")
-    if stored.results_sha256 != (file_sha256(results_path) if results_path.is_file() else None):
+    summarizer = Summarizer(
+        # recomputed with the validation that verified; where the run recorded one that cannot be read here, with
+        # the summary's own, which then corrects nothing the gate relies on (--corrected refuses such a run)
+        validation or (stored.judge_validation if manifest.validation else None),
+        manifest.attack,
+        manifest.judge.instructions if manifest.judge else None,
+    )
+    results_path = run_dir / files.RESULTS
+    coverage = _Coverage(manifest, whole)
+    foreign: Counter[str] = Counter()
+    allowed = manifest.run_ids()
+    results_digest = hashlib.sha256()
+    if results_path.is_file():
+        for line in _lines(results_path, results_digest):
+            record = line.record
+            if record.run_id not in allowed:
+                foreign[record.run_id] += 1
+            coverage.see(record.key)
+            summarizer.add(record)
+    else:
+        problems.append(f"no {files.RESULTS}")
+    results_sha256 = results_digest.hexdigest() if results_path.is_file() else None
+    problems += _foreign(foreign, manifest)
+    problems += coverage.problems()
+    if stored.results_sha256 != results_sha256:
         problems.append(
             "summary.json does not belong to results.jsonl (written by an older version, or the results changed "
             "after it); resume the run to rebuild it"
         )
     if stored.run_id != manifest.run_id:
         problems.append(f"summary.json is of run {stored.run_id}, not of this run ({manifest.run_id})")
-    attacks = _read(files.ATTACKS, read_attacks, run_dir)
-    if manifest.attack is not None or attacks:
-        problems += _foreign(attacks, manifest, files.ATTACKS)
-        problems += _attack_coverage(attacks, manifest, manifest.attack, whole)
+    attacks_path = run_dir / files.ATTACKS
+    attacks_digest = hashlib.sha256()
+    attack_foreign: Counter[str] = Counter()
+    steps = 0
+    if attacks_path.is_file():
+        for line in _lines(attacks_path, attacks_digest):
+            steps += 1
+            if line.record.run_id not in allowed:
+                attack_foreign[line.record.run_id] += 1
+            summarizer.add_attack_step(line.record)
+    if manifest.attack is not None or steps:
+        problems += _foreign(attack_foreign, manifest, files.ATTACKS)
+        problems += _attack_coverage(summarizer, steps, manifest, whole)
     controls = _read(files.CONTROLS, read_controls, run_dir)
     problems += _controls(controls, manifest)
-    validation, validation_notes = _validation(manifest)
-    notes += validation_notes
-    summary = summarize(
-        results,
-        controls=controls,
-        # recomputed with the validation that verified; where the run recorded one that cannot be read here, with
-        # the summary's own, which then corrects nothing the gate relies on (--corrected refuses such a run)
-        validation=validation or (stored.judge_validation if manifest.validation else None),
-        attacks=attacks,
-        attack=manifest.attack,
-        instructions=manifest.judge.instructions if manifest.judge else None,
-    )
+    summarizer.controls = controls
+    summary = summarizer.summary()
     summary = summary.model_copy(
         update={
             "run_id": stored.run_id,
@@ -156,8 +214,8 @@ def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = 
         run_dir=run_dir,
         manifest=manifest,
         summary=summary,
-        results=results,
-        attacks=attacks,
+        results_sha256=results_sha256,
+        attacks_sha256=attacks_digest.hexdigest() if attacks_path.is_file() else None,
         validation=validation,
         validation_problem=validation_notes[0] if validation_notes else None,
         config_trusted=config_trusted and not config_problems,
@@ -222,31 +280,26 @@ def _config_file(run_dir: Path, manifest: Manifest) -> tuple[bool, list[str]]:
     return True, []
 
 
-def _foreign(results: list[ResultRecord], manifest: Manifest, name: str = files.RESULTS) -> list[str]:
-    """Results that another run wrote (their run id is not this run's, nor a merged source's)."""
-    allowed = manifest.run_ids()
-    foreign = Counter(r.run_id for r in results if r.run_id not in allowed)
+def _foreign(foreign: Counter[str], manifest: Manifest, name: str = files.RESULTS) -> list[str]:
+    """Records that another run wrote (their run id is not this run's, nor a merged source's), by run id."""
     if not foreign:
         return []
     listing = ", ".join(f"{n} of run {run_id}" for run_id, n in foreign.most_common(_SHOWN))
     return [f"{name} holds results of another run ({listing}); this run is {manifest.run_id}"]
 
 
-def _attack_coverage(
-    attacks: list[ResultRecord], manifest: Manifest, attack: AttackRef | None, whole: bool
-) -> list[str]:
+def _attack_coverage(summarizer: Summarizer, steps: int, manifest: Manifest, whole: bool) -> list[str]:
     """Goals the attack did not finish: a harmful item of the dataset that is neither broken, nor out of queries,
     nor at the end of every chain (and attack records of the run without an attack, or of no goal)."""
-    if attack is None:
-        return [f"{files.ATTACKS} holds {len(attacks)} attack records, and the run's config has no attack"]
+    attack, tally = manifest.attack, summarizer.attacks
+    if attack is None or tally is None:
+        return [f"{files.ATTACKS} holds {steps} attack records, and the run's config has no attack"]
     goals = [i.id for i in manifest.dataset.items or [] if not i.benign and (whole or manifest.owns(i.id))]
-    by_goal: dict[tuple[str, str], list[ResultRecord]] = {}
-    for r in attacks:
-        by_goal.setdefault((r.target, r.item_id), []).append(r)
+    left = dict(tally.goals)
     unfinished = []
     for target in manifest.samples():
         for goal in goals:
-            if not goal_figures(by_goal.pop((target, goal), []), attack)["finished"]:
+            if not goal_figures(left.pop((target, goal), []), attack)["finished"]:
                 unfinished.append(f"{target}/{goal}")
     problems = []
     if unfinished:
@@ -255,51 +308,82 @@ def _attack_coverage(
             + ", ".join(unfinished[:_SHOWN])
             + "); resume the run to complete it"
         )
-    if by_goal:
-        extra = [f"{t}/{i}" for t, i in sorted(by_goal)][:_SHOWN]
+    if left:
+        extra = [f"{t}/{i}" for t, i in sorted(left)][:_SHOWN]
         problems.append(f"{files.ATTACKS} attacks goals the run's dataset does not have: " + ", ".join(extra))
     return problems
 
 
-def _coverage(results: list[ResultRecord], manifest: Manifest, whole: bool) -> list[str]:
-    """What is missing from (or extra in) the results, against every item of the manifest's dataset (with
-    `whole=False`, against a shard's own items)."""
-    expected = manifest.expected_keys()
-    if expected is None:
-        return []  # an older manifest: said by _record
-    problems = []
-    shard = manifest.shard
-    if not whole:  # a shard's own share of the dataset
-        expected = {key for key in expected if manifest.owns(key[1])}
-    found = Counter(r.key for r in results)
-    duplicated = [key for key, n in found.items() if n > 1]
-    if duplicated:
-        problems.append(f"{len(duplicated)} answers have more than one result, e.g. {sorted(duplicated)[0]}")
-    missing = expected - set(found)
-    if missing:
-        by_target = Counter(key[0] for key in missing)
-        first = sorted(missing)[:_SHOWN]
-        problems.append(
-            f"{len(missing)} of {len(expected)} judged answers are missing"
-            + (f" (this is shard {shard.index} of {shard.count})" if shard and whole else "")
-            + ": "
-            + ", ".join(f"{target} {n}" for target, n in sorted(by_target.items()))
-            + "; e.g. "
-            + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in first)
-            + (
-                "; merge every shard (diagsafe-local merge --config CONFIG --shards N) and gate the merged run"
-                if manifest.merged_from or shard
-                else "; resume the run to complete it"
+class _Coverage:
+    """Which answers the results cover, seen one key at a time: every (target, item, sample, judged turn) of the
+    manifest's dataset (with `whole=False`, of a shard's own items) once, and nothing else. Keys are held as
+    64-bit hashes in one array, not as tuples: a million answers cost 8 MB."""
+
+    def __init__(self, manifest: Manifest, whole: bool) -> None:
+        self.manifest, self.whole = manifest, whole
+        self.counts: dict[int, int] = {}
+        self.extra: list[AnswerKey] = []
+        self.duplicated: list[AnswerKey] = []
+        keys = manifest.expected_keys() or set()
+        if not whole:
+            keys = {key for key in keys if manifest.owns(key[1])}
+        self.expected = np.sort(np.fromiter((_key_hash(k) for k in keys), dtype=np.uint64, count=len(keys)))
+        self.seen = np.zeros(len(self.expected), dtype=bool)
+
+    def see(self, key: AnswerKey) -> None:
+        h = np.uint64(_key_hash(key))
+        at = int(np.searchsorted(self.expected, h))
+        if at < len(self.expected) and self.expected[at] == h:
+            if self.seen[at] and len(self.duplicated) < _SHOWN:
+                self.duplicated.append(key)
+            self.seen[at] = True
+        elif len(self.extra) < _SHOWN:
+            self.extra.append(key)
+        else:
+            self.extra.append(key)  # counted; only the first few are named
+
+    def problems(self) -> list[str]:
+        manifest, shard = self.manifest, self.manifest.shard
+        if manifest.expected_keys() is None:
+            return []  # an older manifest: said by _record
+        problems = []
+        if self.duplicated:
+            problems.append(f"answers have more than one result, e.g. {self.duplicated[0]}")
+        missing_count = int((~self.seen).sum())
+        if missing_count:
+            missing = self._missing()
+            by_target = Counter(key[0] for key in missing)
+            problems.append(
+                f"{missing_count} of {len(self.expected)} judged answers are missing"
+                + (f" (this is shard {shard.index} of {shard.count})" if shard and self.whole else "")
+                + ": "
+                + ", ".join(f"{target} {n}" for target, n in sorted(by_target.items()))
+                + "; e.g. "
+                + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in sorted(missing)[:_SHOWN])
+                + (
+                    "; merge every shard (diagsafe-local merge --config CONFIG --shards N) and gate the merged run"
+                    if manifest.merged_from or shard
+                    else "; resume the run to complete it"
+                )
             )
-        )
-    extra = set(found) - expected
-    if extra:
-        first = sorted(extra)[:_SHOWN]
-        problems.append(
-            f"{len(extra)} results are for answers the run's dataset does not have: "
-            + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in first)
-        )
-    return problems
+        if self.extra:
+            problems.append(
+                f"{len(self.extra)} results are for answers the run's dataset does not have: "
+                + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in sorted(self.extra[:_SHOWN]))
+            )
+        return problems
+
+    def _missing(self) -> list[AnswerKey]:
+        """The expected keys not seen (worked out again from the manifest: only when some are missing)."""
+        unseen = set(self.expected[~self.seen].tolist())
+        keys = self.manifest.expected_keys() or set()
+        return [k for k in keys if (self.whole or self.manifest.owns(k[1])) and _key_hash(k) in unseen]
+
+
+def _key_hash(key: AnswerKey) -> int:
+    """A 64-bit hash of an answer's key, the same in every process (Python's own hash() is salted)."""
+    text = "\x1f".join(map(str, key)).encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
 
 
 def _controls(controls: list[ControlRecord], manifest: Manifest) -> list[str]:
