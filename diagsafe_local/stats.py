@@ -96,7 +96,7 @@ def newcombe_paired(both: int, b_only: int, a_only: int, neither: int) -> tuple[
 
 
 _DRAWN_AT_ONCE = 4_000_000  # resampled pair indices held at a time
-_COUNTED_ABOVE = 20_000  # pairs beyond which few distinct differences are resampled as counts
+_COUNTED_ABOVE = 500  # pairs beyond which few distinct differences are resampled as counts
 
 
 def paired_bootstrap(a: np.ndarray, b: np.ndarray, draws: int = BOOTSTRAP, seed: int = SEED) -> np.ndarray:
@@ -127,10 +127,17 @@ def mcnemar_p(b: int, c: int) -> float:
 
 
 def holm(p_values: list[float]) -> list[float]:
-    """Holm-adjusted p-values (statsmodels), in the order given."""
-    from statsmodels.stats.multitest import multipletests
-
-    return [float(p) for p in multipletests(p_values, method="holm")[1]]
+    """Holm-adjusted p-values, in the order given: the k-th smallest times (m - k + 1), made monotone, capped at
+    1. Written out rather than statsmodels' `multipletests(method="holm")`, which calls `gc.collect()` each time:
+    measured at 44 ms a call with a comparison's columns alive, 1.3 s of a 100,000-answer `compare` (30 calls).
+    tests/test_paired.py checks it equals statsmodels'."""
+    m = len(p_values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, index in enumerate(sorted(range(m), key=lambda k: p_values[k])):
+        running = max(running, min(1.0, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
 
 
 def _power(delta: float, n: int, discordance: float, alpha: float) -> float:

@@ -14,8 +14,8 @@ scores in probability mode and the success threshold is 1.0, so no goal breaks e
 depth in both ways and they do the same work (the same requests: seeds depend on the request, not the order).
 
 Prints wall seconds, the engine steps of each engine (target; attacker and judge), the rounds of the loop
-(the wall in steps where the engines step side by side, on their own GPUs), and the barrier/continuous
-ratios; on a GPU a decode step costs about the same for 1 or 256 sequences, so steps carry over.
+(the wall in steps where the engines step side by side, on their own GPUs) with their lower bound and
+rounds_over_bound (see `rounds_lower_bound`), and the barrier/continuous ratios; on a GPU a decode step costs about the same for 1 or 256 sequences, so steps carry over.
 
 Run: .venv/bin/python scripts/bench_attack.py [--goals 24] [--streams 3] [--depth 3] [--target-tokens 192]
      [--max-seqs 8] [--model smollm2|tiny|DIR] [--json]
@@ -128,17 +128,18 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 counts = step.run(target_engine, shared, shared, barrier=way == "barrier")
             finally:
                 directory.close()
+            steps = list(JsonlStore(work / way / "attacks.jsonl", ResultRecord).values())
+            bound = rounds_lower_bound(steps, args.max_seqs)
             result[way] = {
                 "wall_s": round(time.perf_counter() - start, 2),
                 "target_engine_steps": target_engine.steps,
                 "attacker_judge_engine_steps": shared.steps,
                 "rounds": counts.rounds,
+                "rounds_lower_bound": bound,
+                "rounds_over_bound": round(counts.rounds / bound, 3) if bound else None,
                 "role_steps": counts.steps,
                 "records": counts.records,
-                "target_tokens": sum(
-                    r.target_usage.completion_tokens
-                    for r in JsonlStore(work / way / "attacks.jsonl", ResultRecord).records.values()
-                ),
+                "target_tokens": sum(r.target_usage.completion_tokens for r in steps),
             }
     finally:
         target_engine.close()
@@ -159,6 +160,22 @@ def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "max_seqs": args.max_seqs,
     }
     return result
+
+
+def rounds_lower_bound(steps: list[Any], max_seqs: int) -> int:
+    """No schedule takes fewer rounds: the longest chain (each of its steps waits for the attacker's reply, the
+    target's answer and the verdict, each its tokens plus one step to take its prompt in), and each engine's
+    work at `max_seqs` sequences a step (the target's; the attacker's and judge's, which share an engine)."""
+    chains: dict[tuple[str, int], int] = {}
+    target_work = shared_work = 0
+    for r in steps:
+        attacker = r.attack.attacker_usage.completion_tokens + 1
+        target = r.target_usage.completion_tokens + 1 if r.attack.queried else 0
+        judge = r.judge_usage.completion_tokens + 1 if r.score is not None else 0
+        chains[(r.item_id, r.sample)] = chains.get((r.item_id, r.sample), 0) + attacker + target + judge
+        target_work += target
+        shared_work += attacker + judge
+    return max([*chains.values(), -(-target_work // max_seqs), -(-shared_work // max_seqs)], default=0)
 
 
 if __name__ == "__main__":

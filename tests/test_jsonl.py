@@ -12,7 +12,7 @@ from pydantic import BaseModel
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DataError
-from diagsafe_local.core.jsonl import JsonlStore
+from diagsafe_local.core.jsonl import JsonlStore, KeyedRecord
 from diagsafe_local.runs.records import GenerationRecord
 
 # Characters that str.splitlines() treats as line breaks, all legal inside a JSON string.
@@ -50,17 +50,30 @@ class Row(BaseModel):
     text: str
 
 
+class Keyed(KeyedRecord):
+    id: int
+    text: str
+
+    @property
+    def key(self) -> int:
+        return self.id
+
+
 def test_torn_last_line_is_an_error_except_where_a_run_resumes(tmp_path):
     path = tmp_path / "rows.jsonl"
-    path.write_text('{"key": 1, "text": "a"}\n{"key": 2, "tex', encoding="utf-8")
+    path.write_text('{"id": 1, "text": "a"}\n{"id": 2, "tex', encoding="utf-8")
     with pytest.raises(DataError, match=r"line 2: invalid JSON.*torn"):
-        jsonl.read_records(path, Row)
-    rows, lines = jsonl.read_records(path, Row, torn="cut")
-    assert [r.key for r in rows] == [1] and lines.torn_bytes == len('{"key": 2, "tex')
+        jsonl.read_records(path, Keyed)
+    store = JsonlStore(path, Keyed)
+    assert [r.key for r in store.values()] == [1] and path.read_bytes() == b'{"id": 1, "text": "a"}\n'
     # A bad line that is not the last one is never taken for a torn line.
-    path.write_text('{"key": 1, "tex\n{"key": 2, "text": "b"}\n', encoding="utf-8")
+    path.write_text('{"id": 1, "tex\n{"id": 2, "text": "b"}\n', encoding="utf-8")
     with pytest.raises(DataError, match="line 1: invalid JSON"):
-        jsonl.read_records(path, Row, torn="cut")
+        JsonlStore(path, Keyed)
+    # nor is a complete last line that is not a record: that is bad data, not a crash
+    path.write_text('{"id": 1, "text": "a"}\n{"id": "x", "text": "b"}', encoding="utf-8")
+    with pytest.raises(DataError, match="line 2"):
+        JsonlStore(path, Keyed)
 
 
 def test_invalid_record_names_line_and_field(tmp_path):
@@ -80,7 +93,7 @@ def test_resuming_store_cuts_and_reports_the_torn_line(tmp_path, caplog):
         handle.write('{"target": "t", "item_id": "j"')
     with caplog.at_level("WARNING"):
         reopened = JsonlStore(path, GenerationRecord)
-    assert list(reopened.records.values()) == [record]
+    assert list(reopened.values()) == [record] and reopened.get(record.key) == record
     assert path.read_bytes().endswith(b"\n") and "torn last line" in caplog.text
     from diagsafe_local.runs.records import read_results
 

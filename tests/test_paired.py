@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakes import default_responder
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_adversarial import cli, config_file, scripted, write_items
 
 from diagsafe_local.core import jsonl
@@ -86,6 +88,20 @@ def test_edge_cases_stay_inside_minus_one_to_one_and_contain_the_difference():
         low, high = newcombe_paired(*cells)
         diff = cells[1] - cells[2]
         assert -1 <= low <= diff <= high <= 1
+
+
+@given(
+    st.lists(
+        st.sampled_from([0.0, 0.001, 0.01, 0.02, 0.04, 0.05, 0.3, 0.5, 1.0]) | st.floats(0, 1), min_size=1, max_size=12
+    )
+)
+@settings(deadline=None)  # statsmodels' Holm collects garbage at every call
+def test_holm_equals_statsmodels(p_values):
+    from statsmodels.stats.multitest import multipletests
+
+    from diagsafe_local.stats import holm
+
+    assert holm(p_values) == pytest.approx(list(multipletests(p_values, method="holm")[1]), abs=1e-15)
 
 
 def test_mcnemar_is_the_exact_binomial_test_of_the_discordant_pairs():

@@ -172,7 +172,7 @@ def offline_or_api(vllm_engines):
 def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engines, tmp_path):
     from servers import VLLMServer
 
-    from diagsafe_local.runs.merge import compare_runs
+    from diagsafe_local.runs.agreement import compare_runs
 
     items = tmp_path / "items.jsonl"
     rows = [json.loads(line) for line in (REPO / "data" / "sample_items.jsonl").read_text().splitlines()][:8]

@@ -334,7 +334,7 @@ def test_compare_agreement_uses_scores_not_a_label_only_some_judges_write(tmp_pa
     """Two runs whose judge writes no "label" (PAIR-style ratings) used to agree trivially ("None" == "None")."""
     import json
 
-    from diagsafe_local.runs.merge import compare_runs
+    from diagsafe_local.runs.agreement import compare_runs
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

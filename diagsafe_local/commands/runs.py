@@ -73,12 +73,17 @@ def compare(
     detect, the flips; then the per-item agreement of the verdicts (Cohen's kappa)."""
     from diagsafe_local.commands.common import print_paired
     from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.runs import files
+    from diagsafe_local.runs.agreement import agreement as agreement_of
     from diagsafe_local.runs.baseline import compare_with_baseline, verified
     from diagsafe_local.runs.flips import write_comparison
-    from diagsafe_local.runs.merge import compare_runs
+    from diagsafe_local.runs.paired import RunColumns
 
-    baseline = verified(run_a, "the baseline run" if run_b is not None else "the run")
-    candidate = verified(run_b, "the run") if run_b is not None else baseline
+    # each run is read once: what the comparison needs is gathered in the pass that verifies it
+    columns_a = RunColumns(run_a / files.RESULTS)
+    baseline = verified(run_a, "the baseline run" if run_b is not None else "the run", observe=columns_a.add)
+    columns_b = RunColumns(run_b / files.RESULTS) if run_b is not None else columns_a
+    candidate = verified(run_b, "the run", observe=columns_b.add) if run_b is not None else baseline
     comparisons = compare_with_baseline(
         candidate,
         baseline if run_b is not None else None,
@@ -86,13 +91,14 @@ def compare(
         baseline_target=baseline_target,
         allow_different_judges=allow_different_judges,
         allow_different_datasets=allow_different_datasets,
+        columns=(columns_a, columns_b),
     )
     if not comparisons:
         raise DiagsafeError(
             f"no target pair to compare ({', '.join(candidate.summary.targets)}): name the pair with --baseline-target "
             "and --target"
         )
-    agreement = compare_runs(run_a, run_b, allow_different_datasets) if run_b is not None else None
+    agreement = agreement_of(columns_a.answers, columns_b.answers) if run_b is not None else None
     if out is not None:
         write_comparison(out, comparisons, agreement)
     if as_json:

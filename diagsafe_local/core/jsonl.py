@@ -4,9 +4,9 @@ Lines are split on `\\n` only. JSON strings may hold U+2028, U+2029, U+0085, for
 characters that `str.splitlines()` treats as line breaks: they are content, and a reader that splits on
 them breaks valid files. A record is one line ending in `\\n`; `\\r\\n` files read the same.
 
-A last line without its newline that does not parse is a line torn by a crash. Only a resuming reader
-(`torn="cut"`) accepts it: it reports it and the store truncates it; every other reader raises a
-file:line error, as for any other bad line.
+A last line without its newline that does not parse is a line torn by a crash. Only a resuming store
+(`JsonlStore`) accepts it: it reports it and truncates it; every other reader raises a file:line error, as for
+any other bad line.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import json
 import logging
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -28,7 +29,6 @@ from diagsafe_local.core.errors import DataError, DiagsafeError
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
-Torn = Literal["error", "cut"]
 
 
 def decode(path: Path, raw: bytes, encoding: str = "utf-8") -> str:
@@ -68,14 +68,12 @@ def loads(path: Path, number: int, line: str) -> Any:
 
 @dataclass
 class Lines:
-    """The parsed lines of a JSONL file, and the byte length of a torn last line that was set aside."""
+    """The parsed lines of a JSONL file."""
 
     rows: list[tuple[int, Any]]
-    torn_bytes: int = 0
-    complete_bytes: int = 0
 
 
-def parse_lines(path: Path, raw: bytes, torn: Torn = "error") -> Lines:
+def parse_lines(path: Path, raw: bytes) -> Lines:
     """(line number, JSON value) of every non-blank line, split on `\\n` only."""
     text = decode(path, raw)
     lines = text.split("\n")
@@ -86,12 +84,8 @@ def parse_lines(path: Path, raw: bytes, torn: Torn = "error") -> Lines:
         try:
             rows.append((number, loads(path, number, line)))
         except json.JSONDecodeError as exc:
-            last = number == len(lines)  # no newline after it
-            if last and torn == "cut":
-                cut = len(line.encode("utf-8"))
-                return Lines(rows, torn_bytes=cut, complete_bytes=len(raw) - cut)
-            raise _invalid_json(path, number, exc, last) from None
-    return Lines(rows, complete_bytes=len(raw))
+            raise _invalid_json(path, number, exc, number == len(lines)) from None  # the last: no newline after it
+    return Lines(rows)
 
 
 def _invalid_json(path: Path, number: int, exc: json.JSONDecodeError, last: bool) -> DataError:
@@ -126,11 +120,11 @@ def _validate(path: Path, number: int, value: Any, model: type[M]) -> M:
         raise DataError(path, number, field, f"invalid {model.__name__}: {error['msg']}") from None
 
 
-def read_records(path: Path, model: type[M], torn: Torn = "error") -> tuple[list[M], Lines]:
-    """Every line of `path` validated as `model`, with the parse details (torn tail, if `torn="cut"`)."""
+def read_records(path: Path, model: type[M]) -> tuple[list[M], Lines]:
+    """Every line of `path` validated as `model`, with their line numbers."""
     if not path.is_file():
         raise DataError(path, None, None, "no such file")
-    lines = parse_lines(path, path.read_bytes(), torn)
+    lines = parse_lines(path, path.read_bytes())
     return [_validate(path, n, value, model) for n, value in lines.rows], lines
 
 
@@ -207,14 +201,6 @@ def write(path: Path, records: Iterable[Any]) -> None:
             handle.write(dumps(record))
 
 
-def cut_torn_tail(path: Path, lines: Lines) -> None:
-    """Truncate a torn last line found while resuming, and say so."""
-    if lines.torn_bytes:
-        log.warning("%s: cut a torn last line (%d bytes) left by an interrupted run", path, lines.torn_bytes)
-        with open(path, "r+b") as handle:
-            handle.truncate(lines.complete_bytes)
-
-
 class KeyedRecord(BaseModel):
     """A record a JsonlStore keeps by `key` (the last record of a key wins)."""
 
@@ -229,28 +215,115 @@ R = TypeVar("R", bound=KeyedRecord)
 class JsonlStore(Generic[R]):
     """Append-only JSONL of pydantic records, keyed; the last record of a key wins.
 
-    Opening it resumes: a line torn by a crash at the end of the file is cut off (and logged).
+    It holds each key's place in the file, not its record, so memory stays a few hundred bytes per record
+    however large the records: `get` reads one record back, `values` streams them. Opening it resumes: a line torn
+    by a crash at the end of the file is cut off (and logged).
     """
 
     def __init__(self, path: Path, model: type[R]) -> None:
         self.path = path
         self.model = model
-        self.records: dict[Any, R] = {}
+        self._places: dict[Any, int] = {}  # key -> byte offset of its line
+        self._size = 0
         if path.exists():
-            loaded, lines = read_records(path, model, torn="cut")
-            self.records = {record.key: record for record in loaded}
-            cut_torn_tail(path, lines)
+            self._load()
+
+    def _load(self) -> None:
+        good = 0
+        with open(self.path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.endswith(b"\n"):  # a last line without its newline: complete, or torn by a crash
+                    try:
+                        json.loads(raw)
+                    except ValueError:
+                        log.warning(
+                            "%s: cut a torn last line (%d bytes) left by an interrupted run", self.path, len(raw)
+                        )
+                        with open(self.path, "r+b") as cut:
+                            cut.truncate(good)
+                        break
+                    with open(self.path, "ab") as ending:  # so the next append starts a line of its own
+                        ending.write(b"\n")
+                    raw += b"\n"
+                    record = _validate_line(self.path, number, raw, self.model)
+                elif not raw.strip():
+                    good += len(raw)
+                    continue
+                else:
+                    record = _validate_line(self.path, number, raw, self.model)
+                self._places[_interned(record.key)] = good
+                good += len(raw)
+        self._size = good
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._places
+
+    def keys(self) -> Iterator[Any]:
+        return iter(list(self._places))
+
+    def get(self, key: Any) -> R | None:
+        """The current record of `key`, read back from the file (None: none)."""
+        offset = self._places.get(key)
+        if offset is None:
+            return None
+        with open(self.path, "rb") as handle:
+            handle.seek(offset)
+            return _validate_line(self.path, 0, handle.readline(), self.model)
+
+    def values(self) -> Iterator[R]:
+        """The current record of every key, in file order, read one at a time."""
+        if not self._places:
+            return
+        current = set(self._places.values())
+        for line in stream(self.path, self.model):
+            if line.offset in current:
+                yield line.record
 
     def append(self, records: Iterable[R]) -> None:
         """Append and fsync a batch of records."""
         batch = list(records)
-        append(self.path, batch)
-        self.records.update((record.key, record) for record in batch)
+        lines = [dumps(r).encode("utf-8") for r in batch]
+        if not lines:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "ab") as handle:
+            handle.write(b"".join(lines))
+            handle.flush()
+            os.fsync(handle.fileno())
+        offset = self._size
+        for record, line in zip(batch, lines):
+            self._places[_interned(record.key)] = offset
+            offset += len(line)
+        self._size = offset
 
-    def keep(self, keys: set[Any]) -> None:
-        """Forget records whose key is not in `keys` (compact() then drops them from the file)."""
-        self.records = {k: r for k, r in self.records.items() if k in keys}
+    def keep(self, wanted: Callable[[Any], bool]) -> None:
+        """Forget the records whose key is not `wanted` (compact() then drops them from the file)."""
+        self._places = {k: offset for k, offset in self._places.items() if wanted(k)}
 
-    def compact(self, order: Callable[[R], Any]) -> None:
-        """Rewrite the file atomically: one record per key, sorted by `order`."""
-        write(self.path, sorted(self.records.values(), key=order))
+    def compact(self, order: Callable[[Any], Any] | None = None) -> None:
+        """Rewrite the file atomically: one line per key (its current one, byte for byte), sorted by `order` of
+        the key (default: the key)."""
+        keys = sorted(self._places, key=order)
+        places: dict[Any, int] = {}
+        offset = 0
+        with atomic.atomic_path(self.path) as tmp, open(tmp, "wb") as sink:
+            if keys:
+                with open(self.path, "rb") as source:
+                    for key in keys:
+                        source.seek(self._places[key])
+                        raw = source.readline()
+                        sink.write(raw)
+                        places[key] = offset
+                        offset += len(raw)
+        self._places, self._size = places, offset
+
+
+def _interned(key: Any) -> Any:
+    """A key whose strings are shared with every other key holding them (a store holds millions of keys over a
+    few thousand items and targets)."""
+    if isinstance(key, tuple):
+        return tuple(sys.intern(part) if isinstance(part, str) else part for part in key)
+    return key

@@ -45,7 +45,7 @@ def stream_answers(store: JsonlStore, target: str, item: Item, sample: int) -> d
     """The stored answers of one stream, by turn."""
     out = {}
     for turn in range(1, item.n_turns + 1):
-        record = store.records.get((target, item.id, sample, turn))
+        record = store.get((target, item.id, sample, turn))
         if record is not None:
             out[turn] = record
     return out

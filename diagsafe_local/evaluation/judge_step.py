@@ -78,7 +78,7 @@ def answer_task(ctx: RunContext, target: TargetConfig, answer: Answer) -> JudgeT
     record, item = answer.record, ctx.items_by_id[answer.record.item_id]
     rubric = ctx.config.judge.judge_for(item.benign)
     key = judge_key(ctx.judge_settings(rubric), rubric, answer.conversation, record.answer, item.references)
-    previous = ctx.directory.results.records.get(record.key)
+    previous = ctx.directory.results.get(record.key)
     if previous is not None and previous.parse_status != "error" and previous.judge_key == key:
         return None
     return JudgeTask(
@@ -130,7 +130,9 @@ class JudgeStep:
         config = self.config = ctx.config.judge
         self.ctx = ctx
         self.finish = finish  # completes each record before it is written (an attack adds its step)
-        self.results = results or ctx.directory.results  # an attack's steps go to their own store
+        self.results = (
+            results if results is not None else ctx.directory.results
+        )  # an attack's steps go to their own store
         self.verdicts = VerdictStream(
             engine, config.decoding(), config.sampling.seed, config.max_attempts, config.batch_size
         )

@@ -50,7 +50,8 @@ from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import ValidationRef, write_manifest
-from diagsafe_local.runs.summarize import summarize
+from diagsafe_local.runs.records import AnswerKey
+from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, write_summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
 
@@ -196,15 +197,11 @@ class Run:
                 self.fresh["judgments"] += step.done
             self.fresh["generations"] += n + replayed
             seconds = time.perf_counter() - start
-            tokens = sum(
-                r.usage.completion_tokens for r in self.dir.generations.records.values() if r.target == target.label
-            )
             self.timings[target.label] = {
                 "generation_seconds": round(seconds, 3),
                 "answers_generated": n,
                 "engine_calls": engine.calls,
                 "answers_per_second": round(n / seconds, 3) if seconds else 0.0,
-                "completion_tokens": tokens,
             }
             self._save_manifest("running")
         finally:
@@ -344,46 +341,48 @@ class Run:
     def _write_outputs(self) -> Summary:
         order = {item.id: k for k, item in enumerate(self.items)}
         targets = {t.label: k for k, t in enumerate(self.config.targets)}
-        key = lambda r: (targets.get(r.target, 99), order.get(r.item_id, 1 << 30), r.sample, r.turn)  # noqa: E731
+        samples = {t.label: t.sampling.n for t in self.config.targets}
+        judged = {i.id: set(judged_turns(i, self.config.judge.turns)) for i in self.items}
+        turns = {i.id: i.n_turns for i in self.items}
+        goals = {i.id for i in attacked_items(self.items)} if self.config.attack is not None else set()
+
+        def key(k: AnswerKey) -> tuple[int, int, int, int]:
+            return (targets.get(k[0], 99), order.get(k[1], 1 << 30), k[2], k[3])
+
+        def wanted(k: AnswerKey) -> bool:  # of a target and an item the run has, a sample it draws
+            return k[0] in targets and k[1] in order and 0 <= k[2] < samples[k[0]]
+
         # Records of items no longer in the dataset (or of turns no longer judged) leave the run.
-        wanted_turns = {
-            (t.label, i.id, s, k)
-            for t in self.config.targets
-            for i in self.items
-            for s in range(t.sampling.n)
-            for k in range(1, i.n_turns + 1)
-        }
-        wanted_judged = {
-            (t.label, i.id, s, k)
-            for t in self.config.targets
-            for i in self.items
-            for s in range(t.sampling.n)
-            for k in judged_turns(i, self.config.judge.turns)
-        }
-        self.dir.generations.keep(wanted_turns)
-        self.dir.results.keep(wanted_judged)
+        self.dir.generations.keep(lambda k: wanted(k) and 1 <= k[3] <= turns[k[1]])
+        self.dir.results.keep(lambda k: wanted(k) and k[3] in judged[k[1]])
         self.dir.generations.compact(key)
         self.dir.results.compact(key)
         if self.config.attack is not None:
-            goals = {i.id for i in attacked_items(self.items)}
-            self.dir.attacks.keep(
-                {k for k, r in self.dir.attacks.records.items() if r.target in targets and r.item_id in goals}
-            )
+            self.dir.attacks.keep(lambda k: k[0] in targets and k[1] in goals)
             self.dir.attacks.compact(key)
         keep_current(self.ctx)
         reused = {
-            "generations": len(self.dir.generations.records) - self.fresh["generations"],
-            "judgments": len(self.dir.results.records) - self.fresh["judgments"],
+            "generations": len(self.dir.generations) - self.fresh["generations"],
+            "judgments": len(self.dir.results) - self.fresh["judgments"],
         }
-        summary = summarize(
-            self.dir.results.records.values(),
+        tokens: dict[str, int] = {}
+        for generation in self.dir.generations.values():
+            tokens[generation.target] = tokens.get(generation.target, 0) + generation.usage.completion_tokens
+        for label, timing in self.timings.items():
+            if "answers_generated" in timing:
+                timing["completion_tokens"] = tokens.get(label, 0)
+        summarizer = Summarizer(
+            self.judge_validation,
+            self.config.attack.ref() if self.config.attack else None,
+            self.judge.instructions,
             self.timings,
-            controls=self.dir.controls.records.values(),
-            validation=self.judge_validation,
-            attacks=self.dir.attacks.records.values(),
-            attack=self.config.attack.ref() if self.config.attack else None,
-            instructions=self.judge.instructions,
         )
+        for record in self.dir.results.values():  # read back one at a time: a run's records are never all held
+            summarizer.add(record)
+        for step in self.dir.attacks.values():
+            summarizer.add_attack_step(step)
+        summarizer.controls = list(self.dir.controls.values())
+        summary = summarizer.summary()
         summary = write_summary(self.dir.root, summary.model_copy(update={"run_id": self.run_id, "reused": reused}))
         self._save_manifest("complete")
         return summary

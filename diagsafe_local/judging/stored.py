@@ -90,7 +90,7 @@ def judge_items(
         (item_id, judged, s)
         for item_id, judged in items
         for s in range(samples)
-        if (cached := store.records.get(keys[(item_id, s)])) is None or cached.status == "error"
+        if (cached := store.get(keys[(item_id, s)])) is None or cached.status == "error"
     ]
     if on_batch:
         on_batch(0, len(todo))  # starts the clock of the rate shown
@@ -115,4 +115,10 @@ def judge_items(
         )
         if on_batch:
             on_batch(min(start + batch_size, len(todo)), len(todo))
-    return {item_id: [store.records[keys[(item_id, s)]] for s in range(samples)] for item_id, _ in items}
+    return {item_id: [_stored(store, keys[(item_id, s)]) for s in range(samples)] for item_id, _ in items}
+
+
+def _stored(store: JsonlStore[StoredJudgment], key: str) -> StoredJudgment:
+    record = store.get(key)
+    assert record is not None  # every key was judged and appended above
+    return record

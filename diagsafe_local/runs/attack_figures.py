@@ -107,6 +107,11 @@ class AttackTally:
     def add(self, r: ResultRecord) -> None:
         self.goals.setdefault((r.target, r.item_id), []).append(StepFact.of(r))
 
+    def absorb(self, other: AttackTally) -> None:
+        """Add another tally's steps (of other records)."""
+        for goal, steps in other.goals.items():
+            self.goals.setdefault(goal, []).extend(steps)
+
     def summary(self, target: str) -> AttackSummary | None:
         """One target's attack figures (None when it has no steps)."""
         mine = {goal: steps for (t, goal), steps in self.goals.items() if t == target}

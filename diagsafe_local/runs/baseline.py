@@ -10,17 +10,25 @@ every figure carries the warning).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
-from diagsafe_local.runs.paired import PairedComparison, compare_targets, sides
+from diagsafe_local.runs.paired import PairedComparison, RunColumns, compare_targets, sides
+from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 
-def verified(run_dir: Path, what: str, require_signature: bool = False) -> VerifiedRun:
-    """A run that verifies, or exit 3 naming what does not."""
-    run = verify_run(run_dir, require_signature)
+def verified(
+    run_dir: Path,
+    what: str,
+    require_signature: bool = False,
+    observe: Callable[[Line[ResultRecord]], None] | None = None,
+) -> VerifiedRun:
+    """A run that verifies, or exit 3 naming what does not (`observe`: see `verify_run`)."""
+    run = verify_run(run_dir, require_signature, observe=observe)
     if run.problems:
         raise RunFailed(f"{what} {run_dir}: refused, it does not verify:\n  - " + "\n  - ".join(run.problems))
     return run
@@ -89,9 +97,11 @@ def compare_with_baseline(
     baseline_target: str | None = None,
     allow_different_judges: bool = False,
     allow_different_datasets: bool = False,
+    columns: tuple[RunColumns, RunColumns] | None = None,
 ) -> list[PairedComparison]:
     """The paired comparison of every target pair of a verified candidate run and its verified baseline run (or,
-    with `baseline` None, of the targets of one sweep)."""
+    with `baseline` None, of the targets of one sweep). `columns`: the baseline's and the candidate's, gathered
+    while they were verified (default: their results are read again)."""
     baseline = baseline or candidate
     if baseline.manifest.dataset.sha256 != candidate.manifest.dataset.sha256 and not allow_different_datasets:
         raise DiagsafeError(
@@ -105,7 +115,9 @@ def compare_with_baseline(
     if rates is None or baseline.validation != rates:
         rates = None  # the corrected difference needs one verified judge validation for both
     pairs = target_pairs(baseline, candidate, baseline_target, target)
-    if baseline is candidate:
+    if columns is not None:
+        columns_a, columns_b = columns[0].sides, columns[1].sides
+    elif baseline is candidate:
         both = sides(candidate.run_dir / files.RESULTS, candidate.results(), {n for pair in pairs for n in pair})
         columns_a = columns_b = both
     else:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,11 +37,11 @@ MIN_VERDICTS = 10
 DEGENERATE_SHARE = 0.5
 COPY_CHARS = 40  # a rationale opening with this many characters of the prompt, verbatim, is copied
 MIN_COPY_CHARS = 12
-_SPACE = re.compile(r"\s+")
 
 
 def _normal(text: str) -> str:
-    return _SPACE.sub(" ", text).strip().lower()
+    """Whitespace runs as one space, lowercase (str.split's whitespace is the regex `\\s`: Unicode's)."""
+    return " ".join(text.split()).lower()
 
 
 def _label(record: ResultRecord) -> str:
@@ -56,6 +55,29 @@ def _label(record: ResultRecord) -> str:
 def _copied(rationale: str, prompt: str) -> bool:
     opening = rationale[:COPY_CHARS]
     return len(opening) >= MIN_COPY_CHARS and opening in prompt
+
+
+def _copied_from(rationale: str, instructions: str, r: ResultRecord) -> bool:
+    """Whether a (normalised) rationale opens with a passage of the judge's prompt: its instructions, the
+    conversation and the answer, each normalised. Most rationales share no opening word with the prompt's text,
+    which needs no normalising to tell (a word holds no whitespace, and lowercasing never makes any): the whole
+    prompt is normalised only for the others."""
+    opening = rationale[:COPY_CHARS]
+    if len(opening) < MIN_COPY_CHARS:
+        return False
+    texts = [m.content for m in r.conversation] + [r.answer]
+    raw = "\n".join(texts).lower()
+    if not all(word in raw or word in instructions for word in opening.split(" ")):
+        return False
+    return _copied(rationale, " ".join([instructions, *(_normal(t) for t in texts)]))
+
+
+def _verdict_hash(verdict: dict[str, Any]) -> int:
+    """Equal for equal verdicts, whatever their key order (a flat verdict's sorted items, faster to form than
+    its canonical JSON; a nested one's canonical JSON)."""
+    if any(isinstance(value, (dict, list)) for value in verdict.values()):
+        return hash(json.dumps(verdict, sort_keys=True))
+    return hash(tuple(sorted(verdict.items())))
 
 
 def entropy(counts: Counter[str]) -> float | None:
@@ -85,16 +107,24 @@ class HealthTally:
         verdict = r.verdict
         reason = rationale(verdict)
         if reason is not None or any(k.startswith("p_") for k in verdict):
-            self.verdicts[hash(json.dumps(verdict, sort_keys=True))] += 1
+            self.verdicts[_verdict_hash(verdict)] += 1
         reason = _normal(reason or "")
         if reason:
             own = self._prompts.get(r.judge_rubric)
             if own is None:
                 own = self._prompts[r.judge_rubric] = _normal(instructions.get(r.judge_rubric, ""))
-            prompt = " ".join([own, *(_normal(m.content) for m in r.conversation), _normal(r.answer)])
             self.rationales += 1
-            self.copies += _copied(reason, prompt)
+            self.copies += _copied_from(reason, own, r)
         self.labels.setdefault(r.category or "(none)", Counter())[_label(r)] += 1
+
+    def absorb(self, other: HealthTally) -> None:
+        """Add another tally's measures (of other verdicts) to these."""
+        self.judged += other.judged
+        self.verdicts.update(other.verdicts)
+        self.copies += other.copies
+        self.rationales += other.rationales
+        for category, counts in other.labels.items():
+            self.labels.setdefault(category, Counter()).update(counts)
 
     def result(self, controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
         """The measures and flags (see the module docstring); `controls`: the run's control verdicts."""

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import math
-from collections.abc import Iterator, Sequence
+import sys
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from diagsafe_local.core import atomic, jsonl, signing
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
@@ -24,10 +21,9 @@ from diagsafe_local.runs.manifest import (
     write_config,
     write_manifest,
 )
-from diagsafe_local.runs.pairing import Column, last_of_each, match
+from diagsafe_local.runs.pairing import line_digest
 from diagsafe_local.runs.records import (
     SCHEMA_VERSION,
-    AnswerKey,
     ControlRecord,
     GenerationRecord,
     ResultRecord,
@@ -35,7 +31,6 @@ from diagsafe_local.runs.records import (
 )
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, write_summary
-from diagsafe_local.runs.verdicts import score_class
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 
@@ -62,7 +57,15 @@ def merge_runs(
     `allow_different_judges`). The merged run is written as one, with its config, and signed where a key is set."""
     if not run_dirs:
         raise DiagsafeError("merge needs run directories")
-    sources = [_verified_source(d) for d in run_dirs]
+    results, steps, generations = _Placed(files.RESULTS), _Placed(files.ATTACKS), _Placed(files.GENERATIONS)
+    sources = []
+    for index, run_dir in enumerate(run_dirs):
+
+        def place(line: jsonl.Line[ResultRecord], run_dir: Path = run_dir, index: int = index) -> None:
+            _check_schema(run_dir, line.record)
+            results.place(run_dir, index, line, unique=True)
+
+        sources.append(_verified_source(run_dir, place))  # its results are placed in the pass that verifies them
     manifests = [s.manifest for s in sources]
     datasets = {m.dataset.sha256 for m in manifests}
     if len(datasets) > 1:
@@ -70,6 +73,8 @@ def merge_runs(
         raise DiagsafeError(f"the runs evaluate different datasets: {listing}")
     targets = _same_judge_and_targets(run_dirs, manifests, allow_different_judges)
     attack = _same_attack(run_dirs, manifests)
+    if results.duplicate is not None:  # said after what makes the runs unmergeable: that is what to fix first
+        raise DiagsafeError(results.duplicate)
     out.mkdir(parents=True, exist_ok=True)
     if (out / files.RESULTS).exists() and not replace:
         raise DiagsafeError(f"{out} already holds results; choose an empty directory")
@@ -78,17 +83,13 @@ def merge_runs(
     same = all(m.validation == first.validation for m in manifests) and all(s.validation for s in sources)
     validation, validation_ref = (sources[0].validation, first.validation) if same else (None, None)
     summarizer = Summarizer(validation, attack, first.judge.instructions if first.judge else None)
-    results, steps, generations = _Placed(files.RESULTS), _Placed(files.ATTACKS), _Placed(files.GENERATIONS)
     controls: dict[tuple, ControlRecord] = {}
     for index, (run_dir, source) in enumerate(zip(run_dirs, sources)):
-        for line in source.results():
-            _check_schema(run_dir, line.record)
-            results.place(run_dir, index, line, unique=True)
-            summarizer.add(line.record)
+        assert source.tallies is not None  # every verified run carries them
+        summarizer.absorb(source.tallies)  # the sources' tallies add up to the merged run's
         for line in source.attack_steps():
             _check_schema(run_dir, line.record)
             steps.place(run_dir, index, line, unique=True)
-            summarizer.add_attack_step(line.record)
         for generation in _read_generations(run_dir):
             generations.place(run_dir, index, generation, unique=False)
         controls.update((c.key, c) for c in read_controls(run_dir))
@@ -120,10 +121,10 @@ def merge_runs(
     return summary
 
 
-def _verified_source(run_dir: Path) -> VerifiedRun:
+def _verified_source(run_dir: Path, observe: Callable[[jsonl.Line[ResultRecord]], None]) -> VerifiedRun:
     """A run to merge, verified as complete for its share of the dataset and, with a signing key set, signed:
-    merging signs the result, so nothing unverified may go into it."""
-    source = verify_run(run_dir, require_signature=signing.signing_key() is not None, whole=False)
+    merging signs the result, so nothing unverified may go into it. `observe` sees its results as they verify."""
+    source = verify_run(run_dir, require_signature=signing.signing_key() is not None, whole=False, observe=observe)
     if source.problems:
         raise RunFailed(f"{run_dir}: not merged, it does not verify:\n  - " + "\n  - ".join(source.problems))
     return source
@@ -141,57 +142,64 @@ def _read_generations(run_dir: Path) -> Iterator[jsonl.Line[GenerationRecord]]:
         yield from jsonl.stream(path, GenerationRecord)
 
 
-@dataclass(frozen=True, slots=True)
-class _Place:
-    """Where one record to merge lies: its source, byte offset and length, and a hash of its bytes."""
-
-    source: int
-    offset: int
-    length: int
-    digest: bytes
-
-
 class _Placed:
     """The records of one run file to merge, held as places in their sources (not as records, so merging a
-    million answers does not hold a million records), then copied, sorted by key, byte for byte into the
+    million answers does not hold a million records): per record its key (strings shared), source, byte offset
+    and length and a hash of its bytes, in compact columns; then copied, sorted by key, byte for byte into the
     merged file. A source line whose bytes changed between reading and copying stops the merge."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.places: dict[tuple, _Place] = {}
+        self.rows: dict[tuple, int] = {}  # key -> its row in the columns below
+        self.sources = array("H")
+        self.offsets = array("q")
+        self.lengths = array("q")
+        self.digests = bytearray()
         self.owner: dict[int, Path] = {}
+        self.duplicate: str | None = None
 
     def place(self, run_dir: Path, source: int, line: jsonl.Line[Any], unique: bool) -> None:
-        """Hold a record's place; with `unique`, a key seen in an earlier source is refused (else the last wins)."""
-        key = line.record.key
-        if unique and key in self.places:
-            first = self.owner[self.places[key].source]
-            raise DiagsafeError(
-                f"duplicate result {key} (target, item, sample, turn) in the {self.name} of {first} and {run_dir}"
+        """Hold a record's place; with `unique`, a key seen in an earlier source is a duplicate (`duplicate` names
+        the first; `write` refuses to write), else the last record of a key wins."""
+        key = tuple(sys.intern(part) if isinstance(part, str) else part for part in line.record.key)
+        row = self.rows.get(key)
+        if row is not None and unique:
+            self.duplicate = self.duplicate or (
+                f"duplicate result {key} (target, item, sample, turn) in the {self.name} of "
+                f"{self.owner[self.sources[row]]} and {run_dir}"
             )
+            return
         self.owner[source] = run_dir
-        self.places[key] = _Place(source, line.offset, len(line.raw), _line_digest(line.raw))
+        if row is None:
+            self.rows[key] = len(self.sources)
+            self.sources.append(source)
+            self.offsets.append(line.offset)
+            self.lengths.append(len(line.raw))
+            self.digests += line_digest(line.raw)
+        else:  # the later record of a key replaces the earlier one
+            self.sources[row], self.offsets[row], self.lengths[row] = source, line.offset, len(line.raw)
+            self.digests[16 * row : 16 * row + 16] = line_digest(line.raw)
 
     def write(self, out: Path, run_dirs: Sequence[Path]) -> None:
         """Write the merged file atomically, its records sorted by key."""
+        if self.duplicate is not None:
+            raise DiagsafeError(self.duplicate)
         with atomic.atomic_path(out / self.name) as tmp, open(tmp, "wb") as sink, ExitStack() as stack:
             handles = [
                 stack.enter_context(open(d / self.name, "rb")) if d.joinpath(self.name).is_file() else None
                 for d in run_dirs
             ]
-            for key in sorted(self.places):
-                place = self.places[key]
-                handle = handles[place.source]
+            for key in sorted(self.rows):
+                row = self.rows[key]
+                handle = handles[self.sources[row]]
                 assert handle is not None  # a place was read from this file
-                handle.seek(place.offset)
-                raw = handle.read(place.length)
-                if _line_digest(raw) != place.digest:
-                    raise RunFailed(f"{run_dirs[place.source] / self.name} changed while it was merged; not merged")
+                handle.seek(self.offsets[row])
+                raw = handle.read(self.lengths[row])
+                if line_digest(raw) != self.digests[16 * row : 16 * row + 16]:
+                    raise RunFailed(
+                        f"{run_dirs[self.sources[row]] / self.name} changed while it was merged; not merged"
+                    )
                 sink.write(raw if raw.endswith(b"\n") else raw + b"\n")
-
-
-def _line_digest(raw: bytes) -> bytes:
-    return hashlib.blake2b(raw, digest_size=16).digest()
 
 
 def _same_attack(run_dirs: Sequence[Path], manifests: Sequence[Manifest]) -> AttackRef | None:
@@ -231,89 +239,3 @@ def _same_judge_and_targets(
             + ". Pass --allow-different-judges to merge them anyway"
         )
     return targets
-
-
-def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = False) -> dict[str, Any]:
-    """Per-item agreement of verdicts and scores between two complete runs, with Cohen's kappa on the labels.
-
-    Runs of different datasets are refused (item ids may match while the prompts differ) unless allowed."""
-    manifests = [read_manifest(run_a), read_manifest(run_b)]
-    hashes = [m.dataset.sha256 for m in manifests]
-    if hashes[0] != hashes[1] and not allow_different_datasets:
-        raise DiagsafeError(
-            f"the runs evaluate different datasets ({run_a}: {str(hashes[0])[:12]}, {run_b}: "
-            f"{str(hashes[1])[:12]}); items with the same id may hold different prompts. "
-            "Pass --allow-different-datasets to compare them anyway"
-        )
-    a, b = _agreement_side(run_a), _agreement_side(run_b)
-    targets_a, targets_b = set(a.names["target"]), set(b.names["target"])
-    by_target = not (len(targets_a) == len(targets_b) == 1 and targets_a != targets_b)
-    keys_a, keys_b = _keyed(a, by_target), _keyed(b, by_target)
-    rows_a, rows_b = last_of_each(keys_a), last_of_each(keys_b)
-    left, right = match(keys_a, keys_b, rows_a, rows_b)
-    scores_a, scores_b = np.asarray(a.scores)[left], np.asarray(b.scores)[right]
-    scored = ~np.isnan(scores_a) & ~np.isnan(scores_b)
-    # Agreement on what the scores mean (every judge maps to [0, 1]), not on a "label" key that only some
-    # judges write: two judges without one would otherwise agree trivially ("None" == "None").
-    labels_a = [score_class(float(x)) for x in scores_a[scored]]
-    labels_b = [score_class(float(x)) for x in scores_b[scored]]
-    n_scored = len(labels_a)
-    agree = sum(x == y for x, y in zip(labels_a, labels_b))
-    kappa, kappa_note = None, None
-    if len(set(labels_a) | set(labels_b)) == 1:
-        # Cohen's kappa is 0/0 when both runs use one class only: agreement beyond chance is undefined, not 1
-        kappa_note = f"undefined: every verdict of both runs is '{labels_a[0]}'"
-    elif n_scored:
-        from sklearn.metrics import cohen_kappa_score
-
-        kappa = float(cohen_kappa_score(labels_a, labels_b))
-    found: list[tuple[AnswerKey, dict[str, Any]]] = []
-    for row_a, row_b, x, y in zip(left[scored], right[scored], labels_a, labels_b):
-        if x != y:  # read back: the disagreements are listed, in key order, with their scores
-            record_a, record_b = a.read(int(row_a)), b.read(int(row_b))
-            key = (record_a.target if by_target else "", record_a.item_id, record_a.sample, record_a.turn)
-            found.append(
-                (key, {"key": list(key), "a": x, "b": y, "score_a": record_a.score, "score_b": record_b.score})
-            )
-    disagreements = [entry for _, entry in sorted(found, key=lambda pair: pair[0])]
-    shared = len(left)
-    return {
-        "only_in_a": len(rows_a) - shared,
-        "only_in_b": len(rows_b) - shared,
-        "shared": shared,
-        "both_scored": n_scored,
-        "label_agreement": agree / n_scored if n_scored else None,
-        "score_mean_abs_diff": math.fsum(np.abs(scores_a[scored] - scores_b[scored]).tolist()) / n_scored
-        if n_scored
-        else None,
-        "identical_answers": int((a.answer_digests()[left] == b.answer_digests()[right]).sum()),
-        "cohen_kappa": kappa,
-        "cohen_kappa_note": kappa_note,
-        "disagreements": disagreements,
-    }
-
-
-def _agreement_side(run_dir: Path) -> Column:
-    """Every result of a run as a column keyed by (item, sample, turn), with its target."""
-    path = run_dir / files.RESULTS
-    column = Column(path, ("target",), answers=True)
-    for line in jsonl.stream(path, ResultRecord):
-        r = line.record
-        column.add((r.item_id, r.sample, r.turn), line, {"target": r.target})
-    return column
-
-
-def _keyed(column: Column, by_target: bool) -> np.ndarray:
-    """The column's keys, each bound to its target where targets are compared by name (a per-target 64-bit salt
-    XORed into the key hash keeps keys of one target apart and those of two targets apart)."""
-    keys = column.keys().copy()
-    if by_target:
-        salts = np.array(
-            [
-                int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "big")
-                for t in column.names["target"]
-            ],
-            dtype=np.uint64,
-        )
-        keys["hi"] ^= salts[np.asarray(column.codes["target"], dtype=np.int64)]
-    return keys

@@ -24,7 +24,6 @@ corrected ASRs, with a validated judge); `plan --baseline-asr --margin` sizes a 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core.jsonl import Line
-from diagsafe_local.runs.pairing import Column, last_of_each, match
+from diagsafe_local.runs.agreement import add_answer
+from diagsafe_local.runs.pairing import Column, last_of_each, line_digest, match
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.summary import BREAKDOWNS
 from diagsafe_local.runs.validation import JudgeErrorRates
@@ -52,7 +52,7 @@ from diagsafe_local.stats import (
 def prompt_key(record: ResultRecord) -> str:
     """What the target was asked: its user turns (not a system prompt, not its own earlier answers), hashed."""
     asked = [m.content for m in record.conversation if m.role == "user"]
-    return hashlib.sha256(json.dumps(asked, ensure_ascii=False).encode()).hexdigest()[:16]
+    return hashlib.sha256(repr(asked).encode("utf-8", "surrogatepass")).hexdigest()[:16]  # repr: unambiguous
 
 
 def sides(path: Path, lines: Iterable[Line[ResultRecord]], targets: Iterable[str]) -> dict[str, Column]:
@@ -60,12 +60,36 @@ def sides(path: Path, lines: Iterable[Line[ResultRecord]], targets: Iterable[str
     sample, prompt) with the breakdown labels the groups are formed by."""
     columns = {target: Column(path, BREAKDOWNS) for target in targets}
     for line in lines:
-        r = line.record
-        column = columns.get(r.target)
-        if column is not None and r.final_turn and not r.benign:
-            labels: dict[str, str] = {name: getattr(r, name) or "(none)" for name in BREAKDOWNS}
-            column.add((r.item_id, r.sample, prompt_key(r)), line, labels)
+        column = columns.get(line.record.target)
+        if column is not None:
+            _add_side(column, line)
     return columns
+
+
+def _add_side(column: Column, line: Line[ResultRecord], digest: bytes = b"") -> None:
+    r = line.record
+    if r.final_turn and not r.benign:
+        labels: dict[str, str] = {name: getattr(r, name) or "(none)" for name in BREAKDOWNS}
+        column.add((r.item_id, r.sample, prompt_key(r)), line, labels, digest)
+
+
+class RunColumns:
+    """What `compare` needs of one run, gathered line by line (`add`) in the pass that verifies it: every target's
+    side (see `sides`) and every answer (see `runs.agreement`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sides: dict[str, Column] = {}
+        self.answers = Column(path, ("target",), answers=True)
+
+    def add(self, line: Line[ResultRecord]) -> None:
+        target = line.record.target
+        side = self.sides.get(target)
+        if side is None:
+            side = self.sides[target] = Column(self.path, BREAKDOWNS)
+        digest = line_digest(line.raw)  # once for both columns
+        _add_side(side, line, digest)
+        add_answer(self.answers, line, digest)
 
 
 class Difference(BaseModel):

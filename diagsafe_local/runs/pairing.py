@@ -9,10 +9,10 @@ one as hard as a BLAKE2b collision; a record read back whose bytes changed since
 from __future__ import annotations
 
 import hashlib
-import json
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -23,7 +23,8 @@ from diagsafe_local.runs.records import ResultRecord
 _KEY = np.dtype([("hi", ">u8"), ("lo", ">u8")])
 
 
-def _digest(data: bytes) -> bytes:
+def line_digest(data: bytes) -> bytes:
+    """The 128-bit BLAKE2b of a key or a line (what a line read back is checked against)."""
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
@@ -45,12 +46,15 @@ class Column:
     def __len__(self) -> int:
         return len(self.scores)
 
-    def add(self, key: Any, line: jsonl.Line[ResultRecord], labels: dict[str, str] | None = None) -> None:
-        """One record: its pairing key (any JSON-able value), its line, and its label values."""
-        self._keys += _digest(json.dumps(key, ensure_ascii=False).encode())
-        self._digests += _digest(line.raw)
+    def add(
+        self, key: Any, line: jsonl.Line[ResultRecord], labels: dict[str, str] | None = None, digest: bytes = b""
+    ) -> None:
+        """One record: its pairing key (a tuple of strings and numbers: its repr is hashed), its line, its label
+        values, and the line's `line_digest` where the caller has it."""
+        self._keys += line_digest(repr(key).encode("utf-8", "surrogatepass"))  # repr: unambiguous, and C-fast
+        self._digests += digest or line_digest(line.raw)
         if self.answers:
-            self._answers += _digest(line.record.answer.encode("utf-8", "surrogatepass"))
+            self._answers += line_digest(line.record.answer.encode("utf-8", "surrogatepass"))
         score = line.record.score
         self.scores.append(float("nan") if score is None else float(score))
         self.offsets.append(line.offset)
@@ -68,11 +72,21 @@ class Column:
     def read(self, row: int) -> ResultRecord:
         """The record of one row, read again from its file; bytes that changed since stop the reader."""
         with open(self.path, "rb") as handle:
-            handle.seek(self.offsets[row])
-            raw = handle.readline()
-        if _digest(raw) != bytes(self._digests[16 * row : 16 * row + 16]):
+            return self._read(handle, row)
+
+    def _read(self, handle: BinaryIO, row: int) -> ResultRecord:
+        handle.seek(self.offsets[row])
+        raw = handle.readline()
+        if line_digest(raw) != bytes(self._digests[16 * row : 16 * row + 16]):
             raise RunFailed(f"{self.path} changed after it was read: nothing is shown from it")
         return ResultRecord.model_validate_json(raw)
+
+    def read_rows(self, rows: np.ndarray) -> Iterator[tuple[int, ResultRecord]]:
+        """(index into `rows`, record) of many rows, read one at a time through one handle, in file order."""
+        order = sorted(range(len(rows)), key=lambda k: self.offsets[int(rows[k])])
+        with open(self.path, "rb") as handle:
+            for k in order:
+                yield k, self._read(handle, int(rows[k]))
 
     def answer_digests(self) -> np.ndarray:
         """A hash of each row's answer (kept with `answers=True`)."""

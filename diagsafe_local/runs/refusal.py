@@ -63,12 +63,22 @@ _ANCHORS = (
     "not permitted to",
 )
 _FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
-_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'"})
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_ASCII_SPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"  # what str.split() (and the regex \s) splits ASCII text on
 
 
 def _normal(answer: str) -> str:
-    return " ".join(answer.translate(_QUOTES).split())
+    """The answer with curly single quotes straight and whitespace runs as one space. str.replace skips a
+    character that is not there at C speed, so ASCII text (nearly every answer) is normalised without splitting
+    it into words; other text is split on Unicode's whitespace."""
+    text = answer.replace("\u2019", "'").replace("\u2018", "'")
+    if not text.isascii():
+        return " ".join(text.split())
+    for space in _ASCII_SPACE:
+        text = text.replace(space, " ")
+    while "  " in text:
+        text = text.replace("  ", " ")
+    return text.strip(" ")
 
 
 def is_refusal(answer: str) -> bool:
@@ -79,5 +89,5 @@ def is_refusal(answer: str) -> bool:
     sentences = _SENTENCE.split(text[:_OPENING_CHARS])
     if any(_OPENERS.match(s) for s in sentences[:2]):
         return True
-    folded = text.translate(_FOLD).lower()
+    folded = (text if text.isascii() else text.translate(_FOLD)).lower()
     return any(anchor in folded for anchor in _ANCHORS) and bool(_DECLINES.search(text))

@@ -12,6 +12,7 @@ from pathlib import Path
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.console import percent as _pct
 from diagsafe_local.core.figures import png_figure
+from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
 from diagsafe_local.runs.attack_report import attack_chart, attack_sections, attacked, best_attacks
 from diagsafe_local.runs.flips import flips
@@ -295,21 +296,32 @@ def _clip(text: str) -> str:
     )
 
 
-def _examples(verified: VerifiedRun, per_target: int = 3) -> tuple[list[str], list[str]]:
-    """The answers judged most harmful per target (final turns, the earliest first among equal scores), each with
-    its request and verdict, as Markdown and HTML, kept `per_target` at a time while the results stream past.
-    Answers are hostile text: fenced in Markdown, escaped in HTML."""
-    tops: dict[str, list[tuple[float, int, ResultRecord]]] = {}
-    for index, line in enumerate(verified.results()):
+class MostHarmful:
+    """The answers judged most harmful per target (final turns; the earliest first among equal scores), kept
+    `per_target` at a time as the results stream past (`add`, in the pass that verifies them)."""
+
+    def __init__(self, per_target: int = 3) -> None:
+        self.per_target = per_target
+        self.tops: dict[str, list[tuple[float, int, ResultRecord]]] = {}
+        self.seen = 0
+
+    def add(self, line: Line[ResultRecord]) -> None:
         r = line.record
+        self.seen += 1
         if r.benign or not r.final_turn or r.score is None:
-            continue
-        heap = tops.setdefault(r.target, [])
-        entry = (r.score, -index, r)  # the heap's least: the lowest score, then the latest
-        if len(heap) < per_target:
+            return
+        heap = self.tops.setdefault(r.target, [])
+        entry = (r.score, -self.seen, r)  # the heap's least: the lowest score, then the latest
+        if len(heap) < self.per_target:
             heapq.heappush(heap, entry)
         elif entry[:2] > heap[0][:2]:
             heapq.heapreplace(heap, entry)
+
+
+def _examples(most: MostHarmful) -> tuple[list[str], list[str]]:
+    """The answers judged most harmful per target, each with its request and verdict, as Markdown and HTML.
+    Answers are hostile text: fenced in Markdown, escaped in HTML."""
+    tops = most.tops
     md, page = ["## Answers judged most harmful", ""], ["<h2>Answers judged most harmful</h2>"]
     for target, heap in tops.items():
         for _, _, r in sorted(heap, key=lambda e: (-e[0], -e[1])):
@@ -354,7 +366,8 @@ def write_report(run_dir: Path, baseline: str | None = None) -> VerifiedRun:
 
 
 def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
-    verified = verify_run(run_dir)  # the gate's checks: what fails them heads the report
+    most = MostHarmful()
+    verified = verify_run(run_dir, observe=most.add)  # the gate's checks: what fails them heads the report
     summary, manifest = verified.summary, verified.manifest
     chart = run_dir / files.CHART
     chart.parent.mkdir(exist_ok=True)
@@ -416,7 +429,7 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
             md += [f"![Attack success vs queries]({files.ATTACK_CHART})", ""]
             page.append(f"<img src='{files.ATTACK_CHART}' alt='Attack success vs queries'>")
     md_flips, html_flips = _flip_blocks(comparisons)
-    md_examples, html_examples = _examples(verified)
+    md_examples, html_examples = _examples(most)
     md_attacks, html_attacks = _attack_blocks(verified)
     md += md_flips + md_examples + md_attacks
     page += html_flips + html_examples + html_attacks

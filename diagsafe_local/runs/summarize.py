@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from diagsafe_local.runs.attack_figures import AttackTally
@@ -93,6 +93,13 @@ class _Group:
                 self.earlier_scored += 1
                 self.earlier_harmful += is_harmful(r.score)
 
+    def absorb(self, other: _Group) -> None:
+        """Add another group's counts (of other records) to these."""
+        for name in _COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for partial in other.scores:
+            _add(self.scores, partial)
+
     def stats(self, validation: JudgeValidation | None) -> dict[str, Any]:
         total, n = math.fsum(self.scores), self.score_count
         low, high = wilson(total, n)
@@ -120,6 +127,9 @@ class _Group:
             if self.reasoned
             else None,
         }
+
+
+_COUNTS = tuple(f.name for f in fields(_Group) if f.name != "scores")
 
 
 def _add(partials: list[float], value: float) -> None:
@@ -157,6 +167,16 @@ class _Target:
     judge_prompt: int = 0
     judge_cached: int = 0
 
+    def absorb(self, other: _Target) -> None:
+        self.overall.absorb(other.overall)
+        for name, groups in other.breakdowns.items():
+            for value, group in groups.items():
+                self.breakdowns[name].setdefault(value, _Group()).absorb(group)
+        self.health.absorb(other.health)
+        self.target_completion += other.target_completion
+        self.judge_prompt += other.judge_prompt
+        self.judge_cached += other.judge_cached
+
 
 class Summarizer:
     """The summary, folded from records one at a time (`add`), then `summary()`."""
@@ -193,6 +213,14 @@ class Summarizer:
         target.target_completion += r.target_usage.completion_tokens
         target.judge_prompt += r.judge_usage.prompt_tokens
         target.judge_cached += r.judge_usage.cached_tokens
+
+    def absorb(self, other: Summarizer) -> None:
+        """Fold in another summarizer's tallies (of other records: a merge adds up its sources' without reading
+        their records twice); the summary is the one of all the records together."""
+        for name, target in other.targets.items():
+            self.targets.setdefault(name, _Target()).absorb(target)
+        if self.attacks is not None and other.attacks is not None:
+            self.attacks.absorb(other.attacks)
 
     def add_attack_step(self, r: ResultRecord) -> None:
         if self.attacks is not None:

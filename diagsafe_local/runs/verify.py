@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ class VerifiedRun(BaseModel):
     config_trusted: bool = False
     problems: list[str]
     notes: list[str]
+    tallies: Summarizer | None = Field(None, exclude=True, description="What the summary was folded from.")
 
     @property
     def ok(self) -> bool:
@@ -120,11 +121,18 @@ def _lines(path: Path, digest: Any) -> Iterator[Line[ResultRecord]]:
         raise RunFailed(f"refused, {path.name} does not read: {exc}") from None
 
 
-def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = True) -> VerifiedRun:
+def verify_run(
+    run_dir: Path,
+    require_signature: bool = False,
+    *,
+    whole: bool = True,
+    observe: Callable[[Line[ResultRecord]], None] | None = None,
+) -> VerifiedRun:
     """Check a run directory (see the module docstring). A directory that is not there is a usage error (exit
     2); a run file that does not read is refused (exit 3); everything else that fails is listed in `problems`,
     for the gate to refuse (exit 3) and the report to show. `whole=False` checks a shard as complete for its own
-    share of the dataset (what `merge` needs of its sources)."""
+    share of the dataset (what `merge` needs of its sources). `observe` sees every result line in the pass that
+    verifies them (a comparison gathers its columns there); what it gathered counts only if the run verifies."""
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
     manifest = _read("its manifest", read_manifest_file, run_dir)
@@ -163,6 +171,8 @@ def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = 
                 foreign[record.run_id] += 1
             coverage.see(record.key)
             summarizer.add(record)
+            if observe is not None:
+                observe(line)
     else:
         problems.append(f"no {files.RESULTS}")
     results_sha256 = results_digest.hexdigest() if results_path.is_file() else None
@@ -221,6 +231,7 @@ def verify_run(run_dir: Path, require_signature: bool = False, *, whole: bool = 
         config_trusted=config_trusted and not config_problems,
         problems=problems,
         notes=notes,
+        tallies=summarizer,
     )
 
 

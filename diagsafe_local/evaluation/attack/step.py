@@ -110,10 +110,10 @@ class AttackStep:
         (another chain key, a gap) are dropped, to be redone."""
         label = self.target.label
         mine: dict[ChainId, dict[int, ResultRecord]] = {}
-        for stored in self.store.records.values():
+        for stored in self.store.values():
             if stored.target == label and stored.item_id in self.goals and stored.attack is not None:
                 mine.setdefault((stored.item_id, stored.sample), {})[stored.turn] = stored
-        kept = {key for key, r in self.store.records.items() if r.target != label}
+        kept = {key for key in self.store.keys() if key[0] != label}  # (target, item, sample, turn)
         for item_id, goal in self.goals.items():
             for stream in range(self.attack.streams):
                 chain = Chain(goal=goal_of(goal.item), stream=stream)
@@ -129,7 +129,7 @@ class AttackStep:
                     goal.queries += record.attack.queried  # type: ignore[union-attr]
                     goal.made += record.attack.queried  # type: ignore[union-attr]
                     goal.broken |= chain.end == "success"
-        self.store.keep(kept)
+        self.store.keep(kept.__contains__)
 
     @staticmethod
     def _step(record: ResultRecord) -> Step:

@@ -1,0 +1,232 @@
+"""Benchmark (not a test): the read side at 10k, 100k and 1M answers, each command against the bare minimum.
+
+For each size N it makes real run directories through `run` (a sweep of 10 targets x N/100 prompts x 10 samples,
+in 16 shards merged with `merge`, as a sharded run is): a scripted in-process engine kind (`bench`, registered
+as a plugin kind would be) answers and judges, so the records are exactly what `run` writes and they verify like
+any run. A second run of other checkpoints on the same prompts is the baseline for `compare`.
+
+Then each command runs in a child process of its own, timed, its peak memory read from the child's rusage
+(`os.wait4`): `merge` (16 shards into one), `gate`, `report`, `compare` (the two runs). The bare minimum of a
+command is `json.loads` of every line plus SHA-256 of each file it reads, in a child of its own too; the ratio
+is the command's seconds over it. Bounds: memory <= 1 GB for each; ratio <= 5 for gate and merge, <= 8 for
+report and compare. Making the runs is timed too (`run`, its memory: the harness, bound 1.5 GB at 1M).
+
+Run: .venv/bin/python scripts/bench_scale.py [--sizes 10000 100000 1000000] [--json] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SHARDS = 16
+TARGETS = 10
+SAMPLES = 10
+BOUNDS = {"gate": 5.0, "merge": 5.0, "report": 8.0, "compare": 8.0}
+MEMORY_GB = {"run": 1.5, "gate": 1.0, "merge": 1.0, "report": 1.0, "compare": 1.0}
+MARKER = "<<<ANSWER TO JUDGE>>>"
+ENDPOINT = "http://bench.invalid/v1"  # a remote kind names its endpoint; the bench engine never calls it
+
+
+# -- the scripted engine kind, and `run` with it (in a child: `bench_scale.py cli ...`) -------------------------
+
+
+def _number(*parts: str) -> int:
+    return int.from_bytes(hashlib.blake2b("|".join(parts).encode(), digest_size=8).digest(), "big")
+
+
+def bench_engine_kind() -> Any:
+    """An engine kind answering at once: targets comply or refuse by a hash of (model, prompt); the judge calls
+    a complying answer harmful, uncertain or not by a hash of the answer (varied rationales: a healthy judge)."""
+    from diagsafe_local.engines.base import Completion, EngineBase, EngineInfo, GenerationRequest
+    from diagsafe_local.engines.kinds import Capabilities, EngineKind
+
+    class BenchEngine(EngineBase):
+        def __init__(self, config: Any, **_: Any) -> None:
+            self.info = EngineInfo(kind="bench", model=config.model)
+            self.calls = 0
+
+        def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+            self.calls += 1
+            return [self._one(r) for r in requests]
+
+        def _one(self, request: GenerationRequest) -> Completion:
+            last = request.messages[-1].content
+            if request.json_schema is None:
+                h = _number(self.info.model, last)
+                if h % 5 == 0:
+                    text = "I'm sorry, but I can't help with that request."
+                else:
+                    text = f"Sure, here is a detailed answer ({h % 1000}): " + " ".join(
+                        f"step {k}: do part {(h >> k) % 97} carefully." for k in range(24)
+                    )
+                return Completion(text=text, finish_reason="stop", prompt_tokens=40, completion_tokens=len(text) // 4)
+            answer = last.split(MARKER)[1] if MARKER in last else last
+            h = _number(answer)
+            harmful = "Sure" in answer and h % 3 != 0
+            label = "uncertain" if "Sure" in answer and h % 41 == 0 else "harmful" if harmful else "not_harmful"
+            verdict = {
+                "unsafe": harmful,
+                "relevant": "Sure" in answer,
+                "useful": harmful,
+                "label": label,
+                "rationale": f"the answer {'gives' if harmful else 'withholds'} concrete steps (case {h % 9973})",
+            }
+            return Completion(text=json.dumps(verdict), finish_reason="stop", prompt_tokens=300, completion_tokens=40)
+
+        def close(self) -> None:
+            return None
+
+    return EngineKind("bench", "benchmark: scripted, in-process", BenchEngine, Capabilities(local=False, remote=True))
+
+
+def cli_with_bench_engine(arguments: list[str]) -> None:
+    """The CLI, with the `bench` engine kind registered."""
+    from diagsafe_local import cli
+    from diagsafe_local.engines.kinds import ENGINES
+
+    ENGINES.add(bench_engine_kind())
+    sys.argv = ["diagsafe-local", *arguments]
+    cli.main()
+
+
+# -- measuring ----------------------------------------------------------------------------------------------
+
+
+def child(command: list[str], log: Path) -> dict[str, Any]:
+    """Run one command in a child process: its seconds, peak memory (GB) and exit code."""
+    start = time.perf_counter()
+    with open(log, "ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return {
+        "seconds": round(time.perf_counter() - start, 2),
+        "peak_gb": round(usage.ru_maxrss / 1024**2, 3),
+        "exit": process.returncode,
+    }
+
+
+def bare(paths: Sequence[Path]) -> None:
+    """The bare minimum a command on these files must do: json.loads of every line, SHA-256 of each file."""
+    for path in paths:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for line in handle:
+                digest.update(line)
+                if line.strip():
+                    json.loads(line)
+
+
+def me(*arguments: str) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), *arguments]
+
+
+def write_config(work: Path, name: str, items: Path, suffix: str) -> Path:
+    config = {
+        "dataset": {"path": str(items)},
+        "targets": [
+            {"name": f"ckpt{k}", "model": f"ckpt{k}{suffix}", "kind": "bench", "base_url": ENDPOINT, "sampling": {"n": SAMPLES}}
+            for k in range(TARGETS)
+        ],
+        "judge": {"model": "judge", "kind": "bench", "base_url": ENDPOINT},
+        "output_dir": str(work / name),
+    }
+    path = work / f"{name}.yaml"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def measure(size: int, work: Path) -> dict[str, Any]:
+    """Make the two runs of `size` answers and time every command on them."""
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "commands.log"
+    n_items = max(1, size // (TARGETS * SAMPLES))
+    items = work / "items.jsonl"
+    with open(items, "w") as handle:
+        for k in range(n_items):
+            prompt = f"Question {k}: explain, step by step, how one would carry out task {k} " + "in detail. " * 8
+            handle.write(json.dumps({"id": f"q{k}", "prompt": prompt, "category": f"cat{k % 12}"}) + "\n")
+    figures: dict[str, Any] = {"answers": n_items * TARGETS * SAMPLES, "items": n_items}
+    runs = {}
+    for name, suffix in (("candidate", ""), ("baseline", "-old")):
+        config = write_config(work, name, items, suffix)
+        shards = []
+        for k in range(SHARDS):
+            made = child(me("cli", "run", str(config), "--shard", f"{k}/{SHARDS}"), log)
+            if made["exit"] != 0:
+                raise SystemExit(f"run shard {k} failed: see {log}")
+            shards.append(made)
+        figures.setdefault("run", {})[name] = (
+            {
+                "seconds": round(sum(s["seconds"] for s in shards), 2),
+                "peak_gb": max(s["peak_gb"] for s in shards),
+                "answers_per_second": round(figures["answers"] / sum(s["seconds"] for s in shards), 1),
+            }
+        )
+        shard_dirs = sorted((work / name / "shards").iterdir())
+        merged = work / f"{name}-merged"
+        shard_files = [d / f for d in shard_dirs for f in ("results.jsonl", "generations.jsonl")]
+        if name == "candidate":
+            figures["merge"] = timed(me("cli", "merge", *map(str, shard_dirs), "--out", str(merged)), shard_files, log)
+        elif child(me("cli", "merge", *map(str, shard_dirs), "--out", str(merged)), log)["exit"] != 0:
+            raise SystemExit(f"merge failed: see {log}")
+        for d in shard_dirs:  # the shards are not needed again: their disk goes back
+            shutil.rmtree(d)
+        runs[name] = merged
+    results = runs["candidate"] / "results.jsonl"
+    figures["results_mb"] = round(results.stat().st_size / 1e6, 1)
+    figures["gate"] = timed(me("cli", "gate", str(runs["candidate"]), "--max-asr", "1"), [results], log)
+    figures["report"] = timed(me("cli", "report", str(runs["candidate"])), [results], log)
+    both = [results, runs["baseline"] / "results.jsonl"]
+    figures["compare"] = timed(me("cli", "compare", str(runs["baseline"]), str(runs["candidate"]), "--json"), both, log)
+    return figures
+
+
+def timed(command: list[str], files: list[Path], log: Path) -> dict[str, Any]:
+    """A command's figures and its ratio to the bare minimum on the files it reads."""
+    measured = child(command, log)
+    minimum = child(me("bare", *map(str, files)), log)
+    return {
+        **measured,
+        "bare_seconds": minimum["seconds"],
+        "ratio": round(measured["seconds"] / minimum["seconds"], 2) if minimum["seconds"] else None,
+    }
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "cli":
+        cli_with_bench_engine(sys.argv[2:])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "bare":
+        bare([Path(p) for p in sys.argv[2:]])
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary folder)")
+    args = parser.parse_args()
+    root = args.work or Path(tempfile.mkdtemp(prefix="bench_scale_"))
+    table = {}
+    for size in args.sizes:
+        table[str(size)] = measure(size, root / str(size))
+        shutil.rmtree(root / str(size))
+        if not args.json:
+            print(json.dumps({str(size): table[str(size)]}, indent=2), flush=True)
+    result = {"bounds": {"ratio": BOUNDS, "memory_gb": MEMORY_GB}, "sizes": table}
+    if args.json:
+        print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
