@@ -1,9 +1,10 @@
 """Benchmark (not a test): the read side at 10k, 100k and 1M answers, each command against the bare minimum.
 
-For each size N it makes real run directories through `run` (a sweep of 10 targets x N/100 prompts x 10 samples,
-in 16 shards merged with `merge`, as a sharded run is): a scripted in-process engine kind (`bench`, registered
-as a plugin kind would be) answers and judges, so the records are exactly what `run` writes and they verify like
-any run. A second run of other checkpoints on the same prompts is the baseline for `compare`.
+For each size N it makes two real run directories through `run` (a sweep of 10 targets x N/100 prompts x 10
+samples): a scripted in-process engine kind (`bench`, registered as a plugin kind would be) answers and judges,
+so the records are exactly what `run` writes and they verify like any run. The candidate is one `run` (its time
+and peak memory are the harness's at the full size); the baseline, other checkpoints on the same prompts, is
+made in 16 shards and merged with `merge`, as a sharded run is.
 
 Then each command runs in a child process of its own, timed, its peak memory read from the child's rusage
 (`os.wait4`): `merge` (16 shards into one), `gate`, `report`, `compare` (the two runs). The bare minimum of a
@@ -136,7 +137,13 @@ def write_config(work: Path, name: str, items: Path, suffix: str) -> Path:
     config = {
         "dataset": {"path": str(items)},
         "targets": [
-            {"name": f"ckpt{k}", "model": f"ckpt{k}{suffix}", "kind": "bench", "base_url": ENDPOINT, "sampling": {"n": SAMPLES}}
+            {
+                "name": f"ckpt{k}",
+                "model": f"ckpt{k}{suffix}",
+                "kind": "bench",
+                "base_url": ENDPOINT,
+                "sampling": {"n": SAMPLES},
+            }
             for k in range(TARGETS)
         ],
         "judge": {"model": "judge", "kind": "bench", "base_url": ENDPOINT},
@@ -158,32 +165,24 @@ def measure(size: int, work: Path) -> dict[str, Any]:
             prompt = f"Question {k}: explain, step by step, how one would carry out task {k} " + "in detail. " * 8
             handle.write(json.dumps({"id": f"q{k}", "prompt": prompt, "category": f"cat{k % 12}"}) + "\n")
     figures: dict[str, Any] = {"answers": n_items * TARGETS * SAMPLES, "items": n_items}
-    runs = {}
-    for name, suffix in (("candidate", ""), ("baseline", "-old")):
-        config = write_config(work, name, items, suffix)
-        shards = []
-        for k in range(SHARDS):
-            made = child(me("cli", "run", str(config), "--shard", f"{k}/{SHARDS}"), log)
-            if made["exit"] != 0:
-                raise SystemExit(f"run shard {k} failed: see {log}")
-            shards.append(made)
-        figures.setdefault("run", {})[name] = (
-            {
-                "seconds": round(sum(s["seconds"] for s in shards), 2),
-                "peak_gb": max(s["peak_gb"] for s in shards),
-                "answers_per_second": round(figures["answers"] / sum(s["seconds"] for s in shards), 1),
-            }
-        )
-        shard_dirs = sorted((work / name / "shards").iterdir())
-        merged = work / f"{name}-merged"
-        shard_files = [d / f for d in shard_dirs for f in ("results.jsonl", "generations.jsonl")]
-        if name == "candidate":
-            figures["merge"] = timed(me("cli", "merge", *map(str, shard_dirs), "--out", str(merged)), shard_files, log)
-        elif child(me("cli", "merge", *map(str, shard_dirs), "--out", str(merged)), log)["exit"] != 0:
-            raise SystemExit(f"merge failed: see {log}")
-        for d in shard_dirs:  # the shards are not needed again: their disk goes back
-            shutil.rmtree(d)
-        runs[name] = merged
+    # the candidate in one `run` (the harness's memory at the full size), the baseline in shards merged by `merge`
+    candidate = write_config(work, "candidate", items, "")
+    made = child(me("cli", "run", str(candidate)), log)
+    if made["exit"] != 0:
+        raise SystemExit(f"run failed: see {log}")
+    figures["run"] = {**made, "answers_per_second": round(figures["answers"] / made["seconds"], 1)}
+    baseline = write_config(work, "baseline", items, "-old")
+    for k in range(SHARDS):
+        if child(me("cli", "run", str(baseline), "--shard", f"{k}/{SHARDS}"), log)["exit"] != 0:
+            raise SystemExit(f"run shard {k} failed: see {log}")
+    shard_dirs = sorted((work / "baseline" / "shards").iterdir())
+    shard_files = [d / f for d in shard_dirs for f in ("results.jsonl", "generations.jsonl")]
+    merged = work / "baseline-merged"
+    figures["merge"] = timed(me("cli", "merge", *map(str, shard_dirs), "--out", str(merged)), shard_files, log)
+    if figures["merge"]["exit"] != 0:
+        raise SystemExit(f"merge failed: see {log}")
+    shutil.rmtree(work / "baseline")  # the shards are not needed again: their disk goes back
+    runs = {"candidate": work / "candidate", "baseline": merged}
     results = runs["candidate"] / "results.jsonl"
     figures["results_mb"] = round(results.stat().st_size / 1e6, 1)
     figures["gate"] = timed(me("cli", "gate", str(runs["candidate"]), "--max-asr", "1"), [results], log)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -138,17 +138,15 @@ class DatasetRef(Record):
         None, description="Every item and its judged turns; the gate requires a result for each (None: older runs)."
     )
 
-    def expected_keys(self, samples: dict[str, int]) -> set[AnswerKey] | None:
-        """(target, item, sample, turn) of every answer a complete run judged, for targets with `samples` each."""
-        if self.items is None:
-            return None
-        return {
-            (target, item.id, sample, turn)
-            for target, n in samples.items()
-            for item in self.items
-            for sample in range(n)
-            for turn in item.turns
-        }
+    def expected_keys(self, samples: dict[str, int], owns: Callable[[str], bool] = bool) -> Iterator[AnswerKey]:
+        """(target, item, sample, turn) of every answer a complete run judged, for targets with `samples` each,
+        of the items `owns` says are the run's (a shard's share), one at a time."""
+        mine = [item for item in self.items or [] if owns(item.id)]
+        for target, n in samples.items():
+            for item in mine:
+                for sample in range(n):
+                    for turn in item.turns:
+                        yield (target, item.id, sample, turn)
 
 
 class JudgeRef(Record):
@@ -247,9 +245,10 @@ class Manifest(Record):
         """Each target's label and its samples per item."""
         return {label: target.samples for label, target in self.targets.items()}
 
-    def expected_keys(self) -> set[AnswerKey] | None:
-        """(target, item, sample, turn) of every answer the complete run judged (None: an older manifest)."""
-        return self.dataset.expected_keys(self.samples())
+    def expected_keys(self, whole: bool = True) -> Iterator[AnswerKey]:
+        """(target, item, sample, turn) of every answer the complete run judged (`whole=False`: a shard's share),
+        one at a time; none for an older manifest, which does not list its items (`dataset.items` is None)."""
+        return self.dataset.expected_keys(self.samples(), bool if whole else self.owns)
 
 
 def read_manifest_file(run_dir: Path) -> Manifest:

@@ -335,10 +335,7 @@ class _Coverage:
         self.counts: dict[int, int] = {}
         self.extra: list[AnswerKey] = []
         self.duplicated: list[AnswerKey] = []
-        keys = manifest.expected_keys() or set()
-        if not whole:
-            keys = {key for key in keys if manifest.owns(key[1])}
-        self.expected = np.sort(np.fromiter((_key_hash(k) for k in keys), dtype=np.uint64, count=len(keys)))
+        self.expected = np.sort(np.fromiter((_key_hash(k) for k in manifest.expected_keys(whole)), dtype=np.uint64))
         self.seen = np.zeros(len(self.expected), dtype=bool)
 
     def see(self, key: AnswerKey) -> None:
@@ -355,7 +352,7 @@ class _Coverage:
 
     def problems(self) -> list[str]:
         manifest, shard = self.manifest, self.manifest.shard
-        if manifest.expected_keys() is None:
+        if manifest.dataset.items is None:
             return []  # an older manifest: said by _record
         problems = []
         if self.duplicated:
@@ -387,8 +384,7 @@ class _Coverage:
     def _missing(self) -> list[AnswerKey]:
         """The expected keys not seen (worked out again from the manifest: only when some are missing)."""
         unseen = set(self.expected[~self.seen].tolist())
-        keys = self.manifest.expected_keys() or set()
-        return [k for k in keys if (self.whole or self.manifest.owns(k[1])) and _key_hash(k) in unseen]
+        return [k for k in self.manifest.expected_keys(self.whole) if _key_hash(k) in unseen]
 
 
 def _key_hash(key: AnswerKey) -> int:
