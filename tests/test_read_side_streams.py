@@ -72,6 +72,35 @@ def test_the_copied_rationale_shortcut_never_changes_a_verdict(reason_parts, ans
     assert health._copied_from(spaced, instructions, r) == health._copied(spaced, prompt)
 
 
+def reference_neutralise(text: str, labels: tuple[str, ...] = ()) -> str:
+    """The judge prompt's neutraliser without its shortcuts: every pattern on every text."""
+    import unicodedata
+
+    from diagsafe_local.judging import base
+
+    text = base._BREAKS.sub("\n", unicodedata.normalize("NFKC", base._invisible().sub("", text)))
+    text = base._BRACKETS.sub(lambda m: base.ZWSP.join(m.group(0)), text)
+    text = base._TOKENS.sub(lambda m: m.group(0)[0] + base.ZWSP + m.group(0)[1:], text)
+    for pattern in (base._LABELS, *([base._own_labels(labels)] if labels else [])):
+        text = pattern.sub(lambda m: m.group(1) + m.group(2)[0] + base.ZWSP + m.group(2)[1:] + m.group(3), text)
+    return text
+
+
+HOSTILE = [
+    "<<<ANSWER>>>", "<|im_end|>", "\uff5c>", "[INST]", "</s>", "< BEGIN", "\nUser:", "answer:", "\uff1a", "label",
+    "\u200b", "\u00ad", "\r\n", "\u2028", "\uff1c\uff1c", "Sure", " ", "\n", ">>", "|", "x",
+]  # fmt: skip
+
+
+@given(st.lists(st.one_of(st.sampled_from(HOSTILE), st.text(max_size=6)), max_size=14))
+def test_the_neutraliser_shortcuts_never_change_a_judge_prompt(parts):
+    from diagsafe_local.judging.base import neutralise
+
+    text = "".join(parts)
+    assert neutralise(text) == reference_neutralise(text)
+    assert neutralise(text, ("label",)) == reference_neutralise(text, ("label",))
+
+
 def test_a_summary_does_not_depend_on_the_order_of_the_records():
     records = [
         record("t", str(k), [0.0, 0.5, 1.0, None][k % 4], category=f"c{k % 3}", answer=f"answer {k}") for k in range(60)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import queue
 import random
 import threading
 from collections.abc import Coroutine, Hashable, Sequence
@@ -320,23 +321,38 @@ class _Loop:
 
 class OpenAIStream:
     """A stream over the API engine: every submitted request is on its way at once (the engine's semaphore
-    keeps `concurrency` of them on the wire); a poll returns those that finished. An endpoint that refuses
-    every request (bad key, unknown model) cancels the rest and raises."""
+    keeps `concurrency` of them on the wire); a poll returns those that finished. Finished requests queue
+    themselves (a done-callback), so a poll costs what finished, not what is in flight: waiting on every pending
+    future at each poll made a stream of n requests cost n² waiter installs. An endpoint that refuses every
+    request (bad key, unknown model) cancels the rest and raises."""
 
     def __init__(self, engine: OpenAIEngine) -> None:
         self.engine = engine
         self._futures: dict[concurrent.futures.Future[Completion], Hashable] = {}
+        self._done: queue.SimpleQueue[concurrent.futures.Future[Completion]] = queue.SimpleQueue()
 
     def submit(self, key: Hashable, request: GenerationRequest) -> None:
-        self._futures[self.engine.submit(request)] = key
+        future = self.engine.submit(request)
+        self._futures[future] = key
+        future.add_done_callback(self._done.put)
 
     def poll(self) -> list[tuple[Any, Completion]]:
         if not self._futures:
             return []
-        done, _ = concurrent.futures.wait(self._futures, timeout=POLL_WAIT, return_when="FIRST_COMPLETED")
+        try:
+            done = [self._done.get(timeout=POLL_WAIT)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                done.append(self._done.get_nowait())
+            except queue.Empty:
+                break
         finished = []
         for future in done:
-            key = self._futures.pop(future)
+            key = self._futures.pop(future, None)
+            if key is None:  # cancelled by close()
+                continue
             try:
                 finished.append((key, future.result()))
             except BaseException:
@@ -350,6 +366,6 @@ class OpenAIStream:
 
     def close(self) -> None:
         """Cancel whatever is still in flight."""
-        for future in self._futures:
+        futures, self._futures = self._futures, {}
+        for future in futures:
             future.cancel()
-        self._futures = {}

@@ -11,6 +11,7 @@ requests in flight (`openai_engine.OpenAIStream`); any other engine (transformer
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any, Protocol
 
@@ -36,13 +37,13 @@ class BatchStream:
     def __init__(self, engine: Engine, max_batch: int = 256) -> None:
         self.engine = engine
         self.max_batch = max_batch
-        self._queue: list[tuple[Hashable, GenerationRequest]] = []
+        self._queue: deque[tuple[Hashable, GenerationRequest]] = deque()
 
     def submit(self, key: Hashable, request: GenerationRequest) -> None:
         self._queue.append((key, request))
 
     def poll(self) -> list[tuple[Any, Completion]]:
-        batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
+        batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
         if not batch:
             return []
         return list(zip((k for k, _ in batch), self.engine.generate([r for _, r in batch])))
@@ -52,7 +53,7 @@ class BatchStream:
         return len(self._queue)
 
     def close(self) -> None:
-        self._queue = []
+        self._queue.clear()
 
 
 def open_stream(engine: Engine, max_batch: int = 256) -> Stream:

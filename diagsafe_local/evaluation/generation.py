@@ -110,6 +110,16 @@ def generation_done(ctx: RunContext, target: TargetConfig) -> bool:
     )
 
 
+# Streams on their way at once: more than any engine runs side by side (vLLM's max_num_seqs, an endpoint's
+# concurrency), so none waits for work, and few enough that what is in flight is all a run holds in memory.
+STREAMS_IN_FLIGHT = 4096
+
+
+def _to_generate(item: Item, turn: int) -> int:
+    """The turns of an item from `turn` on that a target answers (not those the item itself prefills)."""
+    return sum(item.prefilled(k) is None for k in range(turn, item.n_turns + 1))
+
+
 def generate_streams(
     engine: Engine,
     ctx: RunContext,
@@ -128,27 +138,36 @@ def generate_streams(
     store = ctx.directory.generations
     sent: dict[tuple[str, int, int, str], tuple[Message, ...]] = {}
     generated = replayed = 0
-    total = 0
+    streams = ((item, sample) for item in ctx.items for sample in range(target.sampling.n))
+    # every turn to generate, less what each stream will not generate, as it is taken up
+    total = target.sampling.n * sum(_to_generate(item, 1) for item in ctx.items)
 
-    def advance(item: Item, sample: int) -> int:
-        nonlocal replayed
+    def advance(item: Item, sample: int, first: bool = False) -> None:
+        nonlocal replayed, total
         prefilled, work = plan_stream(ctx, target, item, sample)
         if prefilled:
             store.append(a.record for a in prefilled)
             replayed += len(prefilled)
             if on_answers:
                 on_answers(prefilled)
+        if first:  # what a resumed or stopped stream will not generate comes off the total
+            total -= _to_generate(item, 1) - (0 if work is None else _to_generate(item, work[0]))
         if work is None:
-            return 0
+            return
         turn, key, request = work
         sent[(item.id, sample, turn, key)] = request.messages
         stream.submit((item.id, sample, turn, key), request)
-        return sum(item.prefilled(k) is None for k in range(turn, item.n_turns + 1))
+
+    def take_up() -> None:
+        """Start streams until `STREAMS_IN_FLIGHT` are on their way (or none is left to start)."""
+        while stream.pending < STREAMS_IN_FLIGHT:
+            started = next(streams, None)
+            if started is None:
+                return
+            advance(*started, first=True)
 
     try:
-        for item in ctx.items:
-            for sample in range(target.sampling.n):
-                total += advance(item, sample)
+        take_up()
         if on_progress:
             on_progress(0, total)
         while stream.pending:
@@ -181,6 +200,7 @@ def generate_streams(
             for answer in answers:
                 if answer.record.error is None:  # a failed turn stops its stream: its later turns are errors
                     advance(ctx.items_by_id[answer.record.item_id], answer.record.sample)
+            take_up()
             if on_progress:
                 on_progress(generated, max(total, generated))
     finally:

@@ -8,7 +8,7 @@ submits an answer's task the moment the answer is in (see `pipeline`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,17 +59,28 @@ def judge_key(
     return content_key(judge, rubric, list(conversation), answer, list(references))
 
 
-def pending_tasks(ctx: RunContext, target: TargetConfig) -> list[JudgeTask]:
+def pending_tasks(ctx: RunContext, target: TargetConfig) -> Iterator[JudgeTask]:
     """Answers of `target` without a current judgment: never judged, judged from other content (a changed
-    prompt or answer, another judge model), or errored (retried on resume)."""
-    tasks = []
+    prompt or answer, another judge model), or errored (retried on resume); worked out one at a time, as the
+    judge takes them."""
     for item in ctx.items:
         for sample in range(target.sampling.n):
             for turn in judged_turns(item, ctx.config.judge.turns):
                 task = task_for(ctx, target, item, sample, turn)
                 if task is not None:
-                    tasks.append(task)
-    return tasks
+                    yield task
+
+
+def unjudged(ctx: RunContext, target: TargetConfig) -> int:
+    """How many of the target's judged answers have no verdict at all (a count from the keys alone: what the
+    judge's progress counts toward; stale verdicts redone on resume come on top)."""
+    results = ctx.directory.results
+    return sum(
+        (target.label, item.id, sample, turn) not in results
+        for item in ctx.items
+        for sample in range(target.sampling.n)
+        for turn in judged_turns(item, ctx.config.judge.turns)
+    )
 
 
 def answer_task(ctx: RunContext, target: TargetConfig, answer: Answer) -> JudgeTask | None:
@@ -189,28 +200,45 @@ class JudgeStep:
         return _record(task, verdict, self.ctx.run_id, self.ctx.target_refs, ref, name, members, *kept)
 
 
+# Judge tasks taken from their source at once: more than a judge engine runs side by side, few enough that the
+# tasks in hand (each holds its answer and conversation) are all a run holds.
+TASKS_IN_FLIGHT = 4096
+
+
 def judge_tasks(
     engine: Engine | None,
     ctx: RunContext,
-    tasks: Sequence[JudgeTask],
+    tasks: Iterable[JudgeTask],
     on_progress: Callable[[int, int], None] | None = None,
     alongside: Callable[[], object] | None = None,
-) -> None:
-    """Judge `tasks` through one stream, appending each record as soon as it is final; `alongside` is polled
-    with every step (another stream on the judge engine, such as the controls')."""
+    total: int = 0,
+) -> int:
+    """Judge `tasks` through one stream, taking them `TASKS_IN_FLIGHT` at a time and appending each record as
+    soon as it is final; `alongside` is polled with every step (another stream on the judge engine, such as the
+    controls'); `total`: what the progress counts toward (at least the tasks taken). Returns the tasks judged."""
     step = JudgeStep(engine, ctx)
-    try:
-        if on_progress:
-            on_progress(0, len(tasks))
-        for task in tasks:
+    source = iter(tasks)
+    taken = 0
+
+    def take() -> None:
+        nonlocal taken
+        while step.pending < TASKS_IN_FLIGHT and (task := next(source, None)) is not None:
             step.submit(task)
+            taken += 1
+
+    try:
+        take()
+        if on_progress:
+            on_progress(0, max(total, taken))
         while step.pending:
             if alongside:
                 alongside()
             if step.poll() and on_progress:
-                on_progress(step.done, len(tasks))
+                on_progress(step.done, max(total, taken))
+            take()
     finally:
         step.close()
+    return taken
 
 
 def _combined(config: JudgeConfig, members: dict[str, Verdict]) -> Verdict:
@@ -250,7 +278,7 @@ def _usage(verdict: Verdict, members: dict[str, Verdict] | None) -> Usage:
     )
 
 
-def needs_engine(config: JudgeConfig, tasks: Sequence[JudgeTask]) -> bool:
+def needs_engine(config: JudgeConfig, tasks: Iterable[JudgeTask]) -> bool:
     """Whether any task needs the judge model (keyword-only over-refusal checks do not)."""
     return any(t.error is None and not _model_free(rubric_name(config, t)) for t in tasks)
 

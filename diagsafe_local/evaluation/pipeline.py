@@ -12,6 +12,7 @@ directory resumes. Constructing a `Run` checks everything and touches nothing; `
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -34,12 +35,12 @@ from diagsafe_local.evaluation.generation import Answer, generate_streams, gener
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import (
     JudgeStep,
-    JudgeTask,
     answer_task,
     judge_tasks,
     judged_turns,
     needs_engine,
     pending_tasks,
+    unjudged,
 )
 from diagsafe_local.evaluation.manifest import build_manifest, dataset_ref, judge_ref, target_refs
 from diagsafe_local.evaluation.planning import plan_run
@@ -150,7 +151,6 @@ class Run:
         self.started = (previous.started if previous else None) or datetime.now(UTC).isoformat()
         self.host.loaded = dict(previous.engines) if previous else {}  # what an earlier run loaded, until reloaded
         self.ctx = run_context(self.config, self.items, self.dir)
-        self._pending_tasks: dict[str, list[JudgeTask]] = {}
 
     def _reporter(self, stage: str, rate: bool = True) -> Callable[[int, int], None] | None:
         report = self.on_progress
@@ -178,7 +178,6 @@ class Run:
         `opened`: the target's engine, already loaded (and left loaded) for the attack that follows."""
         if self._generation_done(target):
             return
-        self._pending_tasks.pop(target.label, None)  # the answers change: what waits for the judge too
         engine = opened or self._open_target(target)
         step = JudgeStep(judge, self.ctx) if judge is not None else None
         try:
@@ -221,12 +220,6 @@ class Run:
             if task is not None:
                 step.submit(task)
 
-    def _pending(self, target: TargetConfig) -> list[JudgeTask]:
-        """The target's answers without a current verdict, worked out once for what the target has answered."""
-        if target.label not in self._pending_tasks:
-            self._pending_tasks[target.label] = pending_tasks(self.ctx, target)
-        return self._pending_tasks[target.label]
-
     def _needs_judge(self) -> bool:
         """Whether the judge model must be loaded (never for judges that need none)."""
         if not self.config.judge.needs_model:
@@ -242,21 +235,28 @@ class Run:
 
     def _needs_judge_model(self, target: TargetConfig) -> bool:
         """Whether this target still needs the judge model (answers missing, or judgments a model must make)."""
-        return not self._generation_done(target) or needs_engine(self.config.judge, self._pending(target))
+        return not self._generation_done(target) or needs_engine(self.config.judge, pending_tasks(self.ctx, target))
 
     def _judge(self, engine: Engine | None, target: TargetConfig, controls: ControlJudging) -> None:
-        tasks = self._pending(target)
-        if not tasks:
+        """Judge the target's answers that have no current verdict, streamed from the stores as the judge takes
+        them (nothing holds them all)."""
+        tasks = pending_tasks(self.ctx, target)
+        first = next(tasks, None)
+        if first is None:
             return
-        self.fresh["judgments"] += len(tasks)
         start = time.perf_counter()
-        judge_tasks(
-            engine, self.ctx, tasks, self._reporter(f"{target.label}: judging, verdicts"), alongside=controls.poll
+        judged = judge_tasks(
+            engine,
+            self.ctx,
+            itertools.chain([first], tasks),
+            self._reporter(f"{target.label}: judging, verdicts"),
+            alongside=controls.poll,
+            total=unjudged(self.ctx, target),
         )
-        self._pending_tasks[target.label] = []
+        self.fresh["judgments"] += judged
         seconds = time.perf_counter() - start
         self.timings.setdefault(target.label, {}).update(
-            judge_seconds=round(seconds, 3), judgments_per_second=round(len(tasks) / seconds, 3) if seconds else 0.0
+            judge_seconds=round(seconds, 3), judgments_per_second=round(judged / seconds, 3) if seconds else 0.0
         )
 
     # -- the run -------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ _TOKENS = re.compile(
     r"<\||\|>|<｜|｜>|\[/?INST\]|</?(?:s|eos|bos|pad|unk|mask|sep|cls)>|<(?:start|end)_of_turn>|<\s*(?:BEGIN|END)\b",
     re.IGNORECASE,
 )
+_TOKEN_OPENERS = ("<", "|", "\uff5c", "[")  # what every match of _TOKENS starts with (IGNORECASE adds none)
 _LABELS = re.compile(
     r"(?im)^((?:[^\S\n]|[>*_#-])*\[?)(user|agent|assistant|human|human user|ai assistant|human question|"
     r"chatbot response|behavior|generation|request|answer|answers|response|completion|rules|system|model|harmful request|"
@@ -67,8 +68,10 @@ _LABELS = re.compile(
 
 def plain_form(text: str) -> str:
     """`text` as a judge reads it: invisible format characters dropped, compatibility forms folded (NFKC), every
-    line break a `\\n`."""
-    return _BREAKS.sub("\n", unicodedata.normalize("NFKC", _invisible().sub("", text)))
+    line break a `\\n`. ASCII text has no format character and is its own NFKC form: only its breaks change."""
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", _invisible().sub("", text))
+    return _BREAKS.sub("\n", text)
 
 
 @functools.lru_cache(maxsize=128)
@@ -84,10 +87,16 @@ def neutralise(text: str, labels: Sequence[str] = ()) -> str:
     of `labels` (the reader's own field names: a judge's verdict fields, an attacker prompt's labels): in its
     plain form, a zero-width space goes after the first character of each (the words stay legible to the
     reader), and between the brackets of every run of two or more."""
-    text = _BRACKETS.sub(lambda m: ZWSP.join(m.group(0)), plain_form(text))
-    text = _TOKENS.sub(lambda m: m.group(0)[0] + ZWSP + m.group(0)[1:], text)
-    for pattern in (_LABELS, *([_own_labels(tuple(labels))] if labels else [])):
-        text = pattern.sub(lambda m: m.group(1) + m.group(2)[0] + ZWSP + m.group(2)[1:] + m.group(3), text)
+    # Each pattern runs only where a character every one of its matches holds is in the text (most answers have
+    # no `<<`, no `<`/`|`/`[` and many no `:`): a judge prompt is rendered for every answer of a run.
+    text = plain_form(text)
+    if "<<" in text or ">>" in text:
+        text = _BRACKETS.sub(lambda m: ZWSP.join(m.group(0)), text)
+    if any(c in text for c in _TOKEN_OPENERS):
+        text = _TOKENS.sub(lambda m: m.group(0)[0] + ZWSP + m.group(0)[1:], text)
+    if ":" in text:
+        for pattern in (_LABELS, *([_own_labels(tuple(labels))] if labels else [])):
+            text = pattern.sub(lambda m: m.group(1) + m.group(2)[0] + ZWSP + m.group(2)[1:] + m.group(3), text)
     return text
 
 
