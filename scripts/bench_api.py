@@ -9,7 +9,13 @@ ratios (offline repeat i against API repeat i), the 1-minute load average before
 goes: cores kept busy per wall second by this process (the client, or the offline engine's front end), the
 offline engine core, and the server. Target: at 64 in flight >= 70% of offline.
 
-Run: .venv/bin/python scripts/bench_api.py [--n 128] [--repeats 3] [--json]
+With `--server scripted` it measures the client alone, against a scripted OpenAI-compatible server in a
+process of its own (tests/servers.py; it answers at once, so the client is what is measured): CPU seconds of
+this process per request for a bare `openai.AsyncOpenAI` loop and for our API engine's stream on the same
+requests (target: ours <= 1.2x the bare loop's), and the whole harness's requests/s (`run` on the API path:
+answers and verdicts, records and progress included; target >= 1,000/s), alternated, median of --repeats.
+
+Run: .venv/bin/python scripts/bench_api.py [--n 128] [--repeats 3] [--json] [--server vllm|scripted]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -43,7 +50,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--server", choices=("vllm", "scripted"), default="vllm")
     args = parser.parse_args()
+    if args.server == "scripted":
+        figures = measure_client(args)
+        print(json.dumps(figures, indent=None if args.json else 2))
+        return
 
     from diagsafe_local.core.console import engine_output
 
@@ -53,7 +65,110 @@ def main() -> None:
     report(args, result)
 
 
-def bare_loop(params: list[dict], base_url: str, concurrency: int) -> None:
+SERVER = """
+import sys, threading
+sys.path.insert(0, {tests!r})
+from servers import FakeOpenAIServer
+server = FakeOpenAIServer()
+print(server.base_url, flush=True)
+threading.Event().wait()
+"""
+
+
+def measure_client(args: argparse.Namespace) -> dict[str, Any]:
+    """The client's CPU per request, ours against a bare loop, and the harness's requests/s (see the docstring)."""
+    import subprocess
+
+    from diagsafe_local.core.messages import Message
+    from diagsafe_local.engines.base import GenerationRequest
+    from diagsafe_local.engines.config import EngineConfig
+    from diagsafe_local.engines.openai_engine import OpenAIEngine
+    from diagsafe_local.engines.streams import run_all
+
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    server = subprocess.Popen([sys.executable, "-c", SERVER.format(tests=tests)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    base_url = server.stdout.readline().strip()
+    schema = {  # the shape of a rubric verdict's schema
+        "type": "object",
+        "properties": {
+            "unsafe": {"type": "boolean"},
+            "label": {"enum": ["harmful", "not_harmful", "uncertain"]},
+            "rationale": {"type": "string", "maxLength": 400},
+        },
+        "required": ["unsafe", "label", "rationale"],
+    }
+    requests = [
+        GenerationRequest(
+            messages=(Message(role="user", content=f"question {k}: " + "how would one do this? " * 20),),
+            max_tokens=256,
+            json_schema=schema if k % 2 else None,
+        )
+        for k in range(args.n)
+    ]
+    engine = OpenAIEngine(EngineConfig(kind="openai", model="m", base_url=base_url, concurrency=64))
+    bodies = [engine.request_params(r) for r in requests]
+    work = Path(tempfile.mkdtemp(prefix="bench_client_"))
+    figures: dict[str, list[float]] = {
+        "bare_cpu_ms": [],
+        "ours_cpu_ms": [],
+        "bare_requests_per_s": [],
+        "ours_requests_per_s": [],
+        "harness_requests_per_s": [],
+    }
+    try:
+        for repeat in range(args.repeats):
+            cpu, wall = time.process_time(), time.perf_counter()
+            bare_loop(bodies, base_url, 64, phases=False)
+            figures["bare_cpu_ms"].append(1000 * (time.process_time() - cpu) / args.n)
+            figures["bare_requests_per_s"].append(args.n / (time.perf_counter() - wall))
+            cpu, wall = time.process_time(), time.perf_counter()
+            run_all(engine.open_stream(), requests)
+            figures["ours_cpu_ms"].append(1000 * (time.process_time() - cpu) / args.n)
+            figures["ours_requests_per_s"].append(args.n / (time.perf_counter() - wall))
+            figures["harness_requests_per_s"].append(harness(work / f"run{repeat}", base_url, args.n // 2))
+    finally:
+        engine.close()
+        server.kill()
+    medians = {name: round(statistics.median(values), 3) for name, values in figures.items()}
+    return {
+        "requests": args.n,
+        "repeats": args.repeats,
+        **medians,
+        "ours_over_bare": round(medians["ours_cpu_ms"] / medians["bare_cpu_ms"], 3),
+        # what one core can drive through the openai client alone: no harness built on it does more per process
+        "bare_client_ceiling_per_core": round(1000 / medians["bare_cpu_ms"], 1),
+        "runs": {name: [round(v, 3) for v in values] for name, values in figures.items()},
+        "targets": {"ours_over_bare": 1.2, "harness_requests_per_s": 1000},
+        "cpus": os.cpu_count(),
+    }
+
+
+def harness(out: Path, base_url: str, n: int) -> float:
+    """`run` on the API path against the scripted server: (answers + verdicts) per second of generation and
+    judging (the manifest's timings; start-up and the report excluded)."""
+    import subprocess
+
+    items = out / "items.jsonl"
+    out.mkdir(parents=True)
+    items.write_text("".join(json.dumps({"id": f"i{k}", "prompt": f"question {k}"}) + "\n" for k in range(n)))
+    engine = {"kind": "openai", "base_url": base_url, "concurrency": 64}
+    config = {
+        "dataset": {"path": str(items)},
+        "target": {"model": "t", "name": "t", **engine},
+        "judge": {"model": "j", **engine},
+        "placement": {"mode": "colocate"},
+        "output_dir": str(out / "run"),
+    }
+    (out / "run.yaml").write_text(json.dumps(config))
+    cli = Path(sys.executable).with_name("diagsafe-local")
+    subprocess.run([str(cli), "run", str(out / "run.yaml")], check=True, capture_output=True)
+    timings = json.loads((out / "run" / "manifest.json").read_text())["timings"]["t"]
+    seconds = timings["generation_seconds"] + timings.get("judge_seconds", 0.0)
+    return 2 * n / seconds
+
+
+def bare_loop(params: list[dict], base_url: str, concurrency: int, phases: bool = True) -> None:
     """The recorded requests through a plain AsyncOpenAI client: answers first, then verdicts."""
     import asyncio
 
@@ -67,7 +182,9 @@ def bare_loop(params: list[dict], base_url: str, concurrency: int) -> None:
             async with gate:
                 await client.chat.completions.create(**body)
 
-        for phase in (False, True):  # the pipeline's default placement: every answer, then every verdict
+        if not phases:
+            await asyncio.gather(*(one(body) for body in params))
+        for phase in (False, True) if phases else ():  # the default placement: every answer, then every verdict
             await asyncio.gather(*(one(body) for body in params if ("response_format" in body) == phase))
         await client.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -118,7 +119,8 @@ def compare(
             ],
             "agreement": agreement,
         }
-        typer.echo(json.dumps(document, indent=2))
+        json.dump(document, sys.stdout, indent=2)  # written as encoded: a million answers' disagreements are long
+        sys.stdout.write("\n")
         return
     for comparison in comparisons:
         print_paired(comparison)

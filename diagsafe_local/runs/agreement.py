@@ -80,13 +80,15 @@ def agreement(a: Column, b: Column) -> dict[str, Any]:
         kappa = float(cohen_kappa_score(labels_a, labels_b))
     differ = np.flatnonzero([x != y for x, y in zip(labels_a, labels_b)])
     rows_scored_a = left[scored][differ]
-    found: list[tuple[AnswerKey, dict[str, Any]]] = []
+    found: list[tuple[AnswerKey, int]] = []
     for k, r in a.read_rows(rows_scored_a):  # only the disagreements are read back: they are listed, with keys
-        key = (r.target if by_target else "", r.item_id, r.sample, r.turn)
-        pair = int(differ[k])
-        entry = {"key": list(key), "a": labels_a[pair], "b": labels_b[pair]}
-        found.append((key, entry | {"score_a": float(both_a[pair]), "score_b": float(both_b[pair])}))
-    disagreements = [entry for _, entry in sorted(found, key=lambda pair: pair[0])]
+        found.append(((r.target if by_target else "", r.item_id, r.sample, r.turn), int(differ[k])))
+    found.sort()
+    disagreements = [
+        {"key": list(key), "a": labels_a[k], "b": labels_b[k], "score_a": float(both_a[k]), "score_b": float(both_b[k])}
+        for key, k in found
+    ]
+    del found
     shared = len(left)
     return {
         "only_in_a": len(rows_a) - shared,

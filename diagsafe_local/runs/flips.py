@@ -64,17 +64,24 @@ def flips(comparison: PairedComparison, limit: int | None = None) -> Iterator[Fl
         yield flip("no_longer_harmful", a, b)
 
 
+def _dump(document: dict[str, Any], path: Path) -> None:
+    """The document as indented JSON, written as it is encoded (never whole in memory)."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2)
+        handle.write("\n")
+
+
 def write_comparison(
     out: Path, comparisons: Sequence[PairedComparison], agreement: dict[str, Any] | None = None
 ) -> None:
     """comparison.json (every figure) and flips.jsonl, as one set."""
-    import json
-
     out.mkdir(parents=True, exist_ok=True)
     document = {
         "paired": [d.model_dump(mode="json") for c in comparisons for d in c.differences],
         "agreement": agreement,
     }
     with atomic.outputs_together():
-        atomic.write_text(out / COMPARISON, json.dumps(document, indent=2) + "\n")
+        atomic.write_with(out / COMPARISON, lambda path: _dump(document, path))
         jsonl.write(out / files.FLIPS, (f for c in comparisons for f in flips(c)))
