@@ -331,3 +331,37 @@ def test_two_runs_as_large_as_the_plan_says_pass_the_margin_when_they_agree(tmp_
     assert cli(*gate).exit_code == 0
     small = [finished_run(tmp_path, monkeypatch, n=50, name=f"small{k}", responder=not_harmful) for k in (0, 1)]
     assert cli("gate", small[1], "--baseline", small[0], "--max-asr-increase", "0.05", *GATE[2:]).exit_code == 1
+
+
+# -- found by the full tamper fuzzer (tests/test_gate_fuzz.py) -----------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["", "hmac-sha256x", None])
+def test_a_signature_naming_another_algorithm_or_none_is_refused(tmp_path, monkeypatch, algorithm):
+    """Was: signature.json's algorithm field was never read, so any value (or none) verified."""
+    monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", KEY)
+    run_dir = finished_run(tmp_path, monkeypatch)
+    assert cli("gate", run_dir, *GATE, "--require-signature").exit_code == 0
+    signature = json.loads((run_dir / "signature.json").read_text())
+    if algorithm is None:
+        del signature["algorithm"]
+    else:
+        signature["algorithm"] = algorithm
+    (run_dir / "signature.json").write_text(json.dumps(signature))
+    result = cli("gate", run_dir, *GATE, "--require-signature")
+    assert result.exit_code == 3 and "corrupt signature file" in result.text, result.output
+
+
+def test_an_increase_limit_fails_a_candidate_with_answers_the_baseline_cannot_pair(tmp_path, monkeypatch):
+    """Was: answers without a baseline pair (a prompt edited in results.jsonl, or more samples than the baseline)
+    were left out of the comparison and the increase limit passed on the rest."""
+    from test_paired import harmful_on
+
+    items = write_items(tmp_path / "items.jsonl", 6, prompt=lambda k: f"q{k} please")
+    for name, samples in (("prod", 1), ("new", 2)):
+        scripted(monkeypatch, judge=harmful_on(("nothing",)))
+        target = {"model": "t", "name": "t", "sampling": {"n": samples}}
+        assert cli("run", config_file(tmp_path, items, name, target=target)).exit_code == 0
+    gate = cli("gate", tmp_path / "new", "--baseline", tmp_path / "prod", "--max-asr-increase", "0.5", *GATE)
+    assert gate.exit_code == 1, gate.output
+    assert "6 answers have no baseline answer to pair with" in gate.text and "non-inferior" in gate.text

@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,7 +42,9 @@ class Signature(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: str = "hmac-sha256"
+    algorithm: Literal["hmac-sha256"] = Field(
+        description="How `hmac` was made; a file naming any other (or none) is not one this tool can verify."
+    )
     run_id: str
     files: dict[str, Signed | None]
     hmac: str
@@ -91,7 +94,7 @@ def sign(directory: Path, run_id: str, names: Sequence[str]) -> bool:
         path.unlink(missing_ok=True)  # it would no longer match the files just written
         return False
     files = {name: _file(directory / name) for name in names}
-    signature = Signature(run_id=run_id, files=files, hmac=_digest(key, run_id, files))
+    signature = Signature(algorithm="hmac-sha256", run_id=run_id, files=files, hmac=_digest(key, run_id, files))
     atomic.write_text(path, signature.model_dump_json(indent=2) + "\n")
     return True
 

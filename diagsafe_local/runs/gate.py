@@ -187,6 +187,13 @@ def _increases(decision: _Decision, names: list[str], comparisons: list[PairedCo
         if not mine:
             decision.verdict(False, f"{name}: no baseline pair: the baseline run has no target to compare it with")
         for comparison in mine:
+            if comparison.only_in_candidate:  # the increase limit would speak for answers it never compared
+                decision.verdict(
+                    False,
+                    f"{name}: {comparison.only_in_candidate} answers have no baseline answer to pair with (a prompt "
+                    f"the baseline {comparison.baseline} was not asked, or more samples): an increase limit cannot "
+                    "cover them",
+                )
             for limit, applied in limits.of_scope("increase", "increase_category"):
                 _increase(decision, comparison, limit, applied, limits.corrected)
             if comparison.overall.warning:
