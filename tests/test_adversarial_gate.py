@@ -365,3 +365,22 @@ def test_an_increase_limit_fails_a_candidate_with_answers_the_baseline_cannot_pa
     gate = cli("gate", tmp_path / "new", "--baseline", tmp_path / "prod", "--max-asr-increase", "0.5", *GATE)
     assert gate.exit_code == 1, gate.output
     assert "6 answers have no baseline answer to pair with" in gate.text and "non-inferior" in gate.text
+
+
+def test_a_result_whose_prompt_was_edited_is_refused(tmp_path, monkeypatch):
+    """Was: a result's conversation could be rewritten (and the summary's hash with it) and the gate decided on
+    it; the manifest now records what each judged turn asks, and every result must answer that."""
+    import hashlib
+
+    run_dir = finished_run(tmp_path, monkeypatch)
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first["conversation"][-1]["content"] = "something the dataset never asked"
+    lines[0] = json.dumps(first)
+    (run_dir / "results.jsonl").write_text("\n".join(lines) + "\n")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["results_sha256"] = hashlib.sha256((run_dir / "results.jsonl").read_bytes()).hexdigest()
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    result = cli("gate", run_dir, *GATE)
+    assert result.exit_code == 3, result.output
+    assert "1 results answer prompts their items do not ask" in result.text

@@ -236,7 +236,8 @@ def test_a_baseline_of_another_judge_or_dataset_is_refused_and_an_incomplete_one
     scripted(monkeypatch)
     assert cli("run", config_file(tmp_path, other_items, "elsewhere")).exit_code == 0
     dataset = cli("gate", new, "--baseline", tmp_path / "elsewhere", "--max-asr-increase", "0.5")
-    assert dataset.exit_code == 2 and "different datasets" in dataset.text
+    assert dataset.exit_code == 3 and "refused" in dataset.text and "different datasets" in dataset.text  # no decision
+    assert cli("compare", tmp_path / "elsewhere", new).exit_code == 2  # compare: the user chose two such runs
     items = tmp_path / "items.jsonl"
     assert cli("run", config_file(tmp_path, items, "judged", judge={"model": "k"})).exit_code == 0
     judge = cli("compare", prod, tmp_path / "judged")

@@ -24,6 +24,7 @@ from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig, judge_name
 from diagsafe_local.runs.manifest import DatasetRef, GpuPlan, ItemRef, JudgeRef, Manifest, TargetRef, ValidationRef
+from diagsafe_local.runs.records import asked_hash
 
 SLURM_VARIABLES = (
     "SLURM_JOB_ID",
@@ -66,8 +67,14 @@ def dataset_ref(config: RunConfig, path: Path, sha256: str, items: Sequence[Item
         spec=config.dataset.set or config.dataset.path,
         sha256=sha256,
         n_items=len(items),
-        items=[ItemRef(id=item.id, turns=judged_turns(item, config.judge.turns), benign=item.benign) for item in items],
+        items=[_item_ref(item, judged_turns(item, config.judge.turns)) for item in items],
     )
+
+
+def _item_ref(item: Item, turns: Sequence[int]) -> ItemRef:
+    """An item as the manifest lists it: its judged turns, and what each asks (hashed)."""
+    asked = [item.messages[position].content for position in item.user_positions]
+    return ItemRef(id=item.id, turns=list(turns), benign=item.benign, asked={k: asked_hash(asked[:k]) for k in turns})
 
 
 def target_refs(config: RunConfig, identities: Mapping[str, EngineIdentity]) -> dict[str, TargetRef]:

@@ -21,6 +21,11 @@ from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 
+class Incomparable(DiagsafeError):
+    """Two runs whose verdicts or items do not mean the same (another dataset, another judge): a usage error for
+    `compare`; the gate refuses to decide on such a comparison (exit 3)."""
+
+
 def verified(
     run_dir: Path,
     what: str,
@@ -45,7 +50,7 @@ def judge_warning(baseline: VerifiedRun, candidate: VerifiedRun, allow_different
         return None
     text = "judged by different judges (" + "; ".join(differences) + ")"
     if not allow_different_judges:
-        raise DiagsafeError(
+        raise Incomparable(
             f"{baseline.run_dir} and {candidate.run_dir} were {text}: their verdicts do not mean the same. Pass "
             "--allow-different-judges to compare them anyway"
         )
@@ -104,7 +109,7 @@ def compare_with_baseline(
     while they were verified (default: their results are read again)."""
     baseline = baseline or candidate
     if baseline.manifest.dataset.sha256 != candidate.manifest.dataset.sha256 and not allow_different_datasets:
-        raise DiagsafeError(
+        raise Incomparable(
             f"the runs evaluate different datasets ({baseline.run_dir}: {baseline.manifest.dataset.sha256[:12]}, "
             f"{candidate.run_dir}: {candidate.manifest.dataset.sha256[:12]}); items with the same id may hold "
             "different prompts (pairs are matched by prompt content too). Pass --allow-different-datasets to "

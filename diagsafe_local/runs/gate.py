@@ -253,16 +253,19 @@ def gate_run(
     """The gate on a run directory: verify it (and its baseline, under the same signature rule), resolve the
     limits, compare with the baseline where an increase is limited, decide. Usage errors raise DiagsafeError
     (exit 2); a run or baseline that does not verify raises RunFailed (exit 3)."""
-    from diagsafe_local.runs.baseline import compare_with_baseline, verified
+    from diagsafe_local.runs.baseline import Incomparable, compare_with_baseline, verified
 
     run = verified(run_dir, "the run", require_signature)
     limits = resolve(command_line, run.manifest.gate_settings if run.config_trusted else None)
     comparisons = None
     if limits.increases:
         assert limits.baseline_run is not None
-        comparisons = compare_with_baseline(
-            run,
-            verified(Path(limits.baseline_run), "the baseline run", require_signature),
-            baseline_target=limits.baseline_target,
-        )
+        try:
+            comparisons = compare_with_baseline(
+                run,
+                verified(Path(limits.baseline_run), "the baseline run", require_signature),
+                baseline_target=limits.baseline_target,
+            )
+        except Incomparable as exc:  # nothing is decided on a comparison whose two sides do not mean the same
+            raise RunFailed(f"refused: {exc}") from None
     return run, decide(run, limits, targets, comparisons)

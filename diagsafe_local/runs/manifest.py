@@ -125,6 +125,11 @@ class ItemRef(Record):
     id: str
     turns: list[int] = Field(min_length=1, description="The judged turns (1-based).")
     benign: bool = Field(False, description="Benign (over-refusal) items are not attacked.")
+    asked: dict[int, str] | None = Field(
+        None,
+        description="Each judged turn's prompt, hashed (`records.asked_hash` of the user turns up to it): the gate "
+        "refuses results that answer anything else (None: older runs).",
+    )
 
 
 class DatasetRef(Record):

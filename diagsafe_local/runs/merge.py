@@ -161,7 +161,8 @@ class _Placed:
     def place(self, run_dir: Path, source: int, line: jsonl.Line[Any], unique: bool) -> None:
         """Hold a record's place; with `unique`, a key seen in an earlier source is a duplicate (`duplicate` names
         the first; `write` refuses to write), else the last record of a key wins."""
-        key = tuple(sys.intern(part) if isinstance(part, str) else part for part in line.record.key)
+        target, item_id, sample, turn = line.record.key
+        key = (sys.intern(target), sys.intern(item_id), sample, turn)  # a million keys share their strings
         row = self.rows.get(key)
         if row is not None and unique:
             self.duplicate = self.duplicate or (

@@ -23,7 +23,6 @@ corrected ASRs, with a validated judge); `plan --baseline-asr --margin` sizes a 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,8 +50,7 @@ from diagsafe_local.stats import (
 
 def prompt_key(record: ResultRecord) -> str:
     """What the target was asked: its user turns (not a system prompt, not its own earlier answers), hashed."""
-    asked = [m.content for m in record.conversation if m.role == "user"]
-    return hashlib.sha256(repr(asked).encode("utf-8", "surrogatepass")).hexdigest()[:16]  # repr: unambiguous
+    return record.asked()
 
 
 def sides(path: Path, lines: Iterable[Line[ResultRecord]], targets: Iterable[str]) -> dict[str, Column]:

@@ -9,6 +9,8 @@ error naming the file, line and field, never a guessed key. The JSON Schema of R
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -172,6 +174,13 @@ class AttackInfo(BaseModel):
         return bool(self.attacker_prompt)
 
 
+def asked_hash(asked: Sequence[str]) -> str:
+    """What a target was asked, hashed: its user turns in order (not a system prompt, not its own earlier answers).
+    The manifest records it for every judged turn of the dataset, the gate checks every result against it, and
+    a paired comparison pairs answers by it."""
+    return hashlib.sha256(repr(list(asked)).encode("utf-8", "surrogatepass")).hexdigest()[:16]  # repr: unambiguous
+
+
 class ResultRecord(KeyedRecord):
     """One judged answer: the full conversation, the answer, the judge's raw output, verdict and score."""
 
@@ -217,6 +226,10 @@ class ResultRecord(KeyedRecord):
     @property
     def key(self) -> AnswerKey:  # its own fields' order (run_id first) stays that of the published format
         return (self.target, self.item_id, self.sample, self.turn)
+
+    def asked(self) -> str:
+        """What the target was asked, hashed (`asked_hash` of its user turns)."""
+        return asked_hash([m.content for m in self.conversation if m.role == "user"])
 
 
 class ControlRecord(KeyedRecord):

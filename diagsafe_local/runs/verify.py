@@ -8,7 +8,8 @@ The gate (and, as a banner, the report) decides only on a run that verifies:
   judged turn) of the dataset the manifest lists (every item of the whole dataset: a shard, a merge of some
   shards or a run whose results were cut is refused, naming what is missing), and none for anything else;
 - its own: every result, attack step and control verdict carries this run's id (or a merged source's) and
-  is of an item of its dataset; summary.json names this run and its results file;
+  is of an item of its dataset, and every result answers the very prompt its item asks (the manifest records
+  each judged turn's prompt, hashed); summary.json names this run and its results file;
 - attacked, where the config has an attack: every harmful item attacked to its end (broken, its query budget
   spent, or every chain ended), by this run;
 - checked by its controls, where its judge is a model: the judge graded its control answers;
@@ -161,6 +162,7 @@ def verify_run(
     )
     results_path = run_dir / files.RESULTS
     coverage = _Coverage(manifest, whole)
+    asked = _Asked(manifest)
     foreign: Counter[str] = Counter()
     allowed = manifest.run_ids()
     results_digest = hashlib.sha256()
@@ -170,6 +172,7 @@ def verify_run(
             if record.run_id not in allowed:
                 foreign[record.run_id] += 1
             coverage.see(record.key)
+            asked.see(record)
             summarizer.add(record)
             if observe is not None:
                 observe(line)
@@ -178,6 +181,7 @@ def verify_run(
     results_sha256 = results_digest.hexdigest() if results_path.is_file() else None
     problems += _foreign(foreign, manifest)
     problems += coverage.problems()
+    problems += asked.problems()
     if stored.results_sha256 != results_sha256:
         problems.append(
             "summary.json does not belong to results.jsonl (written by an older version, or the results changed "
@@ -283,7 +287,8 @@ def _config_file(run_dir: Path, manifest: Manifest) -> tuple[bool, list[str]]:
     if not raw.startswith(files.CONFIG_HEADER.encode()):
         return False, []
     try:
-        written = yaml.safe_load(raw.decode("utf-8"))
+        # libyaml's safe loader where PyYAML was built with it (ten times the pure-Python one: merge reads one per shard)
+        written = yaml.load(raw.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (UnicodeDecodeError, yaml.YAMLError):
         return False, [f"{files.CONFIG} does not read as YAML (edited)"]
     if written != manifest.config:
@@ -323,6 +328,37 @@ def _attack_coverage(summarizer: Summarizer, steps: int, manifest: Manifest, who
         extra = [f"{t}/{i}" for t, i in sorted(left)][:_SHOWN]
         problems.append(f"{files.ATTACKS} attacks goals the run's dataset does not have: " + ", ".join(extra))
     return problems
+
+
+class _Asked:
+    """Whether each result answers the prompt its item asks in the manifest's dataset (its user turns, hashed at
+    run time): a result whose conversation was edited, or that came from another dataset's item of the same id,
+    is not one this run made."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.expected = {
+            (item.id, turn): digest
+            for item in manifest.dataset.items or []
+            for turn, digest in (item.asked or {}).items()
+        }
+        self.wrong: list[AnswerKey] = []
+        self.count = 0
+
+    def see(self, record: ResultRecord) -> None:
+        digest = self.expected.get((record.item_id, record.turn))
+        if digest is not None and record.asked() != digest:
+            self.count += 1
+            if len(self.wrong) < _SHOWN:
+                self.wrong.append(record.key)
+
+    def problems(self) -> list[str]:
+        if not self.count:
+            return []
+        shown = ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in self.wrong)
+        return [
+            f"{self.count} results answer prompts their items do not ask in the run's dataset (edited after the run, "
+            f"or made for another dataset), e.g. {shown}"
+        ]
 
 
 class _Coverage:
