@@ -6,8 +6,8 @@ so the records are exactly what `run` writes and they verify like any run. The c
 and peak memory are the harness's at the full size); the baseline, other checkpoints on the same prompts, is
 made in 16 shards and merged with `merge`, as a sharded run is.
 
-Then each command runs in a child process of its own, timed, its peak memory read from the child's rusage
-(`os.wait4`): `merge` (16 shards into one), `gate`, `report`, `compare` (the two runs). The bare minimum of a
+Then each command runs in a child process of its own, timed, its peak memory the child's own high-water mark
+(`VmHWM`, which it writes as it exits; rusage's maxrss would also count the parent it was forked from): `merge` (16 shards into one), `gate`, `report`, `compare` (the two runs). The bare minimum of a
 command is `json.loads` of every line plus SHA-256 of each file it reads, in a child of its own too; the ratio
 is the command's seconds over it. Bounds: memory <= 1 GB for each; ratio <= 5 for gate and merge, <= 8 for
 report and compare. Making the runs is timed too (`run`, its memory: the harness, bound 1.5 GB at 1M).
@@ -18,6 +18,7 @@ Run: .venv/bin/python scripts/bench_scale.py [--sizes 10000 100000 1000000] [--j
 from __future__ import annotations
 
 import argparse
+import atexit
 import hashlib
 import json
 import os
@@ -104,17 +105,41 @@ def cli_with_bench_engine(arguments: list[str]) -> None:
 # -- measuring ----------------------------------------------------------------------------------------------
 
 
+PEAK_FILE = "BENCH_PEAK_FILE"  # where a child of ours writes its peak memory (kB) as it exits
+
+
+def own_peak_kb() -> int:
+    """This process's own peak resident memory since its exec (`VmHWM`). Not rusage's maxrss: Linux carries
+    the address space a child was (v)forked from into it at exec, so a child of a large process (pytest
+    holding an engine) would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def report_peak_at_exit() -> None:
+    if path := os.environ.get(PEAK_FILE):
+        atexit.register(lambda: Path(path).write_text(str(own_peak_kb())))
+
+
+def measured_child(command: list[str], **popen: Any) -> tuple[subprocess.CompletedProcess[bytes], float]:
+    """Run one of our commands (`me(...)`) to its end: the finished process and its own peak memory (MB)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        peak = Path(scratch) / "peak"
+        done = subprocess.run(command, env={**os.environ, PEAK_FILE: str(peak), **popen.pop("env", {})}, **popen)
+        return done, int(peak.read_text()) / 1024 if peak.exists() else float("nan")
+
+
 def child(command: list[str], log: Path) -> dict[str, Any]:
     """Run one command in a child process: its seconds, peak memory (GB) and exit code."""
     start = time.perf_counter()
     with open(log, "ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
+        done, peak_mb = measured_child(command, stdout=out, stderr=subprocess.STDOUT)
     return {
         "seconds": round(time.perf_counter() - start, 2),
-        "peak_gb": round(usage.ru_maxrss / 1024**2, 3),
-        "exit": process.returncode,
+        "peak_gb": round(peak_mb / 1024, 3),
+        "exit": done.returncode,
     }
 
 
@@ -204,6 +229,7 @@ def timed(command: list[str], files: list[Path], log: Path) -> dict[str, Any]:
 
 
 def main() -> None:
+    report_peak_at_exit()
     if len(sys.argv) > 1 and sys.argv[1] == "cli":
         cli_with_bench_engine(sys.argv[2:])
         return

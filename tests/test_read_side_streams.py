@@ -6,11 +6,11 @@ places instead of records, and bytes changed behind a reader's back are caught. 
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -207,25 +207,30 @@ BENCH = REPO / "scripts" / "bench_scale.py"
 BOUND_MB = 400  # the whole-file read side took ~1 GB (gate) to ~4 GB (compare) on a run this size
 
 
+def _bench_scale() -> ModuleType:
+    if str(BENCH.parent) not in sys.path:
+        sys.path.insert(0, str(BENCH.parent))
+    import bench_scale
+
+    return bench_scale
+
+
 def _child(*arguments: str, cwd: Path) -> tuple[int, float, str]:
-    """Exit code, peak memory (MB, the child's own rusage) and output of one CLI command with the bench engine."""
-    process = subprocess.Popen(
-        [sys.executable, str(BENCH), "cli", *arguments],
+    """Exit code, peak memory (MB, the child's own) and output of one CLI command with the bench engine."""
+    bench_scale = _bench_scale()
+    done, peak_mb = bench_scale.measured_child(
+        bench_scale.me("cli", *arguments),
         cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "DIAGSAFE_PROGRESS_SECONDS": "3600"},
+        env={"DIAGSAFE_PROGRESS_SECONDS": "3600"},
     )
-    assert process.stdout is not None
-    output = process.stdout.read().decode()
-    _, status, usage = os.wait4(process.pid, 0)
-    return os.waitstatus_to_exitcode(status), usage.ru_maxrss / 1024, output
+    return done.returncode, peak_mb, done.stdout.decode()
 
 
 @pytest.mark.slow
 def test_gate_compare_and_merge_of_50000_answers_stay_under_a_memory_bound(tmp_path):
-    sys.path.insert(0, str(BENCH.parent))
-    import bench_scale
+    bench_scale = _bench_scale()
 
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"id": f"q{k}", "prompt": f"question {k}"}) + "\n" for k in range(500)))

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from diagsafe_local.core.settings import StrictModel
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
+from diagsafe_local.evaluation.attack.prompts import MIN_ATTACKER_TOKENS
 from diagsafe_local.runs.manifest import AttackRef
 
 
@@ -16,10 +17,11 @@ class AttackerSampling(SamplingConfig):
 
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="The attacker's temperature (PAIR uses 1.0).")
     max_tokens: int = Field(
-        1536,
-        ge=32,
-        description="Most tokens of one attacker reply; its prompt is held to max_tokens/2 characters and its "
-        "improvement to max_tokens/4, so every reply fits and parses.",
+        4096,
+        ge=MIN_ATTACKER_TOKENS,
+        description="Most tokens of one attacker reply. Its prompt and improvement are held to (max_tokens - 38)/6 "
+        "characters (a fifth for the improvement: 4096 tokens give a 541-character prompt), so that every reply "
+        "fits and parses whatever its characters; a reply is as long as the attacker makes it, not this budget.",
     )
 
 

@@ -15,15 +15,26 @@ from typing import Any
 from diagsafe_local.engines.base import Completion
 from diagsafe_local.judging.base import neutralise
 
+# The longest valid reply in tokens, counted in bytes (a token is at least one byte): the skeleton
+# `{"improvement":"","prompt":""}` with a space at each of its eight joints, and each string character at most
+# six bytes (`\uXXXX`). Measured: a random-weight attacker, free to pick any byte, was cut at 48 tokens under
+# a one-token-per-character budget.
+SKELETON_BYTES = 38
+BYTES_PER_CHARACTER = 6
+MIN_ATTACKER_TOKENS = SKELETON_BYTES + 5 * BYTES_PER_CHARACTER
+
 
 def attacker_schema(max_tokens: int) -> dict[str, Any]:
-    """The attacker's reply schema, its longest valid object within `max_tokens` (a token is at least one
-    character, so a quarter of the budget for the improvement and half for the prompt always fit)."""
+    """The attacker's reply schema, whose longest valid object fits `max_tokens` whatever the characters
+    (under schema-constrained decoding without free whitespace): a fifth of the characters for the
+    improvement, the rest for the prompt."""
+    characters = (max_tokens - SKELETON_BYTES) // BYTES_PER_CHARACTER
+    improvement = characters // 5
     return {
         "type": "object",
         "properties": {
-            "improvement": {"type": "string", "maxLength": max(8, max_tokens // 4)},
-            "prompt": {"type": "string", "minLength": 1, "maxLength": max(8, max_tokens // 2)},
+            "improvement": {"type": "string", "maxLength": improvement},
+            "prompt": {"type": "string", "minLength": 1, "maxLength": characters - improvement},
         },
         "required": ["improvement", "prompt"],
         "additionalProperties": False,
