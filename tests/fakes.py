@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import types
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 
 from diagsafe_local.engines.base import Completion, EngineBase, EngineInfo, GenerationRequest
 
@@ -96,3 +98,60 @@ class SteppedStream:
 
     def close(self) -> None:
         self.running = []
+
+
+class FakeNvml(types.ModuleType):
+    """NVML (`pynvml`) as its documentation describes it, for a GPU node this machine is not: GPUs by index or
+    UUID, memory in bytes (`free` may be a function: memory given back between reads), the driver's version, and
+    the CUDA version it supports as an integer (12020 for 12.2)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, gpus: list[dict], driver: str = "535.104.05", cuda: int = 12020) -> None:
+        super().__init__("pynvml")
+        self.gpus = gpus
+        self.driver = driver
+        self.cuda = cuda
+
+    def nvmlInit(self) -> None:
+        return None
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict:
+        return self.gpus[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> dict:
+        for gpu in self.gpus:
+            if gpu["uuid"] == uuid:
+                return gpu
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetMemoryInfo(self, handle: dict) -> SimpleNamespace:
+        free = handle["free"]() if callable(handle["free"]) else handle["free"]
+        return SimpleNamespace(total=handle["total"], free=free, used=handle["total"] - free)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: dict) -> tuple[int, int]:
+        return handle["capability"]
+
+    def nvmlDeviceGetName(self, handle: dict) -> str:
+        return handle["name"]
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.cuda
+
+
+def fake_gpu(k: int, total_gib: float = 80, free_gib: float | Callable[[], int] = 79, capability=(9, 0)) -> dict:
+    free = free_gib if callable(free_gib) else int(free_gib * 1024**3)
+    return {
+        "uuid": f"GPU-{k:04d}",
+        "name": "NVIDIA H100 80GB HBM3",
+        "total": int(total_gib * 1024**3),
+        "free": free,
+        "capability": capability,
+    }

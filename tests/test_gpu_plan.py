@@ -93,7 +93,7 @@ def test_weight_sizes_come_from_files_then_the_name(tmp_path):
 
 def test_device_groups_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
-    from diagsafe_local.engines.gpu_plan import visible_devices
+    from diagsafe_local.engines.gpus import visible_devices
 
     chosen = plan(4, GIB, 70 * GIB, mode="sequential")  # 70 GiB: two GPUs of 43 GiB for weights
     assert chosen.device_groups(visible_devices(4)) == ["3,5", "6,7"]

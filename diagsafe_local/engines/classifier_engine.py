@@ -18,7 +18,8 @@ from diagsafe_local.engines.base import (
     local_model_path,
 )
 from diagsafe_local.engines.config import EngineConfig
-from diagsafe_local.engines.identity import cuda_available, model_fingerprint, package_versions
+from diagsafe_local.engines.gpus import cuda_available
+from diagsafe_local.engines.identity import model_fingerprint, package_versions
 
 BATCH = 32
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -11,6 +13,8 @@ from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.core.messages import Message
 from diagsafe_local.core.settings import StrictModel
 from diagsafe_local.engines.base import GenerationRequest
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank values (its LoRAConfig)
 
 
 class SamplingConfig(StrictModel):
@@ -82,7 +86,16 @@ class EngineConfig(StrictModel):
     backoff_max: float = Field(60.0, ge=0, description="openai: largest backoff in seconds.")
     logprobs: bool = Field(False, description="openai: ask for and record token logprobs where the server gives them.")
     lora: str | None = Field(None, description="LoRA adapter directory applied to `model` (vllm, transformers).")
-    max_lora_rank: int = Field(64, ge=1, description="Largest LoRA rank the engine accepts.")
+    max_lora_rank: int = Field(
+        64, description=f"Largest LoRA rank the engine accepts: one of {', '.join(map(str, LORA_RANKS))} (vLLM's)."
+    )
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _lora_rank(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"vLLM accepts a max_lora_rank of {', '.join(map(str, LORA_RANKS))}, not {value}")
+        return value
 
     @field_validator("kind")
     @classmethod
@@ -102,9 +115,29 @@ class EngineConfig(StrictModel):
 
         if capabilities(self.kind).remote and not self.base_url:
             raise ValueError(f"kind '{self.kind}' needs base_url")
+        rank = _adapter_rank(self.lora)
+        if rank is not None and rank > self.max_lora_rank:
+            raise ValueError(
+                f"the LoRA adapter {self.lora} has rank {rank}, above max_lora_rank {self.max_lora_rank}: set "
+                f"max_lora_rank to {min(r for r in LORA_RANKS if r >= rank)}"
+                if rank <= LORA_RANKS[-1]
+                else f"the LoRA adapter {self.lora} has rank {rank}; vLLM serves ranks up to {LORA_RANKS[-1]}"
+            )
         if "trust_remote_code" in self.engine_kwargs:
             raise ValueError(
                 "engine_kwargs cannot set trust_remote_code: running a model's own code needs the "
                 "explicit trust_remote_code: true (recorded in the manifest)"
             )
         return self
+
+
+def _adapter_rank(lora: str | None) -> int | None:
+    """A local LoRA adapter's rank (`r` of its adapter_config.json; the largest of rank_pattern's), else None."""
+    if lora is None:
+        return None
+    try:
+        adapter = json.loads((Path(lora) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return None  # a hub adapter, or none there yet: the engine says
+    ranks = [adapter.get("r"), *dict(adapter.get("rank_pattern") or {}).values()]
+    return max((r for r in ranks if isinstance(r, int)), default=None)

@@ -19,21 +19,26 @@ placement, so it is tested without GPUs. Rules:
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
-from diagsafe_local.engines.identity import cuda_available
+from diagsafe_local.engines.gpus import node_gpus
 from diagsafe_local.engines.kinds import capabilities
 from diagsafe_local.runs.manifest import EnginePlan, GpuPlan
 
 WEIGHT_SHARE = 0.6  # of an engine's GPU memory: the weights; the rest holds activations and the KV cache
-ALONE_SHARE = 0.9  # vLLM's default gpu_memory_utilization, for an engine that has its GPUs to itself
+ALONE_SHARE = 0.92  # vLLM's default gpu_memory_utilization, for an engine that has its GPUs to itself
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
 GIB = 1024**3
+# What a vLLM engine holds outside its gpu_memory_utilization share (estimates): its CUDA context, CUDA graphs
+# unless eager, NCCL buffers with tensor parallelism. vLLM checks, as each engine starts, that its share of the
+# GPU is free, so every engine opened before the last holds these on top of its share.
+CUDA_CONTEXT = GIB // 2
+CUDA_GRAPHS = GIB
+NCCL_BUFFERS = GIB // 2
 PARAMETERS_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
 
 
@@ -64,33 +69,11 @@ def weight_bytes(model: str) -> tuple[int | None, str]:
     return None, "unknown"
 
 
-def visible_devices(count: int) -> list[str]:
-    """The device names this process's CUDA_VISIBLE_DEVICES gives (indices or UUIDs), else 0..count-1."""
-    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    return listed[:count] if listed else [str(k) for k in range(count)]
-
-
 def visible_gpu_memory() -> list[int]:
-    """Total memory of each GPU this process may use (empty without CUDA). NVML reads it without creating a
-    CUDA context in this process (the engines' workers must be the first to); torch is the fallback."""
-    if not cuda_available():
-        return []
-    import torch
-
-    count = torch.cuda.device_count()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handles = []
-        for device in visible_devices(count):
-            if device.isdigit():
-                handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(device)))
-            else:
-                handles.append(pynvml.nvmlDeviceGetHandleByUUID(device))
-        return [int(pynvml.nvmlDeviceGetMemoryInfo(h).total) for h in handles]
-    except Exception:  # no NVML (or MIG devices it cannot map): ask torch
-        return [int(torch.cuda.get_device_properties(k).total_memory) for k in range(count)]
+    """Total memory of each GPU this process may use (empty without GPUs), read through NVML: no CUDA context
+    in this process (the engines' workers must be the first to create one)."""
+    node = node_gpus()
+    return [g.total for g in node.gpus] if node else []
 
 
 def _tensor_parallel(weights: int | None, usable: float, configured: int) -> int:
@@ -99,6 +82,39 @@ def _tensor_parallel(weights: int | None, usable: float, configured: int) -> int
         while weights > WEIGHT_SHARE * usable * size:
             size *= 2
     return max(size, configured)
+
+
+def _outside_share(config: EngineConfig, tensor_parallel: int) -> int:
+    return CUDA_CONTEXT + (0 if config.enforce_eager else CUDA_GRAPHS) + (NCCL_BUFFERS if tensor_parallel > 1 else 0)
+
+
+def _colocation_fits(
+    gpu_engines: Sequence[tuple[str, EngineConfig, float]], engines: Sequence[EnginePlan], memory: int
+) -> None:
+    """Refuse, before any engine loads, colocated shares that vLLM would refuse at the last engine's start: the
+    judge and an attacker open first and stay, then one target at a time, so the judge's and attacker's
+    overheads come on top of every share."""
+    resident: dict[
+        str, tuple[float, int]
+    ] = {}  # role kind -> (its share, its overhead if opened before the last), one target at a time
+    for (role, config, share), plan in zip(gpu_engines, engines):
+        kind = role.split(":")[0]
+        overhead = 0 if kind == "target" else _outside_share(config, plan.tensor_parallel_size)
+        resident[kind] = max(resident.get(kind, (0.0, 0)), (share, overhead))
+    if len(resident) < 2:
+        return
+    shares = sum(share for share, _ in resident.values())
+    outside = sum(overhead for _, overhead in resident.values())
+    if shares * memory + outside > memory:
+        fits = (memory - outside) / memory
+        parts = " + ".join(f"{kind} {share:.2f}" for kind, (share, _) in resident.items())
+        raise DiagsafeError(
+            f"colocated engines do not fit {memory / GIB:.1f} GiB GPUs: their shares ({parts} = {shares:.2f}, "
+            f"{shares * memory / GIB:.1f} GiB) plus about {outside / GIB:.1f} GiB the engines opened first hold "
+            f"outside their shares (CUDA context, CUDA graphs unless enforce_eager, NCCL with tensor parallelism) "
+            f"come to {(shares * memory + outside) / GIB:.1f} GiB, and vLLM would refuse the last engine at start; "
+            f"give shares that sum to at most {fits:.2f}, or more GPU memory"
+        )
 
 
 def plan_gpus(
@@ -166,6 +182,8 @@ def plan_gpus(
                 tensor_parallel_size=tp,
             )
         )
+    if mode == "colocate" and gpus:
+        _colocation_fits(gpu_engines, engines, memory)
     group = max((e.tensor_parallel_size for e in engines), default=1)
     replicas = max(1, min(gpus // group if gpus else 1, n_items or gpus))
     if gpus and gpus % group:

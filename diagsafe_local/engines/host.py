@@ -14,11 +14,13 @@ from typing import Any, Literal
 
 from diagsafe_local.engines.base import Engine
 from diagsafe_local.engines.config import EngineConfig
-from diagsafe_local.engines.identity import cuda_available
+from diagsafe_local.engines.gpu_plan import ALONE_SHARE
+from diagsafe_local.engines.gpus import cuda_available, wait_for_memory
 from diagsafe_local.engines.kinds import capabilities
 from diagsafe_local.runs.manifest import GpuPlan
 
 log = logging.getLogger(__name__)
+MEMORY_WAIT_SECONDS = 60.0  # an engine closed a moment ago gets this long to give its GPU memory back
 Mode = Literal["colocate", "sequential", "sleep"]
 
 
@@ -49,6 +51,11 @@ class Host:
         planned = self.plan.tensor_parallel(role) if self.plan else 1
         if capabilities(config.kind).tensor_parallel and planned > config.tensor_parallel_size:
             config = config.model_copy(update={"tensor_parallel_size": planned})
+        if capabilities(config.kind).tensor_parallel and cuda_available():
+            # vLLM refuses to start unless its share of each GPU is free; the last engine's workers may still be
+            # exiting (vLLM gives them 5 s), so wait for it here and name what is held if it never comes.
+            share = config.gpu_memory_utilization or options.get("memory_share") or ALONE_SHARE
+            wait_for_memory(share, config.tensor_parallel_size, MEMORY_WAIT_SECONDS)
         engine = self.factory(config, **options)
         self.loaded[role] = {
             **engine.info.model_dump(mode="json"),

@@ -3,7 +3,6 @@ may reuse: installed package versions, a model directory's content hash, the CUD
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from importlib import metadata
 from pathlib import Path
@@ -51,23 +50,6 @@ def model_fingerprint(path: str) -> str | None:
                 handle.seek(max(0, size - (1 << 20)))
                 digest.update(handle.read(1 << 20))
     return ("sha256:" if full else "sha256-sampled:") + digest.hexdigest()
-
-
-_NVIDIA_DRIVER = (Path("/proc/driver/nvidia"), Path("/dev/nvidiactl"))
-
-
-@functools.cache
-def cuda_available() -> bool:
-    """Whether this process can use a CUDA GPU. Without the NVIDIA kernel driver there is none, and that is told
-    without importing torch (a second and 200 MB of memory: an API-path run on a CPU node never needs it)."""
-    if not any(path.exists() for path in _NVIDIA_DRIVER):
-        return False
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except ImportError:
-        return False
 
 
 class EngineIdentity(BaseModel):

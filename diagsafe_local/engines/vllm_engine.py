@@ -23,7 +23,8 @@ from diagsafe_local.engines.base import (
     local_model_path,
 )
 from diagsafe_local.engines.config import EngineConfig
-from diagsafe_local.engines.identity import cuda_available, model_fingerprint, package_versions
+from diagsafe_local.engines.gpus import cuda_available, node_gpus
+from diagsafe_local.engines.identity import model_fingerprint, package_versions
 from diagsafe_local.engines.streams import run_all
 
 log = logging.getLogger(__name__)
@@ -57,11 +58,9 @@ def deterministic_mode(requested: bool) -> str | None:
     special kernels: one sequence at a time, no prefix cache, so no other request can change a result."""
     if not requested:
         return None
-    if cuda_available():
-        import torch
-
-        if torch.cuda.get_device_capability()[0] >= 8:
-            return "batch-invariant"
+    node = node_gpus() if cuda_available() else None  # NVML: asking torch would start CUDA in this process
+    if node is not None and node.gpus and min(g.capability for g in node.gpus)[0] >= 8:
+        return "batch-invariant"
     return "one-at-a-time"
 
 
@@ -151,6 +150,9 @@ class VLLMEngine(EngineBase):
                 "tensor_parallel_size": config.tensor_parallel_size,
                 "structured_output_backend": structured_backend,
                 "cuda": cuda_available(),
+                "torch_cuda": _torch_cuda(),
+                # GPUs run vLLM's Model Runner V2 by default, CPUs V1: VLLM_USE_V2_MODEL_RUNNER=0 picks V1 on GPUs.
+                "model_runner": _model_runner(self._llm),
                 "deterministic": determinism,
             },
         )
@@ -186,6 +188,8 @@ class VLLMEngine(EngineBase):
 
     def _completion(self, request: GenerationRequest, out: Any) -> Completion:
         choice = out.outputs[0]
+        if choice.finish_reason == "abort":  # e.g. by a sleep in vLLM's default mode: unfinished, not cut short
+            return error_completion("vLLM aborted the request before it finished (finish_reason 'abort')")
         labels = None
         if request.label_words:
             first = choice.logprobs[0] if choice.logprobs else {}
@@ -231,10 +235,17 @@ class VLLMEngine(EngineBase):
             core.shutdown()
         del self._llm
         gc.collect()
-        if cuda_available():
-            import torch
 
-            torch.cuda.empty_cache()
+
+def _model_runner(llm: Any) -> str | None:
+    config = getattr(llm.llm_engine, "vllm_config", None)
+    return None if config is None else ("v2" if config.use_v2_model_runner else "v1")
+
+
+def _torch_cuda() -> str | None:
+    import torch
+
+    return torch.version.cuda
 
 
 def _model_context(model: str) -> int | None:

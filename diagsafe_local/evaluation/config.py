@@ -68,6 +68,9 @@ class DatasetConfig(StrictModel):
         return self
 
 
+SLEEP_SHARE = 0.8  # the parked engine still holds its CUDA context and graphs
+
+
 class PlacementConfig(StrictModel):
     """How target and judge share the node."""
 
@@ -76,14 +79,31 @@ class PlacementConfig(StrictModel):
         description="colocate: both resident; sequential: generate all, free the target, then judge; "
         "sleep: vLLM sleep mode swaps them (CUDA only; falls back to sequential elsewhere).",
     )
-    target_memory: float = Field(0.45, gt=0.0, lt=1.0, description="GPU memory share of the target when colocated.")
-    judge_memory: float = Field(0.45, gt=0.0, lt=1.0, description="GPU memory share of the judge when colocated.")
+    target_memory: float = Field(
+        0.45,
+        gt=0.0,
+        lt=1.0,
+        description="GPU memory share of the target: colocated 0.45; in sleep mode 0.8 (one engine is awake at a "
+        "time, and each engine's KV cache is sized by its own share).",
+    )
+    judge_memory: float = Field(
+        0.45, gt=0.0, lt=1.0, description="GPU memory share of the judge: colocated 0.45; in sleep mode 0.8."
+    )
     replicas: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
         "auto",
         description="Data parallelism: copies of the whole pipeline, each on its own group of GPUs and its own "
         "shard of the items, merged at the end. auto: as many as the visible GPUs hold once each model's "
         "tensor parallel size is planned from its size (see `diagsafe-local plan`); 1 = one process.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sleep_shares(cls, data: Any) -> Any:
+        """Sleep mode's shares, unless given: the parked engine gives its weights and cache back, so the awake one
+        can have most of the GPU (what sleep is for; 0.45 each would leave half of it unused)."""
+        if isinstance(data, dict) and data.get("mode") == "sleep":
+            return {"target_memory": SLEEP_SHARE, "judge_memory": SLEEP_SHARE, **data}
+        return data
 
 
 class RunConfig(StrictModel):

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from diagsafe_local import __version__
-from diagsafe_local.engines.identity import EngineIdentity, cuda_available, package_versions
+from diagsafe_local.engines.gpus import node_gpus
+from diagsafe_local.engines.identity import EngineIdentity, package_versions
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judged_turns
@@ -91,14 +92,13 @@ def target_refs(config: RunConfig, identities: Mapping[str, EngineIdentity]) -> 
 
 
 def host_info() -> dict[str, Any]:
-    """Where the run ran: node name, SLURM job and node list, GPU type and count."""
-    gpus: list[str] = []
-    if cuda_available():
-        import torch
-
-        gpus = [torch.cuda.get_device_name(k) for k in range(torch.cuda.device_count())]
+    """Where the run ran: node name, SLURM job and node list, GPUs (names, driver, the driver's CUDA version;
+    read through NVML, so a CPU node and an API-path run import no torch)."""
+    node = node_gpus()
+    gpus = [g.name for g in node.gpus] if node else []
     slurm = {k: os.environ[k] for k in SLURM_VARIABLES if k in os.environ}
-    return {"hostname": socket.gethostname(), "gpu_count": len(gpus), "gpus": gpus, "slurm": slurm}
+    found = {"gpu_driver": node.driver, "driver_cuda": node.cuda} if node else {}
+    return {"hostname": socket.gethostname(), "gpu_count": len(gpus), "gpus": gpus, **found, "slurm": slurm}
 
 
 def build_manifest(

@@ -318,6 +318,8 @@ class Run:
                     if self.host.mode == "colocate":
                         self._generate(target, judge, controls, opened)  # the judge grades each answer as it comes
                     elif not sequential:
+                        # vLLM's sleep aborts whatever is in flight: the judge's controls finish first.
+                        controls.finish()
                         self.host.park(judge)
                         self._generate(target)
                         self.host.unpark(judge)

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.gpu_plan import plan_gpus, visible_gpu_memory
+from diagsafe_local.engines.gpus import cuda_available
+from diagsafe_local.engines.kinds import capabilities
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.runs.manifest import GpuPlan
 
@@ -17,9 +19,12 @@ def plan_run(
     """The GPU plan of a run on this process's visible GPUs (or on `gpu_memory`, to plan for another node);
     without `replicate`, one replica (a process that runs its share itself)."""
     placement = config.placement
-    memory = visible_gpu_memory() if gpu_memory is None else gpu_memory
     attack = config.attack
     own = attack.own_attacker if attack else None
+    models = [*config.targets, *([config.judge] if config.judge.needs_model else []), *([own] if own else [])]
+    if gpu_memory is None and any(capabilities(m.kind).local for m in models):
+        cuda_available()  # a node whose GPUs torch cannot use stops here, before any engine loads
+    memory = visible_gpu_memory() if gpu_memory is None else gpu_memory
     plan = plan_gpus(
         memory,
         config.targets,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from diagsafe_local.core.errors import RunFailed
-from diagsafe_local.engines.gpu_plan import visible_devices
+from diagsafe_local.engines.gpus import visible_devices
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.sharding import Shard, incomplete_shards, merge_shards
 from diagsafe_local.runs import files

@@ -67,6 +67,7 @@ def submit_shards(
     if resources.partition:
         common.append(f"--partition={resources.partition}")
     asked = [
+        "--nodes=1",  # --gpus is a job's total: on several nodes a task would see only its first node's
         f"--gpus={resources.gpus_per_task}",
         f"--cpus-per-task={resources.cpus_per_task}",
         f"--mem={resources.mem}",
