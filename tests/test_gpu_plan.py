@@ -12,7 +12,7 @@ import yaml
 
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
-from diagsafe_local.engines.gpu_plan import GIB, plan_gpus, weight_bytes
+from diagsafe_local.engines.gpu_plan import GIB, plan_gpus, weight_bits, weight_bytes
 from diagsafe_local.engines.host import Host
 from diagsafe_local.evaluation.attack.pair import PairConfig
 from diagsafe_local.evaluation.config import RunConfig
@@ -115,7 +115,7 @@ def test_explicit_replicas_split_the_gpus_and_are_checked(tmp_path, monkeypatch)
     from diagsafe_local.engines import gpu_plan
 
     sizes = {"t": GIB, "j": 70 * GIB}
-    monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model: (sizes[model], "test"))
+    monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model, bits: (sizes[model], "test"))
     two = plan_run(run_config(tmp_path, replicas=2), None, [H100] * 8)
     assert (two.replicas, two.gpus_per_replica) == (2, 4)
     with pytest.raises(DiagsafeError, match="placement.replicas 5 needs 10 GPUs"):
@@ -146,7 +146,7 @@ def test_an_attackers_own_model_is_planned_and_opened_with_its_tensor_parallel_s
     from diagsafe_local.engines import gpu_plan
 
     sizes = {"t": 15 * GIB, "j": 15 * GIB, "a": 16 * GIB}  # a: 16 GiB > 0.6 x 20% of 80 GiB
-    monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model: (sizes[model], "test"))
+    monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model, bits: (sizes[model], "test"))
     config = run_config(tmp_path, mode="colocate", target_memory=0.35, judge_memory=0.35)
     attacked = config.model_copy(update={"attack": PairConfig(strategy="pair", attacker={"model": "a"})})
     chosen = plan_run(attacked, None, [H100] * 8)
@@ -208,3 +208,29 @@ def test_replicas_run_as_shard_processes_and_merge(tiny_models, tmp_path):
     assert manifest.merged_from and len(manifest.merged_from) == 2
     again = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "2 already complete" in again.stdout and "started" not in again.stdout
+
+
+def test_the_plan_counts_pipeline_stages_quantisation_and_attention_heads(tmp_path):
+    judge = EngineConfig(model="meta-llama/Llama-3.1-405B-Instruct")
+    # 405B at 16 bits (754 GiB) on 80 GiB GPUs at 60% of 92% each: 16 x 2 stages = 32 GPUs; one node has 8
+    staged = judge.model_copy(update={"engine_kwargs": {"pipeline_parallel_size": 2}})
+    with pytest.raises(DiagsafeError, match=r"needs 32 GPUs of 80 GiB \(tensor parallel 16 x 2 pipeline stages"):
+        plan_gpus([80 * GIB] * 8, [], staged, "sequential", 0.45, 0.45)
+    # quantised weights sized from the name: the AWQ 72B is 36 GB, one 80 GiB GPU alone holds it
+    assert weight_bits(EngineConfig(model="Qwen/Qwen2.5-72B-Instruct-AWQ")) == 4
+    assert weight_bits(EngineConfig(model="m-70B", engine_kwargs={"quantization": "fp8"})) == 8
+    quantised = plan_gpus(
+        [80 * GIB] * 8, [], EngineConfig(model="Qwen/Qwen2.5-72B-Instruct-AWQ"), "sequential", 0.45, 0.45
+    )
+    assert quantised.engines[0].tensor_parallel_size == 1 and quantised.engines[0].weight_bytes == 36 * 10**9
+    # 28 attention heads (Qwen2.5-7B): a model that needs more than 4 GPUs takes 7, never 8
+    model = tmp_path / "qwen7b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_attention_heads": 28}))
+    config = EngineConfig(model=str(model))
+    plan = plan_gpus([16 * GIB] * 8, [], config, "sequential", 0.45, 0.45, sizes={str(model): 45 * GIB})
+    assert plan.engines[0].tensor_parallel_size == 7 and plan.gpus_per_replica == 7
+    with pytest.raises(DiagsafeError, match="needs 14 GPUs .* 14 is the smallest that divides its 28 attention heads"):
+        plan_gpus([16 * GIB] * 8, [], config, "sequential", 0.45, 0.45, sizes={str(model): 70 * GIB})
+    with pytest.raises(DiagsafeError, match="28 attention heads: its tensor_parallel_size must divide them"):
+        plan_gpus([80 * GIB] * 8, [], config.model_copy(update={"tensor_parallel_size": 8}), "sequential", 0.4, 0.4)

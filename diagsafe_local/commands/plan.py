@@ -60,6 +60,11 @@ def plan(
         typer.echo(
             f"  {engine.role}: {engine.model} ({size}; {engine.memory_share:.0%} of each GPU) -> "
             f"tensor_parallel_size {engine.tensor_parallel_size}"
+            + (
+                f" x pipeline_parallel_size {engine.pipeline_parallel_size}"
+                if engine.pipeline_parallel_size > 1
+                else ""
+            )
         )
     typer.echo(
         f"replicas: {chosen.replicas} x {chosen.gpus_per_replica} GPU(s), each on its shard of the items (at most one per item)"

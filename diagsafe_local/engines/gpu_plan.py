@@ -40,11 +40,38 @@ CUDA_CONTEXT = GIB // 2
 CUDA_GRAPHS = GIB
 NCCL_BUFFERS = GIB // 2
 PARAMETERS_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
+# Bits per weight of a quantised model sized from its name: the engine's `quantization`, else a tag in the name.
+QUANTISED_BITS = {"fp8": 8, "int8": 8, "w8a8": 8, "8bit": 8, "awq": 4, "gptq": 4, "int4": 4, "4bit": 4, "bnb": 4}
+QUANTISED_TAG = re.compile(r"(?<![a-z0-9])(" + "|".join(QUANTISED_BITS) + r")(?![a-z0-9])")
 
 
-def weight_bytes(model: str) -> tuple[int | None, str]:
+def weight_bits(config: EngineConfig) -> int:
+    """Bits per weight of `config`'s model where its size is read from its name: 16 unless quantised."""
+    method = str(config.engine_kwargs.get("quantization") or "").lower()
+    tag = QUANTISED_TAG.search(Path(config.model).name.lower())
+    return QUANTISED_BITS.get(method) or (QUANTISED_BITS[tag[1]] if tag else 16)
+
+
+def attention_heads(model: str) -> int | None:
+    """A local (or cached hub) model's attention heads, which its tensor parallel size must divide (vLLM's
+    rule); None when its config cannot be read."""
+    path = Path(model).expanduser() / "config.json"
+    try:
+        if not path.is_file() and model.count("/") <= 1 and not Path(model).is_absolute():
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, "config.json")
+            path = Path(cached) if isinstance(cached, str) else path
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    heads = config.get("num_attention_heads") or (config.get("text_config") or {}).get("num_attention_heads")
+    return heads if isinstance(heads, int) and heads > 0 else None
+
+
+def weight_bytes(model: str, bits: int = 16) -> tuple[int | None, str]:
     """Size of a model's weights and where it came from: a local directory's weight files, a cached hub
-    model's safetensors index, or the parameter count in its name ("...-72B-...") at 2 bytes each."""
+    model's safetensors index, or the parameter count in its name ("...-72B-...") at `bits` each."""
     path = Path(model).expanduser()
     try:
         local = path.is_dir()
@@ -65,7 +92,7 @@ def weight_bytes(model: str) -> tuple[int | None, str]:
                 return Path(cached).stat().st_size, "hub cache"
     named = PARAMETERS_IN_NAME.search(path.name)
     if named:
-        return int(float(named[1]) * 1e9 * 2), "name, as 16-bit weights"
+        return int(float(named[1]) * 1e9 * bits / 8), f"name, as {bits}-bit weights"
     return None, "unknown"
 
 
@@ -76,12 +103,16 @@ def visible_gpu_memory() -> list[int]:
     return [g.total for g in node.gpus] if node else []
 
 
-def _tensor_parallel(weights: int | None, usable: float, configured: int) -> int:
-    size = 1
-    if weights is not None:
-        while weights > WEIGHT_SHARE * usable * size:
-            size *= 2
-    return max(size, configured)
+def _tensor_parallel(weights: int | None, usable: float, configured: int, stages: int, heads: int | None) -> int:
+    """The smallest tensor parallel size, at least the configured one, whose GPUs (times the pipeline stages)
+    hold the weights: a power of two, or where the model's attention heads are known the smallest number of
+    GPUs that divides them (vLLM refuses the others: 28 heads take 1, 2, 4, 7, 14 or 28)."""
+    size = max(1, configured)
+    while weights is not None and weights > WEIGHT_SHARE * usable * size * stages:
+        size += 1
+    if heads is None:
+        return max(configured, 1 << (size - 1).bit_length())
+    return next(d for d in range(size, heads + 1) if heads % d == 0) if size <= heads else size
 
 
 def _outside_share(config: EngineConfig, tensor_parallel: int) -> int:
@@ -150,28 +181,38 @@ def plan_gpus(
         gpu_engines.append(("attacker", *attacker))
     for role, config, colocated_share in gpu_engines:
         share = colocated_share if mode == "colocate" else ALONE_SHARE
+        stages = int(config.engine_kwargs.get("pipeline_parallel_size", 1))
+        heads = attention_heads(config.model)
+        if heads is not None and heads % config.tensor_parallel_size:
+            raise DiagsafeError(
+                f"{config.model} has {heads} attention heads: its tensor_parallel_size must divide them "
+                f"(vLLM's rule), and {config.tensor_parallel_size} does not"
+            )
         if config.model in sizes:
             weights = sizes[config.model]
         else:
-            weights, source = weight_bytes(config.model)
+            weights, source = weight_bytes(config.model, weight_bits(config))
             if weights is None:
                 notes.append(
                     f"{config.model}: weight size unknown (not local, cached, or in its name); assumed to fit one GPU"
                 )
             elif source != "weight files":
                 notes.append(f"{config.model}: size from the {source}")
-        tp = _tensor_parallel(weights, share * memory, config.tensor_parallel_size) if gpus else 1
+        tp = _tensor_parallel(weights, share * memory, config.tensor_parallel_size, stages, heads) if gpus else 1
         gib = (weights or 0) / GIB
         if tp > 1 and not capabilities(config.kind).tensor_parallel:
             raise DiagsafeError(
                 f"{config.model} ({gib:.1f} GiB) does not fit one GPU and engine kind '{config.kind}' "
                 "cannot shard it; use kind: vllm"
             )
-        if tp > max(gpus, 1):
+        if tp * stages > max(gpus, 1):
+            layout = f"tensor parallel {tp} x {stages} pipeline stages" if stages > 1 else f"tensor parallel {tp}"
+            divides = f"; {tp} is the smallest that divides its {heads} attention heads" if heads else ""
             raise DiagsafeError(
-                f"{role.split(':')[0]} {config.model} needs {tp} GPUs of {memory / GIB:.0f} GiB "
-                f"({gib:.1f} GiB of weights, at most {WEIGHT_SHARE:.0%} of its "
-                f"{share:.0%} memory share per GPU), but {gpus} are visible" + hint
+                f"{role.split(':')[0]} {config.model} needs {tp * stages} GPUs of {memory / GIB:.0f} GiB "
+                f"({layout}: {gib:.1f} GiB of weights, at most {WEIGHT_SHARE:.0%} of its "
+                f"{share:.0%} memory share per GPU{divides}), but {gpus} are visible" + hint + " (a model must fit "
+                "one node)"
             )
         engines.append(
             EnginePlan(
@@ -180,11 +221,12 @@ def plan_gpus(
                 weight_bytes=weights,
                 memory_share=share,
                 tensor_parallel_size=tp,
+                pipeline_parallel_size=stages,
             )
         )
     if mode == "colocate" and gpus:
         _colocation_fits(gpu_engines, engines, memory)
-    group = max((e.tensor_parallel_size for e in engines), default=1)
+    group = max((e.gpus for e in engines), default=1)
     replicas = max(1, min(gpus // group if gpus else 1, n_items or gpus))
     if gpus and gpus % group:
         notes.append(f"{gpus % group} of {gpus} GPUs stay idle: a replica needs {group}")

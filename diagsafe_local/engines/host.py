@@ -55,7 +55,8 @@ class Host:
             # vLLM refuses to start unless its share of each GPU is free; the last engine's workers may still be
             # exiting (vLLM gives them 5 s), so wait for it here and name what is held if it never comes.
             share = config.gpu_memory_utilization or options.get("memory_share") or ALONE_SHARE
-            wait_for_memory(share, config.tensor_parallel_size, MEMORY_WAIT_SECONDS)
+            devices = config.tensor_parallel_size * int(config.engine_kwargs.get("pipeline_parallel_size", 1))
+            wait_for_memory(share, devices, MEMORY_WAIT_SECONDS)
         engine = self.factory(config, **options)
         self.loaded[role] = {
             **engine.info.model_dump(mode="json"),

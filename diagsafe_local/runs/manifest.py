@@ -85,6 +85,11 @@ class EnginePlan(Record):
     weight_bytes: int | None = Field(description="Weights on disk; None when they could not be read.")
     memory_share: float = Field(description="Share of each GPU's memory this engine may use.")
     tensor_parallel_size: int
+    pipeline_parallel_size: int = Field(1, description="Pipeline stages (engine_kwargs); GPUs = TP x PP.")
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 class GpuPlan(Record):
