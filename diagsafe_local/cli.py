@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "plan"),
     "submit": ("submit", "submit"),
     "train-classifier": ("train_classifier", "train_classifier"),
+    "doctor": ("doctor", "doctor"),
     "selftest": ("selftest", "selftest"),
     "data": ("data", "app"),
     "models": ("models", "app"),
