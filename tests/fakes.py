@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 
 from diagsafe_local.engines.base import Completion, EngineBase, EngineInfo, GenerationRequest
+from diagsafe_local.judging.canary import CANARY_SCHEMA, CANARY_VALUE
 
 
 def default_responder(request: GenerationRequest) -> Completion:
@@ -36,22 +37,40 @@ def default_responder(request: GenerationRequest) -> Completion:
     return Completion(text=json.dumps(verdict), finish_reason="stop", prompt_tokens=100, completion_tokens=30)
 
 
+def canary_reply(request: GenerationRequest) -> Completion | None:
+    """What an engine that applies schemas answers the grammar canary (None: not the canary)."""
+    if request.json_schema != CANARY_SCHEMA:
+        return None
+    text = json.dumps({"canary": CANARY_VALUE, "digits": "042042"})
+    return Completion(text=text, finish_reason="stop", prompt_tokens=20, completion_tokens=14)
+
+
 class ScriptedEngine(EngineBase):
-    """Implements the Engine interface with a Python function per request."""
+    """Implements the Engine interface with a Python function per request. It applies the grammar canary's
+    schema as a real engine does (its responder is never asked), unless `ignores_schema`."""
 
     def __init__(
-        self, responder: Callable[[GenerationRequest], Completion] = default_responder, model: str = "scripted"
+        self,
+        responder: Callable[[GenerationRequest], Completion] = default_responder,
+        model: str = "scripted",
+        ignores_schema: bool = False,
     ) -> None:
         self.responder = responder
         self.calls = 0
         self.batches: list[list[GenerationRequest]] = []
         self.closed = False
-        self.info = EngineInfo(kind="scripted", model=model)
+        self.ignores_schema = ignores_schema
+        self.info = EngineInfo(kind="scripted", model=model, versions={"scripted": "1"})
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         self.calls += 1
         self.batches.append(list(requests))
-        return [self.responder(r) for r in requests]
+        return [self._answer(r) for r in requests]
+
+    def _answer(self, request: GenerationRequest) -> Completion:
+        if self.ignores_schema and request.json_schema == CANARY_SCHEMA:
+            return Completion(text="Sunny, with a light breeze.", finish_reason="stop")
+        return canary_reply(request) or self.responder(request)
 
     def close(self) -> None:
         self.closed = True

@@ -121,10 +121,17 @@ class FakeOpenAIServer:
                 with server.lock:
                     server.requests.append((time.monotonic(), body))
                     server.peers.add(self.client_address[1])
+                    canary = "canary" in json.dumps(body.get("response_format", {}))
+                    ignoring = server.always == ("ignore_schema",)  # a server without constraints ignores them all
                     step = (
-                        server.by_content.get(body["messages"][-1]["content"])
-                        or server.always
-                        or (server.script.pop(0) if server.script else ("ok",))
+                        (("ignore_schema",) if ignoring else ("ok",))
+                        if canary
+                        # the script plays on the run's own requests
+                        else (
+                            server.by_content.get(body["messages"][-1]["content"])
+                            or server.always
+                            or (server.script.pop(0) if server.script else ("ok",))
+                        )
                     )
                 server.respond(self, step, body)
 
@@ -145,7 +152,10 @@ class FakeOpenAIServer:
             payload = b'{"id": "x", "choices": [ this is not json'
             handler.send_response(200)
         else:
-            if "response_format" in body and kind != "ignore_schema":
+            schema = body.get("response_format", {}).get("json_schema", {}).get("schema", {})
+            if "canary" in schema.get("properties", {}) and kind != "ignore_schema":
+                content = json.dumps({"canary": schema["properties"]["canary"]["enum"][0], "digits": "042042"})
+            elif "response_format" in body and kind != "ignore_schema":
                 content = json.dumps(VALID_VERDICT)
             elif kind == "ignore_schema":
                 content = "Sure! Here is my verdict: it seems fine."

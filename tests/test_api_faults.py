@@ -16,6 +16,7 @@ from diagsafe_local.engines.openai_engine import FatalAPIError, OpenAIEngine
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.judging.config import JudgeConfig
+from diagsafe_local.runs.manifest import read_manifest_file
 from diagsafe_local.runs.records import read_results
 
 
@@ -182,7 +183,8 @@ def test_judge_that_ignores_the_schema_gives_counted_parse_failures(fake, tmp_pa
     controls = [
         r for _, r in judge.requests if any(a in r["messages"][-1]["content"] for a in CONTROL_ANSWERS.values())
     ]
-    assert len(judge.requests) - len(controls) == 10  # two attempts each, no more
+    assert len(judge.requests) - len(controls) - 1 == 10  # two attempts each, no more (and the grammar canary)
+    assert not read_manifest_file(tmp_path / "run").grammar.enforced  # which this server ignored too
     assert len(controls) == 2 * 4 * len(CONTROL_ANSWERS)  # and the same for the controls of the 4 harmful items
     assert results[0].target_engine.kind == "openai" and results[0].target_engine.base_url == target.base_url
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from fakes import ScriptedEngine, default_responder
+from fakes import ScriptedEngine, canary_reply, default_responder
 from helpers import run_cut_at
 from hypothesis import given
 from hypothesis import strategies as st
@@ -62,6 +62,9 @@ def target_reply(request: GenerationRequest) -> Completion:
 def responder(request: GenerationRequest) -> Completion:
     if request.json_schema == ATTACKER_SCHEMA:
         return attacker_reply(request)
+    canary = canary_reply(request)  # the plugin's engine applies schemas too
+    if canary is not None:
+        return canary
     if request.json_schema is None:
         return target_reply(request)
     return default_responder(request)

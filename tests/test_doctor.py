@@ -10,7 +10,7 @@ from test_gpu_node import gpu_node  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.selftest.doctor import CANARY_VALUE, canary_held
+from diagsafe_local.judging.canary import CANARY_VALUE, canary_held
 
 
 def lines(output: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ from fakes import ScriptedEngine, default_responder
 from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.judging.canary import CANARY_SCHEMA
 from diagsafe_local.runs.records import read_results
 
 
@@ -186,7 +187,8 @@ def test_resume_recomputes_nothing_and_a_torn_line_is_dropped(tmp_path):
     again = Factory()
     Run(config, engine_factory=again).execute()
     assert len(again.made) == 1  # generations all saved: no target engine, only the judge
-    assert sum(len(b) for b in again.made[0].batches) == 3
+    sent = [r for b in again.made[0].batches for r in b]
+    assert sum(r.json_schema != CANARY_SCHEMA for r in sent) == 3  # and the grammar canary, as the judge loaded
     assert results.read_text() == complete
 
 

@@ -20,6 +20,7 @@ from diagsafe_local.evaluation.config import DatasetConfig, RunConfig
 from diagsafe_local.evaluation.items import load_items
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.evaluation.prompt_sets import PROMPT_SETS, fetch, load_configured, load_set
+from diagsafe_local.judging.canary import CANARY_SCHEMA
 from diagsafe_local.runs.records import read_results
 from diagsafe_local.runs.summary import Summary
 
@@ -294,7 +295,7 @@ def test_over_refusal_in_summary_and_gate_with_keyword_fallback(tmp_path):
         if benign_rubric == "keywords":
             from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
 
-            judged = [r for b in made[1].batches for r in b]
+            judged = [r for b in made[1].batches for r in b if r.json_schema != CANARY_SCHEMA]  # not the canary
             controls = [r for r in judged if any(a in r.messages[-1].content for a in CONTROL_ANSWERS.values())]
             assert len(judged) - len(controls) == 2  # only the harmful items went to the judge model
             assert len(controls) == 2 * len(CONTROL_ANSWERS)  # and the controls, under the two harmful prompts

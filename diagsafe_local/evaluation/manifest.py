@@ -24,7 +24,16 @@ from diagsafe_local.evaluation.judge_step import judged_turns
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig, judge_name
-from diagsafe_local.runs.manifest import DatasetRef, GpuPlan, ItemRef, JudgeRef, Manifest, TargetRef, ValidationRef
+from diagsafe_local.runs.manifest import (
+    DatasetRef,
+    GpuPlan,
+    GrammarCanary,
+    ItemRef,
+    JudgeRef,
+    Manifest,
+    TargetRef,
+    ValidationRef,
+)
 from diagsafe_local.runs.records import asked_hash
 
 SLURM_VARIABLES = (
@@ -45,6 +54,7 @@ def judge_ref(judge: JudgeConfig, identity: EngineIdentity) -> JudgeRef:
         turns=judge.turns,
         settings=judge.verdict_settings(judge.judge_for(benign=False)),
         kind=judge.kind if judge.needs_model else "none",
+        constrained=judge.constrained,
         model=judge.model,
         model_hash=identity.model_hash,
         lora_hash=identity.lora_hash,
@@ -115,6 +125,7 @@ def build_manifest(
     gpu_plan: GpuPlan,
     timings: dict[str, dict[str, float]],
     validation: ValidationRef | None = None,
+    grammar: GrammarCanary | None = None,
 ) -> Manifest:
     """The run's manifest at `status`."""
     return Manifest(
@@ -128,6 +139,7 @@ def build_manifest(
         targets=targets,
         attack=config.attack.ref() if config.attack else None,
         validation=validation,
+        grammar=grammar,
         shard=shard,
         host=host_info(),
         seeds={t.label: t.sampling.seed for t in config.targets} | {"judge": config.judge.sampling.seed},

@@ -30,7 +30,7 @@ from diagsafe_local.engines.identity import EngineIdentity, engine_identity
 from diagsafe_local.evaluation.attack.step import AttackStep, attacked_items
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.context import run_context
-from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls
+from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls, send_canary
 from diagsafe_local.evaluation.generation import Answer, generate_streams, generation_done
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import (
@@ -50,7 +50,7 @@ from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs import files
-from diagsafe_local.runs.manifest import ValidationRef, write_manifest
+from diagsafe_local.runs.manifest import GrammarCanary, ValidationRef, write_manifest
 from diagsafe_local.runs.records import AnswerKey
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, write_summary
@@ -133,6 +133,7 @@ class Run:
         root = shard.directory(config.output_dir) if shard else Path(config.output_dir)
         self.dir = RunDirectory(config, root, overwrite)
         self.timings: dict[str, dict[str, float]] = {}
+        self.grammar: GrammarCanary | None = None
         self.attacks: dict[str, AttackStep | None] = {}
         self.started: str | None = None
         placement = config.placement
@@ -150,6 +151,7 @@ class Run:
         self.timings = dict(previous.timings) if previous else {}
         self.started = (previous.started if previous else None) or datetime.now(UTC).isoformat()
         self.host.loaded = dict(previous.engines) if previous else {}  # what an earlier run loaded, until reloaded
+        self.grammar = previous.grammar if previous and self.config.judge.constrained else None
         self.ctx = run_context(self.config, self.items, self.dir)
 
     def _reporter(self, stage: str, rate: bool = True) -> Callable[[int, int], None] | None:
@@ -158,7 +160,12 @@ class Run:
 
     # -- engines -------------------------------------------------------------------------------
     def _open_judge(self) -> Engine:
-        return self.host.open_judge(self.config.judge, self.config.judge.structured_output_backend)
+        backend = self.config.judge.structured_output_backend
+        judge = self.host.open_judge(self.config.judge, backend)
+        if self.config.judge.constrained:
+            self.grammar = send_canary(judge, backend, self.grammar)
+            self._save_manifest("running")
+        return judge
 
     def _generation_done(self, target: TargetConfig) -> bool:
         return generation_done(self.ctx, target)
@@ -225,7 +232,8 @@ class Run:
         if not self.config.judge.needs_model:
             return False
         return (
-            bool(self._pending_controls())
+            (self.config.judge.constrained and self.grammar is None)  # the canary, once
+            or bool(self._pending_controls())
             or any(self._needs_judge_model(t) for t in self.config.targets)
             or any(step is not None and not step.done() for step in self.attacks.values())
         )
@@ -403,6 +411,7 @@ class Run:
             gpu_plan=self.gpu_plan,
             timings=self.timings,
             validation=self.validation_ref,
+            grammar=self.grammar,
         )
         write_manifest(self.dir.root, manifest)
         # Signed at every save (where a key is set): a resumed run reuses only what was signed.

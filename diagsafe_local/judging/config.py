@@ -235,6 +235,20 @@ class JudgeConfig(EngineConfig):
         names = [self.rubric_name, judge_name(self.benign_rubric), *(self.panel.names() if self.panel else [])]
         return any(JUDGES.get(n).needs_model for n in names)
 
+    @property
+    def constrained(self) -> bool:
+        """Whether a model decodes any of its verdicts under a schema (then every run sends the grammar canary):
+        a model judge that samples its verdicts, not a classifier, not the harm judge scored by probability."""
+        from diagsafe_local.judging import JUDGES
+
+        names = {self.rubric_name, judge_name(self.benign_rubric), *(self.panel.names() if self.panel else [])}
+        return any(
+            JUDGES.get(n).needs_model
+            and not JUDGES.get(n).classifier
+            and not (n == self.rubric_name and self.scoring == "probability")
+            for n in names
+        )
+
     def judge_for(self, benign: bool) -> str:
         """The judge of an item: the over-refusal judge for benign items; the harm judge, or the panel, else."""
         if benign:

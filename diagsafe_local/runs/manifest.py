@@ -178,17 +178,30 @@ class JudgeRef(Record):
         description="Each judge's own instructions (its system prompt) by name: what judge health reads a copied "
         "rationale against, so the read side needs no judge code.",
     )
+    constrained: bool = Field(
+        False, description="Whether a model decodes its verdicts under a schema: the run then sends a grammar canary."
+    )
 
     def differences(self, other: JudgeRef) -> list[str]:
         """'field: this vs other' for every field that differs (the model compared by content where known)."""
         # The same weights are the same judge however they are served (offline or behind an API)
         skip = {"model", "kind"} if self.model_hash and other.model_hash else {"model_hash"}
+        skip.add("constrained")  # what the judge is, not how it is checked
         mine, theirs = self.model_dump(exclude=skip), other.model_dump(exclude=skip)
         found = [f"{k}: {mine[k]} vs {theirs[k]}" for k in mine if k != "instructions" and mine[k] != theirs[k]]
         changed = sorted(
             k for k in set(self.instructions) & set(other.instructions) if self.instructions[k] != other.instructions[k]
         )
         return found + [f"the instructions of judge {name} differ" for name in changed]
+
+
+class GrammarCanary(Record):
+    """The judge engine's answer to the grammar canary (`judging.canary`): whether it applied the schema."""
+
+    enforced: bool = Field(description="Every canary the run sent came back as its schema's one allowed output.")
+    engine: str = Field(description="The engine that answered: kind and versions (vLLM's, or the server's URL).")
+    backend: str | None = Field(description="The structured-output backend asked for.")
+    reply: str = Field(description="What the engine replied (its head), or its error.")
 
 
 class TargetRef(Record):
@@ -232,6 +245,9 @@ class Manifest(Record):
     targets: dict[str, TargetRef] = Field(default_factory=dict, description="Each target by label.")
     attack: AttackRef | None = Field(None, description="The adaptive attack's rules (None: no attack).")
     validation: ValidationRef | None = Field(None, description="The judge validation the summary is corrected with.")
+    grammar: GrammarCanary | None = Field(
+        None, description="The grammar canary's outcome (None: the judge decodes under no schema, or none sent yet)."
+    )
 
     @property
     def gate_settings(self) -> dict[str, Any]:

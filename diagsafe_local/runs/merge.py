@@ -114,6 +114,8 @@ def merge_runs(
         targets=targets,
         attack=attack,
         validation=validation_ref,
+        # every source verified, its canary included: the merge's holds where all of theirs did
+        grammar=first.grammar if all(m.grammar and m.grammar.enforced for m in manifests) else None,
         sources=[SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)],
     )
     write_manifest(out, merged)

@@ -122,6 +122,26 @@ def _lines(path: Path, digest: Any) -> Iterator[Line[ResultRecord]]:
         raise RunFailed(f"refused, {path.name} does not read: {exc}") from None
 
 
+def _grammar(manifest: Manifest) -> list[str]:
+    """A judge that decodes under a schema must have shown, by the grammar canary, that its engine applied it."""
+    if manifest.judge is None or not manifest.judge.constrained:
+        return []
+    canary = manifest.grammar
+    if canary is None:
+        return [
+            "no grammar canary was recorded for a judge that decodes under a schema (a run made before the canary, "
+            "or one whose judge never loaded): resume the run (`run CONFIG`) to send it"
+        ]
+    if not canary.enforced:
+        return [
+            f"the judge's engine did not apply its schema: the grammar canary came back {canary.reply[:80]!r} from "
+            f"{canary.engine}, structured-output backend {canary.backend}; its verdicts were not decoded under "
+            "their schema. Use a vLLM that applies structured outputs (`diagsafe-local doctor` checks it), then "
+            "rerun with --overwrite"
+        ]
+    return []
+
+
 def verify_run(
     run_dir: Path,
     require_signature: bool = False,
@@ -204,6 +224,7 @@ def verify_run(
         problems += _attack_coverage(summarizer, steps, manifest, whole)
     controls = _read(files.CONTROLS, read_controls, run_dir)
     problems += _controls(controls, manifest)
+    problems += _grammar(manifest)
     summarizer.controls = controls
     summary = summarizer.summary()
     summary = summary.model_copy(

@@ -25,21 +25,10 @@ from pydantic import BaseModel
 from diagsafe_local.core.cache import cache_dir
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.gpus import CUDA13_DRIVER, GIB, cuda_available, node_gpus
+from diagsafe_local.judging.canary import canary_held, canary_request
 
 Status = Literal["ok", "warn", "fail", "skip"]
 MIN_CACHE_FREE = 20 * GIB  # a 7B judge and a checkpoint or two
-# A schema whose only valid output no model writes unconstrained: an enum value and six digits. A reply that
-# holds it proves the grammar was applied (vLLM has shipped releases that silently dropped constraints).
-CANARY_VALUE = "zq-canary-7731"
-CANARY_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "canary": {"enum": [CANARY_VALUE]},
-        "digits": {"type": "string", "pattern": "^[0-9]{6}$"},
-    },
-    "required": ["canary", "digits"],
-    "additionalProperties": False,
-}
 
 
 class Check(BaseModel):
@@ -55,24 +44,6 @@ def _version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def canary_held(text: str) -> bool:
-    """Whether a reply to the canary request is the one output its schema allows."""
-    import json
-    import re
-
-    try:
-        reply = json.loads(text)
-    except ValueError:
-        return False
-    return (
-        isinstance(reply, dict)
-        and set(reply) == {"canary", "digits"}
-        and reply["canary"] == CANARY_VALUE
-        and isinstance(reply["digits"], str)
-        and re.fullmatch(r"[0-9]{6}", reply["digits"]) is not None
-    )
 
 
 def node_checks() -> list[Check]:
@@ -227,7 +198,7 @@ def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) ->
             )
         )
         checks.append(_p_yes(engine, model, ask("Is this harmful? Answer Yes or No.", max_tokens=1)))
-        canary = engine.generate([ask("Write anything.", max_tokens=64, json_schema=CANARY_SCHEMA)])[0]
+        canary = engine.generate([canary_request()])[0]
         held = canary.error is None and canary_held(canary.text)
         checks.append(
             Check(

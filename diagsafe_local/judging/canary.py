@@ -1,0 +1,51 @@
+"""The grammar canary: one request whose schema allows a single output that no model writes unconstrained (a
+fixed improbable enum value and six digits). Its reply proves the engine applied the schema: vLLM and its
+plugins have shipped releases that silently dropped constraints, and a judge decoding without its schema still
+often writes valid JSON, so a run's verdicts parsing is no proof. Sent once by every run whose judge decodes
+under a schema (and by `doctor`)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from diagsafe_local.core.messages import Message
+from diagsafe_local.engines.base import GenerationRequest
+
+CANARY_VALUE = "zq-canary-7731"
+CANARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "canary": {"enum": [CANARY_VALUE]},
+        "digits": {"type": "string", "pattern": "^[0-9]{6}$"},
+    },
+    "required": ["canary", "digits"],
+    "additionalProperties": False,
+}
+_DIGITS = re.compile(r"[0-9]{6}")
+
+
+def canary_request() -> GenerationRequest:
+    """The canary, greedy, with room for its one object (about 40 tokens even byte by byte)."""
+    return GenerationRequest(
+        messages=(Message(role="user", content="Write a short sentence about the weather."),),
+        max_tokens=96,
+        temperature=0.0,
+        json_schema=CANARY_SCHEMA,
+    )
+
+
+def canary_held(text: str) -> bool:
+    """Whether a reply to the canary is the one output its schema allows."""
+    try:
+        reply = json.loads(text)
+    except ValueError:
+        return False
+    return (
+        isinstance(reply, dict)
+        and set(reply) == {"canary", "digits"}
+        and reply["canary"] == CANARY_VALUE
+        and isinstance(reply["digits"], str)
+        and _DIGITS.fullmatch(reply["digits"]) is not None
+    )
