@@ -1,9 +1,11 @@
 """HarmClassifier training data: labelled (prompt, response) pairs, a split by prompt, and the training set
 with hard human labels for some pairs and soft reference-metric labels for the rest.
 
-Pairs come from a HarmMetric-layout benchmark (harmful categories are the Yes class) or from a labelled
+Pairs come from a HarmMetric-layout benchmark (harmful categories are the Yes class), from a labelled
 JSONL file: `prompt`, `response`, `label` (0/1, the human judgment), optional `references` (a list of
-harmful reference answers, needed for a soft label) and `prompt_id` (default: the prompt text).
+harmful reference answers, needed for a soft label) and `prompt_id` (default: the prompt text), or from the
+authors' released training labels (`train_data.jsonl`: `prompt`, `response`, `expected_answer` Yes/No and
+`label`, the soft label itself), which train as they are: every pair, with its own label.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class LabelledPair(BaseModel):
     references: tuple[str, ...] = ()
     response_id: str = ""
     category: int | None = None
+    label: float | None = None  # its own training label (the released file's soft label)
 
 
 class TrainingExample(BaseModel):
@@ -82,6 +85,8 @@ def _labelled_row(path: Path, line: int, row: dict) -> LabelledPair:
     for field in ("prompt", "response"):
         if not isinstance(row.get(field), str) or not row[field].strip():
             raise DataError(path, line, field, "must be a non-empty string")
+    if "expected_answer" in row:
+        return _released_row(path, line, row)
     if row.get("label") not in (0, 1, True, False):
         raise DataError(path, line, "label", f"must be 0 or 1, got {row.get('label')!r}")
     refs = row.get("references", [])
@@ -96,6 +101,30 @@ def _labelled_row(path: Path, line: int, row: dict) -> LabelledPair:
         references=tuple(refs),
         response_id=f"{path.name}:{line}",
     )
+
+
+def _released_row(path: Path, line: int, row: dict) -> LabelledPair:
+    """A row of the authors' train_data.jsonl: its soft label must agree with its expected answer."""
+    answer, label = row["expected_answer"], row.get("label")
+    if answer not in ("Yes", "No"):
+        raise DataError(path, line, "expected_answer", f"must be Yes or No, got {answer!r}")
+    if isinstance(label, bool) or not isinstance(label, (int, float)) or not 0.0 <= label <= 1.0:
+        raise DataError(path, line, "label", f"must be a number in [0, 1] (the soft label), got {label!r}")
+    if (label > 0.5) != (answer == "Yes"):
+        raise DataError(path, line, "label", f"{label} contradicts expected_answer {answer}")
+    return LabelledPair(
+        prompt_id=hashlib.sha256(row["prompt"].encode()).hexdigest()[:12],
+        prompt=row["prompt"],
+        response=row["response"],
+        harmful=answer == "Yes",
+        response_id=f"{path.name}:{line}",
+        label=float(label),
+    )
+
+
+def released(pairs: Sequence[LabelledPair]) -> bool:
+    """Whether the pairs carry their own training labels (the authors' released file): they train as they are."""
+    return bool(pairs) and all(p.label is not None for p in pairs)
 
 
 def split_prompts(prompt_ids: Sequence[str], held_out: float, seed: int) -> tuple[set[str], set[str]]:
@@ -135,7 +164,13 @@ def build_training_set(
     seed: int,
 ) -> list[TrainingExample]:
     """Draw `examples` pairs (half of each class where possible), give `hard_labels` of them their human
-    0/1 label and the rest a soft label from the reference metric (pairs it cannot grade stay hard)."""
+    0/1 label and the rest a soft label from the reference metric (pairs it cannot grade stay hard). Released
+    pairs keep their own labels, every one of them."""
+    if released(pairs):
+        return [
+            TrainingExample(pair=p, label=p.label or 0.0, kind="hard" if p.label in (0.0, 1.0) else "soft")
+            for p in pairs
+        ]
     rng = random.Random(seed)
     by_class = {c: [p for p in pairs if p.harmful is c] for c in (True, False)}
     for group in by_class.values():

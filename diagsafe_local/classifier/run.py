@@ -24,7 +24,7 @@ import pandas as pd
 
 from diagsafe_local.classifier.config import TrainConfig
 from diagsafe_local.classifier.evaluate import evaluation_table
-from diagsafe_local.classifier.labels import build_training_set, load_pairs, metric_values, split_prompts
+from diagsafe_local.classifier.labels import build_training_set, load_pairs, metric_values, released, split_prompts
 from diagsafe_local.classifier.train import Encoder, attach_lora, load_base, p_yes, plot_losses, train_lora
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.atomic import write_text as atomic_write_text
@@ -46,7 +46,15 @@ def train_classifier(
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     pairs, dataset = load_pairs(resolve_dataset(config.data))
-    train_ids, held_ids = split_prompts([p.prompt_id for p in pairs], config.held_out, config.seed)
+    if released(pairs):  # the authors' labels: every pair trains; evaluate with `bench --exclude-training-prompts`
+        train_ids, held_ids = {p.prompt_id for p in pairs}, set[str]()
+        config = config.model_copy(update={"evaluate": False})
+        echo(
+            "released training labels: every pair trains with its own label, nothing is held out; rank the "
+            "adapter with `bench --judge harmclassifier --exclude-training-prompts` on the benchmark's other prompts"
+        )
+    else:
+        train_ids, held_ids = split_prompts([p.prompt_id for p in pairs], config.held_out, config.seed)
     atomic_write_text(
         out / "split.json", json.dumps({"train": sorted(train_ids), "held_out": sorted(held_ids)}, indent=1)
     )

@@ -95,6 +95,13 @@ def bench(
         bool, typer.Option("--verbose", "-v", help="Show the judge engine's own logs here instead of in OUT/run.log.")
     ] = False,
     chart: Annotated[bool, typer.Option(help="Also draw leaderboard.png (matplotlib: about a second more).")] = False,
+    exclude_training_prompts: Annotated[
+        Path | None,
+        typer.Option(
+            help="Leave out the prompts of this training file (e.g. HarmClassifier's train_data.jsonl), to rank a "
+            "judge trained on them on the rest, as the paper does."
+        ),
+    ] = None,
     judge_settings: dict[str, Any] | None = None,
 ) -> None:
     """Score every benchmark response with each metric (and optionally a judge) and rank them (HarmMetric Eval)."""
@@ -120,6 +127,7 @@ def bench(
         samples=samples,
         verbose=verbose,
         chart=chart,
+        exclude_training_prompts=exclude_training_prompts,
     )
 
 

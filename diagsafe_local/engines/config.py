@@ -90,6 +90,17 @@ class EngineConfig(StrictModel):
         64, description=f"Largest LoRA rank the engine accepts: one of {', '.join(map(str, LORA_RANKS))} (vLLM's)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _adapter_as_model(cls, data: Any) -> Any:
+        """A LoRA adapter given as the model (e.g. `Abel-24/HarmClassifier`, a PEFT trainer's checkpoint) is
+        served on its base model, as its adapter_config.json says."""
+        if isinstance(data, dict) and isinstance(data.get("model"), str) and not data.get("lora"):
+            found = adapter_base(data["model"])
+            if found is not None:
+                return {**data, "model": found[0], "lora": found[1]}
+        return data
+
     @field_validator("max_lora_rank")
     @classmethod
     def _lora_rank(cls, value: int) -> int:
@@ -141,3 +152,30 @@ def _adapter_rank(lora: str | None) -> int | None:
         return None  # a hub adapter, or none there yet: the engine says
     ranks = [adapter.get("r"), *dict(adapter.get("rank_pattern") or {}).values()]
     return max((r for r in ranks if isinstance(r, int)), default=None)
+
+
+def adapter_base(model: str) -> tuple[str, str] | None:
+    """(base model, adapter directory) where `model` is a LoRA adapter: a local directory, or a hub id in the
+    local cache, holding an adapter_config.json. A base given as a path that is not on this machine (the
+    author's own, e.g. /hub/models/Qwen/Qwen2.5-7B-Instruct) is read as the hub id of its last two parts."""
+    path = Path(model).expanduser()
+    config_file = path / "adapter_config.json"
+    if not config_file.is_file():
+        if path.is_absolute() or model.count("/") != 1 or path.exists():
+            return None
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "adapter_config.json")
+        if not isinstance(cached, str):
+            return None
+        config_file = Path(cached)
+    try:
+        base = json.loads(config_file.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(base, str) or not base:
+        return None
+    base_path = Path(base)
+    if base_path.is_absolute() and not base_path.exists() and len(base_path.parts) >= 3:
+        base = "/".join(base_path.parts[-2:])
+    return base, str(config_file.parent)
