@@ -60,7 +60,8 @@ def gate(case: Case, monkeypatch: pytest.MonkeyPatch) -> tuple[int, tuple[str, .
 
 
 def _files(run_dir: Path) -> list[Path]:
-    names = ("manifest.json", "config.yaml", "results.jsonl", "judge_controls.jsonl", "summary.json", "attacks.jsonl")
+    names = ("manifest.json", "config.yaml", "results.jsonl", "judge_controls.jsonl", "summary.json", "attacks.jsonl",
+             "sensitivity.jsonl")  # fmt: skip
     return [run_dir / n for n in (*names, "signature.json") if (run_dir / n).is_file()]
 
 
@@ -78,14 +79,12 @@ def _cases(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
     items = write_items(
         root / "items.jsonl", 10, prompt=lambda k: ("Sure " if k % 3 == 0 else "") + f"q{k}", category="c"
     )
-    # one target, signed, its judge validated
+    # one target, signed, its judge validated, its sensitivity to the judge's wording sampled
     validation = perfect_validation(root)
     mp.setenv("DIAGSAFE_SIGNING_KEY", KEY)
+    judge = {"model": "j", "validation": str(validation), "sensitivity": {"variants": 2, "sample": 4}}
     for name in ("signed", "signed_twin"):
-        assert (
-            cli("run", config_file(root, items, name, judge={"model": "j", "validation": str(validation)})).exit_code
-            == 0
-        )
+        assert cli("run", config_file(root, items, name, judge=judge)).exit_code == 0
     mp.delenv("DIAGSAFE_SIGNING_KEY")
     signed = root / "signed"
     args = ("--max-asr", "0.5", "--max-asr-category", "c=0.6", "--allow-degenerate-judge", "--corrected")

@@ -4,6 +4,7 @@ write the leaderboard and its files. Shared by `bench` and `demo`."""
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +56,11 @@ def run_bench(
     samples: int = 1,
     verbose: bool = False,
     chart: bool = False,
-    exclude_training_prompts: Path | None = None,
+    exclude_prompts: tuple[str, Sequence[str]] | None = None,
 ) -> None:
     """Validate everything, lock `out`, score, rank and write the outputs (the chart only when asked).
-    `exclude_training_prompts`: a training file (HarmClassifier's train_data.jsonl, or any labelled pairs file)
-    whose prompts are left out, so a judge trained on them is ranked on the rest."""
+    `exclude_prompts`: (the file they come from, prompts) a judge was trained on, left out so that it is ranked
+    on the rest."""
     from diagsafe_local.benchmark.dataset import load_dataset
     from diagsafe_local.core.atomic import remove_stale_temporaries
     from diagsafe_local.core.errors import DiagsafeError
@@ -84,8 +85,8 @@ def run_bench(
             f"rubric '{judge.rubric}' measures {judge.harm_judge.measures}, not harm: the benchmark ranks harm judges"
         )
     data = load_dataset(resolve_dataset(dataset))
-    if exclude_training_prompts is not None:
-        data = without_training_prompts(data, exclude_training_prompts)
+    if exclude_prompts is not None:
+        data = without_prompts(data, *exclude_prompts)
     lock = DirectoryLock(out, "bench")  # also proves --out writable before any scoring
     remove_stale_temporaries(out)
     try:
@@ -96,22 +97,21 @@ def run_bench(
         lock.release()
 
 
-def without_training_prompts(data: Any, training: Path) -> Any:
-    """The benchmark without the prompts of a training file (compared with whitespace collapsed)."""
-    from diagsafe_local.classifier.labels import load_pairs
+def without_prompts(data: Any, source: str, prompts: Sequence[str]) -> Any:
+    """The benchmark without these prompts (compared with whitespace collapsed)."""
     from diagsafe_local.core.errors import DiagsafeError
 
     def key(text: str) -> str:
         return " ".join(text.split())
 
-    trained = {key(p.prompt) for p in load_pairs(training)[0]}
+    trained = {key(p) for p in prompts}
     kept = tuple(p for p in data.prompts if key(p.prompt) not in trained)
     left_out = len(data.prompts) - len(kept)
     if not left_out:
         raise DiagsafeError(
-            f"{training}: none of its {len(trained)} training prompts is in the benchmark: is it the right file?"
+            f"{source}: none of its {len(trained)} training prompts is in the benchmark: is it the right file?"
         )
-    print(f"left out {left_out} benchmark prompts that {training.name} trains on; ranking on {len(kept)}")
+    print(f"left out {left_out} benchmark prompts that {Path(source).name} trains on; ranking on {len(kept)}")
     return data.model_copy(update={"prompts": kept})
 
 

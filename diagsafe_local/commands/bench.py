@@ -127,8 +127,17 @@ def bench(
         samples=samples,
         verbose=verbose,
         chart=chart,
-        exclude_training_prompts=exclude_training_prompts,
+        exclude_prompts=_training_prompts(exclude_training_prompts),
     )
+
+
+def _training_prompts(path: Path | None) -> tuple[str, list[str]] | None:
+    """The prompts of a training file (any file `train-classifier` reads), with where they come from."""
+    if path is None:
+        return None
+    from diagsafe_local.classifier.labels import load_pairs
+
+    return str(path), [pair.prompt for pair in load_pairs(path)[0]]
 
 
 def _one(models: list[str] | None) -> str | None:

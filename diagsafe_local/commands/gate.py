@@ -86,10 +86,19 @@ def gate(
             "`run` and `merge` with the key in DIAGSAFE_SIGNING_KEY; the gate needs the same key."
         ),
     ] = False,
+    sensitivity: Annotated[
+        bool,
+        typer.Option(
+            "--sensitivity",
+            help="Refuse a run without a judge sensitivity sample (judge.sensitivity); one that has it is always "
+            "checked: a decision that a paraphrase of the judge's prompt flips is INCONCLUSIVE (exit 4).",
+        ),
+    ] = False,
     *,
     command_line: dict[str, Any],
 ) -> None:
-    """Pass (exit 0) or fail (exit 1) a run against its limits, with a one-screen reason. The run is verified
+    """Pass (exit 0) or fail (exit 1) a run against its limits, with a one-screen reason; INCONCLUSIVE (exit 4)
+    when every limit passed but a paraphrase of the judge's prompt decides otherwise (judge sensitivity). The run is verified
     first (complete, whole, its own, every figure recomputed from its records, its judge validation and
     signature checked): one that does not verify is refused with exit 3, as is anything unexpected; bad input
     exits 2. Limits on the command line are the authority; the run's config can only add stricter ones."""
@@ -100,7 +109,13 @@ def gate(
         command_line["baseline_run"] = str(baseline)
     command_line["baseline_target"] = baseline_target
     try:
-        run, decision = gate_run(run_dir, command_line, targets=target, require_signature=require_signature)
+        run, decision = gate_run(
+            run_dir,
+            command_line,
+            targets=target,
+            require_signature=require_signature,
+            require_sensitivity=sensitivity,
+        )
     except (DiagsafeError, Interrupted):
         raise
     except BaseException as exc:  # fail closed: nothing unexpected may end in a pass, or in the "do not deploy" 1
@@ -112,5 +127,8 @@ def gate(
     for line in decision.lines:
         typer.echo(line)
     passed = decision.passed is True and decision.checks > 0
+    if decision.inconclusive and not passed:
+        typer.echo("GATE INCONCLUSIVE: the decision depends on the judge's wording (FLIP lines above)")
+        raise typer.Exit(4)
     typer.echo("GATE PASSED" if passed else "GATE FAILED")
     raise typer.Exit(0 if passed else 1)

@@ -51,6 +51,12 @@ def plan(
     cfg = load_config(config, set_ or [])
     memory = [int(gpu_memory * GIB)] * gpus if gpus else None
     chosen = plan_run(cfg, None, memory)
+    if cfg.judge.sensitivity is not None:
+        extra = cfg.judge.sensitivity.variants * cfg.judge.sensitivity.sample
+        typer.echo(
+            f"judge sensitivity: {cfg.judge.sensitivity.variants} paraphrases x {cfg.judge.sensitivity.sample} "
+            f"answers = up to {extra} more verdicts per target ({extra * len(cfg.targets)} in all), one process"
+        )
     if not chosen.gpus:
         typer.echo("no GPUs visible: one process on the CPU (plan for a GPU node with --gpus N --gpu-memory GIB)")
         return

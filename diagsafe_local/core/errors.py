@@ -9,7 +9,7 @@ class DiagsafeError(Exception):
     """An error the CLI reports in one clear message and a non-zero exit, without a traceback.
 
     Exit codes: 0 success, 1 the gate said no, 2 usage or input error (this class), 3 the run could not
-    complete (`RunFailed`).
+    complete (`RunFailed`), 4 the gate is inconclusive (the decision depends on the judge's wording).
     """
 
     exit_code = 2

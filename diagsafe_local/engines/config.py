@@ -160,12 +160,19 @@ def adapter_base(model: str) -> tuple[str, str] | None:
     author's own, e.g. /hub/models/Qwen/Qwen2.5-7B-Instruct) is read as the hub id of its last two parts."""
     path = Path(model).expanduser()
     config_file = path / "adapter_config.json"
+    try:
+        local = config_file.is_file() or path.exists()
+    except OSError:  # a name no file system holds (an API model name of 300 characters)
+        return None
     if not config_file.is_file():
-        if path.is_absolute() or model.count("/") != 1 or path.exists():
+        if path.is_absolute() or model.count("/") != 1 or local:
             return None
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(model, "adapter_config.json")
+        try:
+            cached = try_to_load_from_cache(model, "adapter_config.json")
+        except ValueError:  # not a valid hub id (an API model's name): no adapter
+            return None
         if not isinstance(cached, str):
             return None
         config_file = Path(cached)

@@ -85,7 +85,13 @@ def dataset_ref(config: RunConfig, path: Path, sha256: str, items: Sequence[Item
 def _item_ref(item: Item, turns: Sequence[int]) -> ItemRef:
     """An item as the manifest lists it: its judged turns, and what each asks (hashed)."""
     asked = [item.messages[position].content for position in item.user_positions]
-    return ItemRef(id=item.id, turns=list(turns), benign=item.benign, asked={k: asked_hash(asked[:k]) for k in turns})
+    return ItemRef(
+        id=item.id,
+        turns=list(turns),
+        benign=item.benign,
+        category=item.category,
+        asked={k: asked_hash(asked[:k]) for k in turns},
+    )
 
 
 def target_refs(config: RunConfig, identities: Mapping[str, EngineIdentity]) -> dict[str, TargetRef]:

@@ -46,6 +46,7 @@ from diagsafe_local.evaluation.manifest import build_manifest, dataset_ref, judg
 from diagsafe_local.evaluation.planning import plan_run
 from diagsafe_local.evaluation.prompt_sets import load_configured
 from diagsafe_local.evaluation.run_directory import RunDirectory
+from diagsafe_local.evaluation.sensitivity_step import judge_sensitivity, pending_sensitivity
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig
@@ -110,6 +111,11 @@ class Run:
         self.on_progress = on_progress
         self.factory = engine_factory or create_engine
         self.shard = shard
+        if shard is not None and config.judge.sensitivity is not None:
+            raise DiagsafeError(
+                "judge.sensitivity does not run in shards: its sample is drawn from the whole dataset; run it as one "
+                "process (placement.replicas: 1)"
+            )
         self.dataset_items, self.dataset_path = load_configured(config.dataset)
         self.items = [item for item in self.dataset_items if shard is None or shard.owns(item.id)]
         missing_references(config.judge, self.items)
@@ -234,9 +240,13 @@ class Run:
         return (
             (self.config.judge.constrained and self.grammar is None)  # the canary, once
             or bool(self._pending_controls())
+            or any(self._pending_sensitivity(t) for t in self.config.targets)
             or any(self._needs_judge_model(t) for t in self.config.targets)
             or any(step is not None and not step.done() for step in self.attacks.values())
         )
+
+    def _pending_sensitivity(self, target: TargetConfig) -> list[tuple]:
+        return pending_sensitivity(self.ctx, target.label, target.sampling.n, self.dataset.items or [])
 
     def _pending_controls(self) -> list:
         return pending_controls(self.ctx)
@@ -332,6 +342,9 @@ class Run:
                         self._generate(target)
                         self.host.unpark(judge)
                     self._judge(judge, target, controls)
+                    pending = self._pending_sensitivity(target)
+                    if pending and judge is not None:
+                        judge_sensitivity(judge, self.ctx, target.label, pending)
                     if opened is not None:
                         self._attack(target, opened, judge, attacker)
                 finally:

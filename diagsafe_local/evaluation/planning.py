@@ -36,7 +36,12 @@ def plan_run(
         attacker=None if attack is None or own is None else (own, attack.memory),
         attacked=attack is not None,
     )
-    if not replicate:
+    if config.judge.sensitivity is not None and placement.replicas not in ("auto", 1):
+        raise DiagsafeError(
+            "judge.sensitivity runs as one process (its sample is drawn from the whole dataset): "
+            "set placement.replicas to 1 or auto"
+        )
+    if not replicate or config.judge.sensitivity is not None:
         plan = plan.model_copy(update={"replicas": 1})
     elif placement.replicas != "auto":
         group = max(plan.gpus_per_replica, len(memory) // placement.replicas)

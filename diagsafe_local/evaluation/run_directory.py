@@ -17,7 +17,7 @@ from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import Manifest, read_manifest_file, write_config
-from diagsafe_local.runs.records import ControlRecord, GenerationRecord, ResultRecord
+from diagsafe_local.runs.records import ControlRecord, GenerationRecord, ResultRecord, SensitivityRecord
 
 RUN_FILES = (
     files.MANIFEST,
@@ -27,6 +27,7 @@ RUN_FILES = (
     files.SUMMARY,
     files.CONTROLS,
     files.ATTACKS,
+    files.SENSITIVITY,
     files.SIGNATURE,
 )
 
@@ -38,6 +39,7 @@ class RunDirectory:
     results: JsonlStore[ResultRecord]
     controls: JsonlStore[ControlRecord]
     attacks: JsonlStore[ResultRecord]
+    sensitivity: JsonlStore[SensitivityRecord]
 
     def __init__(self, config: RunConfig, root: Path, overwrite: bool = False) -> None:
         self.root = root
@@ -87,6 +89,7 @@ class RunDirectory:
         self.results = JsonlStore(self.root / files.RESULTS, ResultRecord)
         self.controls = JsonlStore(self.root / files.CONTROLS, ControlRecord)
         self.attacks = JsonlStore(self.root / files.ATTACKS, ResultRecord)
+        self.sensitivity = JsonlStore(self.root / files.SENSITIVITY, SensitivityRecord)
 
     def _keep_signed(self, run_id: str) -> None:
         """With a signing key set, resume only from what was signed: a file whose signed part changed refuses the

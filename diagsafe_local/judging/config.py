@@ -31,6 +31,16 @@ def judge_name(reference: str | MetricJudgeConfig) -> str:
     return JUDGES.get(reference.name() if isinstance(reference, MetricJudgeConfig) else reference).name
 
 
+class SensitivityConfig(StrictModel):
+    """Judge sensitivity: a stratified sample of each target's answers judged again under paraphrases of the
+    judge's prompt (its policy file's `paraphrases`), the criteria and labels kept."""
+
+    variants: int = Field(4, ge=1, description="Paraphrases the sample is judged again under.")
+    sample: int = Field(
+        200, ge=1, description="Answers of harmful items per target (their last judged turn), stratified by category."
+    )
+
+
 class PanelConfig(StrictModel):
     """Several harm judges, their verdicts combined (see `judging.panel`)."""
 
@@ -113,6 +123,11 @@ class JudgeConfig(EngineConfig):
         description="Judge harmful items by a panel of harm judges instead of `rubric` alone; each member's verdict "
         "is kept in the record (`panel`). The health checks' control verdicts still use `rubric`.",
     )
+    sensitivity: SensitivityConfig | None = Field(
+        None,
+        description="Judge a sample again under K paraphrases of the judge's prompt; the gate says INCONCLUSIVE "
+        "(exit 4) when the decision changes with the wording. Costs variants x sample verdicts per target.",
+    )
     validation: str | None = Field(
         None,
         description="A `validate` output directory that measured this judge (same judge, model and scoring mode) "
@@ -190,6 +205,14 @@ class JudgeConfig(EngineConfig):
             raise ValueError(f"judge '{model_needed[0]}' needs a model: set model")
         harm.check_probability(self.probability)
         harm.check_reasoning(self.reasoning)
+        if self.sensitivity is not None:
+            paraphrases = len(getattr(harm, "paraphrases", ()))
+            if self.panel is not None or not harm.needs_model or paraphrases < self.sensitivity.variants:
+                raise ValueError(
+                    f"sensitivity: {self.sensitivity.variants} variants need a model judge whose policy file has as "
+                    f"many paraphrases (harmjudge has 4; a policy file of yours lists its own under `paraphrases:`); "
+                    f"'{harm.name}' has {paraphrases}" + (" and a panel has none" if self.panel else "")
+                )
         if self.deterministic and self.sampling.temperature > 0 and not harm.uses_probability(self.probability):
             raise ValueError("deterministic verdicts need greedy decoding: set sampling.temperature to 0")
         return self

@@ -105,6 +105,11 @@ class PolicyFile(StrictModel):
         "replies to, or nothing.",
     )
     reasoning: bool = Field(False, description="It may reason in <think>...</think> before its verdict.")
+    paraphrases: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description="Rewordings of `instructions` that keep its criteria and labels: the variants "
+        "`judge.sensitivity` judges a sample again under.",
+    )
 
     @model_validator(mode="after")
     def _score_field(self) -> PolicyFile:
@@ -163,6 +168,7 @@ def policy_judge(policy: PolicyFile, fingerprint: str | None = None) -> Rubric:
         thinking=Thinking() if policy.reasoning else None,
         context=policy.context,
         fingerprint=fingerprint,
+        paraphrases=tuple(p.strip() for p in policy.paraphrases),
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
 
@@ -63,6 +63,11 @@ class Rubric(Judge):
     verdict_model: type[BaseModel]
     to_score: Callable[[Any], float]
     context: Context = "conversation"
+    paraphrases: tuple[str, ...] = ()  # rewordings of `instructions`, its criteria kept (judge sensitivity)
+
+    def variant(self, k: int) -> Rubric:
+        """The judge under its k-th paraphrase (1-based): the same verdict, schema and score, other words."""
+        return replace(self, name=f"{self.name}~{k}", instructions=self.paraphrases[k - 1], paraphrases=())
 
     @cached_property
     def schema(self) -> dict[str, Any]:

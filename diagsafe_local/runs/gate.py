@@ -18,17 +18,20 @@ from pydantic import BaseModel
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.runs.limits import Applied, Limit, Limits, Reading, resolve, share
 from diagsafe_local.runs.paired import Difference, PairedComparison
+from diagsafe_local.runs.sensitivity import Tally, TargetSensitivity
 from diagsafe_local.runs.summary import GroupStats, Summary, TargetSummary
 from diagsafe_local.runs.validation import JudgeValidation
 from diagsafe_local.runs.verify import VerifiedRun
 
 
 class GateDecision(BaseModel):
-    """What the gate decided, and every line of why."""
+    """What the gate decided, and every line of why. `inconclusive`: every check passed, but a paraphrase of the
+    judge's prompt decides otherwise (judge sensitivity): not a pass."""
 
     passed: bool
     lines: list[str]
     checks: int
+    inconclusive: bool = False
 
 
 def _pct(value: float | None) -> str:
@@ -42,6 +45,7 @@ class _Decision:
         self.lines: list[str] = []
         self.failed = False
         self.checks = 0
+        self.flipped = False
 
     def verdict(self, ok: bool, text: str) -> None:
         self.checks += 1
@@ -52,8 +56,18 @@ class _Decision:
         ok = reading.value is not None and reading.value <= limit
         self.verdict(ok, f"{label}: {reading.text}" + ("" if reading.value is None else f" vs max {limit:.3f}"))
 
+    def flip(self, text: str) -> None:
+        self.flipped = True
+        self.lines.append("FLIP  " + text)
+
     def result(self) -> GateDecision:
-        return GateDecision(passed=self.checks > 0 and not self.failed, lines=self.lines, checks=self.checks)
+        passed = self.checks > 0 and not self.failed
+        return GateDecision(
+            passed=passed and not self.flipped,
+            lines=self.lines,
+            checks=self.checks,
+            inconclusive=passed and self.flipped,
+        )
 
 
 def _targets(summary: Summary, targets: list[str] | None) -> list[str]:
@@ -92,7 +106,14 @@ def decide(
             f"{run.run_dir}: refused: --corrected needs the judge validation the run was corrected with, and it does "
             f"not verify: {run.validation_problem}"
         )
-    return check_figures(run.summary, limits, validation=run.validation, targets=targets, comparisons=comparisons)
+    return check_figures(
+        run.summary,
+        limits,
+        validation=run.validation,
+        targets=targets,
+        comparisons=comparisons,
+        sensitivity=run.sensitivity,
+    )
 
 
 def check_figures(
@@ -102,6 +123,7 @@ def check_figures(
     validation: JudgeValidation | None = None,
     targets: list[str] | None = None,
     comparisons: list[PairedComparison] | None = None,
+    sensitivity: dict[str, TargetSensitivity] | None = None,
 ) -> GateDecision:
     """The decision on figures that were verified (a run's recomputed summary, its verified validation, paired
     comparisons of verified runs)."""
@@ -130,7 +152,53 @@ def check_figures(
         _target(decision, name, summary.targets[name], limits)
     if limits.increases:
         _increases(decision, names, comparisons or [], limits)
+    if sensitivity:
+        _sensitivity(decision, names, sensitivity, limits)
     return decision.result()
+
+
+def _sensitivity(decision: _Decision, names: list[str], figures: dict[str, TargetSensitivity], limits: Limits) -> None:
+    """The ASR limits applied on the sensitivity sample as the judge scored it and as each paraphrase of its
+    prompt did: a paraphrase that breaks other limits than the judge's own wording flips the decision."""
+    overall, by_category = limits.value("max_asr"), limits.value("max_asr_category") or {}
+
+    def broken(tally: Tally) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        rate = tally.rate()
+        if overall is not None and (rate is None or rate > overall):
+            out["overall"] = rate
+        for category, limit in by_category.items():
+            in_category = tally.rate(category)
+            if in_category is not None and in_category > limit:
+                out[category] = in_category
+        return out
+
+    for name in names:
+        figure = figures.get(name)
+        if figure is None:
+            continue
+        wordings = {"the judge's prompt": figure.original, **figure.variants}
+        rates = [r for t in wordings.values() if (r := t.rate()) is not None]
+        decision.lines.append(
+            f"NOTE  {name}: judge sensitivity, {figure.original.n} sampled answers: ASR "
+            + (f"{min(rates):.1%} to {max(rates):.1%}" if rates else "n/a")
+            + f" across the judge's prompt and {len(figure.variants)} paraphrases"
+        )
+        for category in figure.original.by_category:
+            spread = [r for t in wordings.values() if (r := t.rate(category)) is not None]
+            decision.lines.append(f"NOTE  {name}: category '{category}': ASR {min(spread):.1%} to {max(spread):.1%}")
+        own = broken(figure.original)
+        for variant, tally in figure.variants.items():
+            theirs = broken(tally)
+            for group in sorted(set(own) ^ set(theirs)):
+                limit = overall if group == "overall" else by_category[group]
+                label = "overall" if group == "overall" else f"category '{group}'"
+                decision.flip(
+                    f"{name}: {label}: under paraphrase {variant} the sample's ASR is "
+                    f"{_pct(tally.rate(None if group == 'overall' else group))}, under the judge's prompt "
+                    f"{_pct(figure.original.rate(None if group == 'overall' else group))}, against max {limit:.3f}: "
+                    "the decision depends on the judge's wording"
+                )
 
 
 def _target(decision: _Decision, name: str, stats: TargetSummary, limits: Limits) -> None:
@@ -249,6 +317,7 @@ def gate_run(
     *,
     targets: list[str] | None = None,
     require_signature: bool = False,
+    require_sensitivity: bool = False,
 ) -> tuple[VerifiedRun, GateDecision]:
     """The gate on a run directory: verify it (and its baseline, under the same signature rule), resolve the
     limits, compare with the baseline where an increase is limited, decide. Usage errors raise DiagsafeError
@@ -256,6 +325,11 @@ def gate_run(
     from diagsafe_local.runs.baseline import Incomparable, compare_with_baseline, verified
 
     run = verified(run_dir, "the run", require_signature)
+    if require_sensitivity and run.sensitivity is None:
+        raise RunFailed(
+            f"{run_dir}: refused: --sensitivity needs the run's judge sensitivity sample, and it has none (set "
+            "judge.sensitivity in its config)"
+        )
     limits = resolve(command_line, run.manifest.gate_settings if run.config_trusted else None)
     comparisons = None
     if limits.increases:

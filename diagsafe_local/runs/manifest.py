@@ -130,6 +130,7 @@ class ItemRef(Record):
     id: str
     turns: list[int] = Field(min_length=1, description="The judged turns (1-based).")
     benign: bool = Field(False, description="Benign (over-refusal) items are not attacked.")
+    category: str | None = Field(None, description="Its category (what a sensitivity sample is stratified by).")
     asked: dict[int, str] | None = Field(
         None,
         description="Each judged turn's prompt, hashed (`records.asked_hash` of the user turns up to it): the gate "

@@ -27,6 +27,7 @@ from diagsafe_local.runs.records import (
     ControlRecord,
     GenerationRecord,
     ResultRecord,
+    SensitivityRecord,
     read_controls,
 )
 from diagsafe_local.runs.summarize import Summarizer
@@ -84,6 +85,7 @@ def merge_runs(
     validation, validation_ref = (sources[0].validation, first.validation) if same else (None, None)
     summarizer = Summarizer(validation, attack, first.judge.instructions if first.judge else None)
     controls: dict[tuple, ControlRecord] = {}
+    sensitivity: dict[tuple, SensitivityRecord] = {}  # a whole run's sample judged again (runs of other targets)
     for index, (run_dir, source) in enumerate(zip(run_dirs, sources)):
         assert source.tallies is not None  # every verified run carries them
         summarizer.absorb(source.tallies)  # the sources' tallies add up to the merged run's
@@ -93,6 +95,10 @@ def merge_runs(
         for generation in _read_generations(run_dir):
             generations.place(run_dir, index, generation, unique=False)
         controls.update((c.key, c) for c in read_controls(run_dir))
+        if (run_dir / files.SENSITIVITY).is_file():
+            sensitivity.update(
+                (r.key, r) for r in jsonl.read_records(run_dir / files.SENSITIVITY, SensitivityRecord)[0]
+            )
     results.write(out, run_dirs)
     if attack is not None:
         steps.write(out, run_dirs)
@@ -100,6 +106,10 @@ def merge_runs(
         (out / files.ATTACKS).unlink(missing_ok=True)
     generations.write(out, run_dirs)
     jsonl.write(out / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
+    if sensitivity:
+        jsonl.write(out / files.SENSITIVITY, sorted(sensitivity.values(), key=lambda r: r.key))
+    else:  # a replaced merge's sample must not outlive it
+        (out / files.SENSITIVITY).unlink(missing_ok=True)
     run_id = "merged:" + "+".join(m.run_id for m in manifests)
     summarizer.controls = list(controls.values())
     summary = write_summary(out, summarizer.summary().model_copy(update={"run_id": run_id}))

@@ -232,6 +232,29 @@ class ResultRecord(KeyedRecord):
         return asked_hash([m.content for m in self.conversation if m.role == "user"])
 
 
+class SensitivityRecord(KeyedRecord):
+    """One answer of the sensitivity sample judged again under one paraphrase of the judge's prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    target: str
+    item_id: str
+    sample: int
+    turn: int
+    category: str | None
+    variant: str = Field(
+        description="The judge under a paraphrase: its name and the paraphrase's number (harmjudge~2)."
+    )
+    score: float | None
+    parse_status: str
+    judge_raw: str | None
+
+    @property
+    def key(self) -> tuple[str, str, int, int, str]:
+        return (self.target, self.item_id, self.sample, self.turn, self.variant)
+
+
 class ControlRecord(KeyedRecord):
     """The judge's verdict on one control: a known answer that is not harmful."""
 

@@ -18,6 +18,7 @@ from diagsafe_local.runs.attack_report import attack_chart, attack_sections, att
 from diagsafe_local.runs.flips import flips
 from diagsafe_local.runs.paired import PairedComparison
 from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.sensitivity import TargetSensitivity
 from diagsafe_local.runs.summary import BREAKDOWNS, GroupStats, Summary, TargetSummary
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
@@ -225,6 +226,24 @@ def _flip_blocks(comparisons: list[PairedComparison], per_pair: int = 10) -> tup
     return md, page
 
 
+def _sensitivity_section(figures: dict[str, TargetSensitivity]) -> tuple[str, list[str], list[list[str]], list[str]]:
+    """ASR on the sensitivity sample under the judge's prompt and each paraphrase, overall and per category."""
+    variants = sorted({v for f in figures.values() for v in f.variants})
+    rows = []
+    for name, figure in figures.items():
+        for category in [None, *figure.original.by_category]:
+            tallies = [figure.original, *(figure.variants.get(v) for v in variants)]
+            rates = [t.rate(category) if t is not None else None for t in tallies]
+            known = [r for r in rates if r is not None]
+            spread = f"{max(known) - min(known):.1%}" if known else "n/a"
+            rows.append([name, category or "overall", *("n/a" if r is None else f"{r:.1%}" for r in rates), spread])
+    note = (
+        "The same sampled answers judged again by the same model under paraphrases of its prompt (criteria and labels "
+        "kept): the spread is how much the wording alone moves ASR; the gate says INCONCLUSIVE where it flips a limit."
+    )
+    return ("Judge sensitivity", ["target", "category", "judge's prompt", *variants, "spread"], rows, [note])
+
+
 def _tables(summary: Summary) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, header, rows, notes) sections shared by the Markdown and HTML reports."""
     overall = [_overall_row(name, s) for name, s in summary.targets.items()]
@@ -389,6 +408,8 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
         )
     title = f"diagsafe-local report: run {summary.run_id}"
     sections = _tables(summary) + attack_sections(summary)
+    if verified.sensitivity:
+        sections.append(_sensitivity_section(verified.sensitivity))
     comparisons, baseline_note = _baseline(run_dir, verified, baseline)
     sections += _paired_sections(comparisons)
     if baseline_note:

@@ -45,6 +45,7 @@ from diagsafe_local.runs import files
 from diagsafe_local.runs.attack_figures import goal_figures
 from diagsafe_local.runs.manifest import Manifest, config_fingerprint, read_manifest_file
 from diagsafe_local.runs.records import AnswerKey, ControlRecord, ResultRecord, read_controls
+from diagsafe_local.runs.sensitivity import SampleCheck, TargetSensitivity
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, read_summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
@@ -72,6 +73,9 @@ class VerifiedRun(BaseModel):
         None, description="Why the judge validation the run recorded did not verify."
     )
     config_trusted: bool = False
+    sensitivity: dict[str, TargetSensitivity] | None = Field(
+        None, description="Each target's sample under its judge and under each paraphrase (judge.sensitivity)."
+    )
     problems: list[str]
     notes: list[str]
     tallies: Summarizer | None = Field(None, exclude=True, description="What the summary was folded from.")
@@ -183,6 +187,7 @@ def verify_run(
     results_path = run_dir / files.RESULTS
     coverage = _Coverage(manifest, whole)
     asked = _Asked(manifest)
+    sample = SampleCheck(manifest)
     foreign: Counter[str] = Counter()
     allowed = manifest.run_ids()
     results_digest = hashlib.sha256()
@@ -193,6 +198,7 @@ def verify_run(
                 foreign[record.run_id] += 1
             coverage.see(record.key)
             asked.see(record)
+            sample.see(record)
             summarizer.add(record)
             if observe is not None:
                 observe(line)
@@ -225,6 +231,8 @@ def verify_run(
     controls = _read(files.CONTROLS, read_controls, run_dir)
     problems += _controls(controls, manifest)
     problems += _grammar(manifest)
+    _read(files.SENSITIVITY, sample.read, run_dir / files.SENSITIVITY)
+    problems += sample.problems()
     summarizer.controls = controls
     summary = summarizer.summary()
     summary = summary.model_copy(
@@ -254,6 +262,7 @@ def verify_run(
         validation=validation,
         validation_problem=validation_notes[0] if validation_notes else None,
         config_trusted=config_trusted and not config_problems,
+        sensitivity=sample.figures(),
         problems=problems,
         notes=notes,
         tallies=summarizer,

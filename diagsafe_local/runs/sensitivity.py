@@ -1,0 +1,144 @@
+"""Judge sensitivity, the read side: which answers a run judges again under paraphrases of its judge's prompt
+(`judge.sensitivity`), and what each paraphrase decides. The sample is a function of the dataset alone (every
+target is judged again on the same answers, and the gate recomputes it from the manifest): the harmful items'
+last judged turn, each sample of it, stratified by category in proportion to its answers (largest remainders;
+every category at least one while the size allows), within a category the answers whose keys hash smallest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from diagsafe_local.core import jsonl
+from diagsafe_local.runs.manifest import ItemRef, Manifest
+from diagsafe_local.runs.records import ResultRecord, SensitivityRecord
+
+Key = tuple[str, int, int]  # item, sample, turn
+
+
+def sensitivity_sample(items: Sequence[ItemRef], samples: int, size: int) -> list[Key]:
+    """(item, sample, turn) of a target's answers in the sample (`samples`: its answers per item)."""
+    strata: dict[str, list[Key]] = defaultdict(list)
+    for item in items:
+        if not item.benign:
+            for s in range(samples):
+                strata[item.category or "(none)"].append((item.id, s, max(item.turns)))
+    total = sum(len(keys) for keys in strata.values())
+    if total <= size:
+        return sorted(key for keys in strata.values() for key in keys)
+    shares = {c: size * len(keys) / total for c, keys in strata.items()}
+    take = {c: min(len(strata[c]), max(1, int(share))) for c, share in shares.items()}
+    for c in sorted(strata, key=lambda c: (int(shares[c]) - shares[c], c)):  # largest remainders first
+        if sum(take.values()) >= size:
+            break
+        if take[c] < len(strata[c]):
+            take[c] += 1
+    chosen = [key for c, keys in strata.items() for key in sorted(keys, key=_rank)[: take[c]]]
+    return sorted(chosen)
+
+
+def _rank(key: Key) -> bytes:
+    return hashlib.blake2b(f"{key[0]}\x00{key[1]}\x00{key[2]}".encode(), digest_size=8).digest()
+
+
+class Tally(BaseModel):
+    """The judge's scores summed over the sample's scored answers, overall and by category: ASR as the summary
+    computes it (the mean score), for one wording of the judge's prompt."""
+
+    score: float = 0.0
+    n: int = 0
+    by_category: dict[str, tuple[float, int]] = {}
+
+    @classmethod
+    def of(cls, verdicts: Iterable[tuple[str, float | None]]) -> Tally:
+        """From (category, score) pairs; unscored verdicts are left out (verify counts them)."""
+        sums: dict[str, float] = defaultdict(float)
+        counts: Counter[str] = Counter()
+        for category, score in verdicts:
+            if score is not None:
+                sums[category] += score
+                counts[category] += 1
+        by = {c: (sums[c], counts[c]) for c in sorted(counts)}
+        return cls(score=sum(sums.values()), n=sum(counts.values()), by_category=by)
+
+    def rate(self, category: str | None = None) -> float | None:
+        score, n = (self.score, self.n) if category is None else self.by_category.get(category, (0.0, 0))
+        return score / n if n else None
+
+
+class TargetSensitivity(BaseModel):
+    """A target's sample as its judge decided it, and as each paraphrase did."""
+
+    original: Tally
+    variants: dict[str, Tally]
+
+
+class SampleCheck:
+    """Verifies a run's sensitivity records (sensitivity.jsonl): the run's judge settings say whether there must
+    be any, and which; `see` takes the run's own results as verify reads them (the original verdicts on the
+    sample); `read` the file; `problems` what does not hold; `figures` each target's tallies."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        judge = manifest.config.get("judge") or {}
+        self.settings = judge.get("sensitivity")
+        self.rubric = manifest.judge.rubric if manifest.judge else None
+        self.run_ids = manifest.run_ids()
+        items = manifest.dataset.items or []
+        self.category = {item.id: item.category or "(none)" for item in items}
+        self.sampled: set[tuple[str, str, int, int]] = set()
+        if self.settings:
+            for name, target in manifest.targets.items():
+                for key in sensitivity_sample(items, target.samples, int(self.settings["sample"])):
+                    self.sampled.add((name, *key))
+        self.original: dict[str, list[tuple[str, float | None]]] = defaultdict(list)
+        self.variants: dict[str, dict[str, list[tuple[str, float | None]]]] = defaultdict(lambda: defaultdict(list))
+        self._problems: list[str] = []
+
+    def see(self, record: ResultRecord) -> None:
+        if record.key in self.sampled:
+            self.original[record.target].append((self.category.get(record.item_id, "(none)"), record.score))
+
+    def read(self, path: Path) -> None:
+        if not path.is_file():
+            if self.settings:
+                self._problems.append(f"no {path.name}: the run's judge.sensitivity sample was never judged again")
+            return
+        if not self.settings:
+            self._problems.append(f"{path.name} is there, and the run's config has no judge.sensitivity")
+            return
+        names = {f"{self.rubric}~{k}" for k in range(1, int(self.settings["variants"]) + 1)}
+        found: dict[tuple, SensitivityRecord] = {}
+        for line in jsonl.stream(path, SensitivityRecord):
+            record = line.record
+            if record.run_id not in self.run_ids:
+                self._problems.append(f"{path.name} line {line.number}: a record of run {record.run_id}")
+                return
+            if record.key[:4] not in self.sampled or record.variant not in names:
+                self._problems.append(f"{path.name} line {line.number}: {record.key} is not in the run's sample")
+                return
+            found[record.key] = record
+        missing = len(self.sampled) * len(names) - len(found)
+        if missing:
+            self._problems.append(f"{path.name} lacks {missing} of the sample's verdicts under the paraphrases")
+        for record in found.values():
+            category = self.category.get(record.item_id, "(none)")
+            self.variants[record.target][record.variant].append((category, record.score))
+
+    def problems(self) -> list[str]:
+        return self._problems
+
+    def figures(self) -> dict[str, TargetSensitivity] | None:
+        if not self.settings or self._problems:
+            return None
+        return {
+            target: TargetSensitivity(
+                original=Tally.of(self.original[target]),
+                variants={name: Tally.of(verdicts) for name, verdicts in sorted(self.variants[target].items())},
+            )
+            for target in sorted({t for t, *_ in self.sampled})
+        }
