@@ -52,6 +52,7 @@ def bench_engine_kind() -> Any:
     a complying answer harmful, uncertain or not by a hash of the answer (varied rationales: a healthy judge)."""
     from diagsafe_local.engines.base import Completion, EngineBase, EngineInfo, GenerationRequest
     from diagsafe_local.engines.kinds import Capabilities, EngineKind
+    from diagsafe_local.judging.canary import CANARY_SCHEMA, CANARY_VALUE
 
     class BenchEngine(EngineBase):
         def __init__(self, config: Any, **_: Any) -> None:
@@ -64,6 +65,9 @@ def bench_engine_kind() -> Any:
 
         def _one(self, request: GenerationRequest) -> Completion:
             last = request.messages[-1].content
+            if request.json_schema == CANARY_SCHEMA:  # it applies schemas, as a real engine does
+                text = json.dumps({"canary": CANARY_VALUE, "digits": "042042"})
+                return Completion(text=text, finish_reason="stop", prompt_tokens=20, completion_tokens=14)
             if request.json_schema is None:
                 h = _number(self.info.model, last)
                 if h % 5 == 0:
