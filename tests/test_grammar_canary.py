@@ -97,3 +97,24 @@ def test_an_openai_compatible_server_that_ignores_schemas_is_refused(tmp_path):
     assert not manifest.grammar.enforced and manifest.grammar.engine.startswith("openai")
     code, output = gate(tmp_path / "run")
     assert code == 3 and "did not apply its schema" in output
+
+
+def test_a_judge_engine_that_raises_on_the_canary_fails_it_without_a_traceback(tmp_path):
+    def raising(config, **options):
+        engine = ScriptedEngine(default_responder, model=config.model)
+        if config.model == "j":
+            answer = engine._answer
+
+            def _answer(request):
+                if request.json_schema == CANARY_SCHEMA:
+                    raise RuntimeError("grammar backend exploded")
+                return answer(request)
+
+            engine._answer = _answer  # type: ignore[method-assign]
+        return engine
+
+    Run(make_config(tmp_path), engine_factory=raising).execute()
+    canary = read_manifest_file(tmp_path / "run").grammar
+    assert canary is not None and not canary.enforced and canary.reply == "RuntimeError: grammar backend exploded"
+    code, output = gate(tmp_path / "run")
+    assert code == 3 and "RuntimeError: grammar backend exploded" in output and "Traceback" not in output

@@ -114,13 +114,17 @@ def keep_current(ctx: RunContext) -> None:
 def send_canary(judge: Engine, backend: str | None, previous: GrammarCanary | None) -> GrammarCanary:
     """Send the grammar canary to the judge engine. A run whose canary ever failed stays failed: the verdicts
     made meanwhile are in its stores and would be reused (`run --overwrite` starts again)."""
-    reply = judge.generate([canary_request()])[0]
+    try:
+        reply = judge.generate([canary_request()])[0]
+        answer, held = (reply.error or reply.text), reply.error is None and canary_held(reply.text)
+    except Exception as exc:  # an engine (a plugin's) that raises instead of answering: the canary did not hold
+        answer, held = f"{type(exc).__name__}: {exc}", False
     versions = ", ".join(f"{name} {version}" for name, version in judge.info.versions.items() if version)
     outcome = GrammarCanary(
-        enforced=reply.error is None and canary_held(reply.text),
+        enforced=held,
         engine=f"{judge.info.kind} ({versions or 'versions unknown'})",
         backend=backend,
-        reply=(reply.error or reply.text)[:200],
+        reply=answer[:200],
     )
     if not outcome.enforced:
         log.warning(
