@@ -183,6 +183,16 @@ def test_config_errors_name_the_file_line_and_key(tmp_path):
 # -- training a tiny model ------------------------------------------------------------------------------------
 
 
+def train_args(overrides: dict) -> list[str]:
+    """train-classifier on the shipped config, with these settings."""
+    return [
+        "train-classifier",
+        "--config",
+        str(REPO / "configs" / "harmclassifier.yaml"),
+        *(arg for key, value in overrides.items() for arg in ("--set", f"{key}={value}")),
+    ]
+
+
 @pytest.fixture(scope="module")
 def training(tiny_models, tmp_path_factory):
     """A HarmClassifier adapter trained by the CLI on the sample benchmark with the tiny judge model: the
@@ -203,9 +213,7 @@ def training(tiny_models, tmp_path_factory):
         "training.dtype": "float32",
         "merge": "true",
     }
-    args = ["train-classifier", "--config", str(REPO / "configs" / "harmclassifier.yaml")]
-    for key, value in overrides.items():
-        args += ["--set", f"{key}={value}"]
+    args = train_args(overrides)
     # a process of its own: progress goes to the real stderr (here a pipe, as in a SLURM log), not through click
     main = "from diagsafe_local.cli import main; main()"
     env = {**os.environ, "DIAGSAFE_PROGRESS_SECONDS": "3600"}  # a log gets each stage's first and last line only
@@ -322,9 +330,7 @@ def test_train_classifier_trains_on_the_released_labels_as_they_are(tiny_models,
         "training.dtype": "float32",
         "training.gradient_checkpointing": "false",
     }
-    args = ["train-classifier", "--config", str(REPO / "configs" / "harmclassifier.yaml")]
-    for key, value in overrides.items():
-        args += ["--set", f"{key}={value}"]
+    args = train_args(overrides)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     trained = [json.loads(line) for line in (out / "training_set.jsonl").read_text().splitlines()]

@@ -13,6 +13,7 @@ from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.core.messages import Message
 from diagsafe_local.core.settings import StrictModel
 from diagsafe_local.engines.base import GenerationRequest
+from diagsafe_local.engines.identity import model_json
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank values (its LoRAConfig)
 
@@ -90,6 +91,11 @@ class EngineConfig(StrictModel):
         64, description=f"Largest LoRA rank the engine accepts: one of {', '.join(map(str, LORA_RANKS))} (vLLM's)."
     )
 
+    @property
+    def pipeline_stages(self) -> int:
+        """Pipeline parallel stages (vLLM's pipeline_parallel_size, through engine_kwargs): GPUs = TP x stages."""
+        return int(self.engine_kwargs.get("pipeline_parallel_size", 1))
+
     @model_validator(mode="before")
     @classmethod
     def _adapter_as_model(cls, data: Any) -> Any:
@@ -158,28 +164,11 @@ def adapter_base(model: str) -> tuple[str, str] | None:
     """(base model, adapter directory) where `model` is a LoRA adapter: a local directory, or a hub id in the
     local cache, holding an adapter_config.json. A base given as a path that is not on this machine (the
     author's own, e.g. /hub/models/Qwen/Qwen2.5-7B-Instruct) is read as the hub id of its last two parts."""
-    path = Path(model).expanduser()
-    config_file = path / "adapter_config.json"
-    try:
-        local = config_file.is_file() or path.exists()
-    except OSError:  # a name no file system holds (an API model name of 300 characters)
+    found = model_json(model, "adapter_config.json")
+    if found is None:
         return None
-    if not config_file.is_file():
-        if path.is_absolute() or model.count("/") != 1 or local:
-            return None
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = try_to_load_from_cache(model, "adapter_config.json")
-        except ValueError:  # not a valid hub id (an API model's name): no adapter
-            return None
-        if not isinstance(cached, str):
-            return None
-        config_file = Path(cached)
-    try:
-        base = json.loads(config_file.read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError):
-        return None
+    adapter, config_file = found
+    base = adapter.get("base_model_name_or_path")
     if not isinstance(base, str) or not base:
         return None
     base_path = Path(base)

@@ -26,6 +26,7 @@ from pathlib import Path
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpus import node_gpus
+from diagsafe_local.engines.identity import model_json
 from diagsafe_local.engines.kinds import capabilities
 from diagsafe_local.runs.manifest import EnginePlan, GpuPlan
 
@@ -55,16 +56,10 @@ def weight_bits(config: EngineConfig) -> int:
 def attention_heads(model: str) -> int | None:
     """A local (or cached hub) model's attention heads, which its tensor parallel size must divide (vLLM's
     rule); None when its config cannot be read."""
-    path = Path(model).expanduser() / "config.json"
-    try:
-        if not path.is_file() and model.count("/") <= 1 and not Path(model).is_absolute():
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(model, "config.json")
-            path = Path(cached) if isinstance(cached, str) else path
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
+    found = model_json(model, "config.json")
+    if found is None:
         return None
+    config = found[0]
     heads = config.get("num_attention_heads") or (config.get("text_config") or {}).get("num_attention_heads")
     return heads if isinstance(heads, int) and heads > 0 else None
 
@@ -181,7 +176,7 @@ def plan_gpus(
         gpu_engines.append(("attacker", *attacker))
     for role, config, colocated_share in gpu_engines:
         share = colocated_share if mode == "colocate" else ALONE_SHARE
-        stages = int(config.engine_kwargs.get("pipeline_parallel_size", 1))
+        stages = config.pipeline_stages
         heads = attention_heads(config.model)
         if heads is not None and heads % config.tensor_parallel_size:
             raise DiagsafeError(

@@ -42,6 +42,11 @@ class NodeGpus(BaseModel):
     cuda: str
     gpus: list[Gpu]
 
+    @property
+    def before_cuda13(self) -> bool:
+        """Whether the driver is older than CUDA 13 builds need (they then need the CUDA 12 builds)."""
+        return int(self.driver.split(".")[0]) < CUDA13_DRIVER
+
     def describe(self) -> str:
         names = sorted({g.name for g in self.gpus})
         return f"{len(self.gpus)} x {', '.join(names)} (driver {self.driver}, CUDA {self.cuda})"
@@ -109,7 +114,7 @@ def _unusable(torch: Any) -> str:
     gpus = node_gpus()
     built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
     found = gpus.describe() if gpus else "the NVIDIA driver (/dev/nvidiactl), but NVML could not be read"
-    old_driver = gpus is not None and int(gpus.driver.split(".")[0]) < CUDA13_DRIVER
+    old_driver = gpus is not None and gpus.before_cuda13
     fix = (
         f"this driver is older than {CUDA13_DRIVER}, which CUDA 13 builds need: install the CUDA 12 builds of "
         "torch and vLLM (`bash scripts/setup.sh` picks them on such a driver; README, 'GPU nodes'), or update "

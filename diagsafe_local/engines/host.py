@@ -55,8 +55,7 @@ class Host:
             # vLLM refuses to start unless its share of each GPU is free; the last engine's workers may still be
             # exiting (vLLM gives them 5 s), so wait for it here and name what is held if it never comes.
             share = config.gpu_memory_utilization or options.get("memory_share") or ALONE_SHARE
-            devices = config.tensor_parallel_size * int(config.engine_kwargs.get("pipeline_parallel_size", 1))
-            wait_for_memory(share, devices, MEMORY_WAIT_SECONDS)
+            wait_for_memory(share, config.tensor_parallel_size * config.pipeline_stages, MEMORY_WAIT_SECONDS)
         engine = self.factory(config, **options)
         self.loaded[role] = {
             **engine.info.model_dump(mode="json"),

@@ -4,6 +4,7 @@ may reuse: installed package versions, a model directory's content hash, the CUD
 from __future__ import annotations
 
 import hashlib
+import json
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,23 @@ def package_versions(*names: str) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return out
+
+
+def model_json(model: str, name: str) -> tuple[dict[str, Any], Path] | None:
+    """A JSON file of a model (config.json, adapter_config.json) and where it lies: in the model's directory, or,
+    for a hub id, in the local hub cache (never downloaded here). None where neither holds a readable one."""
+    path = Path(model).expanduser()
+    try:
+        found: Path | None = path / name if (path / name).is_file() else None
+        if found is None and model.count("/") <= 1 and not path.is_absolute() and not path.exists():
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model, name)
+            found = Path(cached) if isinstance(cached, str) else None
+        data = json.loads(found.read_text()) if found is not None else None
+    except (OSError, ValueError):  # a name no file system holds, not a hub id, a file that does not read
+        return None
+    return (data, found) if isinstance(data, dict) and found is not None else None
 
 
 def model_fingerprint(path: str) -> str | None:

@@ -16,7 +16,7 @@ from diagsafe_local.evaluation.context import RunContext
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judge_key
 from diagsafe_local.judging.base import JUDGES, JudgeInput
-from diagsafe_local.judging.canary import canary_held, canary_request
+from diagsafe_local.judging.canary import ask_canary
 from diagsafe_local.judging.verdicts import Verdict, VerdictStream
 from diagsafe_local.runs.manifest import GrammarCanary
 from diagsafe_local.runs.records import ControlRecord
@@ -114,11 +114,7 @@ def keep_current(ctx: RunContext) -> None:
 def send_canary(judge: Engine, backend: str | None, previous: GrammarCanary | None) -> GrammarCanary:
     """Send the grammar canary to the judge engine. A run whose canary ever failed stays failed: the verdicts
     made meanwhile are in its stores and would be reused (`run --overwrite` starts again)."""
-    try:
-        reply = judge.generate([canary_request()])[0]
-        answer, held = (reply.error or reply.text), reply.error is None and canary_held(reply.text)
-    except Exception as exc:  # an engine (a plugin's) that raises instead of answering: the canary did not hold
-        answer, held = f"{type(exc).__name__}: {exc}", False
+    held, answer = ask_canary(judge)
     versions = ", ".join(f"{name} {version}" for name, version in judge.info.versions.items() if version)
     outcome = GrammarCanary(
         enforced=held,

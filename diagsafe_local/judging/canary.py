@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from diagsafe_local.core.messages import Message
-from diagsafe_local.engines.base import GenerationRequest
+from diagsafe_local.engines.base import Engine, GenerationRequest
 
 CANARY_VALUE = "zq-canary-7731"
 CANARY_SCHEMA: dict[str, Any] = {
@@ -49,3 +49,13 @@ def canary_held(text: str) -> bool:
         and isinstance(reply["digits"], str)
         and _DIGITS.fullmatch(reply["digits"]) is not None
     )
+
+
+def ask_canary(engine: Engine) -> tuple[bool, str]:
+    """Send the canary: whether the engine applied its schema, and what it replied (or its error). An engine that
+    raises instead of answering (a plugin's) did not apply it."""
+    try:
+        reply = engine.generate([canary_request()])[0]
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {exc}"
+    return reply.error is None and canary_held(reply.text), reply.error or reply.text

