@@ -297,3 +297,19 @@ def items_needed(
         mid = (low + high) // 2
         low, high = (mid, high) if non_inferiority_power(mid, baseline_asr, margin, discordance) < power else (low, mid)
     return high
+
+
+def exact_add(partials: list[float], value: float) -> None:
+    """Shewchuk's exact running sum (the partials `math.fsum` takes): a mean over a million scores loses no digit,
+    and a summary is the same whatever order its records come in (runs, merges and shards agree)."""
+    i = 0
+    for y in partials:
+        if abs(value) < abs(y):
+            value, y = y, value
+        high = value + y
+        low = y - (high - value)
+        if low:
+            partials[i] = low
+            i += 1
+        value = high
+    partials[i:] = [value]

@@ -142,8 +142,7 @@ def test_corrected_gate_is_never_laxer_than_the_plain_one_for_uncertain_verdicts
 def test_a_score_of_exactly_one_half_is_uncertain_everywhere():
     from diagsafe_local.engines.base import Completion as C
     from diagsafe_local.judging.base import JUDGES
-    from diagsafe_local.judging.panel import panel_score
-    from diagsafe_local.runs.verdicts import is_harmful, score_class
+    from diagsafe_local.runs.verdicts import is_harmful, panel_score, score_class
 
     assert not is_harmful(0.5) and is_harmful(0.5000001)
     assert score_class(0.5) == "uncertain"

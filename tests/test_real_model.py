@@ -22,7 +22,7 @@ from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.runs.records import ControlRecord, ResultRecord, read_results
-from diagsafe_local.selftest import SPECIAL_TOKENS, real_selftest_config
+from diagsafe_local.selftest import REAL_MODEL, SPECIAL_TOKENS, real_selftest_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.real, pytest.mark.slow]
 ENGLISH = re.compile(r"\b(the|to|and|a|of|is|you|i|it|in|for|your)\b", re.IGNORECASE)
@@ -274,3 +274,45 @@ def test_the_real_model_attacks_itself_and_every_attacker_reply_parses(real_mode
     for r in later:  # a second turn carries the first, accepted, in its conversation
         assert [m.role for m in r.conversation if m.role != "system"] == ["user", "assistant", "user"]
     print("crescendo:", summary.targets[pair.config.targets[0].label].attack.model_dump_json(exclude={"by_category"}))
+
+
+def test_a_jury_of_the_real_model_and_a_random_model_judges_and_the_gate_verifies_it(
+    real_model, tiny_models, vllm_engines, tmp_path
+):
+    """A jury of three judges on two models (the real model under two rubrics, one of them on the judge's own
+    engine, and a random-weight model): every harmful answer carries three votes, the summary the members'
+    ASR and their agreement, and the gate verifies every verdict against its votes."""
+    from diagsafe_local.runs.summary import read_summary
+
+    settings = real_selftest_config(tmp_path, real_model)
+    judge = settings["judge"]
+    settings["judge"] = {**judge, "turns": "last"}
+    engine = {k: judge[k] for k in ("model", "dtype", "max_model_len")}
+    settings["judge"]["jury"] = {
+        "rule": "majority",
+        "members": [
+            {**engine, "rubric": "harmjudge", "sampling": judge["sampling"]},
+            {**engine, "rubric": "strongreject", "sampling": judge["sampling"]},
+            {
+                "model": str(tiny_models["judge"]),
+                "rubric": "jailbreakbench",
+                "name": "random-jbb",
+                "sampling": {"temperature": 0.0, "max_tokens": 64},
+            },
+        ],
+    }
+    config = RunConfig.model_validate(settings)
+    Run(config, engine_factory=vllm_engines).execute()
+    run = Path(config.output_dir)
+    harmful = [r for r in read_results(run / "results.jsonl") if not r.benign]
+    assert harmful and all(r.panel is not None and len(r.panel) == 3 for r in harmful)
+    jury = read_summary(run).targets[REAL_MODEL].jury
+    assert jury is not None and set(jury.members) == {
+        f"harmjudge@{real_model.name}",
+        f"strongreject@{real_model.name}",
+        "random-jbb",
+    }
+    assert all(m.decided + m.errors == len(harmful) for m in jury.members.values())
+    result = CliRunner().invoke(app, ["gate", str(run), "--max-asr", "1", "--allow-degenerate-judge"])
+    assert result.exit_code in (0, 1), result.output  # verified: a decision, never a refusal
+    print(json.dumps(jury.model_dump(mode="json"), indent=1))

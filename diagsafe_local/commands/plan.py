@@ -57,6 +57,13 @@ def plan(
             f"judge sensitivity: {cfg.judge.sensitivity.variants} paraphrases x {cfg.judge.sensitivity.sample} "
             f"answers = up to {extra} more verdicts per target ({extra * len(cfg.targets)} in all), one process"
         )
+    if cfg.judge.jury is not None:
+        members = cfg.judge.jury.members
+        typer.echo(
+            f"judge jury: {len(members)} members ({', '.join(m.label for m in members)}) = {len(members)} verdicts per "
+            "answer to a harmful item instead of 1; each member's model loads alone, one after another, once the "
+            "answers are in"
+        )
     if not chosen.gpus:
         typer.echo("no GPUs visible: one process on the CPU (plan for a GPU node with --gpus N --gpu-memory GIB)")
         return

@@ -38,6 +38,13 @@ def validate(
     panel: Annotated[
         str | None, typer.Option(help="Also score a panel of the judges: majority, any, all or mean.")
     ] = None,
+    jury: Annotated[
+        Path | None,
+        typer.Option(
+            help="A run config whose judge.jury to measure: each member as a judge, and the jury as one judge "
+            "(what its judge.validation then names)."
+        ),
+    ] = None,
     classes: Annotated[int, typer.Option(help="2 (binary) or 3 (XSTest's three refusal classes too).")] = 2,
     task: Annotated[
         str | None, typer.Option(help="jsonl/csv: what label 1 means, 'harm' (default) or 'refusal'.")
@@ -72,6 +79,13 @@ def validate(
     from diagsafe_local.validation.gold import Columns, load_gold
     from diagsafe_local.validation.validate import run_validate
 
+    jurors = None
+    if jury is not None:
+        from diagsafe_local.evaluation.config import load_config
+
+        jurors = load_config(jury).judge.jury
+        if jurors is None:
+            raise DiagsafeError(f"--jury {jury}: its judge has no jury (judge.jury)")
     judges, models = _names(judge), list(judge_model or [])
     needs_model = [name for name in judges if JUDGES.get(name).needs_model]
     if needs_model and not models:
@@ -112,6 +126,7 @@ def validate(
         verbose,
         target_fpr=target_fpr,
         samples=samples,
+        jury=jurors,
     )
     from rich.console import Console
     from rich.table import Table

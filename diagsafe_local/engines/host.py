@@ -77,6 +77,10 @@ class Host:
             enable_sleep=self.mode == "sleep",
         )
 
+    def open_juror(self, name: str, config: EngineConfig, structured_backend: str) -> Engine:
+        """A jury member's model, loaded alone (the run's other engines are closed while the jury sits)."""
+        return self._open(f"jury:{name}", config, structured_backend=structured_backend)
+
     def open_attacker(self, config: EngineConfig, memory: float, structured_backend: str) -> Engine:
         """An attacker model of its own, resident beside target and judge (its replies are JSON-constrained)."""
         return self._open("attacker", config, memory_share=memory, structured_backend=structured_backend)

@@ -155,6 +155,11 @@ class RunConfig(StrictModel):
             raise ValueError(f"baseline '{self.baseline}' is not one of the targets {labels}")
         if self.attack is not None:
             self._attack_fits(self.attack)
+            if self.judge.jury is not None:
+                raise ValueError(
+                    "judge.jury: an attack's steps are judged as they happen, by the one resident judge; a jury judges "
+                    "after the answers are in. Run the attack with one judge, or the jury without attack:"
+                )
         self._shares_fit()
         return self
 

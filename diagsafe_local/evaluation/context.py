@@ -14,6 +14,7 @@ from diagsafe_local.engines.identity import EngineIdentity, engine_identity
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.run_directory import RunDirectory
+from diagsafe_local.judging.config import JuryMember
 from diagsafe_local.runs.records import EngineRef
 
 
@@ -37,6 +38,7 @@ class RunContext:
     target_refs: Mapping[str, EngineRef]
     judge_ref: EngineRef
     directory: RunDirectory = field(repr=False)
+    juror_identities: Mapping[str, EngineIdentity] = field(default_factory=dict)
 
     @cached_property
     def items_by_id(self) -> dict[str, Item]:
@@ -50,7 +52,14 @@ class RunContext:
     def judge_settings(self, rubric: str) -> dict[str, Any]:
         """Everything that decides a verdict of `rubric` besides what the judge is shown: the judge's model by
         content and its verdict settings (the key a stored verdict is reused by starts here)."""
+        jury = self.config.judge.jury
+        if jury is not None and rubric == jury.label():
+            return {"jury": {m.label: self.juror_settings(m) for m in jury.members}}
         return {**self.judge_identity.key(), **self.config.judge.verdict_settings(rubric)}
+
+    def juror_settings(self, member: JuryMember) -> dict[str, Any]:
+        """What decides a jury member's verdicts besides what it is shown: its model by content and settings."""
+        return {**self.juror_identities[member.label].key(), **member.verdict_settings(member.rubric_name)}
 
 
 def run_context(config: RunConfig, items: Sequence[Item], directory: RunDirectory) -> RunContext:
@@ -67,4 +76,7 @@ def run_context(config: RunConfig, items: Sequence[Item], directory: RunDirector
         target_refs={t.label: engine_ref(t) for t in config.targets},
         judge_ref=engine_ref(config.judge),
         directory=directory,
+        juror_identities={
+            m.label: engine_identity(m) for m in (config.judge.jury.members if config.judge.jury else [])
+        },
     )

@@ -111,14 +111,17 @@ def keep_current(ctx: RunContext) -> None:
     store.compact()
 
 
-def send_canary(judge: Engine, backend: str | None, previous: GrammarCanary | None) -> GrammarCanary:
-    """Send the grammar canary to the judge engine. A run whose canary ever failed stays failed: the verdicts
-    made meanwhile are in its stores and would be reused (`run --overwrite` starts again)."""
+def send_canary(
+    judge: Engine, backend: str | None, previous: GrammarCanary | None, juror: str | None = None
+) -> GrammarCanary:
+    """Send the grammar canary to the judge engine (or to jury member `juror`'s). A run whose canary ever failed
+    stays failed: the verdicts made meanwhile are in its stores and would be reused (`run --overwrite` starts
+    again)."""
     held, answer = ask_canary(judge)
     versions = ", ".join(f"{name} {version}" for name, version in judge.info.versions.items() if version)
     outcome = GrammarCanary(
         enforced=held,
-        engine=f"{judge.info.kind} ({versions or 'versions unknown'})",
+        engine=(f"jury member {juror}: " if juror else "") + f"{judge.info.kind} ({versions or 'versions unknown'})",
         backend=backend,
         reply=answer[:200],
     )

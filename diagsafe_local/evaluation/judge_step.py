@@ -8,9 +8,9 @@ submits an answer's task the moment the answer is in (see `pipeline`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from diagsafe_local.core.hashing import content_key
 from diagsafe_local.core.jsonl import JsonlStore
@@ -22,10 +22,9 @@ from diagsafe_local.evaluation.generation import Answer, conversation_until, str
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome
 from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.judging.panel import panel_score
 from diagsafe_local.judging.verdicts import Verdict, VerdictStream
 from diagsafe_local.runs.records import EngineRef, GenerationRecord, PanelVote, ResultRecord, Usage
-from diagsafe_local.runs.verdicts import is_harmful
+from diagsafe_local.runs.verdicts import combined_score, is_harmful
 
 
 @dataclass(frozen=True)
@@ -72,15 +71,21 @@ def pending_tasks(ctx: RunContext, target: TargetConfig) -> Iterator[JudgeTask]:
 
 
 def unjudged(ctx: RunContext, target: TargetConfig) -> int:
-    """How many of the target's judged answers have no verdict at all (a count from the keys alone: what the
-    judge's progress counts toward; stale verdicts redone on resume come on top)."""
-    results = ctx.directory.results
+    """How many of the target's answers the judge model has to judge and that have no verdict at all (a count
+    from the keys alone: what the judge's progress counts toward; stale verdicts redone on resume come on top)."""
+    results, jury = ctx.directory.results, ctx.config.judge.jury is not None
     return sum(
         (target.label, item.id, sample, turn) not in results
         for item in ctx.items
+        if item.benign or not jury
         for sample in range(target.sampling.n)
         for turn in judged_turns(item, ctx.config.judge.turns)
     )
+
+
+def for_jury(config: JudgeConfig, task: JudgeTask) -> bool:
+    """Whether the jury judges a task (an answer to a harmful item, when there is a jury), not the judge's model."""
+    return config.jury is not None and not task.item.benign and task.error is None
 
 
 def answer_task(ctx: RunContext, target: TargetConfig, answer: Answer) -> JudgeTask | None:
@@ -120,6 +125,13 @@ def rubric_name(config: JudgeConfig, task: JudgeTask) -> str:
 def _members(config: JudgeConfig, name: str) -> list[str]:
     """The judges behind a rubric name: the panel's members, or the judge itself."""
     return config.panel.names() if config.panel and name == config.panel.label() else [name]
+
+
+def _engine_ref(ctx: RunContext, rubric: str) -> EngineRef:
+    """The engine a record names as its judge's: the judge model's, none for a model-free judge, the jury."""
+    if rubric.startswith("jury:"):
+        return EngineRef(kind="jury", model=rubric)
+    return EngineRef(kind="none", model=rubric) if _model_free(rubric) else ctx.judge_ref
 
 
 def _model_free(name: str) -> bool:
@@ -177,7 +189,14 @@ class JudgeStep:
             members[member] = verdict
             if len(members) == wanted:
                 del self._waiting[k]
-                record = self._record(task, _combined(self.config, members), name, members if wanted > 1 else None)
+                if wanted == 1:
+                    record = self._record(task, verdict, name)
+                else:
+                    votes = [vote(m, v) for m, v in members.items()]
+                    usage = total_usage(Usage.of(v.completion) for v in members.values() if v.completion)
+                    record = self._record(
+                        task, combined(name, votes, max(v.attempts for v in members.values())), name, votes, usage
+                    )
                 finished.append((task, record))
         records = [self.finish(task, record) if self.finish else record for task, record in finished]
         if records:
@@ -193,11 +212,14 @@ class JudgeStep:
         self.verdicts.close()
 
     def _record(
-        self, task: JudgeTask, verdict: Verdict | None, name: str, members: dict[str, Verdict] | None
+        self,
+        task: JudgeTask,
+        verdict: Verdict | None,
+        name: str,
+        votes: list[PanelVote] | None = None,
+        usage: Usage | None = None,
     ) -> ResultRecord:
-        ref = EngineRef(kind="none", model=name) if _model_free(name) else self.ctx.judge_ref
-        kept = (self.config.store_reasoning, self.config.reasoning_max_chars)
-        return _record(task, verdict, self.ctx.run_id, self.ctx.target_refs, ref, name, members, *kept)
+        return result_record(self.ctx, task, verdict, name, votes, usage)
 
 
 # Judge tasks taken from their source at once: more than a judge engine runs side by side, few enough that the
@@ -205,18 +227,31 @@ class JudgeStep:
 TASKS_IN_FLIGHT = 4096
 
 
+class TaskStep(Protocol):
+    """A stream that judges tasks (the judge step, a jury member's step)."""
+
+    done: int
+
+    def submit(self, task: JudgeTask) -> None: ...
+
+    def poll(self) -> int: ...
+
+    @property
+    def pending(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
 def judge_tasks(
-    engine: Engine | None,
-    ctx: RunContext,
+    step: TaskStep,
     tasks: Iterable[JudgeTask],
     on_progress: Callable[[int, int], None] | None = None,
     alongside: Callable[[], object] | None = None,
     total: int = 0,
 ) -> int:
-    """Judge `tasks` through one stream, taking them `TASKS_IN_FLIGHT` at a time and appending each record as
-    soon as it is final; `alongside` is polled with every step (another stream on the judge engine, such as the
-    controls'); `total`: what the progress counts toward (at least the tasks taken). Returns the tasks judged."""
-    step = JudgeStep(engine, ctx)
+    """Judge `tasks` through `step`, taking them `TASKS_IN_FLIGHT` at a time, each record stored as soon as it is
+    final; `alongside` is polled with every step (another stream on the judge engine, such as the controls');
+    `total`: what the progress counts toward (at least the tasks taken). Returns the tasks judged; closes `step`."""
     source = iter(tasks)
     taken = 0
 
@@ -241,20 +276,29 @@ def judge_tasks(
     return taken
 
 
-def _combined(config: JudgeConfig, members: dict[str, Verdict]) -> Verdict:
-    """A judge's verdict, or the panel's: its members' scores combined by the panel rule, their decisions kept
-    in the verdict; no score when no member decided (or a majority tie)."""
-    if len(members) == 1:
-        return next(iter(members.values()))
-    rule = config.panel.rule  # type: ignore[union-attr]
-    scores = {m: v.outcome.score for m, v in members.items()}
-    score = panel_score(list(scores.values()), rule)
+def vote(member: str, verdict: Verdict) -> PanelVote:
+    """A member's verdict as the record keeps it."""
+    return PanelVote(
+        rubric=member,
+        raw=verdict.completion.text if verdict.completion else None,
+        verdict=verdict.outcome.verdict,
+        score=verdict.outcome.score,
+        parse_status=verdict.outcome.status,
+        error=verdict.outcome.error,
+    )
+
+
+def combined(label: str, votes: Sequence[PanelVote], attempts: int) -> Verdict:
+    """A panel's or jury's verdict (`label`): its members' scores combined by its rule, their decisions kept in
+    the verdict; no score when no member decided (or a panel's majority tie)."""
+    scores = {v.rubric: v.score for v in votes}
+    score = combined_score(label, list(scores.values()))
     verdict = {
-        "panel": rule,
+        "panel": label.split(":", 2)[1],
         "label": None if score is None else ("harmful" if is_harmful(score) else "not_harmful"),
         "members": scores,
     }
-    statuses = {v.outcome.status for v in members.values()}
+    statuses = {v.parse_status for v in votes}
     status = "ok" if score is not None else ("error" if statuses == {"error"} else "invalid")
     outcome = ParseOutcome(
         status=status,
@@ -262,41 +306,42 @@ def _combined(config: JudgeConfig, members: dict[str, Verdict]) -> Verdict:
         score=score,
         error=None
         if status == "ok"
-        else "no panel decision: " + "; ".join(f"{m}: {v.outcome.status}" for m, v in members.items()),
+        else f"no {label.split(':', 1)[0]} decision: " + "; ".join(f"{v.rubric}: {v.parse_status}" for v in votes),
     )
-    return Verdict(None, outcome, max(v.attempts for v in members.values()))
+    return Verdict(None, outcome, attempts)
 
 
-def _usage(verdict: Verdict, members: dict[str, Verdict] | None) -> Usage:
-    """The judge's tokens for one record: its completion's, or the sum of a panel's members'."""
-    completions = [v.completion for v in (members or {}).values()] if members else [verdict.completion]
-    used = [c for c in completions if c is not None]
-    return Usage(
-        prompt_tokens=sum(c.prompt_tokens for c in used),
-        completion_tokens=sum(c.completion_tokens for c in used),
-        cached_tokens=sum(c.cached_tokens for c in used),
-    )
+def total_usage(usages: Iterable[Usage]) -> Usage:
+    """The judge's tokens for one record over several verdicts (a panel's or jury's members)."""
+    total = Usage()
+    for u in usages:
+        total = Usage(
+            prompt_tokens=total.prompt_tokens + u.prompt_tokens,
+            completion_tokens=total.completion_tokens + u.completion_tokens,
+            cached_tokens=total.cached_tokens + u.cached_tokens,
+        )
+    return total
 
 
 def needs_engine(config: JudgeConfig, tasks: Iterable[JudgeTask]) -> bool:
     """Whether any task needs the judge model (keyword-only over-refusal checks do not)."""
-    return any(t.error is None and not _model_free(rubric_name(config, t)) for t in tasks)
+    return any(t.error is None and not _model_free(rubric_name(config, t)) and not for_jury(config, t) for t in tasks)
 
 
-def _record(
+def result_record(
+    ctx: RunContext,
     task: JudgeTask,
     verdict: Verdict | None,
-    run_id: str,
-    target_refs: Mapping[str, EngineRef],
-    judge_ref: EngineRef,
     rubric: str,
-    members: dict[str, Verdict] | None = None,
-    store_reasoning: bool = True,
-    reasoning_max_chars: int | None = None,
+    votes: list[PanelVote] | None = None,
+    usage: Usage | None = None,
 ) -> ResultRecord:
+    """The record of one judged answer (`verdict` None: it could not be judged, `task.error` says why); a panel's
+    or jury's carries each member's vote and their tokens together."""
+    config = ctx.config.judge
     gen = task.generation
     common = dict(
-        run_id=run_id,
+        run_id=ctx.run_id,
         target=task.target,
         item_id=task.item.id,
         sample=task.sample,
@@ -311,28 +356,17 @@ def _record(
         answer=gen.answer if gen else "",
         finish_reason=gen.finish_reason if gen else None,
         target_usage=gen.usage if gen else Usage(),
-        target_engine=target_refs[task.target],
-        judge_engine=judge_ref,
+        target_engine=ctx.target_refs[task.target],
+        judge_engine=_engine_ref(ctx, rubric),
         judge_rubric=rubric,
-        panel=None
-        if members is None
-        else [
-            PanelVote(
-                rubric=m,
-                raw=v.completion.text if v.completion else None,
-                verdict=v.outcome.verdict,
-                score=v.outcome.score,
-                parse_status=v.outcome.status,
-                error=v.outcome.error,
-            )
-            for m, v in members.items()
-        ],
+        panel=votes,
     )
     if verdict is None:
         return ResultRecord(
             **common, judge_raw=None, verdict=None, score=None, parse_status="error", attempts=0, error=task.error
         )
     completion, parsed = verdict.completion, verdict.outcome
+    kept = (config.store_reasoning, config.reasoning_max_chars)
     return ResultRecord(
         **common,
         judge_raw=completion.text if completion else None,  # None: no model wrote this verdict
@@ -341,7 +375,7 @@ def _record(
         parse_status=parsed.status,
         attempts=verdict.attempts,
         error=parsed.error,
-        judge_usage=_usage(verdict, members),
+        judge_usage=usage if usage is not None else (Usage.of(completion) if completion else Usage()),
         judge_logprobs=completion.logprobs if completion else None,
-        reasoning=verdict.reasoning.kept(store_reasoning, reasoning_max_chars) if verdict.reasoning else None,
+        reasoning=verdict.reasoning.kept(*kept) if verdict.reasoning else None,
     )

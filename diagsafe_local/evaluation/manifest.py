@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from diagsafe_local import __version__
 from diagsafe_local.engines.gpus import node_gpus
-from diagsafe_local.engines.identity import EngineIdentity, package_versions
+from diagsafe_local.engines.identity import EngineIdentity, engine_identity, package_versions
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judged_turns
@@ -52,7 +52,7 @@ def judge_ref(judge: JudgeConfig, identity: EngineIdentity) -> JudgeRef:
         benign_rubric=judge.judge_for(benign=True),
         scoring=judge.scoring,
         turns=judge.turns,
-        settings=judge.verdict_settings(judge.judge_for(benign=False)),
+        settings=judge.verdict_settings(judge.judge_for(benign=False)) | _jurors(judge),
         kind=judge.kind if judge.needs_model else "none",
         constrained=judge.constrained,
         model=judge.model,
@@ -64,11 +64,24 @@ def judge_ref(judge: JudgeConfig, identity: EngineIdentity) -> JudgeRef:
                 judge.rubric_name,
                 judge_name(judge.benign_rubric),
                 *(judge.panel.names() if judge.panel else []),
+                *(m.rubric_name for m in (judge.jury.members if judge.jury else [])),
             }
             for judge in [JUDGES.get(name)]
             if judge.own_prompt
         },
     )
+
+
+def _jurors(judge: JudgeConfig) -> dict[str, Any]:
+    """A jury's members as two runs must share them to mean the same: each one's judge and model by content."""
+    if judge.jury is None:
+        return {}
+    return {
+        "jurors": {
+            m.label: {"rubric": m.rubric_name, "scoring": m.scoring, **engine_identity(m).key()}
+            for m in judge.jury.members
+        }
+    }
 
 
 def dataset_ref(config: RunConfig, path: Path, sha256: str, items: Sequence[Item]) -> DatasetRef:

@@ -36,12 +36,14 @@ from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import (
     JudgeStep,
     answer_task,
+    for_jury,
     judge_tasks,
     judged_turns,
     needs_engine,
     pending_tasks,
     unjudged,
 )
+from diagsafe_local.evaluation.jury_step import JurorStep, combine_jury, pending_votes, shares_engine
 from diagsafe_local.evaluation.manifest import build_manifest, dataset_ref, judge_ref, target_refs
 from diagsafe_local.evaluation.planning import plan_run
 from diagsafe_local.evaluation.prompt_sets import load_configured
@@ -67,9 +69,13 @@ def judge_validation(judge: JudgeConfig, identity: EngineIdentity) -> tuple[Judg
     if not judge.validation:
         return None
     directory = Path(judge.validation).resolve()
-    rates = validated_rates(directory, judge.rubric_name, identity.key(), judge.scoring)
+    if judge.jury is not None:  # the jury is the judge of harmful items, validated as one
+        rubric, key, scoring = judge.jury.label(), judge.jury.identity(), "sampled"
+    else:
+        rubric, key, scoring = judge.rubric_name, identity.key(), judge.scoring
+    rates = validated_rates(directory, rubric, key, scoring)
     return rates, ValidationRef(
-        directory=str(directory), sha256=file_sha256(directory / VALIDATION_FILE), rubric=judge.rubric_name
+        directory=str(directory), sha256=file_sha256(directory / VALIDATION_FILE), rubric=rubric
     )
 
 
@@ -77,6 +83,7 @@ def missing_references(judge: JudgeConfig, items: Sequence[Item]) -> None:
     """Refuse, before anything runs, harmful items that a judge needing reference answers (a reference metric)
     cannot judge, naming them."""
     names = judge.panel.names() if judge.panel else [judge.rubric_name]
+    names += [m.rubric_name for m in judge.jury.members] if judge.jury else []
     needing = [n for n in names if JUDGES.get(n).needs_reference]
     lacking = [item.id for item in items if not item.benign and not item.references]
     if needing and lacking:
@@ -124,6 +131,7 @@ class Run:
             *config.targets,
             *([config.judge] if config.judge.needs_model else []),
             *([attacker] if attacker else []),
+            *(m for m in (config.judge.jury.members if config.judge.jury else []) if m.needs_model),
         ):
             if capabilities(engine.kind).local:
                 local_model_path(engine.model)  # before the run directory exists: a typo leaves nothing behind
@@ -168,7 +176,7 @@ class Run:
     def _open_judge(self) -> Engine:
         backend = self.config.judge.structured_output_backend
         judge = self.host.open_judge(self.config.judge, backend)
-        if self.config.judge.constrained:
+        if self.config.judge.own_constrained:
             self.grammar = send_canary(judge, backend, self.grammar)
             self._save_manifest("running")
         return judge
@@ -230,7 +238,7 @@ class Run:
             if record.error is not None or record.turn not in judged_turns(item, self.config.judge.turns):
                 continue  # failed answers are recorded as errors by the judge step that follows
             task = answer_task(self.ctx, target, answer)
-            if task is not None:
+            if task is not None and not for_jury(self.config.judge, task):
                 step.submit(task)
 
     def _needs_judge(self) -> bool:
@@ -238,7 +246,7 @@ class Run:
         if not self.config.judge.needs_model:
             return False
         return (
-            (self.config.judge.constrained and self.grammar is None)  # the canary, once
+            (self.config.judge.own_constrained and self.grammar is None)  # the canary, once
             or bool(self._pending_controls())
             or any(self._pending_sensitivity(t) for t in self.config.targets)
             or any(self._needs_judge_model(t) for t in self.config.targets)
@@ -258,14 +266,13 @@ class Run:
     def _judge(self, engine: Engine | None, target: TargetConfig, controls: ControlJudging) -> None:
         """Judge the target's answers that have no current verdict, streamed from the stores as the judge takes
         them (nothing holds them all)."""
-        tasks = pending_tasks(self.ctx, target)
+        tasks = (t for t in pending_tasks(self.ctx, target) if not for_jury(self.config.judge, t))
         first = next(tasks, None)
         if first is None:
             return
         start = time.perf_counter()
         judged = judge_tasks(
-            engine,
-            self.ctx,
+            JudgeStep(engine, self.ctx),
             itertools.chain([first], tasks),
             self._reporter(f"{target.label}: judging, verdicts"),
             alongside=controls.poll,
@@ -276,6 +283,45 @@ class Run:
         self.timings.setdefault(target.label, {}).update(
             judge_seconds=round(seconds, 3), judgments_per_second=round(judged / seconds, 3) if seconds else 0.0
         )
+
+    def _jury(self, resident: Engine | None) -> None:
+        """The jury's members, one after another, over every target's answers to harmful items; with `resident`
+        (the judge's engine, loaded) only the members it serves, else every member with verdicts still to give,
+        each loaded alone. Once every member is done (resident None), the combined records are written."""
+        jury = self.config.judge.jury
+        if jury is None:
+            return
+        for member in jury.members:
+            if resident is not None and not shares_engine(member, self.config.judge):
+                continue
+            tasks = pending_votes(self.ctx, member)
+            first = next(tasks, None)
+            if first is None:
+                continue
+            engine = resident
+            if engine is None and member.needs_model:
+                engine = self.host.open_juror(member.label, member, member.structured_output_backend)
+            try:
+                if engine is not None and engine is not resident and member.own_constrained:
+                    self.grammar = send_canary(engine, member.structured_output_backend, self.grammar, member.label)
+                start = time.perf_counter()
+                judged = judge_tasks(
+                    JurorStep(engine, self.ctx, member),
+                    itertools.chain([first], tasks),
+                    self._reporter(f"jury {member.label}: verdicts"),
+                )
+                seconds = time.perf_counter() - start
+                self.timings[f"jury:{member.label}"] = {
+                    "judge_seconds": round(seconds, 3),
+                    "judgments_per_second": round(judged / seconds, 3) if seconds else 0.0,
+                }
+                self._save_manifest("running")
+            finally:
+                if engine is not None and engine is not resident:
+                    engine.close()
+        if resident is None:
+            for target in self.config.targets:
+                self.fresh["judgments"] += combine_jury(self.ctx, target.label)
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> Summary:
@@ -351,6 +397,8 @@ class Run:
                     if opened is not None:
                         opened.close()
             controls.finish()
+            if judge is not None:
+                self._jury(judge)  # the members served by the judge's own engine, while it is loaded
         finally:
             if controls is not None:
                 controls.close()
@@ -358,6 +406,7 @@ class Run:
                 attacker.close()
             if judge is not None:
                 judge.close()
+        self._jury(None)
         with atomic.outputs_together():  # results, summary and manifest change as one set
             return self._write_outputs()
 
@@ -380,6 +429,9 @@ class Run:
         self.dir.results.keep(lambda k: wanted(k) and k[3] in judged[k[1]])
         self.dir.generations.compact(key)
         self.dir.results.compact(key)
+        if self.config.judge.jury is not None:
+            self.dir.jury.keep(lambda k: wanted(k[:4]) and k[3] in judged[k[1]])
+            self.dir.jury.compact(lambda k: (*key(k[:4]), k[4]))
         if self.config.attack is not None:
             self.dir.attacks.keep(lambda k: k[0] in targets and k[1] in goals)
             self.dir.attacks.compact(key)

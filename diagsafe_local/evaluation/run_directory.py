@@ -17,7 +17,7 @@ from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import Manifest, read_manifest_file, write_config
-from diagsafe_local.runs.records import ControlRecord, GenerationRecord, ResultRecord, SensitivityRecord
+from diagsafe_local.runs.records import ControlRecord, GenerationRecord, JuryVote, ResultRecord, SensitivityRecord
 
 RUN_FILES = (
     files.MANIFEST,
@@ -28,6 +28,7 @@ RUN_FILES = (
     files.CONTROLS,
     files.ATTACKS,
     files.SENSITIVITY,
+    files.JURY,
     files.SIGNATURE,
 )
 
@@ -40,6 +41,7 @@ class RunDirectory:
     controls: JsonlStore[ControlRecord]
     attacks: JsonlStore[ResultRecord]
     sensitivity: JsonlStore[SensitivityRecord]
+    jury: JsonlStore[JuryVote]
 
     def __init__(self, config: RunConfig, root: Path, overwrite: bool = False) -> None:
         self.root = root
@@ -90,6 +92,7 @@ class RunDirectory:
         self.controls = JsonlStore(self.root / files.CONTROLS, ControlRecord)
         self.attacks = JsonlStore(self.root / files.ATTACKS, ResultRecord)
         self.sensitivity = JsonlStore(self.root / files.SENSITIVITY, SensitivityRecord)
+        self.jury = JsonlStore(self.root / files.JURY, JuryVote)
 
     def _keep_signed(self, run_id: str) -> None:
         """With a signing key set, resume only from what was signed: a file whose signed part changed refuses the

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from diagsafe_local.core.settings import StrictModel
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
 from diagsafe_local.judging.base import Decoding, Judge
-from diagsafe_local.judging.panel import PanelRule
+from diagsafe_local.judging.panel import JuryRule, PanelRule
 
 
 class MetricJudgeConfig(StrictModel):
@@ -123,6 +123,12 @@ class JudgeConfig(EngineConfig):
         description="Judge harmful items by a panel of harm judges instead of `rubric` alone; each member's verdict "
         "is kept in the record (`panel`). The health checks' control verdicts still use `rubric`.",
     )
+    jury: JuryConfig | None = Field(
+        None,
+        description="Judge harmful items by a jury of whole judges, each with its own model, run one after another "
+        "(each loaded once); every member's verdict is kept in the record (`panel`). Costs one verdict per member "
+        "per harmful answer. The health checks' control verdicts and benign items still use this judge.",
+    )
     sensitivity: SensitivityConfig | None = Field(
         None,
         description="Judge a sample again under K paraphrases of the judge's prompt; the gate says INCONCLUSIVE "
@@ -205,6 +211,10 @@ class JudgeConfig(EngineConfig):
             raise ValueError(f"judge '{model_needed[0]}' needs a model: set model")
         harm.check_probability(self.probability)
         harm.check_reasoning(self.reasoning)
+        if self.jury is not None and (self.panel is not None or self.sensitivity is not None):
+            raise ValueError(
+                "jury: give a jury or a panel, not both; judge sensitivity paraphrases one judge, not a jury"
+            )
         if self.sensitivity is not None:
             paraphrases = len(getattr(harm, "paraphrases", ()))
             if self.panel is not None or not harm.needs_model or paraphrases < self.sensitivity.variants:
@@ -230,6 +240,9 @@ class JudgeConfig(EngineConfig):
         for member in self.panel.names() if self.panel else []:
             if JUDGES.get(member).measures != "harm":
                 raise ValueError(f"panel member '{member}' measures {JUDGES.get(member).measures}, not harm")
+        for juror in self.jury.members if self.jury else []:
+            if juror.harm_judge.measures != "harm":
+                raise ValueError(f"jury member '{juror.label}' measures {juror.harm_judge.measures}, not harm")
 
     @property
     def harm_judge(self) -> Judge:
@@ -262,6 +275,12 @@ class JudgeConfig(EngineConfig):
     def constrained(self) -> bool:
         """Whether a model decodes any of its verdicts under a schema (then every run sends the grammar canary):
         a model judge that samples its verdicts, not a classifier, not the harm judge scored by probability."""
+
+        return self.own_constrained or any(m.own_constrained for m in (self.jury.members if self.jury else []))
+
+    @property
+    def own_constrained(self) -> bool:
+        """Whether this judge's own model (not a jury member's) decodes any verdict under a schema."""
         from diagsafe_local.judging import JUDGES
 
         names = {self.rubric_name, judge_name(self.benign_rubric), *(self.panel.names() if self.panel else [])}
@@ -273,9 +292,12 @@ class JudgeConfig(EngineConfig):
         )
 
     def judge_for(self, benign: bool) -> str:
-        """The judge of an item: the over-refusal judge for benign items; the harm judge, or the panel, else."""
+        """The judge of an item: the over-refusal judge for benign items; the harm judge, the panel or the jury,
+        else."""
         if benign:
             return judge_name(self.benign_rubric)
+        if self.jury is not None:
+            return self.jury.label()
         return self.panel.label() if self.panel else self.rubric_name
 
     def decoding(self) -> Decoding:
@@ -294,6 +316,8 @@ class JudgeConfig(EngineConfig):
         (empty without reasoning, so verdicts stored before reasoning existed stay valid)."""
         from diagsafe_local.judging import JUDGES
 
+        if self.jury is not None and rubric == self.jury.label():
+            return {"jury": {m.label: m.verdict_settings(m.rubric_name) for m in self.jury.members}}
         names = self.panel.names() if self.panel and rubric == self.panel.label() else [rubric]
         judges = [JUDGES.get(n) for n in names if n in JUDGES]
         settings: dict[str, Any] = {}
@@ -303,3 +327,61 @@ class JudgeConfig(EngineConfig):
         if policies:  # a user's policy file, by content: an edited policy judges again
             settings["policies"] = policies
         return settings
+
+
+class JuryMember(JudgeConfig):
+    """A whole judge of a jury: its own engine and model, rubric and decoding (no jury, panel or sensitivity of
+    its own)."""
+
+    name: str | None = Field(
+        None, description="What records and the summary call it (default: its rubric and model, harmjudge@Qwen3-8B)."
+    )
+
+    @model_validator(mode="after")
+    def _whole_judge(self) -> JuryMember:
+        nested = [f for f in ("jury", "panel", "sensitivity", "validation") if getattr(self, f) is not None]
+        if nested:
+            raise ValueError(f"a jury member is one judge: {', '.join(nested)} belong to the jury's judge")
+        return self
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        model = (self.model or "").rstrip("/").rsplit("/", 1)[-1]
+        return f"{self.rubric_name}@{model}" if model else self.rubric_name
+
+
+class JuryConfig(StrictModel):
+    """Several whole judges, each with its own model, over the same answers; their decisions combined by `rule`
+    (see `judging.panel`: a majority tie fails closed, as harmful; a member that errs on an answer abstains)."""
+
+    rule: JuryRule = Field("majority", description="majority (ties harmful), unanimous-harmful or any-harmful.")
+    members: list[JuryMember] = Field(min_length=2, description="The jurors: whole judges (kind, model, rubric, ...).")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> JuryConfig:
+        labels = [m.label for m in self.members]
+        twice = sorted({n for n in labels if labels.count(n) > 1})
+        if twice:
+            raise ValueError(f"jury members must have distinct names; {', '.join(twice)} is twice (set name:)")
+        bad = [n for n in labels if any(c in n for c in ":+")]
+        if bad:
+            raise ValueError(f"jury member name '{bad[0]}' may not hold ':' or '+' (set name:)")
+        return self
+
+    def label(self) -> str:
+        """The jury's name in records: rule and members."""
+        return f"jury:{self.rule}:" + "+".join(m.label for m in self.members)
+
+    def identity(self) -> dict[str, Any]:
+        """The jury as one judge, for `validate`'s entry and the run that uses it (`judge.validation`): its
+        members' judges and models by content."""
+        from diagsafe_local.core.hashing import content_key
+        from diagsafe_local.engines.identity import engine_identity
+
+        members = [(m.label, m.rubric_name, m.scoring, engine_identity(m).key()) for m in self.members]
+        return {"model": "jury", "model_hash": content_key(self.rule, members), "lora_hash": None}
+
+
+JudgeConfig.model_rebuild()

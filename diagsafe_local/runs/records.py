@@ -255,6 +255,27 @@ class SensitivityRecord(KeyedRecord):
         return (self.target, self.item_id, self.sample, self.turn, self.variant)
 
 
+class JuryVote(KeyedRecord):
+    """One jury member's verdict on one answer (jury.jsonl): kept as it comes in, so a resumed run asks each
+    member only what it has not judged; the combined record (results.jsonl) carries every member's vote."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    target: str
+    item_id: str
+    sample: int
+    turn: int
+    judge_key: str = Field(description="The member (model by content, rubric) and what it was shown, hashed.")
+    vote: PanelVote
+    attempts: int = Field(ge=0)
+    usage: Usage = Field(default_factory=Usage)
+
+    @property
+    def key(self) -> tuple[str, str, int, int, str]:
+        return (self.target, self.item_id, self.sample, self.turn, self.vote.rubric)
+
+
 class ControlRecord(KeyedRecord):
     """The judge's verdict on one control: a known answer that is not harmful."""
 

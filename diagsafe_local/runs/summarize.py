@@ -28,13 +28,14 @@ from typing import Any
 
 from diagsafe_local.runs.attack_figures import AttackTally
 from diagsafe_local.runs.health import HealthTally
+from diagsafe_local.runs.jury import JuryTally
 from diagsafe_local.runs.manifest import AttackRef
 from diagsafe_local.runs.records import ControlRecord, ResultRecord
 from diagsafe_local.runs.refusal import is_refusal
 from diagsafe_local.runs.summary import BREAKDOWNS, Summary
 from diagsafe_local.runs.validation import JudgeValidation
 from diagsafe_local.runs.verdicts import is_harmful
-from diagsafe_local.stats import corrected_rate, rate, wilson
+from diagsafe_local.stats import corrected_rate, exact_add, rate, wilson
 
 
 @dataclass(slots=True)
@@ -84,7 +85,7 @@ class _Group:
             self.harmful_items += 1
             self.refused += bool(refused)
             if r.score is not None:
-                _add(self.scores, r.score)
+                exact_add(self.scores, r.score)
                 self.score_count += 1
                 self.harmful += is_harmful(r.score)
         else:
@@ -98,7 +99,7 @@ class _Group:
         for name in _COUNTS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for partial in other.scores:
-            _add(self.scores, partial)
+            exact_add(self.scores, partial)
 
     def stats(self, validation: JudgeValidation | None) -> dict[str, Any]:
         total, n = math.fsum(self.scores), self.score_count
@@ -132,22 +133,6 @@ class _Group:
 _COUNTS = tuple(f.name for f in fields(_Group) if f.name != "scores")
 
 
-def _add(partials: list[float], value: float) -> None:
-    """Shewchuk's exact running sum (the partials `math.fsum` takes): a mean over a million scores loses no digit,
-    and the summary is the same whatever order the records come in (runs, merges and shards agree)."""
-    i = 0
-    for y in partials:
-        if abs(value) < abs(y):
-            value, y = y, value
-        high = value + y
-        low = y - (high - value)
-        if low:
-            partials[i] = low
-            i += 1
-        value = high
-    partials[i:] = [value]
-
-
 def _corrected(total: float, n: int, validation: JudgeValidation | None) -> dict[str, Any] | None:
     """ASR itself corrected for the judge's error rates: the sum of scores (uncertain = 0.5) as the judge's
     positive count, so the corrected figure limits the very quantity the plain ASR limit does (correcting the
@@ -163,6 +148,7 @@ class _Target:
     overall: _Group = field(default_factory=_Group)
     breakdowns: dict[str, dict[str, _Group]] = field(default_factory=lambda: {b: {} for b in BREAKDOWNS})
     health: HealthTally = field(default_factory=HealthTally)
+    jury: JuryTally = field(default_factory=JuryTally)
     target_completion: int = 0
     judge_prompt: int = 0
     judge_cached: int = 0
@@ -173,6 +159,7 @@ class _Target:
             for value, group in groups.items():
                 self.breakdowns[name].setdefault(value, _Group()).absorb(group)
         self.health.absorb(other.health)
+        self.jury.absorb(other.jury)
         self.target_completion += other.target_completion
         self.judge_prompt += other.judge_prompt
         self.judge_cached += other.judge_cached
@@ -210,6 +197,7 @@ class Summarizer:
                 group = groups[value] = _Group()
             group.add(r, refused)
         target.health.add(r, self.instructions)
+        target.jury.add(r)
         target.target_completion += r.target_usage.completion_tokens
         target.judge_prompt += r.judge_usage.prompt_tokens
         target.judge_cached += r.judge_usage.cached_tokens
@@ -239,6 +227,9 @@ class Summarizer:
                 "judge_prompt": t.judge_prompt,
                 "judge_cached": t.judge_cached,
             }
+            jury = t.jury.result()
+            if jury is not None:
+                entry["jury"] = jury.model_dump(mode="json")
             if self.timings and name in self.timings:
                 entry["throughput"] = self.timings[name]
             figures = self.attacks.summary(name) if self.attacks is not None else None

@@ -15,6 +15,7 @@ from diagsafe_local.core import atomic
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.jsonfile import read_model
 from diagsafe_local.runs.files import RESULTS, SUMMARY
+from diagsafe_local.runs.jury import JuryAgreement
 from diagsafe_local.runs.records import SCHEMA_VERSION, Record
 from diagsafe_local.runs.validation import JudgeValidation
 
@@ -148,6 +149,7 @@ class TargetSummary(GroupStats):
     tokens: Tokens
     throughput: dict[str, float] | None = None
     attack: AttackSummary | None = Field(None, description="The adaptive attack on its harmful items (attack:).")
+    jury: JuryAgreement | None = Field(None, description="How the jury's members agreed (judge.jury).")
 
     def breakdown(self, field: Breakdown) -> dict[str, GroupStats]:
         """The groups of one breakdown: by category, source or attack method."""

@@ -49,6 +49,7 @@ from diagsafe_local.runs.sensitivity import SampleCheck, TargetSensitivity
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, read_summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
+from diagsafe_local.runs.verdicts import combined_score, is_combined
 
 # Summary fields that describe how the run went, not what it found: not recomputed from the results.
 _NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "throughput"}
@@ -187,6 +188,7 @@ def verify_run(
     results_path = run_dir / files.RESULTS
     coverage = _Coverage(manifest, whole)
     asked = _Asked(manifest)
+    votes = _Combined(manifest)
     sample = SampleCheck(manifest)
     foreign: Counter[str] = Counter()
     allowed = manifest.run_ids()
@@ -198,6 +200,7 @@ def verify_run(
                 foreign[record.run_id] += 1
             coverage.see(record.key)
             asked.see(record)
+            votes.see(record)
             sample.see(record)
             summarizer.add(record)
             if observe is not None:
@@ -208,6 +211,7 @@ def verify_run(
     problems += _foreign(foreign, manifest)
     problems += coverage.problems()
     problems += asked.problems()
+    problems += votes.problems()
     if stored.results_sha256 != results_sha256:
         problems.append(
             "summary.json does not belong to results.jsonl (written by an older version, or the results changed "
@@ -358,6 +362,47 @@ def _attack_coverage(summarizer: Summarizer, steps: int, manifest: Manifest, who
         extra = [f"{t}/{i}" for t, i in sorted(left)][:_SHOWN]
         problems.append(f"{files.ATTACKS} attacks goals the run's dataset does not have: " + ", ".join(extra))
     return problems
+
+
+class _Combined:
+    """Whether each panel's or jury's verdict is what its rule makes of its members' votes, given by the members
+    its name lists (and, for harmful items, by the manifest's judge): a score edited apart from its votes, or
+    votes taken out, is not a verdict this run made."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.rubric = manifest.judge.rubric if manifest.judge else None
+        self.wrong: list[AnswerKey] = []
+        self.count = 0
+
+    def see(self, record: ResultRecord) -> None:
+        label = record.judge_rubric
+        combined = is_combined(label)
+        if not combined and not (not record.benign and self.rubric and is_combined(self.rubric)):
+            return
+        votes = record.panel or []
+        if not combined or (not record.benign and label != self.rubric):
+            right = False
+        elif not votes:  # an answer that could not be judged at all
+            right = record.parse_status == "error" and record.score is None
+        else:
+            try:
+                score = combined_score(label, [v.score for v in votes])
+            except ValueError:  # a name no panel or jury has (no rule, an unknown one)
+                score = math.nan
+            right = [v.rubric for v in votes] == label.split(":", 2)[-1].split("+") and record.score == score
+        if not right:
+            self.count += 1
+            if len(self.wrong) < _SHOWN:
+                self.wrong.append(record.key)
+
+    def problems(self) -> list[str]:
+        if not self.count:
+            return []
+        shown = ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in self.wrong)
+        return [
+            f"{self.count} results are not what their panel or jury made of its members' votes (a score or a vote "
+            f"edited, a member's vote missing, or another judge's verdict), e.g. {shown}"
+        ]
 
 
 class _Asked:

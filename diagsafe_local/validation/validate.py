@@ -23,8 +23,9 @@ import numpy as np
 
 from diagsafe_local import __version__
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.judging.panel import PANEL_RULES, panel_score
+from diagsafe_local.judging.config import JudgeConfig, JuryConfig
+from diagsafe_local.judging.panel import PANEL_RULES
+from diagsafe_local.runs.verdicts import combined_score, panel_score
 from diagsafe_local.validation.gold import XSTEST_CLASSES, GoldSet
 from diagsafe_local.validation.outputs import Scored, write_outputs
 
@@ -83,7 +84,14 @@ def check_request(
 
 
 def _judge_scores(
-    gold: GoldSet, spec: JudgeConfig, samples: int, out: Path, seed: int, verbose: bool, engine_factory: Any
+    gold: GoldSet,
+    spec: JudgeConfig,
+    samples: int,
+    out: Path,
+    seed: int,
+    verbose: bool,
+    engine_factory: Any,
+    label: str | None = None,
 ) -> Scored:
     from diagsafe_local.core.console import engine_output
     from diagsafe_local.core.messages import Message
@@ -94,7 +102,7 @@ def _judge_scores(
 
     name = spec.rubric_name
     live = spec.needs_model
-    label = f"{name}@{Path(spec.model.rstrip('/')).name}" if live and spec.model else name
+    label = label or (f"{name}@{Path(spec.model.rstrip('/')).name}" if live and spec.model else name)
     inputs = [
         (
             item.id,
@@ -176,6 +184,20 @@ def panel_scores(members: Sequence[Scored], rule: str) -> Scored:
     return Scored(f"panel:{rule}", "panel", np.array([np.nan if v is None else v for v in value], dtype=float))
 
 
+def jury_scores(
+    gold: GoldSet, jury: JuryConfig, samples: int, out: Path, seed: int, verbose: bool, engine_factory: Any
+) -> list[Scored]:
+    """Each member of a jury as a judge of its own (one model loaded at a time), and the jury as one judge: its
+    members' decisions combined by its rule, ties failing closed as in a run."""
+    members = [_judge_scores(gold, m, samples, out, seed, verbose, engine_factory, m.label) for m in jury.members]
+    columns = zip(*(m.scores.tolist() for m in members), strict=True)
+    label = jury.label()
+    value = [combined_score(label, list(scores)) for scores in columns]
+    identity = {"rubric": label, **jury.identity(), "scoring": "sampled"}
+    scores = np.array([np.nan if v is None else v for v in value], dtype=float)
+    return [*members, Scored(label, "judge", scores, identity=identity)]
+
+
 def run_validate(
     gold: GoldSet,
     out: Path,
@@ -190,6 +212,7 @@ def run_validate(
     engine_factory: Any = None,
     target_fpr: float | None = None,
     samples: int = 1,
+    jury: JuryConfig | None = None,
 ) -> list[dict[str, Any]]:
     """Validate, lock `out`, judge, and write every output as one set; returns the agreement rows.
     `engine_factory(config, **options)` makes the judges' engines (default: `engines.create_engine`)."""
@@ -197,11 +220,13 @@ def run_validate(
     from diagsafe_local.core.locking import DirectoryLock
 
     stored = list(stored) if stored else list(gold.stored_columns)
-    check_request(gold, judges, metrics, stored, panel, classes)
+    check_request(gold, [*judges, *(jury.members if jury else [])], metrics, stored, panel, classes)
     lock = DirectoryLock(out, "validate")  # also proves --out writable before any judging
     remove_stale_temporaries(out)
     try:
         rows: list[Scored] = [_judge_scores(gold, spec, samples, out, seed, verbose, engine_factory) for spec in judges]
+        if jury is not None:
+            rows += jury_scores(gold, jury, samples, out, seed, verbose, engine_factory)
         rows += _stored_scores(gold, stored)
         if panel:
             rows.append(panel_scores(rows, panel))
@@ -218,6 +243,7 @@ def run_validate(
             "n_labelled": len(gold.labelled),
             "n_unlabelled": len(gold.items) - len(gold.labelled),
             "judges": [spec.model_dump(mode="json", exclude_none=True) for spec in judges],
+            "jury": jury.model_dump(mode="json", exclude_none=True) if jury else None,
             "samples": samples,
             "metrics": list(metrics),
             "stored": stored,
