@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("runs", "compare"),
     "plan": ("plan", "plan"),
     "submit": ("submit", "submit"),
+    "watch": ("watch", "watch"),
     "train-classifier": ("train_classifier", "train_classifier"),
     "doctor": ("doctor", "doctor"),
     "selftest": ("selftest", "selftest"),

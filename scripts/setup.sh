@@ -26,7 +26,7 @@ elif ! [[ -f /usr/share/wordnet/data.noun ]]; then
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1; then engine=gpu; else engine=cpu; fi
-extras=${DIAGSAFE_EXTRAS:-$engine,embed,api,hf,train,models,inspect,docs,dev}
+extras=${DIAGSAFE_EXTRAS:-$engine,embed,api,hf,train,models,inspect,trackers,docs,dev}
 [[ -x $VENV/bin/python ]] || "$PYTHON" -m venv "$VENV"
 stamp="$VENV/.diagsafe-installed"
 want="$(sha256sum pyproject.toml | cut -c1-16) $extras"

@@ -1,4 +1,4 @@
-"""The package's layers import one way: commands -> review / selftest -> evaluation / benchmark / classifier /
+"""The package's layers import one way: commands -> review / selftest / hooks / integrations -> evaluation / benchmark / classifier /
 validation -> judging / metrics -> engines -> runs (the read side) -> core / stats. No module imports from a higher
 layer, and no package imports form a cycle."""
 
@@ -23,6 +23,8 @@ LAYER = {
     "validation": 4,
     "selftest": 5,
     "review": 5,
+    "hooks": 5,
+    "integrations": 5,
     "commands": 6,
     "api": 7,
     "cli": 7,

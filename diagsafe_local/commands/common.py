@@ -7,6 +7,7 @@ import functools
 import signal
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -291,3 +292,54 @@ JudgeModels = Annotated[
     ),
 ]
 Samples = Annotated[int, typer.Option(help="Sampled verdicts averaged per item (the paper used 3).", min=1)]
+
+
+# The SLURM resources of `submit` and `watch --submit`, declared once.
+Partition = Annotated[str | None, typer.Option(help="SLURM partition.")]
+GpusPerTask = Annotated[
+    int | None,
+    typer.Option(
+        help="GPUs per job (0 for CPU-only nodes). Default: what the largest model needs on GPUs of --gpu-memory GiB "
+        "(see `diagsafe-local plan`).",
+        min=0,
+    ),
+]
+GpuMemory = Annotated[float, typer.Option(help="GiB per GPU on the partition, to plan --gpus-per-task.")]
+CpusPerTask = Annotated[int, typer.Option(help="CPUs per job.", min=1)]
+Mem = Annotated[str, typer.Option(help="Memory per job, e.g. 64G.")]
+TimeLimit = Annotated[str, typer.Option("--time", help="Time limit per job, e.g. 04:00:00.")]
+SbatchArgs = Annotated[list[str] | None, typer.Option(help="Extra sbatch argument (repeatable), e.g. --account=x.")]
+Overrides = Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")]
+Hooks = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--hook", help="Send the results to a hook (repeatable): mlflow, wandb, or a plugin's; also DIAGSAFE_HOOKS=a,b."
+    ),
+]
+
+
+def fire_hooks(method: str, names: list[str] | None, event: Callable[[], Any]) -> None:
+    """Call the hooks named by --hook and DIAGSAFE_HOOKS, each once (none: nothing is imported); `event` makes
+    what they are given. A hook's failure is a warning, never the command's."""
+    import os
+
+    listed = [*(names or []), *os.environ.get("DIAGSAFE_HOOKS", "").split(",")]
+    chosen = list(dict.fromkeys(n.strip() for n in listed if n.strip()))
+    if chosen:
+        from diagsafe_local.hooks import fire
+
+        fire(method, event(), chosen)
+
+
+def run_end_hooks(run_dir: Path, names: list[str] | None, verified: Any = None) -> None:
+    """Tell the chosen hooks that a run finished, with its summary and manifest as verified (`verified`: a
+    `VerifiedRun` in hand; default: verify it now, only when a hook is chosen)."""
+
+    def event() -> Any:
+        from diagsafe_local.hooks import RunEvent
+        from diagsafe_local.runs.verify import verify_run
+
+        run = verified or verify_run(run_dir)
+        return RunEvent(run_dir, run.summary, run.manifest)
+
+    fire_hooks("on_run_end", names, event)

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from diagsafe_local.commands.common import user_errors
+from diagsafe_local.commands.common import Hooks, fire_hooks, user_errors
 from diagsafe_local.runs.limits import LIMITS, SWITCHES
 
 
@@ -94,6 +94,14 @@ def gate(
             "checked: a decision that a paraphrase of the judge's prompt flips is INCONCLUSIVE (exit 4).",
         ),
     ] = False,
+    checkpoint: Annotated[
+        str | None,
+        typer.Option(
+            help="With a series directory (`watch`): gate this checkpoint of it, `latest` or a step. The latest one "
+            "not yet evaluated is refused, never passed over."
+        ),
+    ] = None,
+    hook: Hooks = None,
     *,
     command_line: dict[str, Any],
 ) -> None:
@@ -104,7 +112,28 @@ def gate(
     exits 2. Limits on the command line are the authority; the run's config can only add stricter ones."""
     from diagsafe_local.core.errors import DiagsafeError, Interrupted, RunFailed
     from diagsafe_local.runs.gate import gate_run
+    from diagsafe_local.runs.series_state import is_series
 
+    if is_series(run_dir):
+        from diagsafe_local.runs.manifest import read_manifest_file
+        from diagsafe_local.runs.series import checkpoint_run
+
+        if checkpoint is None:
+            raise DiagsafeError(f"{run_dir} is a series directory: name the checkpoint to gate (--checkpoint latest)")
+        entry, state = checkpoint_run(run_dir, checkpoint)
+        typer.echo(f"NOTE  series {run_dir}: checkpoint {entry.name} (step {entry.step}, {entry.status})")
+        if entry.status != "finished" and not (Path(entry.run_dir) / "manifest.json").is_file():
+            raise RunFailed(f"{run_dir}: refused: checkpoint {entry.name} has no finished run ({entry.status})")
+        models = [t.model for t in read_manifest_file(Path(entry.run_dir)).targets.values()]
+        if models != [entry.path]:
+            raise RunFailed(
+                f"{run_dir}: refused: {entry.run_dir} is not the run of {entry.path} (its target: {models})"
+            )
+        run_dir = Path(entry.run_dir)
+        if baseline is None and state.baseline:
+            baseline = Path(state.baseline)
+    elif checkpoint is not None:
+        raise DiagsafeError(f"--checkpoint is for a series directory; {run_dir} is not one")
     if baseline is not None:
         command_line["baseline_run"] = str(baseline)
     command_line["baseline_target"] = baseline_target
@@ -127,8 +156,15 @@ def gate(
     for line in decision.lines:
         typer.echo(line)
     passed = decision.passed is True and decision.checks > 0
+    fire_hooks("on_gate", hook, lambda: _gate_event(run, decision))
     if decision.inconclusive and not passed:
         typer.echo("GATE INCONCLUSIVE: the decision depends on the judge's wording (FLIP lines above)")
         raise typer.Exit(4)
     typer.echo("GATE PASSED" if passed else "GATE FAILED")
     raise typer.Exit(0 if passed else 1)
+
+
+def _gate_event(run: Any, decision: Any) -> Any:
+    from diagsafe_local.hooks import GateEvent, RunEvent
+
+    return GateEvent(RunEvent(run.run_dir, run.summary, run.manifest), decision)

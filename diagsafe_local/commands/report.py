@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from diagsafe_local.commands.common import user_errors
+from diagsafe_local.commands.common import Hooks, fire_hooks, user_errors
 
 
 @user_errors
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    run_dir: Annotated[Path, typer.Argument(help="A finished run directory, or a series directory (`watch`).")],
     baseline: Annotated[
         str | None,
         typer.Option(
@@ -20,13 +20,40 @@ def report(
             "or a target of this sweep (default: the config's baseline)."
         ),
     ] = None,
+    margin: Annotated[
+        float, typer.Option(help="A series: the ASR increase that counts as a regression (paired, CI above 0).", min=0)
+    ] = 0.02,
+    hook: Hooks = None,
 ) -> None:
-    """Write report.md, report.html and figures/ into the run directory."""
+    """Write report.md, report.html and figures/ into a run directory; of a series directory (`watch`), the series
+    report: every rate against the training step, each checkpoint compared with the previous one and the baseline,
+    and series.json."""
     from diagsafe_local.commands.common import warn
     from diagsafe_local.runs.files import REPORT_FILES
     from diagsafe_local.runs.report import print_summary, write_report
+    from diagsafe_local.runs.series_state import is_series
+
+    if is_series(run_dir):
+        from diagsafe_local.runs.series import SERIES_FILES, write_series_report
+
+        figures = write_series_report(run_dir, margin, Path(baseline) if baseline else None)
+        first = figures.first_regression
+        typer.echo(f"{sum(p.asr is not None for p in figures.points)} of {len(figures.points)} checkpoints evaluated")
+        typer.echo(
+            f"first regression beyond {margin:.1%}: " + (f"step {first.step} ({first.name})" if first else "none")
+        )
+        warn(f"{p.name}: not verified: {'; '.join(p.problems)}" for p in figures.points if p.status == "unverified")
+        typer.echo("wrote " + ", ".join(str(run_dir / name) for name in SERIES_FILES))
+        fire_hooks("on_series_update", hook, lambda: _series_event(run_dir, figures))
+        return
 
     verified = write_report(run_dir, baseline)
     print_summary(verified.summary)
     warn("the run does not verify (the gate would refuse it): " + problem for problem in verified.problems)
     typer.echo("wrote " + ", ".join(str(run_dir / name) for name in REPORT_FILES if (run_dir / name).exists()))
+
+
+def _series_event(series_dir: Path, figures: Any) -> Any:
+    from diagsafe_local.hooks import SeriesEvent
+
+    return SeriesEvent(series_dir, figures)

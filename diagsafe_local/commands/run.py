@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from diagsafe_local.commands.common import user_errors
+from diagsafe_local.commands.common import Hooks, user_errors
 from diagsafe_local.runs import files
 from diagsafe_local.runs.summary import Summary
 
@@ -35,6 +35,7 @@ def run(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")
     ] = False,
+    hook: Hooks = None,
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
     from diagsafe_local.core.console import engine_output
@@ -52,23 +53,25 @@ def run(
         plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
         if plan.replicas > 1:
             summary = run_replicas(config, set_, cfg, plan, typer.echo)
-            _finish(summary, Path(cfg.output_dir))
+            _finish(summary, Path(cfg.output_dir), hook)
             return
     run = Run(cfg, overwrite=overwrite, shard=part)
     run.prepare()  # the run directory first: its run.log takes the engines' output
     with engine_output(None if verbose else run.dir.root / files.RUN_LOG) as console:
         run.on_progress = console.progress
         summary = run.execute()
-    _finish(summary, run.dir.root)
+    _finish(summary, run.dir.root, hook)
 
 
-def _finish(summary: Summary, root: Path) -> None:
-    from diagsafe_local.commands.common import warn
+def _finish(summary: Summary, root: Path, hooks: list[str] | None) -> None:
+    from diagsafe_local.commands.common import run_end_hooks, warn
     from diagsafe_local.core.errors import RunFailed
     from diagsafe_local.runs.report import print_summary, write_report
 
     print_summary(summary)
-    warn(f"the run does not verify: {problem}" for problem in write_report(root).problems)
+    verified = write_report(root)
+    warn(f"the run does not verify: {problem}" for problem in verified.problems)
+    run_end_hooks(root, hooks, verified)
     typer.echo(f"run directory: {root} (report.md, report.html)")
     failed = [name for name, stats in summary.targets.items() if stats.n_answers and not stats.n_judged]
     if failed:

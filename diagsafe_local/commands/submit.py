@@ -10,29 +10,29 @@ from typing import Annotated
 
 import typer
 
-from diagsafe_local.commands.common import user_errors
+from diagsafe_local.commands.common import (
+    CpusPerTask,
+    GpuMemory,
+    GpusPerTask,
+    Mem,
+    Partition,
+    SbatchArgs,
+    TimeLimit,
+    user_errors,
+)
 
 
 @user_errors
 def submit(
     config: Annotated[Path, typer.Argument(help="Run config (YAML).")],
     shards: Annotated[int, typer.Option(help="Split the items into N shards, one array task each.", min=1)] = 1,
-    partition: Annotated[str | None, typer.Option(help="SLURM partition.")] = None,
-    gpus_per_task: Annotated[
-        int | None,
-        typer.Option(
-            help="GPUs per shard (0 for CPU-only nodes). Default: what the largest model needs on GPUs of "
-            "--gpu-memory GiB (see `diagsafe-local plan`).",
-            min=0,
-        ),
-    ] = None,
-    gpu_memory: Annotated[float, typer.Option(help="GiB per GPU on the partition, to plan --gpus-per-task.")] = 80.0,
-    cpus_per_task: Annotated[int, typer.Option(help="CPUs per shard.", min=1)] = 8,
-    mem: Annotated[str, typer.Option(help="Memory per shard, e.g. 64G.")] = "64G",
-    time_limit: Annotated[str, typer.Option("--time", help="Time limit per shard, e.g. 04:00:00.")] = "04:00:00",
-    sbatch_arg: Annotated[
-        list[str] | None, typer.Option(help="Extra sbatch argument for both jobs (repeatable), e.g. --account=x.")
-    ] = None,
+    partition: Partition = None,
+    gpus_per_task: GpusPerTask = None,
+    gpu_memory: GpuMemory = 80.0,
+    cpus_per_task: CpusPerTask = 8,
+    mem: Mem = "64G",
+    time_limit: TimeLimit = "04:00:00",
+    sbatch_arg: SbatchArgs = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override, passed on to every job.")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the sbatch commands and scripts; submit nothing.")] = False,
 ) -> None:

@@ -40,7 +40,8 @@ def planned_gpus(config: Path, overrides: list[str], gpu_memory_gib: float) -> i
     return plan_run(cfg, 1, [int(gpu_memory_gib * GIB)] * 8, replicate=False).gpus_per_replica
 
 
-def _sbatch(args: list[str]) -> str:
+def sbatch(args: list[str]) -> str:
+    """Submit a job; its id (of an array: the array's)."""
     try:
         proc = subprocess.run(["sbatch", "--parsable", *args], capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
@@ -107,14 +108,14 @@ def submit_shards(
     logs.mkdir(parents=True, exist_ok=True)
     if todo:
         skipped = shards - len(todo)
-        array_id = _sbatch(array)
+        array_id = sbatch(array)
         say(
             f"array job {array_id}: shards {','.join(map(str, todo))} of {shards}"
             + (f" ({skipped} already complete, skipped)" if skipped else "")
         )
-        merge_id = _sbatch([f"--dependency=afterok:{array_id}", *merge])
+        merge_id = sbatch([f"--dependency=afterok:{array_id}", *merge])
     else:
         say(f"all {shards} shards are complete; submitting only the merge")
-        merge_id = _sbatch(merge)
+        merge_id = sbatch(merge)
     say(f"merge job {merge_id}: writes the merged run and report to {cfg.output_dir}")
     say(f"watch:  squeue -j {','.join([array_id, merge_id] if todo else [merge_id])}   |   tail -f {logs}/*.out")

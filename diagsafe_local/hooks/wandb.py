@@ -1,0 +1,126 @@
+"""The Weights & Biases hook: a series is one W&B run with every rate and its interval (overall and per category)
+logged at the training step, the judge and its validation in its config, each gate decision in its summary, and
+each checkpoint's report.html as an artifact. A run outside a series is a W&B run of its own. W&B's own settings
+apply (`WANDB_PROJECT`, default diagsafe-local; `WANDB_MODE=offline` writes the run under `WANDB_DIR` for a
+later `wandb sync`). W&B takes a run's steps in increasing order: a series logs each checkpoint once, in step
+order, and remembers what it logged in `hooks-wandb.json` of the series directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from diagsafe_local.core import atomic
+from diagsafe_local.hooks import GateEvent, RunEvent, SeriesEvent
+from diagsafe_local.hooks.mlflow import target_metrics
+
+LOGGED = "hooks-wandb.json"
+
+
+def _run_id(path: Path) -> str:
+    """A W&B run id of a directory's own (so a series resumes the same run)."""
+    return "ds-" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+
+
+def _judge_config(event: RunEvent) -> dict[str, Any]:
+    judge = event.manifest.judge
+    config: dict[str, Any] = {
+        "dataset": event.manifest.dataset.spec,
+        "dataset_sha256": event.manifest.dataset.sha256,
+        "judge_rubric": judge.rubric if judge else None,
+        "judge_model": judge.model if judge else None,
+        "judge_model_hash": judge.model_hash if judge else None,
+    }
+    validation = event.summary.judge_validation
+    if validation is not None:
+        config |= {"judge_validation": validation.directory, "judge_fpr": validation.fpr_measured,
+                   "judge_fnr": validation.fnr_measured}  # fmt: skip
+    return config
+
+
+class WandbHook:
+    name = "wandb"
+    description = "Weights & Biases: a run per series, rates at the training step, gate decisions, report.html"
+
+    def _open(self, directory: Path, name: str, config: dict[str, Any]) -> Any:
+        import wandb
+
+        return wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "diagsafe-local"),
+            id=_run_id(directory),
+            name=name,
+            resume="allow",
+            config=config,
+            reinit="create_new",
+        )
+
+    def _log(self, run: Any, event: RunEvent) -> None:
+        import wandb
+
+        step = event.step or 0
+        metrics: dict[str, float] = {}
+        for target, stats in event.summary.targets.items():
+            prefix = "" if len(event.summary.targets) == 1 else f"{target}/"
+            metrics |= {prefix + k: v for k, v in target_metrics(stats).items()}
+        run.log(metrics, step=step)
+        report = event.run_dir / "report.html"
+        if report.is_file():
+            artifact = wandb.Artifact(f"report-{event.run_dir.name}", type="report")
+            artifact.add_file(str(report))
+            run.log_artifact(artifact)
+
+    def on_run_end(self, event: RunEvent) -> None:
+        if event.series_dir is not None:
+            return  # a series' checkpoints are logged by the series, in step order (on_series_update)
+        run = self._open(event.run_dir, event.run_dir.name, _judge_config(event))
+        try:
+            self._log(run, event)
+        finally:
+            run.finish()
+
+    def on_gate(self, event: GateEvent) -> None:
+        series = event.run.series_dir
+        directory = series if series is not None else event.run.run_dir
+        run = self._open(directory, directory.name, _judge_config(event.run))
+        try:
+            decision = event.decision
+            verdict = "inconclusive" if decision.inconclusive and not decision.passed else (
+                "pass" if decision.passed else "fail"
+            )  # fmt: skip
+            run.summary[f"gate/{event.run.run_dir.name}"] = verdict
+            run.summary[f"gate/{event.run.run_dir.name}/reasons"] = "\n".join(decision.lines)
+        finally:
+            run.finish()
+
+    def on_series_update(self, event: SeriesEvent) -> None:
+        from diagsafe_local.runs.verify import verify_run
+
+        logged_path = event.series_dir / LOGGED
+        logged: list[str] = json.loads(logged_path.read_text()) if logged_path.is_file() else []
+        last = max((p.step for p in event.figures.points if p.name in logged), default=-1)
+        new = [p for p in event.figures.points if p.asr is not None and p.name not in logged and p.step > last]
+        if not new:
+            return
+        run = None
+        try:
+            for point in new:
+                verified = verify_run(Path(point.run_dir))
+                checkpoint = RunEvent(Path(point.run_dir), verified.summary, verified.manifest)
+                if run is None:
+                    run = self._open(event.series_dir, f"series {event.series_dir.name}", _judge_config(checkpoint))
+                self._log(run, checkpoint)
+                logged.append(point.name)
+            first = event.figures.first_regression
+            if run is not None:
+                run.summary["first_regression_step"] = first.step if first else None
+        finally:
+            if run is not None:
+                run.finish()
+            atomic.write_text(logged_path, json.dumps(logged) + "\n")
+
+
+HOOK = WandbHook()
