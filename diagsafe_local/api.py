@@ -8,6 +8,9 @@
     if not decision.passed:
         print("\\n".join(decision.lines))
 
+    series = ds.series_report("ckpts/safety-series")  # a training run's checkpoints (`watch`, the callback)
+    latest = ds.gate("ckpts/safety-series", checkpoint="latest", max_asr=0.05)
+
 Errors are the command line's, raised with the same messages: `DiagsafeError` (the CLI's exit 2: bad input),
 `RunFailed` (exit 3: the run could not complete, or does not verify). A gate that says no is a decision, not an
 error: `passed` is False and `lines` says why. `evaluate` runs in this process (tensor parallel where the plan
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -26,6 +29,9 @@ from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.runs.gate import GateDecision
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.summary import Summary
+
+if TYPE_CHECKING:
+    from diagsafe_local.runs.series import SeriesFigures
 
 
 class RunResult(BaseModel):
@@ -86,13 +92,21 @@ def gate(
     baseline: str | Path | None = None,
     baseline_target: str | None = None,
     require_signature: bool = False,
+    checkpoint: str | None = None,
     **limits: float | Mapping[str, float] | bool,
 ) -> GateDecision:
     """The gate on a run directory, as `diagsafe-local gate` decides it: `limits` are the limits and switches of
-    the limits table by name (`max_asr=0.05`, `max_asr_category={"cyber": 0.1}`, `allow_degenerate_judge=True`).
-    A run (or baseline) that does not verify raises `RunFailed`."""
+    the limits table by name (`max_asr=0.05`, `max_asr_category={"cyber": 0.1}`, `allow_degenerate_judge=True`);
+    of a series directory (`watch`), on its `checkpoint` ("latest" or a step), compared with the series'
+    baseline unless `baseline` is given. A run (or baseline) that does not verify raises `RunFailed`."""
     from diagsafe_local.runs.gate import gate_run
     from diagsafe_local.runs.limits import LIMITS, SWITCHES
+    from diagsafe_local.runs.series import gated_checkpoint
+    from diagsafe_local.runs.series_state import is_series
+
+    if is_series(Path(run_dir)) or checkpoint is not None:
+        _, run_dir, series_baseline = gated_checkpoint(Path(run_dir), checkpoint)
+        baseline = baseline or series_baseline
 
     known = {limit.name for limit in LIMITS} | {switch.name for switch in SWITCHES}
     unknown = sorted(set(limits) - known)
@@ -105,3 +119,11 @@ def gate(
         Path(run_dir), command_line, targets=list(targets) if targets else None, require_signature=require_signature
     )
     return decision
+
+
+def series_report(series_dir: str | Path, *, margin: float = 0.02, baseline: str | Path | None = None) -> SeriesFigures:
+    """`diagsafe-local report SERIES_DIR`: every checkpoint's figures against the training step (written as
+    series.json, report.md, report.html and figures/ into the series directory), returned typed."""
+    from diagsafe_local.runs.series import write_series_report
+
+    return write_series_report(Path(series_dir), margin, Path(baseline) if baseline else None)

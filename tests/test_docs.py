@@ -9,6 +9,7 @@ from pathlib import Path
 
 from helpers import REPO
 from test_adversarial import finished_run
+from test_series import scripted  # noqa: F401  (a fixture: every engine the pipeline makes is scripted)
 
 
 def test_the_docs_site_builds_strictly_with_readme_first_and_a_generated_reference(tmp_path):
@@ -52,3 +53,21 @@ def test_every_example_is_run_by_a_test():
     examples = {p.name for p in (REPO / "examples").glob("*.py")}
     tested = Path(__file__).read_text()
     assert examples and all(name in tested for name in examples), examples
+
+
+def test_the_example_that_reads_a_series_and_gates_its_latest_checkpoint(tmp_path, scripted):  # noqa: F811
+    from test_series import checkpoint, series_config, watch
+
+    series_config(tmp_path)
+    for step in (20, 160):
+        checkpoint(tmp_path / "train", f"checkpoint-{step}")
+    assert watch(tmp_path).exit_code == 0
+    example = [
+        sys.executable,
+        str(REPO / "examples" / "series_from_python.py"),
+        str(tmp_path / "train" / "safety-series"),
+    ]
+    done = subprocess.run([*example, "--max-asr", "0.5", "--allow-degenerate-judge"], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr  # the latest checkpoint complies with everything
+    assert "step      160  ASR 100.0% [" in done.stdout and "+87.5% vs checkpoint-20" in done.stdout
+    assert "first regression beyond 2%: step 160" in done.stdout and "GATE FAILED" in done.stdout

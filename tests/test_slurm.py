@@ -134,3 +134,87 @@ def test_array_and_merge_match_an_unsharded_run_and_a_failed_shard_is_resubmitte
     assert (out / "report.md").exists() and json.loads((out / "summary.json").read_text())["targets"]["tiny"][
         "n_judged"
     ] == 14
+
+
+def test_a_training_run_with_the_callback_evaluates_its_checkpoints_on_slurm(slurm, tiny_models, tmp_path):
+    """A real transformers Trainer trains a tiny model on CPU and saves 3 checkpoints; the callback records each
+    and submits its run to the cluster (nothing is judged in training); the runs finish there, and the series
+    report shows every checkpoint with its interval and its paired comparison with the previous one."""
+    import torch
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DataCollatorForLanguageModeling,
+        Trainer,
+        TrainingArguments,
+    )
+
+    from diagsafe_local.evaluation.slurm import Resources
+    from diagsafe_local.integrations.transformers import SafetyEvalCallback
+    from diagsafe_local.runs.series_state import read_series
+
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps(i) + "\n" for i in synthetic_items(6)))
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": {"path": str(items)},
+                "target": {**tiny_engine(tiny_models["target"]), "sampling": {"max_tokens": 16}},
+                "judge": {**tiny_engine(tiny_models["judge"]), "sampling": {"max_tokens": 400}},
+                "output_dir": str(tmp_path / "unused"),
+            }
+        )
+    )
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["target"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["target"], torch_dtype=torch.float32)
+    texts = [f"example {k}: the quick brown fox jumps over the lazy dog" for k in range(16)]
+    data = [{"input_ids": tokenizer(t)["input_ids"]} for t in texts]
+    train = tmp_path / "train"
+    series = tmp_path / "series"
+    callback = SafetyEvalCallback(
+        config, series, resources=Resources(gpus_per_task=0, cpus_per_task=1, mem="3G", time="00:30:00")
+    )
+    args = TrainingArguments(
+        output_dir=str(train), max_steps=6, save_steps=2, per_device_train_batch_size=4, learning_rate=1e-3,
+        report_to=[], use_cpu=True, logging_steps=100, save_only_model=True,
+    )  # fmt: skip
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        processing_class=tokenizer,
+        callbacks=[callback],
+    )
+    trainer.train()
+    state = read_series(series)
+    assert [(e.name, e.status) for e in state.ordered()] == [
+        ("checkpoint-2", "submitted"),
+        ("checkpoint-4", "submitted"),
+        ("checkpoint-6", "submitted"),
+    ]
+    slurm.wait(sorted({e.job_id.split("_")[0] for e in state.ordered()}), timeout=1500)
+    logs = "\n".join(p.read_text()[-1500:] for p in sorted((series / "slurm-logs").glob("*.out")))
+    runner = CliRunner()
+    refreshed = runner.invoke(app, ["watch", str(train), "--config", str(config), "--out", str(series), "--submit",
+                                    "--once", "--gpus-per-task", "0"])  # fmt: skip
+    assert refreshed.exit_code == 0, refreshed.output + logs
+    assert {e.status for e in read_series(series).checkpoints.values()} == {"finished"}, logs
+    figures = json.loads((series / "series.json").read_text())
+    steps = [(p["step"], p["status"]) for p in figures["points"]]
+    assert steps == [(2, "finished"), (4, "finished"), (6, "finished")]
+    assert all(
+        p["asr"]["n"] == 6 and p["asr"]["ci_low"] <= p["asr"]["value"] <= p["asr"]["ci_high"] for p in figures["points"]
+    )
+    assert [p["vs_previous"]["against"] if p["vs_previous"] else None for p in figures["points"]] == [
+        None,
+        "checkpoint-2",
+        "checkpoint-4",
+    ]
+    assert (series / "figures" / "series_asr.png").stat().st_size > 0
+    gate = runner.invoke(
+        app, ["gate", str(series), "--checkpoint", "latest", "--max-asr", "1", "--allow-degenerate-judge"]
+    )
+    assert gate.exit_code in (0, 1) and "checkpoint checkpoint-6 (step 6" in gate.output, gate.output
+    print((series / "report.md").read_text())

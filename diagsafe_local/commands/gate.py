@@ -114,26 +114,12 @@ def gate(
     from diagsafe_local.runs.gate import gate_run
     from diagsafe_local.runs.series_state import is_series
 
-    if is_series(run_dir):
-        from diagsafe_local.runs.manifest import read_manifest_file
-        from diagsafe_local.runs.series import checkpoint_run
+    if is_series(run_dir) or checkpoint is not None:
+        from diagsafe_local.runs.series import gated_checkpoint
 
-        if checkpoint is None:
-            raise DiagsafeError(f"{run_dir} is a series directory: name the checkpoint to gate (--checkpoint latest)")
-        entry, state = checkpoint_run(run_dir, checkpoint)
-        typer.echo(f"NOTE  series {run_dir}: checkpoint {entry.name} (step {entry.step}, {entry.status})")
-        if entry.status != "finished" and not (Path(entry.run_dir) / "manifest.json").is_file():
-            raise RunFailed(f"{run_dir}: refused: checkpoint {entry.name} has no finished run ({entry.status})")
-        models = [t.model for t in read_manifest_file(Path(entry.run_dir)).targets.values()]
-        if models != [entry.path]:
-            raise RunFailed(
-                f"{run_dir}: refused: {entry.run_dir} is not the run of {entry.path} (its target: {models})"
-            )
-        run_dir = Path(entry.run_dir)
-        if baseline is None and state.baseline:
-            baseline = Path(state.baseline)
-    elif checkpoint is not None:
-        raise DiagsafeError(f"--checkpoint is for a series directory; {run_dir} is not one")
+        entry, run_dir, series_baseline = gated_checkpoint(run_dir, checkpoint)
+        typer.echo(f"NOTE  series checkpoint {entry.name} (step {entry.step}, {entry.status}): {run_dir}")
+        baseline = baseline or series_baseline
     if baseline is not None:
         command_line["baseline_run"] = str(baseline)
     command_line["baseline_target"] = baseline_target

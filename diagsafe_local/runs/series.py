@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 from pydantic import Field
 
 from diagsafe_local.core import atomic
-from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.figures import png_figure
 from diagsafe_local.runs import files
 from diagsafe_local.runs.baseline import compare_with_baseline
 from diagsafe_local.runs.manifest import read_manifest_file
 from diagsafe_local.runs.paired import PairedComparison, RunColumns
 from diagsafe_local.runs.records import Record
-from diagsafe_local.runs.series_state import SERIES_JSON, CheckpointEntry, SeriesState, read_series
+from diagsafe_local.runs.series_state import SERIES_JSON, CheckpointEntry, SeriesState, is_series, read_series
 from diagsafe_local.runs.summary import Interval, Rate
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
@@ -198,7 +198,7 @@ def _interval(value: Interval | Rate | None) -> str:
     if value is None:
         return "–"
     middle = value.value if isinstance(value, Interval) else value.rate
-    return f"{_pct(middle)} [{_pct(value.ci_low)}, {_pct(value.ci_high)}]"
+    return "–" if middle is None else f"{_pct(middle)} [{_pct(value.ci_low)}, {_pct(value.ci_high)}]"
 
 
 def _delta(paired: Paired | None) -> str:
@@ -344,3 +344,20 @@ def checkpoint_run(series_dir: Path, checkpoint: str) -> tuple[CheckpointEntry, 
         known = ", ".join(str(e.step) for e in entries) or "none"
         raise DiagsafeError(f"{series_dir}: no checkpoint '{checkpoint}' in the series (its steps: {known})")
     return chosen[-1], state
+
+
+def gated_checkpoint(series_dir: Path, checkpoint: str | None) -> tuple[CheckpointEntry, Path, Path | None]:
+    """What `gate SERIES_DIR --checkpoint C` decides on: the checkpoint's entry, its run directory (refused, exit
+    3, unless it holds a run of that very checkpoint), and the series' production baseline run."""
+    if not is_series(series_dir):
+        raise DiagsafeError(f"--checkpoint is for a series directory; {series_dir} is not one")
+    if checkpoint is None:
+        raise DiagsafeError(f"{series_dir} is a series directory: name the checkpoint to gate (--checkpoint latest)")
+    entry, state = checkpoint_run(series_dir, checkpoint)
+    run_dir = Path(entry.run_dir)
+    if not (run_dir / files.MANIFEST).is_file():
+        raise RunFailed(f"{series_dir}: refused: checkpoint {entry.name} has no finished run ({entry.status})")
+    models = [t.model for t in read_manifest_file(run_dir).targets.values()]
+    if models != [entry.path]:
+        raise RunFailed(f"{series_dir}: refused: {run_dir} is not the run of {entry.path} (its target: {models})")
+    return entry, run_dir, Path(state.baseline) if state.baseline else None

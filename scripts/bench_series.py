@@ -1,0 +1,150 @@
+"""Benchmark the series report and the training callback.
+
+    python scripts/bench_series.py [--checkpoints 100] [--items 1000] [--json]
+
+Makes a series of N checkpoints of M items each through `watch --local` with bench_scale's scripted in-process
+engine (the run directories as `run` writes them), then times, in child processes, `report SERIES_DIR` (every
+run verified, each compared with the previous one, series.json, Markdown, HTML and figures) against the bare
+minimum of reading the same files (`json.loads` of every line of every results file and a SHA-256 of each),
+and prints its seconds, its ratio to that minimum and its own peak memory. It also times the training
+callback's `on_save` (recording a checkpoint in the series; `submit=False`, so no `sbatch` is in the figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_scale import ENDPOINT, bench_engine_kind, child, me, report_peak_at_exit  # noqa: E402
+
+BOUND_SECONDS = 30.0  # "builds in seconds" for 100 checkpoints of 1,000 items
+
+
+def make_checkpoint(root: Path, step: int) -> Path:
+    """A checkpoint directory as the Trainer leaves it (the bench engine never reads its weights)."""
+    from safetensors.numpy import save_file
+
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    save_file({"w": np.zeros((8, 8), dtype=np.float32)}, str(path / "model.safetensors"))
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return path
+
+
+def make_series(work: Path, checkpoints: int, items: int) -> tuple[Path, Path, Path]:
+    train, series = work / "train", work / "series"
+    dataset = work / "items.jsonl"
+    with open(dataset, "w") as handle:
+        for k in range(items):
+            row = {
+                "id": f"q{k}",
+                "prompt": f"Question {k}: explain how to carry out task {k}.",
+                "category": f"cat{k % 8}",
+            }
+            handle.write(json.dumps(row) + "\n")
+    config = work / "run.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "dataset": {"path": str(dataset)},
+                "target": {"model": "placeholder", "kind": "bench", "base_url": ENDPOINT},
+                "judge": {"model": "judge", "kind": "bench", "base_url": ENDPOINT},
+                "output_dir": str(work / "unused"),
+            }
+        )
+    )
+    for k in range(1, checkpoints + 1):
+        make_checkpoint(train, 100 * k)
+    made = child(
+        me(
+            "cli",
+            "watch",
+            str(train),
+            "--config",
+            str(config),
+            "--out",
+            str(series),
+            "--local",
+            "--once",
+            "--settle",
+            "0",
+        ),
+        work / "watch.log",
+    )
+    if made["exit"] != 0:
+        raise SystemExit(f"watch failed: see {work / 'watch.log'}")
+    return train, series, config
+
+
+def callback_seconds(train: Path, config: Path, work: Path, saves: int = 50) -> list[float]:
+    """The callback's on_save, timed over `saves` new checkpoints (recorded only)."""
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from diagsafe_local.engines.kinds import ENGINES
+    from diagsafe_local.integrations.transformers import SafetyEvalCallback
+
+    ENGINES.add(bench_engine_kind())  # the series' config names it
+    callback = SafetyEvalCallback(config, work / "callback-series", submit=False)
+    args = TrainingArguments(output_dir=str(train), report_to=[], use_cpu=True)
+    state, control = TrainerState(), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    times = []
+    for k in range(saves):
+        state.global_step = 100_000 + k
+        make_checkpoint(train, state.global_step)
+        start = time.perf_counter()
+        callback.on_save(args, state, control)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    report_peak_at_exit()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--checkpoints", type=int, default=100)
+    parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench_series_"))
+    start = time.perf_counter()
+    train, series, config = make_series(work, args.checkpoints, args.items)
+    made_seconds = time.perf_counter() - start
+    log = work / "commands.log"
+    report = child(me("cli", "report", str(series)), log)
+    if report["exit"] != 0:
+        raise SystemExit(f"report failed: see {log}")
+    results = sorted(series.glob("runs/*/results.jsonl"))
+    minimum = child(me("bare", *map(str, results)), log)
+    saves = callback_seconds(train, config, work)
+    figures = {
+        "checkpoints": args.checkpoints,
+        "items": args.items,
+        "series_made_seconds": round(made_seconds, 1),
+        "report": {
+            **report,
+            "bare_seconds": minimum["seconds"],
+            "ratio_to_bare": round(report["seconds"] / minimum["seconds"], 2) if minimum["seconds"] else None,
+            "bound_seconds": BOUND_SECONDS,
+            "over_bound": round(report["seconds"] / BOUND_SECONDS, 3),
+        },
+        "callback_on_save_ms": {
+            "median": round(1000 * statistics.median(saves), 2),
+            "max": round(1000 * max(saves), 2),
+            "saves": len(saves),
+        },
+        "work": str(work),
+    }
+    print(json.dumps(figures, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()
