@@ -201,8 +201,32 @@ def wandb_records(directory: Path) -> list:
     return records
 
 
+@pytest.fixture
+def trackers(tmp_path, monkeypatch):
+    """MLflow with a SQLite store and W&B offline, both in this test's folder (W&B's settings are read once per
+    process: it is torn down after the test, so the next test's folder is its own)."""
+    monkeypatch.chdir(tmp_path)  # MLflow keeps a SQLite store's artifacts in ./mlruns
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    yield
+    import wandb
+
+    wandb.teardown()
+
+
+def wandb_history(records: list) -> list[dict]:
+    """The rows W&B logged (a key with a slash is stored as its parts)."""
+    return [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.HasField("history")
+    ]
+
+
 def test_the_mlflow_and_wandb_hooks_hold_the_series_figures_and_a_failing_hook_changes_nothing(
-    tmp_path, scripted, monkeypatch, caplog
+    tmp_path, scripted, trackers, monkeypatch, caplog
 ):
     series_config(tmp_path)
     train = tmp_path / "train"
@@ -210,11 +234,6 @@ def test_the_mlflow_and_wandb_hooks_hold_the_series_figures_and_a_failing_hook_c
         checkpoint(train, f"checkpoint-{step}")
     assert watch(tmp_path).exit_code == 0
     series = train / "safety-series"
-    monkeypatch.chdir(tmp_path)  # MLflow keeps a SQLite store's artifacts in ./mlruns
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
     result = CliRunner().invoke(app, ["report", str(series), "--hook", "mlflow", "--hook", "wandb"])
     assert result.exit_code == 0, result.output
     gate = ["gate", str(series), "--checkpoint", "latest", "--max-asr", "0.5", "--allow-degenerate-judge"]
@@ -244,11 +263,7 @@ def test_the_mlflow_and_wandb_hooks_hold_the_series_figures_and_a_failing_hook_c
     assert "max_asr" in client.get_run(latest.info.run_id).data.tags["gate.reasons"].lower().replace("-", "_")
 
     records = wandb_records(tmp_path)
-    history = [
-        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-        for r in records
-        if r.HasField("history")
-    ]
+    history = wandb_history(records)
     assert [(h["_step"], h["asr"]) for h in history] == sorted((s, a["value"]) for s, a in expected.items())
     assert all(h["asr/cyber_ci_low"] <= h["asr/cyber"] for h in history)
     artifacts = sorted(r.artifact.name for r in records if r.HasField("artifact"))
@@ -262,3 +277,69 @@ def test_the_mlflow_and_wandb_hooks_hold_the_series_figures_and_a_failing_hook_c
     warnings = [r.getMessage() for r in caplog.records if r.name == "diagsafe_local.hooks"]
     assert len(warnings) == 2 and "hook mlflow: on_gate failed" in warnings[0]
     assert "unknown hook 'no-such-hook'" in warnings[1]
+
+
+def test_a_submitted_checkpoint_whose_job_ended_without_a_run_failed_and_sigterm_stops_watch(tmp_path, monkeypatch):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from diagsafe_local.evaluation.watch import SeriesSpec, record, refresh, set_status
+
+    series_config(tmp_path)
+    train = tmp_path / "train"
+    checkpoint(train, "checkpoint-10")
+    checkpoint(train, "checkpoint-20")
+    spec = SeriesSpec(train / "safety-series", train, tmp_path / "run.yaml")
+    record(spec, Scanner(train, 0).complete())
+    for k, name in enumerate(("checkpoint-10", "checkpoint-20")):
+        set_status(spec.series_dir, name, "submitted", job_id=f"77_{k}")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho 77_1\n")  # SLURM still runs task 1; task 0 has ended
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    refresh(spec.series_dir)
+    entries = read_series(spec.series_dir).checkpoints
+    assert entries["checkpoint-10"].status == "failed" and "job 77_0 ended" in entries["checkpoint-10"].error
+    assert entries["checkpoint-20"].status == "submitted"
+
+    empty = tmp_path / "empty-train"
+    empty.mkdir()
+    command = [sys.executable, "-c", "from diagsafe_local.cli import main; main()", "watch", str(empty), "--config",
+               str(tmp_path / "run.yaml"), "--local", "--interval", "0.2"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while not (empty / "safety-series" / "series.state.json").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 0 and "watch stopped: SIGTERM received" in output, output
+
+
+def test_a_run_and_its_gate_reach_the_hooks_outside_a_series(tmp_path, scripted, trackers, monkeypatch):
+    series_config(tmp_path)
+    monkeypatch.setenv("DIAGSAFE_HOOKS", "mlflow,wandb")
+    run = tmp_path / "unused"
+    assert CliRunner().invoke(app, ["run", str(tmp_path / "run.yaml")]).exit_code == 0
+    gate = CliRunner().invoke(app, ["gate", str(run), "--max-asr", "0.5", "--allow-degenerate-judge"])
+    assert gate.exit_code == 0, gate.output
+    asr = json.loads((run / "summary.json").read_text())["targets"]["placeholder"]["asr"]["value"]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    [logged] = client.search_runs([client.get_experiment_by_name("diagsafe-local").experiment_id])
+    assert logged.data.tags["diagsafe.run_dir"] == str(run.resolve()) and logged.data.tags["gate.decision"] == "pass"
+    assert [(m.step, m.value) for m in client.get_metric_history(logged.info.run_id, "asr")] == [(0, asr)]
+    records = wandb_records(tmp_path)
+    assert [(h["_step"], h["asr"]) for h in wandb_history(records)] == [(0, asr)]
+    summaries = {
+        i.key or "/".join(i.nested_key): i.value_json
+        for r in records
+        if r.HasField("summary")
+        for i in r.summary.update
+    }
+    assert summaries.get("gate/unused") == '"pass"'

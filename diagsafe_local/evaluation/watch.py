@@ -242,15 +242,13 @@ def _live_jobs(job_ids: list[str]) -> set[str] | None:
     return set(proc.stdout.split())
 
 
-def refresh(series_dir: Path) -> list[CheckpointEntry]:
+def refresh(series_dir: Path) -> None:
     """Bring each unfinished checkpoint's status up to date: finished when its run directory is complete; a
-    submitted one whose job ended without that failed; one whose directory was deleted first is deleted. Returns
-    the entries that changed."""
+    submitted one whose job ended without that failed; one whose directory was deleted first is deleted."""
     state = read_series(series_dir)
     open_entries = [e for e in state.ordered() if e.status in ("seen", "submitted")]
     submitted = [e.job_id for e in open_entries if e.status == "submitted" and e.job_id]
     live = _live_jobs(submitted) if submitted else set()
-    changed = []
     for entry in open_entries:
         if _finished(entry):
             status, error = "finished", None
@@ -259,13 +257,12 @@ def refresh(series_dir: Path) -> list[CheckpointEntry]:
         elif entry.status == "submitted" and live is not None and entry.job_id not in live:
             status, error = (
                 "failed",
-                f"job {entry.job_id} ended without a complete run: see {entry.run_dir}/../slurm-logs",
+                f"job {entry.job_id} ended without a complete run: see "
+                f"{series_dir / 'slurm-logs' / f'diagsafe-series-{entry.job_id}.out'}",
             )
         else:
             continue
         set_status(series_dir, entry.name, status, error=error)
-        changed.append(entry.model_copy(update={"status": status, "error": error}))
-    return changed
 
 
 def submit(spec: SeriesSpec, entries: list[CheckpointEntry], resources: Resources) -> str:

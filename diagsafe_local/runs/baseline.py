@@ -103,10 +103,11 @@ def compare_with_baseline(
     allow_different_judges: bool = False,
     allow_different_datasets: bool = False,
     columns: tuple[RunColumns, RunColumns] | None = None,
+    breakdowns: bool = True,
 ) -> list[PairedComparison]:
     """The paired comparison of every target pair of a verified candidate run and its verified baseline run (or,
     with `baseline` None, of the targets of one sweep). `columns`: the baseline's and the candidate's, gathered
-    while they were verified (default: their results are read again)."""
+    while they were verified (default: their results are read again); `breakdowns=False`: overall figures only."""
     baseline = baseline or candidate
     if baseline.manifest.dataset.sha256 != candidate.manifest.dataset.sha256 and not allow_different_datasets:
         raise Incomparable(
@@ -128,4 +129,7 @@ def compare_with_baseline(
     else:
         columns_a = sides(baseline.run_dir / files.RESULTS, baseline.results(), {base for base, _ in pairs})
         columns_b = sides(candidate.run_dir / files.RESULTS, candidate.results(), {cand for _, cand in pairs})
-    return [compare_targets(base, cand, columns_a[base], columns_b[cand], rates, warning) for base, cand in pairs]
+    return [
+        compare_targets(base, cand, columns_a[base], columns_b[cand], rates, warning, breakdowns)
+        for base, cand in pairs
+    ]

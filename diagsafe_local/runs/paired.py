@@ -216,9 +216,11 @@ def compare_targets(
     side_b: Column,
     rates: JudgeErrorRates | None = None,
     warning: str | None = None,
+    breakdowns: bool = True,
 ) -> PairedComparison:
     """Pair the final-turn answers to harmful items of two targets (see `side`) and compare them (see the module
-    docstring). Memory grows by a few dozen bytes per answer, never by the records."""
+    docstring; `breakdowns=False`: overall only). Memory grows by a few dozen bytes per answer, never by the
+    records."""
     keys_a, keys_b = side_a.keys(), side_b.keys()
     rows_a, rows_b = last_of_each(keys_a), last_of_each(keys_b)  # a later record of a key replaces an earlier one
     paired_a, paired_b = match(keys_a, keys_b, rows_a, rows_b)
@@ -227,7 +229,7 @@ def compare_targets(
     a, b = scores_a[scored], scores_b[scored]
     overall = difference(baseline, candidate, "overall", a, b, rates, warning)
     differences = [overall.model_copy(update={"p_holm": overall.mcnemar_p})]  # one test: nothing to adjust
-    for name in BREAKDOWNS:
+    for name in BREAKDOWNS if breakdowns else ():
         codes = np.asarray(side_b.codes[name], dtype=np.int64)[paired_b[scored]]
         labels = side_b.label_names(name)
         rows = [

@@ -101,7 +101,9 @@ def _compare(
     candidate: tuple[VerifiedRun, RunColumns], reference: tuple[VerifiedRun, RunColumns], against: str
 ) -> Paired:
     try:
-        comparisons = compare_with_baseline(candidate[0], reference[0], columns=(reference[1], candidate[1]))
+        comparisons = compare_with_baseline(
+            candidate[0], reference[0], columns=(reference[1], candidate[1]), breakdowns=False
+        )
     except DiagsafeError as exc:  # another dataset or judge: said, not compared
         return Paired(
             against=against, n_paired=0, diff=None, ci_low=None, ci_high=None, mcnemar_p=None, flips_up=0,
