@@ -264,3 +264,18 @@ def test_plan_shows_what_the_jury_costs(tmp_path):
     result = CliRunner().invoke(app, ["plan", str(path)])
     assert result.exit_code == 0, result.output
     assert "judge jury: 3 members (harmjudge@a, harmjudge@b, harmjudge@c) = 3 verdicts per answer" in result.output
+
+
+def test_members_in_a_row_served_the_same_way_share_one_load(tmp_path):
+    cfg = config(tmp_path)
+    data = cfg.model_dump(mode="json")
+    data["judge"]["jury"]["members"] = [
+        {"model": "a", "name": "a-once"},
+        {"model": "a", "name": "a-twice", "max_attempts": 2},  # another judge, on the same engine
+        {"model": "b"},
+    ]
+    factory = Factory()
+    Run(RunConfig.model_validate(data), engine_factory=factory).execute()
+    assert factory.loaded() == ["t", "j", "a", "b"]
+    votes = results(tmp_path)["h1"].panel
+    assert [v.rubric for v in votes] == ["a-once", "a-twice", "harmjudge@b"]

@@ -27,11 +27,11 @@ from diagsafe_local.judging.verdicts import VerdictStream
 from diagsafe_local.runs.records import JuryVote, ResultRecord, Usage
 
 
-def shares_engine(member: JuryMember, judge: JudgeConfig) -> bool:
-    """Whether a member runs on the judge's own engine (the same model served the same way): then it judges
-    while that engine is loaded, and no model is loaded twice."""
+def shares_engine(member: JuryMember, other: JudgeConfig) -> bool:
+    """Whether a member runs on another judge's engine (the same model served the same way: the judge's, or the
+    member's before it): then it judges on that engine while it is loaded, and no model is loaded twice."""
     fields = set(EngineConfig.model_fields) | {"structured_output_backend"}
-    return member.model_dump(include=fields) == judge.model_dump(include=fields)
+    return member.model_dump(include=fields) == other.model_dump(include=fields)
 
 
 def juror_key(ctx: RunContext, member: JuryMember, task: JudgeTask) -> str:

@@ -51,7 +51,7 @@ from diagsafe_local.evaluation.run_directory import RunDirectory
 from diagsafe_local.evaluation.sensitivity_step import judge_sensitivity, pending_sensitivity
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
-from diagsafe_local.judging.config import JudgeConfig
+from diagsafe_local.judging.config import JudgeConfig, JuryMember
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import GrammarCanary, ValidationRef, write_manifest
 from diagsafe_local.runs.records import AnswerKey
@@ -287,23 +287,32 @@ class Run:
     def _jury(self, resident: Engine | None) -> None:
         """The jury's members, one after another, over every target's answers to harmful items; with `resident`
         (the judge's engine, loaded) only the members it serves, else every member with verdicts still to give,
-        each loaded alone. Once every member is done (resident None), the combined records are written."""
+        each model loaded alone and once (members in a row served the same way share it). Once every member is
+        done (resident None), the combined records are written."""
         jury = self.config.judge.jury
         if jury is None:
             return
-        for member in jury.members:
-            if resident is not None and not shares_engine(member, self.config.judge):
-                continue
-            tasks = pending_votes(self.ctx, member)
-            first = next(tasks, None)
-            if first is None:
-                continue
-            engine = resident
-            if engine is None and member.needs_model:
-                engine = self.host.open_juror(member.label, member, member.structured_output_backend)
-            try:
-                if engine is not None and engine is not resident and member.own_constrained:
+        held: tuple[JuryMember, Engine] | None = None  # the last member's engine, kept for the next if it serves
+        canaried = {id(resident)} if resident is not None and self.config.judge.own_constrained else set()
+        try:
+            for member in jury.members:
+                if resident is not None and not shares_engine(member, self.config.judge):
+                    continue
+                tasks = pending_votes(self.ctx, member)
+                first = next(tasks, None)
+                if first is None:
+                    continue
+                engine = resident
+                if engine is None and member.needs_model:
+                    if held is None or not shares_engine(member, held[0]):
+                        if held is not None:
+                            held[1].close()
+                            held = None
+                        held = (member, self.host.open_juror(member.label, member, member.structured_output_backend))
+                    engine = held[1]
+                if engine is not None and member.own_constrained and id(engine) not in canaried:
                     self.grammar = send_canary(engine, member.structured_output_backend, self.grammar, member.label)
+                    canaried.add(id(engine))
                 start = time.perf_counter()
                 judged = judge_tasks(
                     JurorStep(engine, self.ctx, member),
@@ -316,9 +325,9 @@ class Run:
                     "judgments_per_second": round(judged / seconds, 3) if seconds else 0.0,
                 }
                 self._save_manifest("running")
-            finally:
-                if engine is not None and engine is not resident:
-                    engine.close()
+        finally:
+            if held is not None:
+                held[1].close()
         if resident is None:
             for target in self.config.targets:
                 self.fresh["judgments"] += combine_jury(self.ctx, target.label)
