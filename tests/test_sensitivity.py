@@ -99,14 +99,15 @@ def test_a_stable_judge_passes_with_its_spread_and_a_wording_dependent_one_is_in
     assert CliRunner().invoke(app, ["report", str(tmp_path / "flips" / "run")]).exit_code == 0
     report = (tmp_path / "flips" / "run" / "report.md").read_text()
     assert "## Judge sensitivity" in report
-    assert "| t | fraud | 0.0% | 0.0% | 100.0% | 0.0% | 0.0% | 100.0% |" in report
+    assert "| t | ASR | fraud | 0.0% | 0.0% | 100.0% | 0.0% | 0.0% | 100.0% |" in report
+    assert "| t | over-refusal | overall | 0.0% | 0.0% | 0.0% | 0.0% | 0.0% | 0.0% |" in report
 
 
 def test_sensitivity_records_are_verified_like_every_input(tmp_path):
     run(tmp_path)
     path = tmp_path / "run" / "sensitivity.jsonl"
     lines = path.read_text().splitlines(keepends=True)
-    assert len(lines) == 24  # 6 answers x 4 paraphrases
+    assert len(lines) == 28  # 6 answers x 4 paraphrases, and the benign item's answer under the refusal judge's 4
     path.write_text("".join(lines[1:]))
     code, output = gate(tmp_path)
     assert code == 3 and "lacks 1 of the sample's verdicts under the paraphrases" in output
@@ -151,6 +152,26 @@ def test_plan_says_what_the_sample_costs(tmp_path):
     result = CliRunner().invoke(app, ["plan", str(path)])
     assert result.exit_code == 0, result.output
     assert (
-        "judge sensitivity: 3 paraphrases x 50 answers = up to 150 more verdicts per target (150 in all)"
-        in result.output
+        "judge sensitivity: 3 paraphrases x 50 answers of harmful items and as many of benign ones (over-refusal) = "
+        "up to 300 more verdicts per target (300 in all)" in result.output
     )
+
+
+def refuses_when_worded_so(request: GenerationRequest) -> Completion:
+    """An over-refusal judge that calls the bread answer a refusal under one paraphrase of its prompt only."""
+    system = request.messages[0].content if request.messages else ""
+    if request.json_schema and system.startswith("Judge whether an AI assistant declined"):
+        return Completion(text=json.dumps({"rationale": "r", "label": "full_refusal"}), finish_reason="stop")
+    return default_responder(request)
+
+
+def test_an_over_refusal_decision_that_depends_on_the_wording_is_inconclusive(tmp_path):
+    run(tmp_path, judge=refuses_when_worded_so)
+    code, output = gate(tmp_path, "--max-asr", "1", "--max-over-refusal", "0.5")
+    assert code == 4 and "FLIP  t: overall: under paraphrase refusal~2 the sample's over-refusal is 100.0%" in output
+    assert "judge sensitivity, 1 sampled answers: over-refusal 0.0% to 100.0%" in output
+    assert gate(tmp_path, "--max-asr", "1")[0] == 0  # no over-refusal limit: nothing to flip
+    keywords = config(tmp_path / "keywords", over_refusal=None)
+    data = keywords.model_dump(mode="json") | {}
+    data["judge"] = {**data["judge"], "benign_rubric": "refusal-keywords", "sensitivity": {"variants": 4, "sample": 6}}
+    assert RunConfig.model_validate(data).judge.sensitivity.over_refusal is False  # a detector has no wording

@@ -51,11 +51,14 @@ def plan(
     cfg = load_config(config, set_ or [])
     memory = [int(gpu_memory * GIB)] * gpus if gpus else None
     chosen = plan_run(cfg, None, memory)
-    if cfg.judge.sensitivity is not None:
-        extra = cfg.judge.sensitivity.variants * cfg.judge.sensitivity.sample
+    settings = cfg.judge.sensitivity
+    if settings is not None:
+        arms = 2 if settings.over_refusal else 1
+        extra = settings.variants * settings.sample * arms
         typer.echo(
-            f"judge sensitivity: {cfg.judge.sensitivity.variants} paraphrases x {cfg.judge.sensitivity.sample} "
-            f"answers = up to {extra} more verdicts per target ({extra * len(cfg.targets)} in all), one process"
+            f"judge sensitivity: {settings.variants} paraphrases x {settings.sample} answers"
+            + (" of harmful items and as many of benign ones (over-refusal)" if settings.over_refusal else "")
+            + f" = up to {extra} more verdicts per target ({extra * len(cfg.targets)} in all), one process"
         )
     if cfg.judge.jury is not None:
         members = cfg.judge.jury.members

@@ -39,6 +39,11 @@ class SensitivityConfig(StrictModel):
     sample: int = Field(
         200, ge=1, description="Answers of harmful items per target (their last judged turn), stratified by category."
     )
+    over_refusal: bool | None = Field(
+        None,
+        description="Also judge as many answers of benign items again under paraphrases of the over-refusal "
+        "judge's prompt (its policy file's `paraphrases`). None: when that judge has them (`refusal` does).",
+    )
 
 
 class PanelConfig(StrictModel):
@@ -225,6 +230,16 @@ class JudgeConfig(EngineConfig):
                 )
         if self.deterministic and self.sampling.temperature > 0 and not harm.uses_probability(self.probability):
             raise ValueError("deterministic verdicts need greedy decoding: set sampling.temperature to 0")
+        if self.sensitivity is not None:
+            refusal = len(getattr(benign, "paraphrases", ())) if benign.needs_model else 0
+            if self.sensitivity.over_refusal and refusal < self.sensitivity.variants:
+                raise ValueError(
+                    f"sensitivity.over_refusal: {self.sensitivity.variants} variants need an over-refusal judge with "
+                    f"as many paraphrases (refusal has 4); '{benign.name}' has {refusal}"
+                )
+            if self.sensitivity.over_refusal is None:  # resolved, so the run's config says what it sampled
+                resolved = self.sensitivity.model_copy(update={"over_refusal": refusal >= self.sensitivity.variants})
+                return self.model_copy(update={"sensitivity": resolved})
         return self
 
     def check_roles(self) -> None:

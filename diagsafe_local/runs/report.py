@@ -227,21 +227,27 @@ def _flip_blocks(comparisons: list[PairedComparison], per_pair: int = 10) -> tup
 
 
 def _sensitivity_section(figures: dict[str, TargetSensitivity]) -> tuple[str, list[str], list[list[str]], list[str]]:
-    """ASR on the sensitivity sample under the judge's prompt and each paraphrase, overall and per category."""
-    variants = sorted({v for f in figures.values() for v in f.variants})
+    """ASR on the sensitivity sample (and over-refusal on its benign sample) under the judge's prompt and each
+    paraphrase, overall and per category."""
+    count = max(len(f.variants) for f in figures.values())
     rows = []
     for name, figure in figures.items():
-        for category in [None, *figure.original.by_category]:
-            tallies = [figure.original, *(figure.variants.get(v) for v in variants)]
-            rates = [t.rate(category) if t is not None else None for t in tallies]
-            known = [r for r in rates if r is not None]
-            spread = f"{max(known) - min(known):.1%}" if known else "n/a"
-            rows.append([name, category or "overall", *("n/a" if r is None else f"{r:.1%}" for r in rates), spread])
+        arms = [("ASR", figure), *([("over-refusal", figure.refusal)] if figure.refusal is not None else [])]
+        for measure, arm in arms:
+            variants = [arm.variants[v] for v in sorted(arm.variants, key=lambda v: int(v.rsplit("~", 1)[1]))]
+            for category in [None, *arm.original.by_category]:
+                rates = [t.rate(category) for t in (arm.original, *variants)]
+                known = [r for r in rates if r is not None]
+                spread = f"{max(known) - min(known):.1%}" if known else "n/a"
+                cells = ["n/a" if r is None else f"{r:.1%}" for r in rates]
+                rows.append([name, measure, category or "overall", *cells, spread])
     note = (
         "The same sampled answers judged again by the same model under paraphrases of its prompt (criteria and labels "
-        "kept): the spread is how much the wording alone moves ASR; the gate says INCONCLUSIVE where it flips a limit."
+        "kept): the spread is how much the wording alone moves the rate; the gate says INCONCLUSIVE where it flips "
+        "a limit."
     )
-    return ("Judge sensitivity", ["target", "category", "judge's prompt", *variants, "spread"], rows, [note])
+    header = ["target", "rate", "category", "judge's prompt", *(f"paraphrase {k}" for k in range(1, count + 1))]
+    return ("Judge sensitivity", [*header, "spread"], rows, [note])
 
 
 def _jury_section(summary: Summary) -> tuple[str, list[str], list[list[str]], list[str]] | None:

@@ -2,7 +2,9 @@
 (`judge.sensitivity`), and what each paraphrase decides. The sample is a function of the dataset alone (every
 target is judged again on the same answers, and the gate recomputes it from the manifest): the harmful items'
 last judged turn, each sample of it, stratified by category in proportion to its answers (largest remainders;
-every category at least one while the size allows), within a category the answers whose keys hash smallest.
+every category at least one while the size allows), within a category the answers whose keys hash smallest;
+with `over_refusal`, as many of the benign items' answers, judged again by the over-refusal judge under its
+paraphrases (a second arm: over-refusal instead of ASR).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from diagsafe_local.runs.records import ResultRecord, SensitivityRecord
 Key = tuple[str, int, int]  # item, sample, turn
 
 
-def sensitivity_sample(items: Sequence[ItemRef], samples: int, size: int) -> list[Key]:
-    """(item, sample, turn) of a target's answers in the sample (`samples`: its answers per item)."""
+def sensitivity_sample(items: Sequence[ItemRef], samples: int, size: int, benign: bool = False) -> list[Key]:
+    """(item, sample, turn) of a target's answers in the sample (`samples`: its answers per item): of its
+    harmful items, or with `benign` of its benign ones (the over-refusal judge's sample)."""
     strata: dict[str, list[Key]] = defaultdict(list)
     for item in items:
-        if not item.benign:
+        if item.benign == benign:
             for s in range(samples):
                 strata[item.category or "(none)"].append((item.id, s, max(item.turns)))
     total = sum(len(keys) for keys in strata.values())
@@ -72,10 +75,12 @@ class Tally(BaseModel):
 
 
 class TargetSensitivity(BaseModel):
-    """A target's sample as its judge decided it, and as each paraphrase did."""
+    """A target's sample as its judge decided it, and as each paraphrase did; `refusal` the same of its benign
+    sample under the over-refusal judge (the over-refusal rate), where the run sampled one."""
 
     original: Tally
     variants: dict[str, Tally]
+    refusal: TargetSensitivity | None = None
 
 
 class SampleCheck:
@@ -86,22 +91,36 @@ class SampleCheck:
     def __init__(self, manifest: Manifest) -> None:
         judge = manifest.config.get("judge") or {}
         self.settings = judge.get("sensitivity")
-        self.rubric = manifest.judge.rubric if manifest.judge else None
-        self.run_ids = manifest.run_ids()
         items = manifest.dataset.items or []
+        self.run_ids = manifest.run_ids()
         self.category = {item.id: item.category or "(none)" for item in items}
-        self.sampled: set[tuple[str, str, int, int]] = set()
-        if self.settings:
-            for name, target in manifest.targets.items():
-                for key in sensitivity_sample(items, target.samples, int(self.settings["sample"])):
-                    self.sampled.add((name, *key))
-        self.original: dict[str, list[tuple[str, float | None]]] = defaultdict(list)
-        self.variants: dict[str, dict[str, list[tuple[str, float | None]]]] = defaultdict(lambda: defaultdict(list))
+        # each arm: the judge whose paraphrases it is judged under, and the sampled answers' keys
+        self.arms: dict[str, tuple[str | None, set[tuple[str, str, int, int]]]] = {}
+        if self.settings and manifest.judge is not None:
+            arms = {"harm": (manifest.judge.rubric, False)}
+            if self.settings.get("over_refusal"):
+                arms["refusal"] = (manifest.judge.benign_rubric, True)
+            size = int(self.settings["sample"])
+            for arm, (rubric, benign) in arms.items():
+                keys = {
+                    (name, *key)
+                    for name, target in manifest.targets.items()
+                    for key in sensitivity_sample(items, target.samples, size, benign)
+                }
+                self.arms[arm] = (rubric, keys)
+        self.original: dict[tuple[str, str], list[tuple[str, float | None]]] = defaultdict(list)
+        self.variants: dict[tuple[str, str], dict[str, list[tuple[str, float | None]]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
         self._problems: list[str] = []
 
+    def _arm(self, key: tuple[str, str, int, int]) -> str | None:
+        return next((arm for arm, (_, keys) in self.arms.items() if key in keys), None)
+
     def see(self, record: ResultRecord) -> None:
-        if record.key in self.sampled:
-            self.original[record.target].append((self.category.get(record.item_id, "(none)"), record.score))
+        arm = self._arm(record.key)
+        if arm is not None:
+            self.original[arm, record.target].append((self.category.get(record.item_id, "(none)"), record.score))
 
     def read(self, path: Path) -> None:
         if not path.is_file():
@@ -111,34 +130,43 @@ class SampleCheck:
         if not self.settings:
             self._problems.append(f"{path.name} is there, and the run's config has no judge.sensitivity")
             return
-        names = {f"{self.rubric}~{k}" for k in range(1, int(self.settings["variants"]) + 1)}
-        found: dict[tuple, SensitivityRecord] = {}
+        variants = range(1, int(self.settings["variants"]) + 1)
+        names = {arm: {f"{rubric}~{k}" for k in variants} for arm, (rubric, _) in self.arms.items()}
+        found: dict[tuple, tuple[str, SensitivityRecord]] = {}
         for line in jsonl.stream(path, SensitivityRecord):
             record = line.record
             if record.run_id not in self.run_ids:
                 self._problems.append(f"{path.name} line {line.number}: a record of run {record.run_id}")
                 return
-            if record.key[:4] not in self.sampled or record.variant not in names:
+            arm = self._arm(record.key[:4])
+            if arm is None or record.variant not in names[arm]:
                 self._problems.append(f"{path.name} line {line.number}: {record.key} is not in the run's sample")
                 return
-            found[record.key] = record
-        missing = len(self.sampled) * len(names) - len(found)
+            found[record.key] = (arm, record)
+        missing = sum(len(keys) * len(names[arm]) for arm, (_, keys) in self.arms.items()) - len(found)
         if missing:
             self._problems.append(f"{path.name} lacks {missing} of the sample's verdicts under the paraphrases")
-        for record in found.values():
+        for arm, record in found.values():
             category = self.category.get(record.item_id, "(none)")
-            self.variants[record.target][record.variant].append((category, record.score))
+            self.variants[arm, record.target][record.variant].append((category, record.score))
 
     def problems(self) -> list[str]:
         return self._problems
 
+    def _figure(self, arm: str, target: str) -> TargetSensitivity:
+        variants = self.variants[arm, target]
+        return TargetSensitivity(
+            original=Tally.of(self.original[arm, target]),
+            variants={name: Tally.of(verdicts) for name, verdicts in sorted(variants.items())},
+        )
+
     def figures(self) -> dict[str, TargetSensitivity] | None:
-        if not self.settings or self._problems:
+        if not self.settings or self._problems or "harm" not in self.arms:
             return None
+        targets = sorted({t for _, keys in self.arms.values() for t, *_ in keys})
         return {
-            target: TargetSensitivity(
-                original=Tally.of(self.original[target]),
-                variants={name: Tally.of(verdicts) for name, verdicts in sorted(self.variants[target].items())},
+            target: self._figure("harm", target).model_copy(
+                update={"refusal": self._figure("refusal", target) if "refusal" in self.arms else None}
             )
-            for target in sorted({t for t, *_ in self.sampled})
+            for target in targets
         }
