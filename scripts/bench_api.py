@@ -15,7 +15,11 @@ this process per request for a bare `openai.AsyncOpenAI` loop and for our API en
 requests (target: ours <= 1.2x the bare loop's), and the whole harness's requests/s (`run` on the API path:
 answers and verdicts, records and progress included; target >= 1,000/s), alternated, median of --repeats.
 
-Run: .venv/bin/python scripts/bench_api.py [--n 128] [--repeats 3] [--json] [--server vllm|scripted]
+With `--server scripted --clients N` it runs the `run` command end to end on N items (an answer and a verdict
+each) in one process and in the client processes the plan picks for an API-only run (placement.replicas auto:
+one per 20,000 requests, at most one per CPU), and prints the whole command's requests/s for each.
+
+Run: .venv/bin/python scripts/bench_api.py [--n 128] [--repeats 3] [--json] [--server vllm|scripted] [--clients N]
 """
 
 from __future__ import annotations
@@ -51,7 +55,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--server", choices=("vllm", "scripted"), default="vllm")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=0,
+        help="scripted: instead, `run` end to end on this many items (answer + verdict each), one process against "
+        "the client processes the plan picks (placement.replicas auto), requests/s of the whole command",
+    )
     args = parser.parse_args()
+    if args.server == "scripted" and args.clients:
+        print(json.dumps(measure_clients(args), indent=None if args.json else 2))
+        return
     if args.server == "scripted":
         figures = measure_client(args)
         print(json.dumps(figures, indent=None if args.json else 2))
@@ -144,11 +158,47 @@ def measure_client(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def harness(out: Path, base_url: str, n: int) -> float:
-    """`run` on the API path against the scripted server: (answers + verdicts) per second of generation and
-    judging (the manifest's timings; start-up and the report excluded)."""
+def measure_clients(args: argparse.Namespace) -> dict[str, Any]:
+    """The whole `run` command's requests/s (start-up, shards and their merge included) in one process and in the
+    client processes the plan picks, alternated, median of --repeats."""
     import subprocess
 
+    from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.planning import client_processes
+
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    server = subprocess.Popen([sys.executable, "-c", SERVER.format(tests=tests)], stdout=subprocess.PIPE, text=True)
+    assert server.stdout is not None
+    base_url = server.stdout.readline().strip()
+    work = Path(tempfile.mkdtemp(prefix="bench_clients_"))
+    figures: dict[str, list[float]] = {"one_process": [], "planned": []}
+    try:
+        for repeat in range(args.repeats):
+            for way, replicas in (("one_process", 1), ("planned", "auto")):
+                out = work / f"{way}{repeat}"
+                config = write_harness_config(out, base_url, args.clients, replicas)
+                start = time.perf_counter()
+                cli = Path(sys.executable).with_name("diagsafe-local")
+                subprocess.run([str(cli), "run", str(config)], check=True, capture_output=True)
+                figures[way].append(2 * args.clients / (time.perf_counter() - start))
+    finally:
+        server.kill()
+    planned = client_processes(RunConfig.model_validate(json.loads(config.read_text())), args.clients)
+    medians = {way: round(statistics.median(values), 1) for way, values in figures.items()}
+    return {
+        "items": args.clients,
+        "requests": 2 * args.clients,
+        "client_processes": planned,
+        "requests_per_s": medians,
+        "planned_over_one": round(medians["planned"] / medians["one_process"], 3),
+        "runs": {way: [round(v, 1) for v in values] for way, values in figures.items()},
+        "target_requests_per_s": 1000,
+        "cpus": os.cpu_count(),
+    }
+
+
+def write_harness_config(out: Path, base_url: str, n: int, replicas: int | str = 1) -> Path:
+    """A run of n single-turn items, target and judge behind the scripted server."""
     items = out / "items.jsonl"
     out.mkdir(parents=True)
     items.write_text("".join(json.dumps({"id": f"i{k}", "prompt": f"question {k}"}) + "\n" for k in range(n)))
@@ -157,12 +207,21 @@ def harness(out: Path, base_url: str, n: int) -> float:
         "dataset": {"path": str(items)},
         "target": {"model": "t", "name": "t", **engine},
         "judge": {"model": "j", **engine},
-        "placement": {"mode": "colocate"},
+        "placement": {"mode": "colocate", "replicas": replicas},
         "output_dir": str(out / "run"),
     }
     (out / "run.yaml").write_text(json.dumps(config))
+    return out / "run.yaml"
+
+
+def harness(out: Path, base_url: str, n: int) -> float:
+    """`run` on the API path against the scripted server: (answers + verdicts) per second of generation and
+    judging (the manifest's timings; start-up and the report excluded)."""
+    import subprocess
+
+    config = write_harness_config(out, base_url, n)
     cli = Path(sys.executable).with_name("diagsafe-local")
-    subprocess.run([str(cli), "run", str(out / "run.yaml")], check=True, capture_output=True)
+    subprocess.run([str(cli), "run", str(config)], check=True, capture_output=True)
     timings = json.loads((out / "run" / "manifest.json").read_text())["timings"]["t"]
     seconds = timings["generation_seconds"] + timings.get("judge_seconds", 0.0)
     return 2 * n / seconds

@@ -176,6 +176,7 @@ def write_config(work: Path, name: str, items: Path, suffix: str) -> Path:
             for k in range(TARGETS)
         ],
         "judge": {"model": "judge", "kind": "bench", "base_url": ENDPOINT},
+        "placement": {"replicas": 1},  # one process: the harness's own memory at the full size
         "output_dir": str(work / name),
     }
     path = work / f"{name}.yaml"

@@ -234,3 +234,62 @@ def test_the_plan_counts_pipeline_stages_quantisation_and_attention_heads(tmp_pa
         plan_gpus([16 * GIB] * 8, [], config, "sequential", 0.45, 0.45, sizes={str(model): 70 * GIB})
     with pytest.raises(DiagsafeError, match="28 attention heads: its tensor_parallel_size must divide them"):
         plan_gpus([80 * GIB] * 8, [], config.model_copy(update={"tensor_parallel_size": 8}), "sequential", 0.4, 0.4)
+
+
+def test_an_api_run_is_planned_as_client_processes_that_share_the_endpoints_concurrency(tmp_path, monkeypatch):
+    """A Python client keeps a core busy at a few hundred requests a second: an API-only run is split into one
+    process per 20,000 requests (at most one per CPU), and together they keep the configured concurrency in
+    flight, each its share."""
+    import os
+
+    from fakes import ScriptedEngine
+
+    from diagsafe_local.evaluation.planning import REQUESTS_PER_CLIENT, client_processes
+
+    engine = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "concurrency": 64}
+    data = {
+        "dataset": {"path": str(tmp_path / "items.jsonl")},
+        "target": {"model": "t", "name": "t", **engine, "sampling": {"n": 2}},
+        "judge": {"model": "j", **engine},
+        "output_dir": str(tmp_path / "run"),
+    }
+    config = RunConfig.model_validate(data)
+    cpus = len(os.sched_getaffinity(0))
+    per_client = REQUESTS_PER_CLIENT // 4  # items: an answer and a verdict for each of 2 samples
+    assert client_processes(config, per_client - 1) == 1  # too little work to be worth a second process
+    assert client_processes(config, 2 * per_client) == min(cpus, 2)
+    assert client_processes(config, 10**9) == cpus
+    assert plan_run(config, 10**9).replicas == cpus
+    assert plan_run(config, 10**9, replicate=False).replicas == 1  # a shard's own process runs its share itself
+    local = RunConfig.model_validate({**data, "target": {"model": "t", "name": "t"}})
+    assert plan_run(local, 10**9).replicas == 1  # vLLM on the CPU: one engine, not one per client
+
+    opened = []
+
+    def factory(config, **options):
+        opened.append(config.concurrency)
+        return ScriptedEngine(model=config.model)
+
+    host = Host("sequential", 0.45, 0.45, factory, processes=3)
+    host.open_target("target:t", config.targets[0])
+    host.open_judge(config.judge, "xgrammar")
+    assert opened == [22, 22]  # 64 in flight for the run: 22 in each of its 3 processes
+
+
+def test_plan_says_how_many_client_processes_an_api_run_gets(tmp_path):
+    from typer.testing import CliRunner
+
+    from diagsafe_local.cli import app
+
+    (tmp_path / "items.jsonl").write_text("".join(json.dumps({"id": f"q{k}", "prompt": "p"}) + "\n" for k in range(3)))
+    engine = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}
+    config = {
+        "dataset": {"path": str(tmp_path / "items.jsonl")},
+        "target": {"model": "t", **engine, "sampling": {"n": 2}},
+        "judge": {"model": "j", **engine},
+        "output_dir": str(tmp_path / "run"),
+    }
+    (tmp_path / "run.yaml").write_text(json.dumps(config))
+    result = CliRunner().invoke(app, ["plan", str(tmp_path / "run.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "every model is behind an API: 1 client process(es) for about 12 requests" in result.output

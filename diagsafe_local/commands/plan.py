@@ -46,11 +46,21 @@ def plan(
         raise DiagsafeError("give a run config (or --baseline-asr and --margin to size a comparison)")
     from diagsafe_local.engines.gpu_plan import GIB
     from diagsafe_local.evaluation.config import load_config
-    from diagsafe_local.evaluation.planning import plan_run
+    from diagsafe_local.evaluation.planning import api_only, plan_run
 
     cfg = load_config(config, set_ or [])
     memory = [int(gpu_memory * GIB)] * gpus if gpus else None
     chosen = plan_run(cfg, None, memory)
+    if api_only(cfg):
+        from diagsafe_local.evaluation.prompt_sets import load_configured
+
+        n_items = len(load_configured(cfg.dataset)[0])
+        processes = plan_run(cfg, n_items, memory).replicas
+        requests = 2 * n_items * sum(t.sampling.n for t in cfg.targets)
+        typer.echo(
+            f"every model is behind an API: {processes} client process(es) for about {requests} requests (one per "
+            "20,000, at most one per CPU), each with its share of every endpoint's concurrency"
+        )
     settings = cfg.judge.sensitivity
     if settings is not None:
         arms = 2 if settings.over_refusal else 1

@@ -78,7 +78,13 @@ class EngineConfig(StrictModel):
     api_key_env: str | None = Field(
         None, description="openai: name of the environment variable holding the key (never the key)."
     )
-    concurrency: int = Field(16, ge=1, le=1024, description="openai: requests in flight.")
+    concurrency: int = Field(
+        16,
+        ge=1,
+        le=1024,
+        description="openai: requests in flight for the whole run (a run split into N processes or shards gives "
+        "each 1/N of it).",
+    )
     timeout: float = Field(120.0, gt=0, description="openai: seconds per request.")
     max_retries: int = Field(6, ge=0, le=20, description="openai: retries of 429/5xx/time-outs/connection errors.")
     backoff_base: float = Field(

@@ -35,6 +35,7 @@ class Host:
         factory: Callable[..., Engine],
         loaded: dict[str, Any] | None = None,
         plan: GpuPlan | None = None,
+        processes: int = 1,
     ) -> None:
         if mode == "sleep" and not cuda_available():
             log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
@@ -45,9 +46,13 @@ class Host:
         self.factory = factory
         self.loaded: dict[str, Any] = dict(loaded or {})
         self.plan = plan
+        self.processes = processes  # the run's processes (its shards): an endpoint's concurrency is shared by all
 
     def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
         start = time.perf_counter()
+        if capabilities(config.kind).remote and self.processes > 1:
+            in_flight = -(-config.concurrency // self.processes)  # the run keeps `concurrency` in flight, not each
+            config = config.model_copy(update={"concurrency": in_flight})
         planned = self.plan.tensor_parallel(role) if self.plan else 1
         if capabilities(config.kind).tensor_parallel and planned > config.tensor_parallel_size:
             config = config.model_copy(update={"tensor_parallel_size": planned})

@@ -152,7 +152,12 @@ class Run:
         self.started: str | None = None
         placement = config.placement
         self.host = Host(
-            placement.mode, placement.target_memory, placement.judge_memory, self.factory, plan=self.gpu_plan
+            placement.mode,
+            placement.target_memory,
+            placement.judge_memory,
+            self.factory,
+            plan=self.gpu_plan,
+            processes=shard.count if shard else 1,
         )
 
     def prepare(self) -> None:

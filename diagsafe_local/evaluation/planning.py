@@ -3,14 +3,38 @@ GPUs left (see `engines.gpu_plan`), for this process or for another node (`diags
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import plan_gpus, visible_gpu_memory
 from diagsafe_local.engines.gpus import cuda_available
 from diagsafe_local.engines.kinds import capabilities
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.runs.manifest import GpuPlan
+
+# A client process is worth starting for this many requests: about 20 s of one core's work through the
+# OpenAI client (~1 ms of CPU a request; `scripts/bench_api.py --server scripted --clients`).
+REQUESTS_PER_CLIENT = 20_000
+
+
+def _models(config: RunConfig) -> list[EngineConfig]:
+    own = config.attack.own_attacker if config.attack else None
+    return [*config.targets, *([config.judge] if config.judge.needs_model else []), *([own] if own else [])]
+
+
+def api_only(config: RunConfig) -> bool:
+    """Whether every model of the run is behind an API (none loads on this node)."""
+    return not any(capabilities(m.kind).local for m in _models(config))
+
+
+def client_processes(config: RunConfig, n_items: int | None) -> int:
+    """Processes for a run whose every model is behind an API: one per REQUESTS_PER_CLIENT of its requests (an
+    answer and a verdict per item, sample and target), at most one per CPU this process may use. A Python client
+    keeps one core busy at a few hundred requests a second; a fast server answers more."""
+    requests = 2 * (n_items or 0) * sum(t.sampling.n for t in config.targets)
+    return max(1, min(len(os.sched_getaffinity(0)), requests // REQUESTS_PER_CLIENT))
 
 
 def plan_run(
@@ -21,7 +45,7 @@ def plan_run(
     placement = config.placement
     attack = config.attack
     own = attack.own_attacker if attack else None
-    models = [*config.targets, *([config.judge] if config.judge.needs_model else []), *([own] if own else [])]
+    models = _models(config)
     if gpu_memory is None and any(capabilities(m.kind).local for m in models):
         cuda_available()  # a node whose GPUs torch cannot use stops here, before any engine loads
     memory = visible_gpu_memory() if gpu_memory is None else gpu_memory
@@ -43,6 +67,8 @@ def plan_run(
         )
     if not replicate or config.judge.sensitivity is not None:
         plan = plan.model_copy(update={"replicas": 1})
+    elif placement.replicas == "auto" and api_only(config):
+        plan = plan.model_copy(update={"replicas": client_processes(config, n_items)})
     elif placement.replicas != "auto":
         group = max(plan.gpus_per_replica, len(memory) // placement.replicas)
         if memory and group * placement.replicas > len(memory):
