@@ -29,6 +29,7 @@ from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.resources import slurm_file
 from diagsafe_local.evaluation.config import RunConfig, load_config
 from diagsafe_local.evaluation.slurm import Resources, sbatch
+from diagsafe_local.runs.files import RUN_LOG
 from diagsafe_local.runs.manifest import read_manifest_file
 from diagsafe_local.runs.series_state import (
     DONE,
@@ -303,12 +304,17 @@ def run_here(
     after_run: Callable[[Path], None] | None = None,
 ) -> None:
     """Evaluate one checkpoint in this process; its status says how it went."""
+    from diagsafe_local.core.console import engine_output
     from diagsafe_local.evaluation.pipeline import Run
     from diagsafe_local.runs.report import write_report
 
     say(f"evaluating {entry.name} (step {entry.step}) into {entry.run_dir}")
     try:
-        Run(spec.run_config(entry)).execute()
+        run = Run(spec.run_config(entry))
+        run.prepare()  # the run directory first: its run.log takes the engines' output, as with `run`
+        with engine_output(run.dir.root / RUN_LOG) as console:
+            run.on_progress = console.progress
+            run.execute()
         write_report(Path(entry.run_dir))  # as `run` writes it: what a hook files with the run
     except DiagsafeError as exc:
         gone = not Path(entry.path).exists()
