@@ -227,7 +227,7 @@ def _charts(figures: SeriesFigures, directory: Path) -> None:
         high = [v.ci_high if v and v.ci_high is not None else float("nan") for v in values]
         ax.fill_between(steps, low, high, color=color, alpha=0.2)
 
-    with png_figure(directory / "series_asr.png", (8, 4.5)) as ax:
+    with png_figure(directory / "series_asr.png", (10, 4.5)) as ax:
         band(ax, [p.asr for p in done], "ASR (95% CI)", "C0")
         categories = sorted({c for p in done for c in p.by_category})
         for k, category in enumerate(categories):
@@ -244,8 +244,8 @@ def _charts(figures: SeriesFigures, directory: Path) -> None:
         ax.set_xlabel("training step")
         ax.set_ylabel("ASR (mean judge score)")
         ax.set_title("Attack success rate across training")
-        ax.legend(fontsize=7, loc="upper left")
-    with png_figure(directory / "series_refusal.png", (8, 3.5)) as ax:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the curves, never on them
+    with png_figure(directory / "series_refusal.png", (10, 3.5)) as ax:
         band(ax, [p.over_refusal_rate for p in done], "over-refusal (95% CI)", "C1")
         if any(p.attack_success_rate for p in done):
             band(ax, [p.attack_success_rate for p in done], "attack success (95% CI)", "C3")
@@ -253,7 +253,7 @@ def _charts(figures: SeriesFigures, directory: Path) -> None:
         ax.set_xlabel("training step")
         ax.set_ylabel("rate")
         ax.set_title("Over-refusal and attack success across training")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def write_series_report(series_dir: Path, margin: float = 0.02, baseline: Path | None = None) -> SeriesFigures:
