@@ -343,3 +343,27 @@ def test_a_run_and_its_gate_reach_the_hooks_outside_a_series(tmp_path, scripted,
         for i in r.summary.update
     }
     assert summaries.get("gate/unused") == '"pass"'
+
+
+def test_each_checkpoint_is_compared_with_the_production_baseline_and_gated_against_it(tmp_path, scripted):
+    from diagsafe_local.evaluation.config import load_config
+    from diagsafe_local.evaluation.pipeline import Run
+
+    config = series_config(tmp_path)
+    production = tmp_path / "prod"
+    Run(load_config(config, ["target.model=prod", "target.name=prod", f"output_dir={production}"])).execute()
+    train = tmp_path / "train"
+    for step in (10, 40):
+        checkpoint(train, f"checkpoint-{step}")
+    assert watch(tmp_path, "--baseline", str(production)).exit_code == 0
+    figures = json.loads((train / "safety-series" / "series.json").read_text())
+    assert figures["baseline"] == str(production.resolve()) and figures["baseline_asr"]["value"] == 0.0
+    points = {p["name"]: p for p in figures["points"]}
+    assert points["checkpoint-10"]["vs_baseline"]["against"] == "baseline"
+    assert points["checkpoint-10"]["vs_baseline"]["flips_up"] == 1 and not points["checkpoint-10"]["regression"]
+    assert points["checkpoint-40"]["vs_baseline"]["diff"] == 0.25 and points["checkpoint-40"]["regression"]
+    assert figures["first_regression"]["name"] == "checkpoint-40"
+    gate = ["gate", str(train / "safety-series"), "--checkpoint", "latest", "--max-asr", "1"]
+    decided = CliRunner().invoke(app, [*gate, "--allow-degenerate-judge", "--max-asr-increase", "0.05"])
+    assert decided.exit_code == 1 and "checkpoint-40" in decided.output, decided.output
+    assert "baseline" in decided.output.lower()
