@@ -139,9 +139,12 @@ class LocalSlurm:
         """Wait until none of the jobs is pending or running (squeue polled; sbatch --wait is slow)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if not _run("squeue", "-h", "-j", ",".join(job_ids), env=self.env).stdout.strip():
+            listed = _run("squeue", "-h", "-j", ",".join(job_ids), env=self.env)
+            if listed.returncode == 0 and not listed.stdout.strip():
                 return
-            time.sleep(1)
+            if listed.returncode != 0 and "Invalid job id" in listed.stderr:
+                return  # every job ended and was purged
+            time.sleep(1)  # still queued or running, or squeue timed out on a busy controller: ask again
         raise TimeoutError(f"jobs {job_ids} still queued after {timeout} s")
 
     def job_state(self, job_id: str) -> str:
