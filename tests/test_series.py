@@ -342,7 +342,9 @@ def test_a_run_and_its_gate_reach_the_hooks_outside_a_series(tmp_path, scripted,
         if r.HasField("summary")
         for i in r.summary.update
     }
-    assert summaries.get("gate/unused") == '"pass"'
+    assert summaries.get("decision") == '"pass"' and json.loads(summaries["run_dir"]) == str(run)
+    groups = {r.run.run_group for r in records if r.HasField("run")}
+    assert len(groups) == 1  # the run and its gate decision, in one group
 
 
 def test_each_checkpoint_is_compared_with_the_production_baseline_and_gated_against_it(tmp_path, scripted):

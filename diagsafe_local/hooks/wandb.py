@@ -1,6 +1,6 @@
 """The Weights & Biases hook: a series is one W&B run with every rate and its interval (overall and per category)
-logged at the training step, the judge and its validation in its config, each gate decision in its summary, and
-each checkpoint's report.html as an artifact. A run outside a series is a W&B run of its own. W&B's own settings
+logged at the training step, the judge and its validation in its config, and each checkpoint's report.html as an
+artifact; each gate decision is a run of its own in the series' group (job type "gate": decision, reasons). A run outside a series is a W&B run of its own. W&B's own settings
 apply (`WANDB_PROJECT`, default diagsafe-local; `WANDB_MODE=offline` writes the run under `WANDB_DIR` for a
 later `wandb sync`). W&B takes a run's steps in increasing order: a series logs each checkpoint once, in step
 order, and remembers what it logged in `hooks-wandb.json` of the series directory.
@@ -46,14 +46,20 @@ class WandbHook:
     name = "wandb"
     description = "Weights & Biases: a run per series, rates at the training step, gate decisions, report.html"
 
-    def _open(self, directory: Path, name: str, config: dict[str, Any]) -> Any:
+    def _open(self, directory: Path, name: str, config: dict[str, Any], job_type: str = "evaluation") -> Any:
+        """The W&B run of a series or run directory (resumed by its id), or with `job_type` "gate" a run of its
+        own in the same group (a gate decision is an event of its own; reopening a run offline in the same second
+        would overwrite it)."""
         import wandb
 
+        gate = job_type == "gate"
         return wandb.init(
             project=os.environ.get("WANDB_PROJECT", "diagsafe-local"),
-            id=_run_id(directory),
+            id=None if gate else _run_id(directory),
+            group=_run_id(directory),
+            job_type=job_type,
             name=name,
-            resume="allow",
+            resume=None if gate else "allow",
             config=config,
             reinit="create_new",
         )
@@ -85,14 +91,17 @@ class WandbHook:
     def on_gate(self, event: GateEvent) -> None:
         series = event.run.series_dir
         directory = series if series is not None else event.run.run_dir
-        run = self._open(directory, directory.name, _judge_config(event.run))
+        run = self._open(directory, f"gate {event.run.run_dir.name}", _judge_config(event.run), job_type="gate")
         try:
             decision = event.decision
             verdict = "inconclusive" if decision.inconclusive and not decision.passed else (
                 "pass" if decision.passed else "fail"
             )  # fmt: skip
-            run.summary[f"gate/{event.run.run_dir.name}"] = verdict
-            run.summary[f"gate/{event.run.run_dir.name}/reasons"] = "\n".join(decision.lines)
+            run.summary["decision"] = verdict
+            run.summary["reasons"] = "\n".join(decision.lines)
+            run.summary["run_dir"] = str(event.run.run_dir)
+            if event.run.step is not None:
+                run.summary["step"] = event.run.step
         finally:
             run.finish()
 
