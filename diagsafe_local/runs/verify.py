@@ -364,15 +364,40 @@ def _attack_coverage(summarizer: Summarizer, steps: int, manifest: Manifest, who
     return problems
 
 
-class _Combined:
+class _WrongResults:
+    """Results one check finds wrong: counted, the first few kept to name them in its problem."""
+
+    problem = ""  # "{count} results ..., e.g. {shown}"
+
+    def __init__(self) -> None:
+        self.wrong: list[AnswerKey] = []
+        self.count = 0
+
+    def _note(self, record: ResultRecord) -> None:
+        self.count += 1
+        if len(self.wrong) < _SHOWN:
+            self.wrong.append(record.key)
+
+    def problems(self) -> list[str]:
+        if not self.count:
+            return []
+        shown = ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in self.wrong)
+        return [self.problem.format(count=self.count, shown=shown)]
+
+
+class _Combined(_WrongResults):
     """Whether each panel's or jury's verdict is what its rule makes of its members' votes, given by the members
     its name lists (and, for harmful items, by the manifest's judge): a score edited apart from its votes, or
     votes taken out, is not a verdict this run made."""
 
+    problem = (
+        "{count} results are not what their panel or jury made of its members' votes (a score or a vote edited, a "
+        "member's vote missing, or another judge's verdict), e.g. {shown}"
+    )
+
     def __init__(self, manifest: Manifest) -> None:
+        super().__init__()
         self.rubric = manifest.judge.rubric if manifest.judge else None
-        self.wrong: list[AnswerKey] = []
-        self.count = 0
 
     def see(self, record: ResultRecord) -> None:
         label = record.judge_rubric
@@ -391,49 +416,31 @@ class _Combined:
                 score = math.nan
             right = [v.rubric for v in votes] == label.split(":", 2)[-1].split("+") and record.score == score
         if not right:
-            self.count += 1
-            if len(self.wrong) < _SHOWN:
-                self.wrong.append(record.key)
-
-    def problems(self) -> list[str]:
-        if not self.count:
-            return []
-        shown = ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in self.wrong)
-        return [
-            f"{self.count} results are not what their panel or jury made of its members' votes (a score or a vote "
-            f"edited, a member's vote missing, or another judge's verdict), e.g. {shown}"
-        ]
+            self._note(record)
 
 
-class _Asked:
+class _Asked(_WrongResults):
     """Whether each result answers the prompt its item asks in the manifest's dataset (its user turns, hashed at
     run time): a result whose conversation was edited, or that came from another dataset's item of the same id,
     is not one this run made."""
 
+    problem = (
+        "{count} results answer prompts their items do not ask in the run's dataset (edited after the run, or made "
+        "for another dataset), e.g. {shown}"
+    )
+
     def __init__(self, manifest: Manifest) -> None:
+        super().__init__()
         self.expected = {
             (item.id, turn): digest
             for item in manifest.dataset.items or []
             for turn, digest in (item.asked or {}).items()
         }
-        self.wrong: list[AnswerKey] = []
-        self.count = 0
 
     def see(self, record: ResultRecord) -> None:
         digest = self.expected.get((record.item_id, record.turn))
         if digest is not None and record.asked() != digest:
-            self.count += 1
-            if len(self.wrong) < _SHOWN:
-                self.wrong.append(record.key)
-
-    def problems(self) -> list[str]:
-        if not self.count:
-            return []
-        shown = ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in self.wrong)
-        return [
-            f"{self.count} results answer prompts their items do not ask in the run's dataset (edited after the run, "
-            f"or made for another dataset), e.g. {shown}"
-        ]
+            self._note(record)
 
 
 class _Coverage:
