@@ -46,7 +46,7 @@ def plan(
         raise DiagsafeError("give a run config (or --baseline-asr and --margin to size a comparison)")
     from diagsafe_local.engines.gpu_plan import GIB
     from diagsafe_local.evaluation.config import load_config
-    from diagsafe_local.evaluation.planning import api_only, plan_run
+    from diagsafe_local.evaluation.planning import REQUESTS_PER_CLIENT, api_only, api_requests, plan_run
 
     cfg = load_config(config, set_ or [])
     memory = [int(gpu_memory * GIB)] * gpus if gpus else None
@@ -56,10 +56,10 @@ def plan(
 
         n_items = len(load_configured(cfg.dataset)[0])
         processes = plan_run(cfg, n_items, memory).replicas
-        requests = 2 * n_items * sum(t.sampling.n for t in cfg.targets)
         typer.echo(
-            f"every model is behind an API: {processes} client process(es) for about {requests} requests (one per "
-            "20,000, at most one per CPU), each with its share of every endpoint's concurrency"
+            f"every model is behind an API: {processes} client process(es) for about {api_requests(cfg, n_items)} "
+            f"requests (one per {REQUESTS_PER_CLIENT:,}, at most one per CPU), each with its share of every "
+            "endpoint's concurrency"
         )
     settings = cfg.judge.sensitivity
     if settings is not None:

@@ -37,11 +37,14 @@ def submit(
     dry_run: Annotated[bool, typer.Option(help="Print the sbatch commands and scripts; submit nothing.")] = False,
 ) -> None:
     """Submit the sharded evaluation and its merge job to SLURM; print job ids and how to watch them."""
-    from diagsafe_local.evaluation.slurm import Resources, planned_gpus, submit_shards
+    from diagsafe_local.evaluation.slurm import Resources, submit_shards
 
-    resources = Resources(
+    resources = Resources.planned(
+        config,
+        set_ or [],
+        gpu_memory,
+        gpus_per_task,
         partition=partition,
-        gpus_per_task=planned_gpus(config, set_ or [], gpu_memory) if gpus_per_task is None else gpus_per_task,
         cpus_per_task=cpus_per_task,
         mem=mem,
         time=time_limit,

@@ -63,7 +63,7 @@ def watch(
     here), keep where each stands in a series directory (a restarted watch resumes it), and rebuild the series
     report as they finish. Stops at SERIES/STOP, on SIGTERM, after --until-step, or after one pass (--once)."""
     from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.evaluation.slurm import Resources, planned_gpus
+    from diagsafe_local.evaluation.slurm import Resources
     from diagsafe_local.evaluation.watch import SeriesSpec
     from diagsafe_local.evaluation.watch import watch as watch_series
 
@@ -73,9 +73,12 @@ def watch(
     spec = SeriesSpec(series_dir, checkpoint_dir, config, set_, every, baseline)
     resources = None
     if submit:
-        resources = Resources(
+        resources = Resources.planned(
+            config,
+            set_ or [],
+            gpu_memory,
+            gpus_per_task,
             partition=partition,
-            gpus_per_task=planned_gpus(config, set_ or [], gpu_memory) if gpus_per_task is None else gpus_per_task,
             cpus_per_task=cpus_per_task,
             mem=mem,
             time=time_limit,

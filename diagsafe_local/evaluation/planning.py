@@ -7,7 +7,6 @@ import os
 from collections.abc import Sequence
 
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import plan_gpus, visible_gpu_memory
 from diagsafe_local.engines.gpus import cuda_available
 from diagsafe_local.engines.kinds import capabilities
@@ -19,22 +18,23 @@ from diagsafe_local.runs.manifest import GpuPlan
 REQUESTS_PER_CLIENT = 20_000
 
 
-def _models(config: RunConfig) -> list[EngineConfig]:
-    own = config.attack.own_attacker if config.attack else None
-    return [*config.targets, *([config.judge] if config.judge.needs_model else []), *([own] if own else [])]
-
-
 def api_only(config: RunConfig) -> bool:
     """Whether every model of the run is behind an API (none loads on this node)."""
-    return not any(capabilities(m.kind).local for m in _models(config))
+    own = config.attack.own_attacker if config.attack else None
+    models = [*config.targets, *([config.judge] if config.judge.needs_model else []), *([own] if own else [])]
+    return not any(capabilities(m.kind).local for m in models)
+
+
+def api_requests(config: RunConfig, n_items: int | None) -> int:
+    """The requests of a run of `n_items`: an answer and a verdict per item, sample and target."""
+    return 2 * (n_items or 0) * sum(t.sampling.n for t in config.targets)
 
 
 def client_processes(config: RunConfig, n_items: int | None) -> int:
-    """Processes for a run whose every model is behind an API: one per REQUESTS_PER_CLIENT of its requests (an
-    answer and a verdict per item, sample and target), at most one per CPU this process may use. A Python client
-    keeps one core busy at a few hundred requests a second; a fast server answers more."""
-    requests = 2 * (n_items or 0) * sum(t.sampling.n for t in config.targets)
-    return max(1, min(len(os.sched_getaffinity(0)), requests // REQUESTS_PER_CLIENT))
+    """Processes for a run whose every model is behind an API: one per REQUESTS_PER_CLIENT of its requests, at
+    most one per CPU this process may use. A Python client keeps one core busy at a few hundred requests a
+    second; a fast server answers more."""
+    return max(1, min(len(os.sched_getaffinity(0)), api_requests(config, n_items) // REQUESTS_PER_CLIENT))
 
 
 def plan_run(
@@ -45,8 +45,8 @@ def plan_run(
     placement = config.placement
     attack = config.attack
     own = attack.own_attacker if attack else None
-    models = _models(config)
-    if gpu_memory is None and any(capabilities(m.kind).local for m in models):
+    remote = api_only(config)
+    if gpu_memory is None and not remote:
         cuda_available()  # a node whose GPUs torch cannot use stops here, before any engine loads
     memory = visible_gpu_memory() if gpu_memory is None else gpu_memory
     plan = plan_gpus(
@@ -67,7 +67,7 @@ def plan_run(
         )
     if not replicate or config.judge.sensitivity is not None:
         plan = plan.model_copy(update={"replicas": 1})
-    elif placement.replicas == "auto" and api_only(config):
+    elif placement.replicas == "auto" and remote:
         plan = plan.model_copy(update={"replicas": client_processes(config, n_items)})
     elif placement.replicas != "auto":
         group = max(plan.gpus_per_replica, len(memory) // placement.replicas)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -29,6 +30,15 @@ class Resources(BaseModel):
     mem: str = "64G"
     time: str = "04:00:00"
     sbatch_args: list[str] = []
+
+    @classmethod
+    def planned(
+        cls, config: Path, overrides: list[str], gpu_memory_gib: float, gpus_per_task: int | None, **asked: Any
+    ) -> Resources:
+        """The resources asked for, with GPUs per job, unless given, what the config's largest model needs on GPUs
+        of `gpu_memory_gib` (see `planned_gpus`)."""
+        gpus = planned_gpus(config, overrides, gpu_memory_gib) if gpus_per_task is None else gpus_per_task
+        return cls(gpus_per_task=gpus, **asked)
 
 
 def planned_gpus(config: Path, overrides: list[str], gpu_memory_gib: float) -> int:
