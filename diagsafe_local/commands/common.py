@@ -337,9 +337,7 @@ def run_end_hooks(run_dir: Path, names: list[str] | None, verified: Any = None) 
 
     def event() -> Any:
         from diagsafe_local.hooks import RunEvent
-        from diagsafe_local.runs.verify import verify_run
 
-        run = verified or verify_run(run_dir)
-        return RunEvent(run_dir, run.summary, run.manifest)
+        return RunEvent.of(run_dir, verified)
 
     fire_hooks("on_run_end", names, event)

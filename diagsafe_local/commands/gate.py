@@ -141,16 +141,15 @@ def gate(
         typer.echo(f"NOTE  {note}")
     for line in decision.lines:
         typer.echo(line)
-    passed = decision.passed is True and decision.checks > 0
     fire_hooks("on_gate", hook, lambda: _gate_event(run, decision))
-    if decision.inconclusive and not passed:
+    if decision.outcome == "inconclusive":
         typer.echo("GATE INCONCLUSIVE: the decision depends on the judge's wording (FLIP lines above)")
         raise typer.Exit(4)
-    typer.echo("GATE PASSED" if passed else "GATE FAILED")
-    raise typer.Exit(0 if passed else 1)
+    typer.echo("GATE PASSED" if decision.outcome == "pass" else "GATE FAILED")
+    raise typer.Exit(0 if decision.outcome == "pass" else 1)
 
 
 def _gate_event(run: Any, decision: Any) -> Any:
     from diagsafe_local.hooks import GateEvent, RunEvent
 
-    return GateEvent(RunEvent(run.run_dir, run.summary, run.manifest), decision)
+    return GateEvent(RunEvent.of(run.run_dir, run), decision)

@@ -24,6 +24,7 @@ from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.series import SeriesFigures
 from diagsafe_local.runs.series_state import RUNS, is_series
 from diagsafe_local.runs.summary import Summary
+from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
 log = logging.getLogger(__name__)
 _STEP = re.compile(r"step-(\d+)")
@@ -47,6 +48,13 @@ class RunEvent:
     run_dir: Path
     summary: Summary
     manifest: Manifest
+
+    @classmethod
+    def of(cls, run_dir: Path, verified: VerifiedRun | None = None) -> RunEvent:
+        """The event of a run directory as verified (`verified`: the run verified already; else it is now: a
+        hook is given nothing that did not verify)."""
+        run = verified or verify_run(run_dir)
+        return cls(run_dir, run.summary, run.manifest)
 
     @property
     def series_dir(self) -> Path | None:

@@ -9,6 +9,8 @@ run directory (tag `diagsafe.run_dir`), so a hook called twice for a run logs it
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,12 +82,16 @@ class MlflowHook:
         client.set_terminated(run.info.run_id)
         return str(run.info.run_id)
 
-    def _checkpoint_run(self, client: MlflowClient, experiment: str, event: RunEvent) -> str:
-        """The MLflow run of a run directory: found by its tag, or made and logged once."""
-        run_dir = str(event.run_dir.resolve())
+    def _checkpoint_run(
+        self, client: MlflowClient, experiment: str, run_path: Path, verified: Callable[[], RunEvent]
+    ) -> str:
+        """The MLflow run of a run directory: found by its tag, or made and logged once (`verified` gives the run
+        as verified, asked for only then)."""
+        run_dir = str(run_path.resolve())
         found = self._find(client, experiment, RUN_TAG, run_dir)
         if found is not None:
             return str(found.info.run_id)
+        event = verified()
         tags = {RUN_TAG: run_dir}
         series = event.series_dir
         if series is not None:
@@ -124,30 +130,24 @@ class MlflowHook:
 
     def on_run_end(self, event: RunEvent) -> None:
         client, experiment = self._client()
-        self._checkpoint_run(client, experiment, event)
+        self._checkpoint_run(client, experiment, event.run_dir, lambda: event)
 
     def on_gate(self, event: GateEvent) -> None:
         client, experiment = self._client()
-        run_id = self._checkpoint_run(client, experiment, event.run)
-        decision = event.decision
-        verdict = "inconclusive" if decision.inconclusive and not decision.passed else (
-            "pass" if decision.passed else "fail"
-        )  # fmt: skip
-        client.set_tag(run_id, "gate.decision", verdict)
-        client.set_tag(run_id, "gate.reasons", "\n".join(decision.lines)[:5000])
-        client.log_metric(run_id, "gate_passed", float(verdict == "pass"), step=event.run.step or 0)
+        run_id = self._checkpoint_run(client, experiment, event.run.run_dir, lambda: event.run)
+        outcome = event.decision.outcome
+        client.set_tag(run_id, "gate.decision", outcome)
+        client.set_tag(run_id, "gate.reasons", "\n".join(event.decision.lines)[:5000])
+        client.log_metric(run_id, "gate_passed", float(outcome == "pass"), step=event.run.step or 0)
 
     def on_series_update(self, event: SeriesEvent) -> None:
-        from diagsafe_local.runs.verify import verify_run
-
         client, experiment = self._client()
         parent = self._series_run(client, experiment, event.series_dir)
         for point in event.figures.points:
             if point.asr is None:
                 continue
             run_dir = Path(point.run_dir)
-            verified = verify_run(run_dir)
-            self._checkpoint_run(client, experiment, RunEvent(run_dir, verified.summary, verified.manifest))
+            self._checkpoint_run(client, experiment, run_dir, partial(RunEvent.of, run_dir))
         first = event.figures.first_regression
         client.set_tag(parent, "diagsafe.first_regression_step", str(first.step) if first else "none")
 

@@ -94,9 +94,7 @@ class WandbHook:
         run = self._open(directory, f"gate {event.run.run_dir.name}", _judge_config(event.run), job_type="gate")
         try:
             decision = event.decision
-            verdict = "inconclusive" if decision.inconclusive and not decision.passed else (
-                "pass" if decision.passed else "fail"
-            )  # fmt: skip
+            verdict = decision.outcome
             run.summary["decision"] = verdict
             run.summary["reasons"] = "\n".join(decision.lines)
             run.summary["run_dir"] = str(event.run.run_dir)
@@ -106,8 +104,6 @@ class WandbHook:
             run.finish()
 
     def on_series_update(self, event: SeriesEvent) -> None:
-        from diagsafe_local.runs.verify import verify_run
-
         logged_path = event.series_dir / LOGGED
         logged: list[str] = json.loads(logged_path.read_text()) if logged_path.is_file() else []
         last = max((p.step for p in event.figures.points if p.name in logged), default=-1)
@@ -117,8 +113,7 @@ class WandbHook:
         run = None
         try:
             for point in new:
-                verified = verify_run(Path(point.run_dir))
-                checkpoint = RunEvent(Path(point.run_dir), verified.summary, verified.manifest)
+                checkpoint = RunEvent.of(Path(point.run_dir))
                 if run is None:
                     run = self._open(event.series_dir, f"series {event.series_dir.name}", _judge_config(checkpoint))
                 self._log(run, checkpoint)

@@ -11,7 +11,7 @@ failure limit fail. `gate_run` runs the whole decision from a run directory for 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -32,6 +32,12 @@ class GateDecision(BaseModel):
     lines: list[str]
     checks: int
     inconclusive: bool = False
+
+    @property
+    def outcome(self) -> Literal["pass", "fail", "inconclusive"]:
+        """The decision in a word: a pass only when every check passed and there was one."""
+        passed = self.passed is True and self.checks > 0
+        return "inconclusive" if self.inconclusive and not passed else "pass" if passed else "fail"
 
 
 def _pct(value: float | None) -> str:
