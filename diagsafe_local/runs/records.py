@@ -232,8 +232,9 @@ class ResultRecord(KeyedRecord):
         return asked_hash([m.content for m in self.conversation if m.role == "user"])
 
 
-class SensitivityRecord(KeyedRecord):
-    """One answer of the sensitivity sample judged again under one paraphrase of the judge's prompt."""
+class AnswerVerdict(KeyedRecord):
+    """A verdict on one answer of a run besides its result record (a sensitivity paraphrase's, a jury member's),
+    keyed by the answer and by `_judge` (which paraphrase or member gave it)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -242,6 +243,19 @@ class SensitivityRecord(KeyedRecord):
     item_id: str
     sample: int
     turn: int
+
+    @property
+    def _judge(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def key(self) -> tuple[str, str, int, int, str]:
+        return (self.target, self.item_id, self.sample, self.turn, self._judge)
+
+
+class SensitivityRecord(AnswerVerdict):
+    """One answer of the sensitivity sample judged again under one paraphrase of the judge's prompt."""
+
     category: str | None
     variant: str = Field(
         description="The judge under a paraphrase: its name and the paraphrase's number (harmjudge~2)."
@@ -251,29 +265,22 @@ class SensitivityRecord(KeyedRecord):
     judge_raw: str | None
 
     @property
-    def key(self) -> tuple[str, str, int, int, str]:
-        return (self.target, self.item_id, self.sample, self.turn, self.variant)
+    def _judge(self) -> str:
+        return self.variant
 
 
-class JuryVote(KeyedRecord):
+class JuryVote(AnswerVerdict):
     """One jury member's verdict on one answer (jury.jsonl): kept as it comes in, so a resumed run asks each
     member only what it has not judged; the combined record (results.jsonl) carries every member's vote."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    run_id: str
-    target: str
-    item_id: str
-    sample: int
-    turn: int
     judge_key: str = Field(description="The member (model by content, rubric) and what it was shown, hashed.")
     vote: PanelVote
     attempts: int = Field(ge=0)
     usage: Usage = Field(default_factory=Usage)
 
     @property
-    def key(self) -> tuple[str, str, int, int, str]:
-        return (self.target, self.item_id, self.sample, self.turn, self.vote.rubric)
+    def _judge(self) -> str:
+        return self.vote.rubric
 
 
 class ControlRecord(KeyedRecord):
