@@ -146,15 +146,23 @@ def test_watch_evaluates_each_checkpoint_once_and_the_series_report_names_the_fi
     assert unevaluated.exit_code == 3 and "has no finished run (seen)" in unevaluated.output
 
 
-def test_a_checkpoint_deleted_before_its_run_and_the_stop_conditions(tmp_path, scripted):
+def recorded_series(tmp_path: Path):
+    """A series that has seen checkpoints 10 and 20 and evaluated neither."""
+    from diagsafe_local.evaluation.watch import SeriesSpec, record
+
     series_config(tmp_path)
     train = tmp_path / "train"
     checkpoint(train, "checkpoint-10")
     checkpoint(train, "checkpoint-20")
-    from diagsafe_local.evaluation.watch import SeriesSpec, record, refresh
-
     spec = SeriesSpec(train / "safety-series", train, tmp_path / "run.yaml")
     record(spec, Scanner(train, 0).complete())
+    return train, spec
+
+
+def test_a_checkpoint_deleted_before_its_run_and_the_stop_conditions(tmp_path, scripted):
+    from diagsafe_local.evaluation.watch import refresh
+
+    train, spec = recorded_series(tmp_path)
     import shutil
 
     shutil.rmtree(train / "checkpoint-10")  # save_total_limit removed it before anything ran
@@ -286,14 +294,9 @@ def test_a_submitted_checkpoint_whose_job_ended_without_a_run_failed_and_sigterm
     import sys
     import time
 
-    from diagsafe_local.evaluation.watch import SeriesSpec, record, refresh, set_status
+    from diagsafe_local.evaluation.watch import refresh, set_status
 
-    series_config(tmp_path)
-    train = tmp_path / "train"
-    checkpoint(train, "checkpoint-10")
-    checkpoint(train, "checkpoint-20")
-    spec = SeriesSpec(train / "safety-series", train, tmp_path / "run.yaml")
-    record(spec, Scanner(train, 0).complete())
+    _, spec = recorded_series(tmp_path)
     for k, name in enumerate(("checkpoint-10", "checkpoint-20")):
         set_status(spec.series_dir, name, "submitted", job_id=f"77_{k}")
     bin_dir = tmp_path / "bin"

@@ -44,7 +44,7 @@ from diagsafe_local.runs.series_state import (
 
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 _STEP_AT_END = re.compile(r".*?(\d+)")
-Mode = Literal["submit", "local", "record"]
+Mode = Literal["submit", "local"]
 
 
 @dataclass(frozen=True)
