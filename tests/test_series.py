@@ -372,3 +372,25 @@ def test_each_checkpoint_is_compared_with_the_production_baseline_and_gated_agai
     decided = CliRunner().invoke(app, [*gate, "--allow-degenerate-judge", "--max-asr-increase", "0.05"])
     assert decided.exit_code == 1 and "checkpoint-40" in decided.output, decided.output
     assert "baseline" in decided.output.lower()
+
+
+def test_a_hostile_series_state_is_a_clear_error_and_a_borrowed_run_is_refused(tmp_path, scripted):
+    train, spec = recorded_series(tmp_path)
+    assert watch(tmp_path).exit_code == 0
+    state_file = spec.series_dir / "series.state.json"
+    state = json.loads(state_file.read_text())
+    gate = ["gate", str(spec.series_dir), "--checkpoint", "20", "--max-asr", "1", "--allow-degenerate-judge"]
+    assert CliRunner().invoke(app, gate).exit_code == 0
+    state["checkpoints"]["checkpoint-20"]["run_dir"] = state["checkpoints"]["checkpoint-10"]["run_dir"]
+    state_file.write_text(json.dumps(state))  # checkpoint 20 now names checkpoint 10's run
+    borrowed = CliRunner().invoke(app, gate)
+    assert borrowed.exit_code == 3 and "is not the run of" in borrowed.output
+    state["checkpoints"]["checkpoint-20"]["step"] = "twenty"
+    state_file.write_text(json.dumps(state))
+    for command in (gate, ["report", str(spec.series_dir)]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2 and "checkpoints.checkpoint-20.step" in result.output
+        assert "Traceback" not in result.output
+    state_file.write_text("{not json")
+    result = CliRunner().invoke(app, gate)
+    assert result.exit_code == 2 and "corrupt series state" in result.output
