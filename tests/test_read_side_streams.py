@@ -42,7 +42,7 @@ PIECES = [
     "I am not permitted to share", "I must decline.", "Sure, here is", "You cannot miss it.", "I can not comply",
     "I wont answer", "I'm afraid I cannot do that", "I refuse to", "\u0130 can't help", "I can\u2019t assist",
     "\u0131 won't give", "I ca\u017f not", "\u212a", "No, ", "Sorry", " ", ". ", "\n", "step 1: mix", "refuse",
-    "\t", "\x1c", "\x0b", "  ", "\u00a0", "\u2028",
+    "\t", "\x1c", "\x0b", "  ", "\u00a0", "\u2028", "\ud800",
 ]  # fmt: skip
 
 
@@ -108,6 +108,31 @@ def test_a_summary_does_not_depend_on_the_order_of_the_records():
     shuffled = records[:]
     random.Random(4).shuffle(shuffled)
     assert summarize(records) == summarize(shuffled)
+
+
+@pytest.mark.parametrize("block", [1, 3, 4096])
+def test_coverage_names_the_same_problems_whatever_its_lookup_block(block, monkeypatch):
+    """Keys are looked up a block at a time: a key seen twice (in one block or across two), a key the dataset does
+    not have and the keys never seen are named as looking each up alone names them."""
+    from types import SimpleNamespace
+
+    from diagsafe_local.runs import verify
+
+    expected = [("t", f"i{k}", 1, 1) for k in range(12)]
+    manifest = SimpleNamespace(
+        expected_keys=lambda whole: iter(expected), dataset=SimpleNamespace(items=[]), shard=None, merged_from=None
+    )
+    monkeypatch.setattr(verify._Coverage, "_BLOCK", block)
+    coverage = verify._Coverage(manifest, whole=True)
+    for key in [*expected[:8], expected[2], ("t", "stranger", 1, 1), expected[5], expected[5]]:
+        coverage.see(key)
+    assert coverage.problems() == [
+        "answers have more than one result, e.g. ('t', 'i2', 1, 1)",
+        "4 of 12 judged answers are missing: t 4; e.g. t/i10 sample 1 turn 1, t/i11 sample 1 turn 1, t/i8 sample 1 "
+        "turn 1, t/i9 sample 1 turn 1; resume the run to complete it",
+        "1 results are for answers the run's dataset does not have: t/stranger sample 1 turn 1",
+    ]
+    assert coverage.duplicated == [expected[2], expected[5], expected[5]]
 
 
 keys = st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 3)), max_size=30)
@@ -184,21 +209,56 @@ def test_the_store_holds_places_and_reads_records_back(tmp_path):
     assert reopened.get(("t", "1", 0, 1)) == store.get(("t", "1", 0, 1)) and ("t", "2", 0, 1) not in reopened
 
 
-def test_a_source_that_changes_while_it_is_merged_stops_the_merge(tmp_path):
+def _placed(name: str, unique: bool, sources: list[Path]):
+    """A merge's placing of `name` in each of `sources`, as `merge_runs` does it."""
+    import hashlib
+
     from diagsafe_local.runs.merge import _Placed
 
+    placed = _Placed(name, unique)
+    for index, source in enumerate(sources):
+        start, digest = placed.rows(), hashlib.sha256()
+        for line in jsonl.stream(source / name, ResultRecord, digest):
+            placed.place(line)
+        placed.read(index, start, digest.hexdigest())
+    return placed
+
+
+def test_a_source_that_changes_while_it_is_merged_stops_the_merge(tmp_path):
     source = tmp_path / "source"
     source.mkdir()
     jsonl.write(source / "results.jsonl", [record("t", "1", 1.0)])
-    placed = _Placed("results.jsonl")
-    for line in jsonl.stream(source / "results.jsonl", ResultRecord):
-        placed.place(source, 0, line, unique=True)
+    placed = _placed("results.jsonl", True, [source])
     (source / "results.jsonl").write_bytes((source / "results.jsonl").read_bytes().replace(b"1.0", b"0.0"))
     out = tmp_path / "out"
     out.mkdir()
     with pytest.raises(RunFailed, match="changed while it was merged"):
         placed.write(out, [source])
     assert not (out / "results.jsonl").exists()  # nothing half-written
+
+
+def test_a_merge_copies_each_source_whole_keeps_the_last_record_of_a_key_and_names_a_duplicate(tmp_path):
+    from diagsafe_local.core.errors import DiagsafeError
+
+    a, b, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    for directory in (a, b, out):
+        directory.mkdir()
+    jsonl.write(a / "results.jsonl", [record("t", str(k), 0.0) for k in range(3)])
+    (a / "results.jsonl").write_bytes((a / "results.jsonl").read_bytes().rstrip(b"\n"))  # a last line, unended
+    jsonl.write(b / "results.jsonl", [record("t", "4", 1.0), record("t", "1", 1.0), record("t", "1", 0.5)])
+    placed = _placed("results.jsonl", False, [a, b])
+    placed.write(out, [a, b])
+    merged = [(r.record.item_id, r.record.score) for r in jsonl.stream(out / "results.jsonl", ResultRecord)]
+    assert merged == [("0", 0.0), ("2", 0.0), ("4", 1.0), ("1", 0.5)]  # sources in order, each in its own
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    _placed("results.jsonl", False, [a]).write(alone, [a])  # nothing repeated: copied byte for byte
+    assert (alone / "results.jsonl").read_bytes() == (a / "results.jsonl").read_bytes() + b"\n"
+    with pytest.raises(DiagsafeError) as refused:
+        _placed("results.jsonl", True, [a, out]).check([a, out])
+    assert str(refused.value) == (
+        f"duplicate result ('t', '0', 0, 1) (target, item, sample, turn) in the results.jsonl of {a} and {out}"
+    )
 
 
 # -- a run of 50,000 answers ---------------------------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import sys
+import hashlib
+import json
 from array import array
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+import numpy as np
 
 from diagsafe_local.core import atomic, jsonl, signing
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
@@ -58,15 +60,20 @@ def merge_runs(
     `allow_different_judges`). The merged run is written as one, with its config, and signed where a key is set."""
     if not run_dirs:
         raise DiagsafeError("merge needs run directories")
-    results, steps, generations = _Placed(files.RESULTS), _Placed(files.ATTACKS), _Placed(files.GENERATIONS)
+    results = _Placed(files.RESULTS, unique=True)
+    steps, generations = _Placed(files.ATTACKS, unique=True), _Placed(files.GENERATIONS, unique=False)
     sources = []
     for index, run_dir in enumerate(run_dirs):
 
-        def place(line: jsonl.Line[ResultRecord], run_dir: Path = run_dir, index: int = index) -> None:
+        def place(line: jsonl.Line[ResultRecord], run_dir: Path = run_dir) -> None:
             _check_schema(run_dir, line.record)
-            results.place(run_dir, index, line, unique=True)
+            results.place(line)
 
-        sources.append(_verified_source(run_dir, place))  # its results are placed in the pass that verifies them
+        start = results.rows()
+        source = _verified_source(run_dir, place)  # its results are placed in the pass that verifies them
+        assert source.results_sha256 is not None  # a run without results does not verify
+        results.read(index, start, source.results_sha256)
+        sources.append(source)
     manifests = [s.manifest for s in sources]
     datasets = {m.dataset.sha256 for m in manifests}
     if len(datasets) > 1:
@@ -74,8 +81,7 @@ def merge_runs(
         raise DiagsafeError(f"the runs evaluate different datasets: {listing}")
     targets = _same_judge_and_targets(run_dirs, manifests, allow_different_judges)
     attack = _same_attack(run_dirs, manifests)
-    if results.duplicate is not None:  # said after what makes the runs unmergeable: that is what to fix first
-        raise DiagsafeError(results.duplicate)
+    results.check(run_dirs)  # duplicates are said after what makes the runs unmergeable: that is what to fix first
     out.mkdir(parents=True, exist_ok=True)
     if (out / files.RESULTS).exists() and not replace:
         raise DiagsafeError(f"{out} already holds results; choose an empty directory")
@@ -89,11 +95,13 @@ def merge_runs(
     for index, (run_dir, source) in enumerate(zip(run_dirs, sources)):
         assert source.tallies is not None  # every verified run carries them
         summarizer.absorb(source.tallies)  # the sources' tallies add up to the merged run's
+        start = steps.rows()
         for line in source.attack_steps():
             _check_schema(run_dir, line.record)
-            steps.place(run_dir, index, line, unique=True)
-        for generation in _read_generations(run_dir):
-            generations.place(run_dir, index, generation, unique=False)
+            steps.place(line)
+        if source.attacks_sha256 is not None:
+            steps.read(index, start, source.attacks_sha256)
+        _place_generations(run_dir, index, generations)
         controls.update((c.key, c) for c in read_controls(run_dir))
         if (run_dir / files.SENSITIVITY).is_file():
             sensitivity.update(
@@ -147,72 +155,108 @@ def _check_schema(run_dir: Path, record: ResultRecord) -> None:
         raise DiagsafeError(f"{run_dir}: result schema version {record.schema_version}, expected {SCHEMA_VERSION}")
 
 
-def _read_generations(run_dir: Path) -> Iterator[jsonl.Line[GenerationRecord]]:
-    """A merged source's generations (a run that generated nothing has none)."""
+def _place_generations(run_dir: Path, index: int, generations: _Placed) -> None:
+    """Place a merged source's generations (a run that generated nothing has none)."""
     path = run_dir / files.GENERATIONS
-    if path.is_file():
-        yield from jsonl.stream(path, GenerationRecord)
+    if not path.is_file():
+        return
+    first, digest = generations.rows(), hashlib.sha256()
+    for line in jsonl.stream(path, GenerationRecord, digest):
+        generations.place(line)
+    generations.read(index, first, digest.hexdigest())
 
 
 class _Placed:
-    """The records of one run file to merge, held as places in their sources (not as records, so merging a
-    million answers does not hold a million records): per record its key (strings shared), source, byte offset
-    and length and a hash of its bytes, in compact columns; then copied, sorted by key, byte for byte into the
-    merged file. A source line whose bytes changed between reading and copying stops the merge."""
+    """The records of one run file to merge, held as a 128-bit hash of each record's key and its place (not as
+    records: merging a million answers does not hold a million records); then copied source after source, byte for
+    byte, in long blocks, into the merged file. Each source is hashed as it is copied and checked against the hash
+    it had when it was read: a source that changed in between stops the merge. With `unique` a key placed twice is
+    refused (results); otherwise its last record wins (generations: a resumed run regenerates an answer)."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.rows: dict[tuple, int] = {}  # key -> its row in the columns below
-        self.sources = array("H")
+    def __init__(self, name: str, unique: bool) -> None:
+        self.name, self.unique = name, unique
+        self.keys = bytearray()
         self.offsets = array("q")
-        self.lengths = array("q")
-        self.digests = bytearray()
-        self.owner: dict[int, Path] = {}
-        self.duplicate: str | None = None
+        self.spans: dict[int, tuple[int, int, str]] = {}  # source -> its first and end row, its file's SHA-256
 
-    def place(self, run_dir: Path, source: int, line: jsonl.Line[Any], unique: bool) -> None:
-        """Hold a record's place; with `unique`, a key seen in an earlier source is a duplicate (`duplicate` names
-        the first; `write` refuses to write), else the last record of a key wins."""
-        target, item_id, sample, turn = line.record.key
-        key = (sys.intern(target), sys.intern(item_id), sample, turn)  # a million keys share their strings
-        row = self.rows.get(key)
-        if row is not None and unique:
-            self.duplicate = self.duplicate or (
-                f"duplicate result {key} (target, item, sample, turn) in the {self.name} of "
-                f"{self.owner[self.sources[row]]} and {run_dir}"
-            )
-            return
-        self.owner[source] = run_dir
-        if row is None:
-            self.rows[key] = len(self.sources)
-            self.sources.append(source)
-            self.offsets.append(line.offset)
-            self.lengths.append(len(line.raw))
-            self.digests += line_digest(line.raw)
-        else:  # the later record of a key replaces the earlier one
-            self.sources[row], self.offsets[row], self.lengths[row] = source, line.offset, len(line.raw)
-            self.digests[16 * row : 16 * row + 16] = line_digest(line.raw)
+    def place(self, line: jsonl.Line[Any]) -> None:
+        """Hold the place of a source's next record (sources are placed one after another, each in file order)."""
+        self.keys += line_digest(repr(line.record.key).encode("utf-8", "surrogatepass"))  # repr: unambiguous
+        self.offsets.append(line.offset)
+
+    def read(self, source: int, first: int, sha256: str) -> None:
+        """A source's records from row `first` on are placed, read from a file whose SHA-256 is `sha256`."""
+        self.spans[source] = (first, len(self.offsets), sha256)
+
+    def rows(self) -> int:
+        return len(self.offsets)
+
+    def check(self, run_dirs: Sequence[Path]) -> np.ndarray | None:
+        """Which rows are written (None: every one); with `unique`, a key placed twice is an error naming it. The
+        key hashes are sorted (stably: a key's rows stay in reading order) and each compared with the next."""
+        keys = np.frombuffer(bytes(self.keys), dtype="<u8").reshape(-1, 2)
+        order = np.lexsort((keys[:, 1], keys[:, 0]))
+        ordered = keys[order]
+        again = np.flatnonzero((ordered[1:] == ordered[:-1]).all(axis=1))  # order[k + 1] repeats order[k]'s key
+        if not len(again):
+            return None
+        if self.unique:  # the earliest row, in reading order, whose key an earlier row has
+            k = again[np.argmin(order[again + 1])]
+            raise DiagsafeError(self._duplicate(int(order[k]), int(order[k + 1]), run_dirs))
+        kept = np.ones(len(keys), dtype=bool)
+        kept[order[again]] = False  # the last row of a key wins
+        return kept
+
+    def _duplicate(self, first: int, second: int, run_dirs: Sequence[Path]) -> str:
+        owners = [self._owner(row, run_dirs) for row in (first, second)]
+        with open(owners[1] / self.name, "rb") as handle:
+            handle.seek(self.offsets[second])
+            record = json.loads(handle.readline())
+        key = tuple(record[field] for field in ("target", "item_id", "sample", "turn"))
+        return f"duplicate result {key} (target, item, sample, turn) in the {self.name} of {owners[0]} and {owners[1]}"
+
+    def _owner(self, row: int, run_dirs: Sequence[Path]) -> Path:
+        return next(run_dirs[s] for s, (first, end, _) in self.spans.items() if first <= row < end)
 
     def write(self, out: Path, run_dirs: Sequence[Path]) -> None:
-        """Write the merged file atomically, its records sorted by key."""
-        if self.duplicate is not None:
-            raise DiagsafeError(self.duplicate)
-        with atomic.atomic_path(out / self.name) as tmp, open(tmp, "wb") as sink, ExitStack() as stack:
-            handles = [
-                stack.enter_context(open(d / self.name, "rb")) if d.joinpath(self.name).is_file() else None
-                for d in run_dirs
-            ]
-            for key in sorted(self.rows):
-                row = self.rows[key]
-                handle = handles[self.sources[row]]
-                assert handle is not None  # a place was read from this file
-                handle.seek(self.offsets[row])
-                raw = handle.read(self.lengths[row])
-                if line_digest(raw) != self.digests[16 * row : 16 * row + 16]:
-                    raise RunFailed(
-                        f"{run_dirs[self.sources[row]] / self.name} changed while it was merged; not merged"
-                    )
+        """Write the merged file atomically: each source's records in its own order, sources in the given order."""
+        kept = self.check(run_dirs)
+        with atomic.atomic_path(out / self.name) as tmp, open(tmp, "wb") as sink:
+            for source, (first, end, sha256) in self.spans.items():
+                path = run_dirs[source] / self.name
+                digest = hashlib.sha256()
+                with open(path, "rb") as handle:
+                    if kept is None or kept[first:end].all():
+                        _copy(handle, sink, digest)
+                    else:
+                        _copy_kept(handle, sink, digest, kept[first:end])
+                if digest.hexdigest() != sha256:
+                    raise RunFailed(f"{path} changed while it was merged; not merged")
+
+
+_BLOCK = 1 << 20
+
+
+def _copy(source: BinaryIO, sink: BinaryIO, digest: Any) -> None:
+    """Every byte of `source`, hashed, ending in a newline."""
+    block = b""
+    while chunk := source.read(_BLOCK):
+        digest.update(chunk)
+        sink.write(chunk)
+        block = chunk
+    if block and not block.endswith(b"\n"):  # a last line without its newline
+        sink.write(b"\n")
+
+
+def _copy_kept(source: BinaryIO, sink: BinaryIO, digest: Any, kept: np.ndarray) -> None:
+    """The lines of `source` whose record `kept` keeps (blank lines hold none), every byte hashed."""
+    row = 0
+    for raw in source:
+        digest.update(raw)
+        if raw.strip():
+            if kept[row]:
                 sink.write(raw if raw.endswith(b"\n") else raw + b"\n")
+            row += 1
 
 
 def _same_attack(run_dirs: Sequence[Path], manifests: Sequence[Manifest]) -> AttackRef | None:
