@@ -221,6 +221,34 @@ def test_a_metric_plugin_that_returns_text_is_one_line(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_an_engine_plugin_that_raises_is_one_line_naming_its_traceback_file(tmp_path):
+    """An error no check foresees (here a plugin engine's own bug) is one line, exit 3, no traceback on the
+    terminal: the traceback is kept in the file the line names. Its message is printed as it is, never as markup."""
+    plugin = write_plugin(tmp_path / "plugin")
+    code = (plugin / "acme_plugins" / "__init__.py").read_text()
+    answer = 'return [Completion(text=r.messages[-1].content[::-1], finish_reason="stop") for r in requests]'
+    assert answer in code
+    (plugin / "acme_plugins" / "__init__.py").write_text(
+        code.replace(answer, 'raise RuntimeError("acme lost its device [/] [bold]")')
+    )
+    config = config_file(
+        tmp_path,
+        write_items(tmp_path / "items.jsonl", 2, reference="a reference"),
+        target={"model": "echo", "kind": "acme-echo"},
+        judge={"metric": "acme_overlap", "threshold": 0.5},
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "diagsafe_local.cli", "run", str(config)],
+        env={**os.environ, "PYTHONPATH": str(plugin), "TMPDIR": str(tmp_path)}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 3 and "unexpected RuntimeError: acme lost its device [/] [bold]" in said, said
+    assert "Traceback" not in done.stderr
+    kept = next(tmp_path.glob("diagsafe-local-error-*.txt"))
+    assert str(kept) in said and "Traceback" in kept.read_text() and "acme_plugins" in kept.read_text()
+
+
 @pytest.mark.parametrize("body", [[], {"index": [0], "label": "harmful"}, {"index": -1, "label": "harmful"},
                                   {"index": 2.9, "label": "harmful"}, {"index": True, "label": "harmful"}])  # fmt: skip
 def test_a_bad_label_post_gets_a_400_reply(tmp_path, monkeypatch, body):

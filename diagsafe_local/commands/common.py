@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterable
@@ -51,13 +52,19 @@ def user_errors(fn: F) -> F:
             _fail(str(exc), exc.exit_code)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
+                _fail(_unexpected(exc), RunFailed.exit_code)
             _fail(
                 f"no space left on the device ({exc.filename or 'writing an output'}): the command stopped; every "
                 "file it wrote is whole (its old or its new version, never half of one); free some space and rerun "
                 "the same command to resume",
                 RunFailed.exit_code,
             )
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:  # a bug of ours or a plugin's: one line here, the traceback in a file
+            if type(exc).__module__.startswith(("typer", "click")) or os.environ.get(TRACEBACK_ENV):
+                raise
+            _fail(_unexpected(exc), RunFailed.exit_code)
         finally:
             if not interrupted:  # a stopping process keeps ignoring further signals until it has exited
                 for sig, handler in previous.items():
@@ -162,10 +169,34 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+TRACEBACK_ENV = "DIAGSAFE_TRACEBACK"  # set (to anything): an unexpected error shows its traceback
+
+
+def _unexpected(exc: BaseException) -> str:
+    """An error no check foresaw, said in one line; its traceback goes to a file the line names. The exit status
+    is 3, as for a run that could not finish: a gate that crashed has not passed anything."""
+    import tempfile
+    import time
+    import traceback
+
+    path = Path(tempfile.gettempdir()) / f"diagsafe-local-error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    try:
+        path.write_text("".join(traceback.format_exception(exc)), encoding="utf-8", errors="backslashreplace")
+        where = f"its traceback is in {path}"
+    except OSError:
+        where = f"set {TRACEBACK_ENV}=1 to see its traceback"
+    return (
+        f"unexpected {type(exc).__name__}: {exc} (a bug in diagsafe-local or in a plugin it loaded; {where}). "
+        "Every file written so far is whole; once it is fixed, rerun the same command (a run resumes where it stopped)"
+    )
+
+
 def _fail(message: str, code: int) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True).print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # the message may quote file names, answers or a plugin's words: printed as they are, never read as markup
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code) from None
 
 
