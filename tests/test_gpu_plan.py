@@ -82,6 +82,29 @@ def test_api_targets_take_no_gpu_and_other_engines_cannot_shard():
         )
 
 
+def test_submit_asks_slurm_for_no_gpu_where_every_model_is_behind_an_api(tmp_path):
+    from typer.testing import CliRunner
+
+    from diagsafe_local.cli import app
+
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"id": "a", "prompt": "q"}\n')
+    served = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}
+    asked = {}
+    for name, judge in (("api", {"model": "j", **served}), ("local", {"model": "Qwen2.5-7B-Instruct"})):
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {"dataset": {"path": str(items)}, "target": {"model": "t", **served}, "judge": judge,
+                 "output_dir": str(tmp_path / name)}
+            )
+        )  # fmt: skip
+        dry = CliRunner().invoke(app, ["submit", str(config), "--shards", "2", "--dry-run"])
+        assert dry.exit_code == 0, dry.output
+        asked[name] = dry.output.split("--gpus=")[1].split()[0]
+    assert asked == {"api": "0", "local": "1"}
+
+
 def test_weight_sizes_come_from_files_then_the_name(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
     (tmp_path / "config.json").write_text("{}")

@@ -42,11 +42,14 @@ class Resources(BaseModel):
 
 
 def planned_gpus(config: Path, overrides: list[str], gpu_memory_gib: float) -> int:
-    """GPUs one shard needs: the largest tensor parallel size its models need on GPUs of this size."""
+    """GPUs one shard needs: the largest tensor parallel size its models need on GPUs of this size; none where
+    every model is behind an API."""
     from diagsafe_local.engines.gpu_plan import GIB
-    from diagsafe_local.evaluation.planning import plan_run
+    from diagsafe_local.evaluation.planning import api_only, plan_run
 
     cfg = load_config(config, overrides)
+    if api_only(cfg):
+        return 0
     return plan_run(cfg, 1, [int(gpu_memory_gib * GIB)] * 8, replicate=False).gpus_per_replica
 
 
