@@ -105,7 +105,7 @@ def gate(
     from diagsafe_local.runs.series_state import is_series
 
     if is_series(Path(run_dir)) or checkpoint is not None:
-        _, run_dir, series_baseline = gated_checkpoint(Path(run_dir), checkpoint)
+        _, run_dir, series_baseline, _ = gated_checkpoint(Path(run_dir), checkpoint, require_signature)
         baseline = baseline or series_baseline
 
     known = {limit.name for limit in LIMITS} | {switch.name for switch in SWITCHES}

@@ -394,3 +394,29 @@ def test_a_hostile_series_state_is_a_clear_error_and_a_borrowed_run_is_refused(t
     state_file.write_text("{not json")
     result = CliRunner().invoke(app, gate)
     assert result.exit_code == 2 and "corrupt series state" in result.output
+
+
+def test_a_signed_series_state_changed_since_is_refused_and_an_unsigned_one_is_when_a_signature_is_required(
+    tmp_path, scripted, monkeypatch
+):
+    """The state names the latest checkpoint and the baseline, so the gate decides on it: with a key, every write
+    signs it, and a state edited since (here: the latest checkpoint taken out, to gate an older one) is refused."""
+    monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", "s" * 32)
+    train, spec = recorded_series(tmp_path)
+    assert watch(tmp_path).exit_code == 0  # every update signs
+    gate = ["gate", str(spec.series_dir), "--checkpoint", "latest", "--max-asr", "1", "--allow-degenerate-judge"]
+    signed = CliRunner().invoke(app, [*gate, "--require-signature"])
+    assert signed.exit_code == 0 and "checkpoint-20" in signed.output and "signature verified" in signed.output
+    state_file = spec.series_dir / "series.state.json"
+    state = json.loads(state_file.read_text())
+    del state["checkpoints"]["checkpoint-20"]
+    state_file.write_text(json.dumps(state, indent=2) + "\n")
+    edited = CliRunner().invoke(app, gate)
+    assert edited.exit_code == 3 and "changed since it was signed: series.state.json" in edited.output, edited.output
+    monkeypatch.delenv("DIAGSAFE_SIGNING_KEY")
+    checkpoint(train, "checkpoint-30")
+    assert watch(tmp_path).exit_code == 0  # written without the key: no signature is left to mislead
+    monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", "s" * 32)
+    unsigned = CliRunner().invoke(app, [*gate, "--require-signature"])
+    assert unsigned.exit_code == 3 and "was not signed" in unsigned.output, unsigned.output
+    assert CliRunner().invoke(app, gate).exit_code == 0  # unsigned is allowed unless a signature is required

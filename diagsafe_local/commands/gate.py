@@ -117,8 +117,9 @@ def gate(
     if is_series(run_dir) or checkpoint is not None:
         from diagsafe_local.runs.series import gated_checkpoint
 
-        entry, run_dir, series_baseline = gated_checkpoint(run_dir, checkpoint)
+        entry, run_dir, series_baseline, signature = gated_checkpoint(run_dir, checkpoint, require_signature)
         typer.echo(f"NOTE  series checkpoint {entry.name} (step {entry.step}, {entry.status}): {run_dir}")
+        typer.echo(f"NOTE  series state: {signature}")
         baseline = baseline or series_baseline
     if baseline is not None:
         command_line["baseline_run"] = str(baseline)

@@ -28,7 +28,14 @@ from diagsafe_local.runs.baseline import compare_with_baseline
 from diagsafe_local.runs.manifest import read_manifest_file
 from diagsafe_local.runs.paired import PairedComparison, RunColumns
 from diagsafe_local.runs.records import Record
-from diagsafe_local.runs.series_state import SERIES_JSON, CheckpointEntry, SeriesState, is_series, read_series
+from diagsafe_local.runs.series_state import (
+    SERIES_JSON,
+    CheckpointEntry,
+    SeriesState,
+    is_series,
+    read_series,
+    signed_series,
+)
 from diagsafe_local.runs.summary import Interval, Rate
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
@@ -332,34 +339,37 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def checkpoint_run(series_dir: Path, checkpoint: str) -> tuple[CheckpointEntry, SeriesState]:
+def checkpoint_run(state: SeriesState, series_dir: Path, checkpoint: str) -> CheckpointEntry:
     """The series entry `gate --checkpoint` names: `latest` (the highest step the series did not skip, evaluated
     or not: an unevaluated one is refused, never passed over), a step, or a checkpoint's name."""
-    state = read_series(series_dir)
     entries = [e for e in state.ordered() if e.status != "skipped"]
     if checkpoint == "latest":
         if not entries:
             raise DiagsafeError(f"{series_dir}: the series has no checkpoint yet")
-        return entries[-1], state
+        return entries[-1]
     chosen = [e for e in entries if e.name == checkpoint or str(e.step) == checkpoint]
     if not chosen:
         known = ", ".join(str(e.step) for e in entries) or "none"
         raise DiagsafeError(f"{series_dir}: no checkpoint '{checkpoint}' in the series (its steps: {known})")
-    return chosen[-1], state
+    return chosen[-1]
 
 
-def gated_checkpoint(series_dir: Path, checkpoint: str | None) -> tuple[CheckpointEntry, Path, Path | None]:
+def gated_checkpoint(
+    series_dir: Path, checkpoint: str | None, require_signature: bool = False
+) -> tuple[CheckpointEntry, Path, Path | None, str]:
     """What `gate SERIES_DIR --checkpoint C` decides on: the checkpoint's entry, its run directory (refused, exit
-    3, unless it holds a run of that very checkpoint), and the series' production baseline run."""
+    3, unless it holds a run of that very checkpoint), the series' production baseline run, and what its
+    signature check found (a state changed since it was signed is refused, exit 3)."""
     if not is_series(series_dir):
         raise DiagsafeError(f"--checkpoint is for a series directory; {series_dir} is not one")
     if checkpoint is None:
         raise DiagsafeError(f"{series_dir} is a series directory: name the checkpoint to gate (--checkpoint latest)")
-    entry, state = checkpoint_run(series_dir, checkpoint)
+    state, signature = signed_series(series_dir, require_signature)
+    entry = checkpoint_run(state, series_dir, checkpoint)
     run_dir = Path(entry.run_dir)
     if not (run_dir / files.MANIFEST).is_file():
         raise RunFailed(f"{series_dir}: refused: checkpoint {entry.name} has no finished run ({entry.status})")
     models = [t.model for t in read_manifest_file(run_dir).targets.values()]
     if models != [entry.path]:
         raise RunFailed(f"{series_dir}: refused: {run_dir} is not the run of {entry.path} (its target: {models})")
-    return entry, run_dir, Path(state.baseline) if state.baseline else None
+    return entry, run_dir, Path(state.baseline) if state.baseline else None, signature

@@ -5,6 +5,10 @@ deleted by the trainer before its run finished.
 `series.state.json` is rewritten atomically under a file lock, so the training callback and a `watch` process can
 both record checkpoints, and a restarted `watch` neither submits a checkpoint twice nor misses one. Each
 checkpoint's run directory is `runs/<checkpoint name>/`, an ordinary run directory the gate and report read.
+
+The state names which checkpoint is the latest and which run is the production baseline, so the gate decides on
+it: with `DIAGSAFE_SIGNING_KEY` set, every write signs it as a run directory is signed (`signature.json` of the
+series directory), and `gate SERIES --require-signature` refuses a state changed since (`signed_series`).
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from diagsafe_local.core import atomic
-from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core import atomic, signing
+from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.jsonfile import read_model
 from diagsafe_local.core.locking import file_lock
 from diagsafe_local.runs.records import Record
@@ -26,6 +30,7 @@ STATE = "series.state.json"
 SERIES_JSON = "series.json"
 RUNS = "runs"
 STOP = "STOP"  # a file of this name in the series directory stops `watch`
+SIGNED_AS = "series"  # the id its signature is made for (a run's is its run id)
 Status = Literal["seen", "submitted", "finished", "failed", "deleted", "skipped"]
 DONE: tuple[Status, ...] = ("finished", "failed", "deleted", "skipped")
 
@@ -89,4 +94,15 @@ def update_series(series_dir: Path, change: Callable[[SeriesState | None], Serie
         changed = change(current)
         if changed is not None:
             atomic.write_text(state_path(series_dir), changed.model_dump_json(indent=2) + "\n")
+            signing.sign(series_dir, SIGNED_AS, [STATE])
         return changed
+
+
+def signed_series(series_dir: Path, require_signature: bool) -> tuple[SeriesState, str]:
+    """The state a gate decides on, with its signature checked (as `signing.check_signature` checks a run's): one
+    changed since it was signed, or unsigned where a signature is required, is refused (exit 3)."""
+    with file_lock(series_dir / ".series.lock"):  # not between a writer's state and its signature
+        problems, note = signing.check_signature(series_dir, SIGNED_AS, [STATE], require_signature)
+        if problems:
+            raise RunFailed(f"{series_dir}: refused: " + "; ".join(problems))
+        return read_series(series_dir), note
