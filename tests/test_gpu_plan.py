@@ -316,3 +316,36 @@ def test_plan_says_how_many_client_processes_an_api_run_gets(tmp_path):
     result = CliRunner().invoke(app, ["plan", str(tmp_path / "run.yaml")])
     assert result.exit_code == 0, result.output
     assert "every model is behind an API: 1 client process(es) for about 12 requests" in result.output
+
+
+def test_a_jury_members_model_is_planned_alone_and_opened_with_its_tensor_parallel_size(tmp_path, monkeypatch):
+    """A member loads alone once the other engines have closed: its tensor parallel size is planned at the whole
+    GPU's share (colocated or not), and a replica holds enough GPUs for the largest member."""
+    from diagsafe_local.engines import gpu_plan
+    from diagsafe_local.evaluation.planning import api_only
+
+    sizes = {"t": 15 * GIB, "j": 15 * GIB, "big": 140 * GIB, "small": 15 * GIB}
+    monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model, bits: (sizes[model], "test"))
+    config = run_config(tmp_path, mode="colocate")
+    jury = {"members": [{"model": "big", "name": "big"}, {"model": "small", "name": "small"}]}
+    judged = config.model_copy(update={"judge": config.judge.model_copy(update={"jury": jury})})
+    judged = RunConfig.model_validate(judged.model_dump())
+    chosen = plan_run(judged, None, [H100] * 8)
+    assert chosen.tensor_parallel("jury:big") == 4 and chosen.tensor_parallel("jury:small") == 1
+    assert chosen.tensor_parallel("judge") == 1 and chosen.gpus_per_replica == 4 and chosen.replicas == 2
+    opened = {}
+
+    def factory(engine_config, **options):
+        opened[engine_config.model] = engine_config.tensor_parallel_size
+        raise RuntimeError("stop after recording")
+
+    host = Host("colocate", 0.45, 0.45, factory, plan=chosen)
+    with pytest.raises(RuntimeError):
+        host.open_juror("big", judged.judge.jury.members[0], "xgrammar")
+    assert opened == {"big": 4}
+    served = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}
+    remote = RunConfig.model_validate(
+        {**judged.model_dump(), "targets": [{"model": "t", "name": "t", **served}],
+         "judge": {"model": "j", **served, "jury": jury}}
+    )  # fmt: skip
+    assert not api_only(remote)  # a member's local model needs the node's GPUs

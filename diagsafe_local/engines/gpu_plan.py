@@ -154,11 +154,13 @@ def plan_gpus(
     sizes: dict[str, int | None] | None = None,
     attacker: tuple[EngineConfig, float] | None = None,
     attacked: bool = False,
+    jurors: Sequence[tuple[str, EngineConfig]] = (),
 ) -> GpuPlan:
     """Decide tensor and data parallelism for a run on GPUs of `gpu_memory` bytes each. `sizes` maps a model
     to its weight bytes (read from disk when not given); `attacker` is an adaptive attack's own model and its
-    colocated memory share, `attacked` whether the run attacks at all (its models must stay colocated). Raises
-    when a model cannot fit the visible GPUs."""
+    colocated memory share, `attacked` whether the run attacks at all (its models must stay colocated);
+    `jurors` a jury's members by name, each loaded alone once the other engines are closed. Raises when a model
+    cannot fit the visible GPUs."""
     gpus = len(gpu_memory)
     memory = min(gpu_memory) if gpu_memory else 0
     sizes = dict(sizes or {})
@@ -174,7 +176,8 @@ def plan_gpus(
         gpu_engines.append(("judge", judge, judge_memory))
     if attacker is not None and capabilities(attacker[0].kind).local:
         gpu_engines.append(("attacker", *attacker))
-    for role, config, colocated_share in gpu_engines:
+    alone = [(f"jury:{name}", config, ALONE_SHARE) for name, config in jurors if capabilities(config.kind).local]
+    for role, config, colocated_share in [*gpu_engines, *alone]:
         share = colocated_share if mode == "colocate" else ALONE_SHARE
         stages = config.pipeline_stages
         heads = attention_heads(config.model)

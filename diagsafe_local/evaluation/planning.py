@@ -11,6 +11,7 @@ from diagsafe_local.engines.gpu_plan import plan_gpus, visible_gpu_memory
 from diagsafe_local.engines.gpus import cuda_available
 from diagsafe_local.engines.kinds import capabilities
 from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.judging.config import JuryMember
 from diagsafe_local.runs.manifest import GpuPlan
 
 # A client process is worth starting for this many requests: about 20 s of one core's work through the
@@ -22,7 +23,13 @@ def api_only(config: RunConfig) -> bool:
     """Whether every model of the run is behind an API (none loads on this node)."""
     own = config.attack.own_attacker if config.attack else None
     models = [*config.targets, *([config.judge] if config.judge.needs_model else []), *([own] if own else [])]
-    return not any(capabilities(m.kind).local for m in models)
+    return not any(capabilities(m.kind).local for m in [*models, *_jurors(config)])
+
+
+def _jurors(config: RunConfig) -> list[JuryMember]:
+    """The jury's members that load a model."""
+    jury = config.judge.jury
+    return [m for m in jury.members if m.needs_model] if jury is not None else []
 
 
 def api_requests(config: RunConfig, n_items: int | None) -> int:
@@ -59,6 +66,7 @@ def plan_run(
         n_items,
         attacker=None if attack is None or own is None else (own, attack.memory),
         attacked=attack is not None,
+        jurors=[(m.label, m) for m in _jurors(config)],
     )
     if config.judge.sensitivity is not None and placement.replicas not in ("auto", 1):
         raise DiagsafeError(
