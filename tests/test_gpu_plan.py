@@ -147,21 +147,29 @@ def test_explicit_replicas_split_the_gpus_and_are_checked(tmp_path, monkeypatch)
     assert one.replicas == 1 and one.tensor_parallel("judge") == 2
 
 
-def test_the_host_opens_each_engine_with_its_planned_tensor_parallel_size():
+def opened_with(chosen, *opens) -> dict[str, int]:
+    """The tensor parallel size each `open(host)` of a host with plan `chosen` asks its engine for, by model (the
+    engine itself is never started)."""
     opened = {}
 
     def factory(config, **options):
         opened[config.model] = config.tensor_parallel_size
         raise RuntimeError("stop after recording")
 
-    chosen = plan(8, 15 * GIB, 140 * GIB, mode="sequential")
     host = Host("sequential", 0.45, 0.45, factory, plan=chosen)
-    for open_engine in (
-        lambda: host.open_target("target:t", engine("t")),
-        lambda: host.open_judge(engine("j"), "xgrammar"),
-    ):
-        with pytest.raises(RuntimeError):
-            open_engine()
+    for open_engine in opens:
+        with pytest.raises(RuntimeError, match="stop after recording"):
+            open_engine(host)
+    return opened
+
+
+def test_the_host_opens_each_engine_with_its_planned_tensor_parallel_size():
+    chosen = plan(8, 15 * GIB, 140 * GIB, mode="sequential")
+    opened = opened_with(
+        chosen,
+        lambda host: host.open_target("target:t", engine("t")),
+        lambda host: host.open_judge(engine("j"), "xgrammar"),
+    )
     assert opened == {"t": 1, "j": 4}
 
 
@@ -184,16 +192,7 @@ def test_an_attackers_own_model_is_planned_and_opened_with_its_tensor_parallel_s
     sizes["j"] = 70 * GIB
     with pytest.raises(DiagsafeError, match="judge j needs 8 GPUs .* 4 are visible; an attack keeps every model"):
         plan_run(shared, None, [H100] * 4)
-    opened = {}
-
-    def factory(config, **options):
-        opened[config.model] = config.tensor_parallel_size
-        raise RuntimeError("stop after recording")
-
-    host = Host("colocate", 0.35, 0.35, factory, plan=chosen)
-    with pytest.raises(RuntimeError):
-        host.open_attacker(EngineConfig(model="a"), 0.2, "xgrammar")
-    assert opened == {"a": 2}
+    assert opened_with(chosen, lambda host: host.open_attacker(EngineConfig(model="a"), 0.2, "xgrammar")) == {"a": 2}
 
 
 @pytest.mark.slow
@@ -333,16 +332,8 @@ def test_a_jury_members_model_is_planned_alone_and_opened_with_its_tensor_parall
     chosen = plan_run(judged, None, [H100] * 8)
     assert chosen.tensor_parallel("jury:big") == 4 and chosen.tensor_parallel("jury:small") == 1
     assert chosen.tensor_parallel("judge") == 1 and chosen.gpus_per_replica == 4 and chosen.replicas == 2
-    opened = {}
-
-    def factory(engine_config, **options):
-        opened[engine_config.model] = engine_config.tensor_parallel_size
-        raise RuntimeError("stop after recording")
-
-    host = Host("colocate", 0.45, 0.45, factory, plan=chosen)
-    with pytest.raises(RuntimeError):
-        host.open_juror("big", judged.judge.jury.members[0], "xgrammar")
-    assert opened == {"big": 4}
+    big = judged.judge.jury.members[0]
+    assert opened_with(chosen, lambda host: host.open_juror("big", big, "xgrammar")) == {"big": 4}
     served = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1"}
     remote = RunConfig.model_validate(
         {**judged.model_dump(), "targets": [{"model": "t", "name": "t", **served}],
