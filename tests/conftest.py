@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
 import pytest
+import typer.testing
 from helpers import current_rows, wide_rows, write_jsonl
 from hypothesis import settings
 
@@ -20,6 +22,10 @@ os.environ.pop("DIAGSAFE_PROGRESS_SECONDS", None)
 # Property tests draw the same examples on every run: a failure in CI is a failure anyone can reproduce.
 settings.register_profile("diagsafe", derandomize=True, print_blob=True)
 settings.load_profile("diagsafe")
+# typer builds an app's click command on every CliRunner call (~40 ms for the whole CLI: it reads every command's
+# signature); tests invoke the CLI tens of thousands of times (the gate fuzzer alone ~33,000), so each app's
+# command is built once, as a process that runs one command builds it once.
+typer.testing._get_command = functools.cache(typer.testing._get_command)
 
 
 @pytest.fixture
