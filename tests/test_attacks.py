@@ -327,6 +327,7 @@ def test_a_sharded_attack_merges_into_the_figures_and_steps_of_one_run(tmp_path)
     assert alone.exit_code == 3 and "the attack did not finish" in alone.output, alone.output
     merged = cli.invoke(app, ["merge", *map(str, shards), "--out", str(tmp_path / "merged")])
     assert merged.exit_code == 0, merged.output
+
     def steps(run: Path) -> list[dict]:  # a merge keeps each shard's order, shard after shard
         return sorted((r.model_dump(exclude={"run_id"}) for r in attack_records(run)), key=lambda r: repr(r))
 
