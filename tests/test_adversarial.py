@@ -412,7 +412,7 @@ def test_a_signed_run_verifies_with_its_key_and_an_edited_one_does_not(tmp_path,
     assert other.exit_code == 3 and "does not verify with this key" in other.text
     (run_dir / "signature.json").unlink()
     unsigned = cli("gate", run_dir, *GATE, "--require-signature")
-    assert unsigned.exit_code == 3 and "the run was not signed" in unsigned.text
+    assert unsigned.exit_code == 3 and "it was not signed" in unsigned.text
 
 
 def test_a_run_that_judged_nothing_fails_and_its_health_says_no_verdicts(tmp_path, monkeypatch):

@@ -122,7 +122,7 @@ def check_signature(directory: Path, run_id: str, names: Sequence[str], required
     exactly as signed, and a file signed as absent must still be absent."""
     key = signing_key(required)
     if not (directory / SIGNATURE).is_file():
-        problems = [f"{directory}: no {SIGNATURE}: the run was not signed (set {KEY_ENV} when it runs)"]
+        problems = [f"{directory}: no {SIGNATURE}: it was not signed (set {KEY_ENV} where it is written)"]
         return (problems if required else []), "not signed"
     if key is None:
         return [], f"signed, but not checked ({KEY_ENV} is not set)"
