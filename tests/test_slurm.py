@@ -172,8 +172,10 @@ def test_a_training_run_with_the_callback_evaluates_its_checkpoints_on_slurm(slu
     data = [{"input_ids": tokenizer(t)["input_ids"]} for t in texts]
     train = tmp_path / "train"
     series = tmp_path / "series"
+    # both of the node's CPUs per job: one evaluation at a time, as two vLLM engines per job beside the session's
+    # shared engines fill this machine's memory (run twice at once, vLLM found 0.28 GiB free for its KV cache)
     callback = SafetyEvalCallback(
-        config, series, resources=Resources(gpus_per_task=0, cpus_per_task=1, mem="3G", time="00:30:00")
+        config, series, resources=Resources(gpus_per_task=0, cpus_per_task=2, mem="3G", time="00:30:00")
     )
     args = TrainingArguments(
         output_dir=str(train), max_steps=6, save_steps=2, per_device_train_batch_size=4, learning_rate=1e-3,
