@@ -211,16 +211,11 @@ def test_the_store_holds_places_and_reads_records_back(tmp_path):
 
 def _placed(name: str, unique: bool, sources: list[Path]):
     """A merge's placing of `name` in each of `sources`, as `merge_runs` does it."""
-    import hashlib
-
     from diagsafe_local.runs.merge import _Placed
 
     placed = _Placed(name, unique)
     for index, source in enumerate(sources):
-        start, digest = placed.rows(), hashlib.sha256()
-        for line in jsonl.stream(source / name, ResultRecord, digest):
-            placed.place(line)
-        placed.read(index, start, digest.hexdigest())
+        placed.place_file(index, source / name, ResultRecord)
     return placed
 
 

@@ -50,21 +50,18 @@ def user_errors(fn: F) -> F:
         except (DiagsafeError, Interrupted) as exc:
             interrupted = isinstance(exc, Interrupted)
             _fail(str(exc), exc.exit_code)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                _fail(_unexpected(exc), RunFailed.exit_code)
-            _fail(
-                f"no space left on the device ({exc.filename or 'writing an output'}): the command stopped; every "
-                "file it wrote is whole (its old or its new version, never half of one); free some space and rerun "
-                "the same command to resume",
-                RunFailed.exit_code,
-            )
-        except (typer.Exit, typer.Abort):
-            raise
-        except Exception as exc:  # a bug of ours or a plugin's: one line here, the traceback in a file
+        except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                _fail(
+                    f"no space left on the device ({exc.filename or 'writing an output'}): the command stopped; "
+                    "every file it wrote is whole (its old or its new version, never half of one); free some space "
+                    "and rerun the same command to resume",
+                    RunFailed.exit_code,
+                )
+            # typer's and click's own exceptions carry exit codes and usage errors: theirs to handle
             if type(exc).__module__.startswith(("typer", "click")) or os.environ.get(TRACEBACK_ENV):
                 raise
-            _fail(_unexpected(exc), RunFailed.exit_code)
+            _fail(_unexpected(exc), RunFailed.exit_code)  # a bug of ours or a plugin's: one line, the traceback kept
         finally:
             if not interrupted:  # a stopping process keeps ignoring further signals until it has exited
                 for sig, handler in previous.items():

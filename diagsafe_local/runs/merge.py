@@ -158,12 +158,8 @@ def _check_schema(run_dir: Path, record: ResultRecord) -> None:
 def _place_generations(run_dir: Path, index: int, generations: _Placed) -> None:
     """Place a merged source's generations (a run that generated nothing has none)."""
     path = run_dir / files.GENERATIONS
-    if not path.is_file():
-        return
-    first, digest = generations.rows(), hashlib.sha256()
-    for line in jsonl.stream(path, GenerationRecord, digest):
-        generations.place(line)
-    generations.read(index, first, digest.hexdigest())
+    if path.is_file():
+        generations.place_file(index, path, GenerationRecord)
 
 
 class _Placed:
@@ -187,6 +183,13 @@ class _Placed:
     def read(self, source: int, first: int, sha256: str) -> None:
         """A source's records from row `first` on are placed, read from a file whose SHA-256 is `sha256`."""
         self.spans[source] = (first, len(self.offsets), sha256)
+
+    def place_file(self, source: int, path: Path, model: type[jsonl.KeyedRecord]) -> None:
+        """Place every record of a source's file, hashing the file in the same pass."""
+        start, digest = self.rows(), hashlib.sha256()
+        for line in jsonl.stream(path, model, digest):
+            self.place(line)
+        self.read(source, start, digest.hexdigest())
 
     def rows(self) -> int:
         return len(self.offsets)

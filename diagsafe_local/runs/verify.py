@@ -479,7 +479,8 @@ class _Coverage:
                 if self.seen[place] and len(self.duplicated) < _SHOWN:
                     self.duplicated.append(self._keys[index])
                 self.seen[place] = True
-        self.seen[places] = True
+        else:
+            self.seen[places] = True
         self.extra += [self._keys[index] for index in np.flatnonzero(~found)]  # counted; the first few are named
         self._hashes, self._keys = array("Q"), []
 
