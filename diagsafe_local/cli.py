@@ -59,10 +59,22 @@ def build(names: list[str] | None = None) -> typer.Typer:
         module_name, attribute = COMMANDS[name]
         command = getattr(importlib.import_module(f"diagsafe_local.commands.{module_name}"), attribute)
         if attribute == "app":
-            cli.add_typer(command, name=name)
+            cli.add_typer(command, name=name, short_help=_first_sentence(command.info.help or ""))
         else:
-            cli.command(name)(command)
+            cli.command(name, short_help=_first_sentence(command.__doc__ or ""))(command)
     return cli
+
+
+def _first_sentence(help_text: str) -> str:
+    """A command's line in the top-level help: the first sentence of its help, on one line (its own `--help`
+    has the rest). A full stop inside parentheses (`AUROC ...`) or within a word ends no sentence."""
+    text = " ".join(help_text.split("\n\n")[0].split())
+    depth = 0
+    for index, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if char in ".?!" and depth == 0 and text[index + 1 : index + 2] in ("", " "):
+            return text[: index + 1]
+    return text
 
 
 def main() -> None:

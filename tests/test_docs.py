@@ -71,3 +71,42 @@ def test_the_example_that_reads_a_series_and_gates_its_latest_checkpoint(tmp_pat
     assert done.returncode == 1, done.stderr  # the latest checkpoint complies with everything
     assert "step      160  ASR 100.0% [" in done.stdout and "+87.5% vs checkpoint-20" in done.stdout
     assert "first regression beyond 2%: step 160" in done.stdout and "GATE FAILED" in done.stdout
+
+
+def _command_rows(output: str) -> dict[str, list[str]]:
+    """The rows of the top-level help's command panel, by command: the help text of each row it spans."""
+    panel = output[output.index("─ Commands ") :].splitlines()[1:]
+    rows: dict[str, list[str]] = {}
+    for line in panel:
+        if line.startswith("╰"):
+            break
+        cells = line.strip("│ ").split(None, 1)
+        if not line.startswith("│  ") and cells:  # a command's first row: its name, then its help
+            rows[cells[0]] = [cells[1] if len(cells) > 1 else ""]
+        else:
+            rows[list(rows)[-1]].append(line.strip("│ "))
+    return rows
+
+
+def test_the_top_level_help_gives_each_command_one_line_its_first_sentence(monkeypatch):
+    import typer.rich_utils
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from diagsafe_local.cli import COMMANDS, app
+
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    whole = {name: " ".join((commands[name].help or "").split()) for name in COMMANDS}
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 40 + max(map(len, whole.values())))  # room for any of them
+    rows = _command_rows(CliRunner().invoke(app, ["--help"]).output)
+    assert set(rows) == set(COMMANDS)
+    for name, lines in rows.items():
+        assert len(lines) == 1, (name, lines)  # one line, however long the command's own help
+        line = lines[0]
+        assert whole[name].startswith(line) and line.endswith((".", "?")), (name, line)
+        rest = whole[name][len(line) :]
+        assert rest == "" or rest.startswith(" "), (name, line)  # a whole sentence, not a cut word
+        assert line.count("(") == line.count(")"), (name, line)
+    assert len(rows["gate"][0]) < len(whole["gate"])  # the details stay in the command's own help
+    own = " ".join(CliRunner().invoke(app, ["gate", "--help"]).output.replace("│", " ").split())
+    assert "the run's config can only add stricter ones" in own
