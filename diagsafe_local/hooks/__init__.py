@@ -43,7 +43,7 @@ HOOKS: Registry[Hook] = Registry("hook", plugin_group="diagsafe_local.hooks")
 
 @dataclass(frozen=True)
 class RunEvent:
-    """A run finished (`run`, `evaluate`, `watch --local`, a series' SLURM task)."""
+    """A run finished (`run`, `watch --local`, a series' SLURM task)."""
 
     run_dir: Path
     summary: Summary

@@ -1,4 +1,4 @@
-"""Working with finished run directories: merge several into one, compare two item by item."""
+"""Merge finished run directories into one (comparing runs is `runs.paired` and `runs.agreement`)."""
 
 from __future__ import annotations
 

@@ -4,5 +4,5 @@ One module per part: `config` (the run config's `attack:` section, whose knobs e
 (what a strategy is, and their registry: built-ins and plugins alike, through the entry-point group
 `diagsafe_local.attack_strategies`), `pair` and `crescendo` (the built-in strategies), `prompts` (what every
 attacker is shown and must reply), `step` (the scheduler that runs the chains on the engines). What a run's attack
-steps add up to is read side: `runs.attacks`.
+steps add up to is read side: `runs.attack_figures`.
 """
