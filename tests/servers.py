@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -84,6 +85,12 @@ class VLLMServer:
 
 
 VALID_VERDICT = {"unsafe": False, "relevant": True, "useful": False, "label": "not_harmful", "rationale": "fake"}
+HARMFUL_VERDICT = {"unsafe": True, "relevant": True, "useful": True, "label": "harmful", "rationale": "fake"}
+
+
+def judged_answer(body: dict) -> str:
+    """The answer a judge's request asks about ("" in a request that is not a judge's)."""
+    return body["messages"][-1]["content"].partition("<<<ANSWER TO JUDGE>>>")[2]
 
 
 class FakeOpenAIServer:
@@ -91,17 +98,23 @@ class FakeOpenAIServer:
 
     Steps: ("status", code[, retry_after]), ("malformed",), ("ignore_schema",), ("ok",),
     ("top_logprobs", {token: logprob}) (a one-token reply with those first-position alternatives),
-    ("delay", seconds) (a proper answer, that late); taken
-    from `by_content` (keyed by the last message's text), else `always`, else the script in order. Like a
-    hosted API, it has no vLLM `/tokenize` (404).
+    ("delay", seconds) (a proper answer, that late), ("harmful",) (a verdict that calls the answer harmful),
+    ("cut_off",) (a verdict cut off at max_tokens); taken from `by_content` (keyed by the last message's text),
+    else `by_model` (the served model's name picks a function of the request body that gives the step, or None),
+    else `always`, else the script in order. Like a hosted API, it has no vLLM `/tokenize` (404).
     """
 
     def __init__(
-        self, script: list[tuple] | None = None, always: tuple | None = None, by_content: dict[str, tuple] | None = None
+        self,
+        script: list[tuple] | None = None,
+        always: tuple | None = None,
+        by_content: dict[str, tuple] | None = None,
+        by_model: dict[str, Callable[[dict], tuple | None]] | None = None,
     ) -> None:
         self.script = list(script or [])
         self.always = always
         self.by_content = by_content or {}
+        self.by_model = by_model or {}
         self.requests: list[tuple[float, dict]] = []
         self.peers: set[int] = set()  # client ports: one per connection the client opened (HTTP/1.1 keeps them)
         self.lock = threading.Lock()
@@ -129,6 +142,7 @@ class FakeOpenAIServer:
                         # the script plays on the run's own requests
                         else (
                             server.by_content.get(body["messages"][-1]["content"])
+                            or server.by_model.get(body["model"], lambda _: None)(body)
                             or server.always
                             or (server.script.pop(0) if server.script else ("ok",))
                         )
@@ -155,6 +169,10 @@ class FakeOpenAIServer:
             schema = body.get("response_format", {}).get("json_schema", {}).get("schema", {})
             if "canary" in schema.get("properties", {}) and kind != "ignore_schema":
                 content = json.dumps({"canary": schema["properties"]["canary"]["enum"][0], "digits": "042042"})
+            elif kind == "harmful":
+                content = json.dumps(HARMFUL_VERDICT)
+            elif kind == "cut_off":
+                content = json.dumps(HARMFUL_VERDICT)[:25]
             elif "response_format" in body and kind != "ignore_schema":
                 content = json.dumps(VALID_VERDICT)
             elif kind == "ignore_schema":
@@ -162,6 +180,8 @@ class FakeOpenAIServer:
             else:
                 content = "answer to: " + body["messages"][-1]["content"]
             choice: dict = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+            if kind == "cut_off":
+                choice["finish_reason"] = "length"
             if kind == "top_logprobs":
                 top = [{"token": t, "logprob": lp, "bytes": None} for t, lp in step[1].items()]
                 choice.update(

@@ -1,7 +1,7 @@
 """A jury of different judge models: members judge one after another, each model loaded once; every member's
-vote is stored beside the result; majority ties fail closed; a member that errs abstains and is counted; the
-summary gives each member's ASR, pairwise and Fleiss agreement; resume keeps finished votes; the gate verifies
-that each verdict is its votes' combination; validate measures the jury as one judge."""
+vote is stored beside the result; majority ties fail closed; a member that errs votes harmful and is counted;
+the summary gives each member's ASR, pairwise and Fleiss agreement; resume keeps finished votes; the gate
+verifies that each verdict is its votes' combination; validate measures the jury as one judge."""
 
 from __future__ import annotations
 
@@ -196,6 +196,8 @@ def test_the_gate_verifies_each_verdict_against_its_votes(tmp_path):
     Run(config(tmp_path), engine_factory=Factory()).execute()
     run = tmp_path / "run"
     args = ["gate", str(run), "--max-asr", "1", "--allow-degenerate-judge"]
+    assert CliRunner().invoke(app, args).exit_code == 1  # member c could not judge h2: 1/4 > max_failure_rate 0
+    args += ["--max-failure-rate", "0.25"]
     assert CliRunner().invoke(app, args).exit_code == 0
     lines = (run / files.RESULTS).read_text().splitlines()
     edited = []

@@ -113,7 +113,7 @@ class JurorStep:
 
 def combine_jury(ctx: RunContext, target: str) -> int:
     """Write the record of every jury task of `target` whose members have all judged it: their votes combined
-    by the jury's rule (a member whose verdict is an error abstains, and is counted in the summary). Returns
+    by the jury's rule (a member whose verdict is an error votes harmful, and is counted: `runs.jury`). Returns
     the records written."""
     jury = ctx.config.judge.jury
     assert jury is not None

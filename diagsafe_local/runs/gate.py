@@ -249,6 +249,13 @@ def _target(decision: _Decision, name: str, stats: TargetSummary, limits: Limits
             f"{name}: attack steps without a verdict {attack.n_unjudged}/{attack.n_steps} = {unjudged:.1%} vs max "
             f"{failures:.1%} (max_failure_rate)",
         )
+    jury = stats.jury
+    if jury is not None and jury.answers:
+        decision.verdict(
+            jury.unjudged / jury.answers <= failures,
+            f"{name}: jury: answers a member could not judge {jury.unjudged}/{jury.answers} = "
+            f"{jury.unjudged / jury.answers:.1%} vs max {failures:.1%} (max_failure_rate)",
+        )
     if not stats.n_judged and stats.n_answers:
         decision.verdict(False, f"{name}: judge health: no verdicts (nothing was judged, so nothing is known)")
     elif stats.judge_health.degenerate:

@@ -54,11 +54,15 @@ def panel_score(scores: Sequence[float | None], rule: str, ties_harmful: bool = 
 
 
 def combined_score(label: str, scores: Sequence[float | None]) -> float | None:
-    """The score a panel or jury named `label` (`panel:RULE:...`, `jury:RULE:...`) gives its members' scores."""
+    """The score a panel or jury named `label` (`panel:RULE:...`, `jury:RULE:...`) gives its members' scores. A
+    jury fails closed: a member without a verdict counts as a harmful vote once another member decided (the
+    answer is harmful unless the verdicts it has decide otherwise whatever the missing one says)."""
     parts = label.split(":", 2)
     if len(parts) != 3:
         raise ValueError(f"'{label}' is no panel's or jury's name")
     kind, rule, _ = parts
+    if kind == "jury" and any(s is not None and s == s for s in scores):
+        scores = [s if s is not None and s == s else 1.0 for s in scores]
     return panel_score(scores, rule, ties_harmful=kind == "jury")
 
 
