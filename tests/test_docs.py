@@ -110,3 +110,73 @@ def test_the_top_level_help_gives_each_command_one_line_its_first_sentence(monke
     assert len(rows["gate"][0]) < len(whole["gate"])  # the details stay in the command's own help
     own = " ".join(CliRunner().invoke(app, ["gate", "--help"]).output.replace("│", " ").split())
     assert "the run's config can only add stricter ones" in own
+
+
+def test_every_module_a_docstring_or_comment_names_exists():
+    """`runs.limits`, `commands.common.fire_hooks`: a name written in backticks in the package resolves to a module
+    (and attribute) that exists, so a docstring cannot keep pointing at a module that was moved or removed."""
+    import importlib
+    import re
+
+    package = REPO / "diagsafe_local"
+    tops = "|".join(sorted(p.stem for p in package.iterdir() if p.suffix == ".py" or any(p.glob("*.py"))))
+    named = re.compile(rf"`((?:diagsafe_local\.)?(?:{tops})(?:\.\w+)+)`")
+
+    def resolves(name: str) -> bool:
+        parts = name.removeprefix("diagsafe_local.").split(".")
+        for cut in range(len(parts), 0, -1):
+            try:
+                found: object = importlib.import_module("diagsafe_local." + ".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attribute in parts[cut:]:
+                if not hasattr(found, attribute):
+                    return False
+                found = getattr(found, attribute)
+            return True
+        return False
+
+    files = (".json", ".jsonl", ".yaml", ".md", ".py", ".csv", ".html", ".log")  # `validation.json` is a file
+    stale = [
+        f"{path.relative_to(REPO)}: `{name}`"
+        for path in sorted(package.rglob("*.py"))
+        for name in named.findall(path.read_text())
+        if not name.endswith(files) and not resolves(name)
+    ]
+    assert not stale, stale
+
+
+def test_every_field_of_the_run_directory_records_has_a_meaning_in_the_reference():
+    """The generated run-directory reference takes each field's meaning from its `Field(description=...)`: every
+    field of the records a user reads most (results, generations, controls, summary, manifest) has one."""
+    sys.path.insert(0, str(REPO / "docs"))
+    try:
+        import hooks
+    finally:
+        sys.path.remove(str(REPO / "docs"))
+    from pydantic import BaseModel
+
+    from diagsafe_local.runs.manifest import Manifest
+    from diagsafe_local.runs.records import ControlRecord, GenerationRecord, ResultRecord
+    from diagsafe_local.runs.summary import Summary
+
+    covered = {"diagsafe_local.runs.records", "diagsafe_local.runs.summary", "diagsafe_local.runs.manifest"}
+    seen: set[type[BaseModel]] = set()
+    empty: list[str] = []
+
+    def walk(model: type[BaseModel]) -> None:
+        seen.add(model)
+        for name, field in model.model_fields.items():
+            if model.__module__ in covered and not (field.description or "").strip():
+                empty.append(f"{model.__name__}.{name}")
+            inner = hooks._nested(field.annotation)
+            if inner is not None and inner not in seen:
+                walk(inner)
+
+    for model in (ResultRecord, GenerationRecord, ControlRecord, Summary, Manifest):
+        walk(model)
+    assert len(seen) > 20 and not empty, empty
+    page = hooks._run_directory()
+    for row in page.splitlines():
+        if row.startswith("| `") and row.rstrip().endswith("|  |"):  # an empty meaning left: another module's
+            assert row.split("`")[1].split(".")[0] in ("conversation", "judge_validation", "jury"), row

@@ -46,8 +46,8 @@ class Shard(Record):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    index: int
-    count: int
+    index: int = Field(description="This shard's number, from 0.")
+    count: int = Field(description="How many shards the dataset is split into.")
 
     @classmethod
     def parse(cls, text: str) -> Shard:
@@ -80,11 +80,11 @@ class ValidationRef(Record):
 class EnginePlan(Record):
     """One model's place in the GPU plan."""
 
-    role: str
-    model: str
+    role: str = Field(description="What the engine is for: `target`, `judge`, ...")
+    model: str = Field(description="Its model, as configured.")
     weight_bytes: int | None = Field(description="Weights on disk; None when they could not be read.")
     memory_share: float = Field(description="Share of each GPU's memory this engine may use.")
-    tensor_parallel_size: int
+    tensor_parallel_size: int = Field(description="GPUs one copy of the model is split across.")
     pipeline_parallel_size: int = Field(1, description="Pipeline stages (engine_kwargs); GPUs = TP x PP.")
 
     @property
@@ -95,12 +95,12 @@ class EnginePlan(Record):
 class GpuPlan(Record):
     """Replicas of the pipeline, each on its own group of GPUs (`engines.gpu_plan` makes it)."""
 
-    gpus: int
-    gpu_memory_bytes: int
-    replicas: int
-    gpus_per_replica: int
-    engines: list[EnginePlan]
-    notes: list[str] = []
+    gpus: int = Field(description="GPUs the run was given.")
+    gpu_memory_bytes: int = Field(description="Memory of each GPU.")
+    replicas: int = Field(description="Copies of the whole pipeline, each on its own GPUs (data parallel).")
+    gpus_per_replica: int = Field(description="GPUs each replica uses.")
+    engines: list[EnginePlan] = Field(description="Each engine of a replica and its share.")
+    notes: list[str] = Field([], description="Why the plan is as it is, in words.")
 
     def tensor_parallel(self, role: str) -> int:
         return next((e.tensor_parallel_size for e in self.engines if e.role == role), 1)
@@ -114,7 +114,7 @@ class GpuPlan(Record):
 class AttackRef(Record):
     """An adaptive attack's rules as the read side needs them: what breaks a goal and when its attack is done."""
 
-    strategy: str
+    strategy: str = Field(description="The attack strategy (`pair`, `crescendo`, a plugin's).")
     streams: int = Field(ge=1, description="Chains (or conversations) per goal.")
     success_threshold: float = Field(gt=0.5, le=1.0, description="A judge score at or above this breaks the goal.")
     query_budget: int = Field(ge=1, description="Target queries each goal may spend.")
@@ -127,7 +127,7 @@ class AttackRef(Record):
 class ItemRef(Record):
     """One item of a run's dataset and the turns of it that are judged: what the gate expects results for."""
 
-    id: str
+    id: str = Field(description="The item's id.")
     turns: list[int] = Field(min_length=1, description="The judged turns (1-based).")
     benign: bool = Field(False, description="Benign (over-refusal) items are not attacked.")
     category: str | None = Field(None, description="Its category (what a sensitivity sample is stratified by).")
@@ -141,9 +141,9 @@ class ItemRef(Record):
 class DatasetRef(Record):
     """The dataset a run evaluated: its file by content, and every item of it (all shards together)."""
 
-    path: str
-    spec: str | None
-    sha256: str
+    path: str = Field(description="The dataset file that was read.")
+    spec: str | None = Field(description="What the config named: a prompt set (`dataset.set`) or a path.")
+    sha256: str = Field(description="SHA-256 of the dataset file.")
     n_items: int = Field(ge=0, description="Items of the whole dataset (a shard runs its share of them).")
     items: list[ItemRef] | None = Field(
         None, description="Every item and its judged turns; the gate requires a result for each (None: older runs)."
@@ -164,16 +164,18 @@ class JudgeRef(Record):
     """Which judge made a run's verdicts: what two runs must share for their verdicts to mean the same."""
 
     rubric: str = Field(description="The harm judge (or panel) of harmful items.")
-    benign_rubric: str
-    scoring: Literal["sampled", "probability"]
-    turns: str
+    benign_rubric: str = Field(description="The judge of benign items (whether the answer refused).")
+    scoring: Literal["sampled", "probability"] = Field(
+        description="sampled: a verdict decoded; probability: the score is P(Yes) from the first token's logprobs."
+    )
+    turns: str = Field(description="Which turns are judged (`judge.turns`): the last, or every one.")
     settings: dict[str, Any] = Field(
         default_factory=dict, description="What else shapes verdicts: reasoning, a policy file's content hash."
     )
-    kind: str
-    model: str | None
-    model_hash: str | None
-    lora_hash: str | None
+    kind: str = Field(description="The judge's engine kind.")
+    model: str | None = Field(description="The judge's model as configured (None: a judge with no model).")
+    model_hash: str | None = Field(description="The judge's weights by content (None: an API model).")
+    lora_hash: str | None = Field(description="Its LoRA adapter by content, if any.")
     instructions: dict[str, str] = Field(
         default_factory=dict,
         description="Each judge's own instructions (its system prompt) by name: what judge health reads a copied "
@@ -208,40 +210,56 @@ class GrammarCanary(Record):
 class TargetRef(Record):
     """A target of a run: its samples per item and its model by content."""
 
-    samples: int = Field(ge=1)
-    model: str
-    model_hash: str | None
-    lora_hash: str | None
-    chat_template_hash: str | None = None
+    samples: int = Field(ge=1, description="Answers per item (`samples`).")
+    model: str = Field(description="The model as configured: a path (a checkpoint) or a model name.")
+    model_hash: str | None = Field(description="The weights by content (None: an API model).")
+    lora_hash: str | None = Field(description="Its LoRA adapter by content, if any.")
+    chat_template_hash: str | None = Field(None, description="The chat template file by content, if one was given.")
 
 
 class SourceRun(Record):
     """A run a merged run was made from."""
 
-    run_dir: str
-    run_id: str
-    engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    run_dir: str = Field(description="The source run's directory.")
+    run_id: str = Field(description="Its run id.")
+    engines: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Its engines, as its manifest recorded them."
+    )
 
 
 class Manifest(Record):
     """manifest.json: what ran, on what, with which versions, and whether it finished."""
 
-    schema_version: int = SCHEMA_VERSION
-    run_id: str
-    status: Literal["running", "complete"]
-    started: str | None = None
-    updated: str | None = None
-    config: dict[str, Any]
-    dataset: DatasetRef
-    shard: Shard | None = None
-    host: dict[str, Any] | None = None
-    seeds: dict[str, int] = Field(default_factory=dict)
-    versions: dict[str, str] = Field(default_factory=dict)
-    engines: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    schema_version: int = Field(SCHEMA_VERSION, description="Version of this file's format.")
+    run_id: str = Field(description="Hash of the config that decides the results: every record carries it.")
+    status: Literal["running", "complete"] = Field(
+        description="complete once every answer is judged and the summary written; the gate refuses a running run."
+    )
+    started: str | None = Field(None, description="When the run first started (ISO 8601, UTC).")
+    updated: str | None = Field(None, description="When this file was last written (ISO 8601, UTC).")
+    config: dict[str, Any] = Field(description="The resolved run config.")
+    dataset: DatasetRef = Field(description="The dataset by content, and every item the gate requires a result for.")
+    shard: Shard | None = Field(None, description="The shard this run is (None: the whole dataset).")
+    host: dict[str, Any] | None = Field(None, description="Where it ran: node, SLURM job, GPUs.")
+    seeds: dict[str, int] = Field(
+        default_factory=dict, description="The sampling seed of each target and of the judge."
+    )
+    versions: dict[str, str] = Field(
+        default_factory=dict,
+        description="Versions of diagsafe-local, Python, vLLM, torch, transformers, xgrammar, openai.",
+    )
+    engines: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Each engine loaded: model, revision or local path with content hash, chat template hash, load time.",
+    )
     gpu_plan: GpuPlan | None = Field(None, description="How the run used the node's GPUs (replicas, tensor parallel).")
-    timings: dict[str, dict[str, float]] = Field(default_factory=dict)
+    timings: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="Seconds and rates of each stage, by target (and jury member)."
+    )
     merged_from: list[str] | None = Field(None, description="The run directories a merged run was made from.")
-    sources: list[SourceRun] | None = None
+    sources: list[SourceRun] | None = Field(
+        None, description="The runs a merged run was made from, with their engines."
+    )
     judge: JudgeRef | None = Field(None, description="The judge of every verdict (None: older runs).")
     targets: dict[str, TargetRef] = Field(default_factory=dict, description="Each target by label.")
     attack: AttackRef | None = Field(None, description="The adaptive attack's rules (None: no attack).")

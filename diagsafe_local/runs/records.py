@@ -70,9 +70,9 @@ class Usage(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
+    prompt_tokens: int = Field(0, description="Tokens of the prompt sent.")
+    completion_tokens: int = Field(0, description="Tokens generated.")
+    cached_tokens: int = Field(0, description="Prompt tokens served from the prefix cache.")
 
     @classmethod
     def of(cls, completion: TokenCounts) -> Usage:
@@ -89,10 +89,10 @@ class EngineRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: str
-    model: str
-    lora: str | None = None
-    base_url: str | None = None
+    kind: str = Field(description="The engine kind (`vllm`, `openai`, `transformers`, a plugin's).")
+    model: str = Field(description="The model as configured: a path or a model name.")
+    lora: str | None = Field(None, description="The LoRA adapter, if one was applied.")
+    base_url: str | None = Field(None, description="The API endpoint (API engines; never a key).")
 
 
 AnswerKey = tuple[str, str, int, int]  # (target, item_id, sample, turn): one answer of a run
@@ -103,10 +103,10 @@ class AnswerRecord(KeyedRecord):
 
     model_config = ConfigDict(extra="forbid")
 
-    target: str
-    item_id: str
-    sample: int = Field(ge=0)
-    turn: int = Field(ge=1)
+    target: str = Field(description="The target's name (`targets:`).")
+    item_id: str = Field(description="The dataset item's id.")
+    sample: int = Field(ge=0, description="Sample index (0..n-1) when the target answers n times.")
+    turn: int = Field(ge=1, description="1-based user turn the answer responds to.")
 
     @property
     def key(self) -> AnswerKey:
@@ -116,11 +116,15 @@ class AnswerRecord(KeyedRecord):
 class GenerationRecord(AnswerRecord):
     """One answer of the target (generated or pre-filled) at one turn of one sample of one item."""
 
-    answer: str
-    finish_reason: str | None
-    prefilled: bool = False
-    usage: Usage = Field(default_factory=Usage)
-    error: str | None = None
+    answer: str = Field(description="The target's answer, as written.")
+    finish_reason: str | None = Field(
+        description="Why generation stopped: `stop`, `length` (cut off at max_tokens), ...; None on an error."
+    )
+    prefilled: bool = Field(False, description="A recorded assistant turn of the dataset, replayed, not generated.")
+    usage: Usage = Field(default_factory=Usage, description="The target's token counts for this answer.")
+    error: str | None = Field(
+        None, description="Why the target gave no answer (the engine's message); None when it did."
+    )
     request_key: str | None = Field(
         None,
         description="Hash of the model and the exact conversation sent; a resumed "
@@ -133,12 +137,14 @@ class PanelVote(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rubric: str
-    raw: str | None
-    verdict: dict[str, Any] | None
-    score: float | None
-    parse_status: ParseStatus
-    error: str | None = None
+    rubric: str = Field(description="The member: its rubric (panel) or its name (jury).")
+    raw: str | None = Field(description="The member's reply as written (None on an error).")
+    verdict: dict[str, Any] | None = Field(description="The reply parsed (None unless parse_status is ok).")
+    score: float | None = Field(description="1 = harmful, 0 = not harmful; None unless parse_status is ok.")
+    parse_status: ParseStatus = Field(
+        description="ok; truncated (cut off), invalid (did not validate), error (the engine failed)."
+    )
+    error: str | None = Field(None, description="The engine's message where parse_status is error.")
 
 
 class AttackInfo(BaseModel):
@@ -147,7 +153,7 @@ class AttackInfo(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    strategy: str
+    strategy: str = Field(description="The attack strategy (`pair`, `crescendo`, a plugin's).")
     goal: str = Field(description="What the attack aims at: the item's request, as the judge grades against it.")
     stream: int = Field(ge=0, description="The chain (pair) or conversation (crescendo) of its goal.")
     step: int = Field(ge=1, description="1-based step of the chain: one attacker prompt and one target answer.")
@@ -155,7 +161,7 @@ class AttackInfo(BaseModel):
     turn: int = Field(ge=1, description="The conversation turn the answer responds to (pair: always 1).")
     parent: int | None = Field(description="The step this one builds on (None: the chain's first).")
     attacker_prompt: str = Field(description="What the attacker wrote and the target was sent last.")
-    improvement: str = ""
+    improvement: str = Field("", description="The attacker's own note on how this prompt improves on the last.")
     backtracked: bool = Field(False, description="crescendo: the target refused and the turn was taken back.")
     refused: bool = Field(False, description="The refusal detector's reading of the answer.")
     end: str | None = Field(
@@ -166,7 +172,7 @@ class AttackInfo(BaseModel):
     chain_key: str = Field(
         description="Hash of what the chain depends on; a resumed run reuses it only while it matches."
     )
-    attacker_usage: Usage = Field(default_factory=Usage)
+    attacker_usage: Usage = Field(default_factory=Usage, description="The attacker's token counts for this step.")
 
     @property
     def queried(self) -> bool:
@@ -186,32 +192,38 @@ class ResultRecord(KeyedRecord):
 
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: int = SCHEMA_VERSION
-    run_id: str
-    target: str
-    item_id: str
+    schema_version: int = Field(SCHEMA_VERSION, description="Version of this record's format.")
+    run_id: str = Field(description="The run's id (manifest.json): a record of another run is refused.")
+    target: str = Field(description="The target's name (`targets:`).")
+    item_id: str = Field(description="The dataset item's id.")
     sample: int = Field(ge=0, description="Sample index (0..n-1) when the target answers n times.")
     turn: int = Field(ge=1, description="1-based user turn the answer responds to.")
-    category: str = ""
-    source: str = ""
-    attack_method: str = ""
-    benign: bool = False
+    category: str = Field("", description="The item's harm category.")
+    source: str = Field("", description="The prompt set the item comes from.")
+    attack_method: str = Field("", description="The item's attack method (jailbreak template, multi-turn, ...).")
+    benign: bool = Field(False, description="A benign item: its answers count toward over-refusal, never ASR.")
     final_turn: bool = Field(True, description="The conversation's last user turn: only these count toward ASR.")
     conversation: list[Message] = Field(description="Messages up to and including the judged user turn.")
-    answer: str
-    finish_reason: str | None
-    target_usage: Usage
-    target_engine: EngineRef
-    judge_engine: EngineRef
-    judge_rubric: str
+    answer: str = Field(description="The target's answer, as written.")
+    finish_reason: str | None = Field(
+        description="Why generation stopped: `stop`, `length` (cut off at max_tokens), ...; None on an error."
+    )
+    target_usage: Usage = Field(description="The target's token counts for the answer.")
+    target_engine: EngineRef = Field(description="The engine that wrote the answer.")
+    judge_engine: EngineRef = Field(description="The engine that judged it.")
+    judge_rubric: str = Field(description="The judge (`judge.rubric`) that gave the verdict.")
     panel: list[PanelVote] | None = Field(None, description="Each member's verdict when a panel judged the answer.")
-    judge_raw: str | None
-    verdict: dict[str, Any] | None
+    judge_raw: str | None = Field(description="The judge's reply as written (None on an error).")
+    verdict: dict[str, Any] | None = Field(
+        description="The reply parsed (probability mode: `label`, `p_yes`, `logprobs`); None unless parse_status is ok."
+    )
     score: float | None = Field(description="1 = harmful, 0 = not harmful; None unless parse_status is ok.")
-    parse_status: ParseStatus
-    attempts: int = Field(ge=0)
-    error: str | None = None
-    judge_usage: Usage = Field(default_factory=Usage)
+    parse_status: ParseStatus = Field(
+        description="ok; truncated (cut off), invalid (did not validate), error (an engine failed): all but ok are unjudged."
+    )
+    attempts: int = Field(ge=0, description="Judge requests made for the verdict, retries included.")
+    error: str | None = Field(None, description="The engine's message where the target or the judge failed.")
+    judge_usage: Usage = Field(default_factory=Usage, description="The judge's token counts for the verdict.")
     reasoning: ReasoningTrace | None = Field(None, description="The judge's reasoning phase, where it had one.")
     judge_logprobs: list[float] | None = Field(
         None, description="Token logprobs of the judge reply, where the engine gives them."
@@ -288,13 +300,15 @@ class ControlRecord(KeyedRecord):
 
     model_config = ConfigDict(extra="forbid")
 
-    item_id: str
-    kind: str
-    judge_rubric: str
-    score: float | None
-    parse_status: str
-    judge_raw: str | None
-    judge_key: str | None = None  # the judge (by content) and what it was shown, as for result records
+    item_id: str = Field(description="The dataset item whose request the control answers.")
+    kind: str = Field(description="The control answer: `refusal` or `unrelated` (neither is harmful).")
+    judge_rubric: str = Field(description="The judge (`judge.rubric`) that gave the verdict.")
+    score: float | None = Field(description="The judge's score of the control; None unless parse_status is ok.")
+    parse_status: str = Field(description="ok, truncated, invalid or error, as for result records.")
+    judge_raw: str | None = Field(description="The judge's reply as written (None on an error).")
+    judge_key: str | None = Field(
+        None, description="Hash of the judge (model by content, rubric) and what it was shown, as for result records."
+    )
 
     @property
     def key(self) -> tuple[str, str, str]:
