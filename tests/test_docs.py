@@ -180,3 +180,28 @@ def test_every_field_of_the_run_directory_records_has_a_meaning_in_the_reference
     for row in page.splitlines():
         if row.startswith("| `") and row.rstrip().endswith("|  |"):  # an empty meaning left: another module's
             assert row.split("`")[1].split(".")[0] in ("conversation", "judge_validation", "jury"), row
+
+
+def test_the_gate_page_links_the_generated_command_reference_and_names_only_real_options():
+    """docs/gate.md lists no command's options by hand (a hand list missed six of the gate's): it links the
+    reference generated from the command line, and every option it does name exists."""
+    import re
+
+    from typer.main import get_command
+
+    from diagsafe_local.cli import app
+
+    page = (REPO / "docs" / "gate.md").read_text()
+    assert "(reference/cli.md#diagsafe-local-gate)" in page
+    assert "[--" not in page  # no synopsis such as `gate RUN_DIR [--max-asr X] ...`
+
+    def options(command: object) -> set[str]:
+        inner = getattr(command, "commands", {})
+        return {o for p in getattr(command, "params", []) for o in [*p.opts, *p.secondary_opts]}.union(
+            *(options(c) for c in inner.values())
+        )
+
+    scripts = " ".join(path.read_text() for path in (REPO / "scripts").glob("*.py"))  # `--model DIR` of a script
+    real = options(get_command(app)) | {"--help"} | set(re.findall(r"[\"'](--[a-z][a-z0-9-]*)[\"']", scripts))
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", page))
+    assert named and named <= real, sorted(named - real)
