@@ -26,6 +26,9 @@ from diagsafe_local.evaluation.manifest import host_info
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.runs.records import ControlRecord
 
+# Whether this machine is a GPU node (the package's own NVML check): tests that assume a CPU machine adapt or skip.
+ON_A_GPU_NODE = gpus.node_gpus() is not None
+
 
 @pytest.fixture
 def gpu_node(monkeypatch, tmp_path):
@@ -48,7 +51,8 @@ def gpu_node(monkeypatch, tmp_path):
 
 def test_gpus_torch_cannot_use_stop_the_run_naming_the_build_the_driver_and_the_fix(gpu_node, monkeypatch, tmp_path):
     gpu_node(fake_gpu(0), fake_gpu(1))
-    assert not torch.cuda.is_available()  # this machine's torch: what a cu13 torch says on a 535 driver
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # what a cu13 torch says on a 535 driver
+    monkeypatch.setattr(torch.version, "cuda", None)  # this machine's CPU torch (a GPU node's is a CUDA build)
     with pytest.raises(RunFailed) as raised:
         gpus.cuda_available()
     message = str(raised.value)
@@ -68,6 +72,19 @@ def test_gpus_torch_cannot_use_stop_the_run_naming_the_build_the_driver_and_the_
     assert result.exit_code == 3, result.output
     assert "cannot use them" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "run" / "results.jsonl").exists()
+
+
+def test_a_cpu_job_on_a_gpu_node_is_refused_with_the_way_to_run_on_the_cpu(gpu_node, monkeypatch):
+    gpu_node(driver="535.104.05")  # the driver is loaded, but this job was given no GPU (its cgroup hides them)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RunFailed) as raised:
+        gpus.cuda_available()
+    message = str(raised.value)
+    assert "NVIDIA driver 535.104.05 (CUDA 12.2) but NVML shows this process no GPU" in message
+    assert "ask for GPUs (srun --gpus=N)" in message and "CUDA_VISIBLE_DEVICES=''" in message
+    gpus.cuda_available.cache_clear()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # what the message says to do: the CPU, on purpose
+    assert gpus.cuda_available() is False
 
 
 def test_gpus_hidden_on_purpose_or_no_driver_is_a_cpu_machine(gpu_node, monkeypatch):

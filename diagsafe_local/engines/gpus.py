@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +25,10 @@ _HIDDEN = {"", "-1", "none", "void", "nodevfiles"}
 GIB = 1024**3
 # The oldest driver CUDA 13 builds (torch 2.13, vLLM 0.32's default wheels) run on.
 CUDA13_DRIVER = 580
+# The vLLM release whose CUDA 12.9 build is the fix on older drivers where no vLLM is installed to name its own
+# (scripts/setup.sh installs the same by default: DIAGSAFE_VLLM_VERSION).
+VLLM_CUDA12_RELEASE = "0.32.0"
+SETUP_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "setup.sh"  # present in a checkout only
 
 
 class Gpu(BaseModel):
@@ -110,22 +116,59 @@ def node_gpus() -> NodeGpus | None:
     return NodeGpus(driver=driver, cuda=f"{cuda // 1000}.{cuda % 1000 // 10}", gpus=gpus)
 
 
+def cuda12_pip(vllm_version: str) -> list[str]:
+    """The pip arguments that put vLLM's and torch's CUDA 12.9 builds over an install, in one resolve: vLLM's
+    per-release cu129 index and PyTorch's cu129 index (torch with its nvidia-*-cu12 libraries). scripts/setup.sh
+    runs the same on drivers older than CUDA13_DRIVER."""
+    return [
+        "install",
+        "--upgrade",
+        f"vllm=={vllm_version}+cu129",
+        "torch",
+        "torchvision",
+        "torchaudio",
+        "--extra-index-url",
+        f"https://wheels.vllm.ai/{vllm_version}/cu129",
+        "--extra-index-url",
+        "https://download.pytorch.org/whl/cu129",
+    ]
+
+
+def _cuda12_fix() -> str:
+    """The commands that install the CUDA 12 builds into the environment this process runs from."""
+    from diagsafe_local.engines.identity import package_versions
+
+    installed = package_versions("vllm").get("vllm")
+    release = installed.split("+")[0] if installed else VLLM_CUDA12_RELEASE
+    pip = shlex.join([sys.executable, "-m", "pip", *cuda12_pip(release)])
+    if not SETUP_SCRIPT.exists():
+        return f"`{pip}`"
+    into = "" if Path(sys.prefix).resolve() == SETUP_SCRIPT.parents[1] / ".venv" else f"DIAGSAFE_VENV={sys.prefix} "
+    return f"`{into}bash {SETUP_SCRIPT}` (it picks them on this driver), or `{pip}`"
+
+
 def _unusable(torch: Any) -> str:
     gpus = node_gpus()
     built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    on_cpu = (
+        "to run on the CPU on purpose (a CPU-only job on a GPU node), hide the GPUs: start the command with "
+        "CUDA_VISIBLE_DEVICES=''"
+    )
+    if gpus is not None and not gpus.gpus:
+        return (
+            f"this node has the NVIDIA driver {gpus.driver} (CUDA {gpus.cuda}) but NVML shows this process no GPU (a "
+            f"job given none?), and torch {torch.__version__} ({built}) finds none: ask for GPUs (srun --gpus=N), "
+            f"or {on_cpu}"
+        )
     found = gpus.describe() if gpus else "the NVIDIA driver (/dev/nvidiactl), but NVML could not be read"
     old_driver = gpus is not None and gpus.before_cuda13
     fix = (
-        f"this driver is older than {CUDA13_DRIVER}, which CUDA 13 builds need: install the CUDA 12 builds of "
-        "torch and vLLM (`bash scripts/setup.sh` picks them on such a driver; README, 'GPU nodes'), or update "
-        "the driver"
+        f"this driver is older than {CUDA13_DRIVER}, which CUDA 13 builds need: install the CUDA 12 builds of vLLM and torch "
+        f"(cu129) with {_cuda12_fix()}; or update the driver"
         if old_driver
         else "install the GPU build (`bash scripts/setup.sh` on this node, or pip install 'diagsafe-local[gpu]')"
     )
-    return (
-        f"this node has {found}, but torch {torch.__version__} ({built}) cannot use them; {fix}. To run on the "
-        "CPU on purpose, hide the GPUs: CUDA_VISIBLE_DEVICES=''"
-    )
+    return f"this node has {found}, but torch {torch.__version__} ({built}) cannot use them; {fix}. Or, {on_cpu}"
 
 
 @functools.cache
