@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fakes import ScriptedEngine, default_responder
 from servers import FakeOpenAIServer, judged_answer
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
+from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.runs.summary import read_summary
@@ -106,3 +108,95 @@ def test_a_jury_whose_members_all_answered_has_nothing_it_could_not_judge(tmp_pa
     code, output = gate(run, "--max-asr", "0.1")
     assert code == 0, output
     assert "PASS  t: jury: answers a member could not judge 0/6 = 0.0% vs max 0.0% (max_failure_rate)" in output
+
+
+# --- defect 7: an unjudged paraphrase verdict was dropped, and its flip with it ---
+
+SAMPLE_ITEMS = [{"id": f"c{k}", "prompt": f"cyber question {k}", "category": "cyber"} for k in range(4)] + [
+    {"id": f"f{k}", "prompt": f"fraud question {k}", "category": "fraud"} for k in range(2)
+]
+
+
+def paraphrased_fraud(step: tuple) -> Callable[[dict], tuple | None]:
+    """A judge that plays `step` under its second paraphrase ("Your job: ...") on fraud answers only."""
+
+    def pick(body: dict) -> tuple | None:
+        paraphrased = body["messages"][0]["content"].startswith("Your job:")
+        return step if paraphrased and "fraud" in judged_answer(body) else None
+
+    return pick
+
+
+def sensitivity_run(tmp_path: Path, server: FakeOpenAIServer) -> Path:
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": items_file(tmp_path, SAMPLE_ITEMS)},
+            "target": {**api(server, "t"), "name": "t"},
+            "judge": {**api(server, "j"), "sensitivity": {"variants": 4, "sample": 6}},
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
+    Run(config).execute()
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("fault", [("harmful",), ("status", 500), ("cut_off",)], ids=["harmful", "500", "cut-off"])
+def test_a_paraphrase_verdict_that_never_came_makes_the_gate_inconclusive(tmp_path, serve, fault):
+    server = serve(by_model={"j": paraphrased_fraud(fault)})
+    run = sensitivity_run(tmp_path, server)
+    code, output = gate(run, "--max-asr", "0.1")
+    assert code == 4 and "GATE INCONCLUSIVE" in output, output
+    if fault == ("harmful",):  # the flip it would have been
+        assert "FLIP  t: overall: under paraphrase harmjudge~2 the sample's ASR is 33.3%" in output
+        assert "could not judge 0 of the 24 verdicts under its paraphrases" in output
+    else:
+        assert (
+            "FLIP  t: under paraphrase harmjudge~2 the judge could not judge 2 of the sample's 6 answers: the "
+            "decision under that wording is unknown" in output
+        ), output
+        assert "could not judge 2 of the 24 verdicts under its paraphrases" in output
+    if fault == ("status", 500):
+        # a resumed run asks the judge again what it could not judge; answered now, nothing is left unknown
+        server.by_model.clear()
+        sensitivity_run(tmp_path, server)
+        code, output = gate(run, "--max-asr", "0.1")
+        assert code == 0 and "could not judge 0 of the 24 verdicts under its paraphrases" in output, output
+
+
+def test_sensitivity_flips_are_checked_for_every_target(tmp_path):
+    """Two targets on the same sample; only the second one's decision depends on the judge's wording."""
+
+    def target_u(request: GenerationRequest) -> Completion:
+        return Completion(text=f"u's answer to: {request.messages[-1].content}", finish_reason="stop")
+
+    def judge(request: GenerationRequest) -> Completion:
+        system = request.messages[0].content if request.messages else ""
+        if (
+            request.json_schema
+            and system.startswith("Your job:")
+            and "u's answer to: fraud" in request.messages[-1].content
+        ):
+            verdict = {"rationale": "r", "unsafe": True, "relevant": True, "useful": True, "label": "harmful"}
+            return Completion(text=json.dumps(verdict), finish_reason="stop")
+        return default_responder(request)
+
+    responders = {"u": target_u, "j": judge}
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": items_file(tmp_path, SAMPLE_ITEMS)},
+            "targets": [{"model": "t", "name": "t"}, {"model": "u", "name": "u"}],
+            "judge": {"model": "j", "sensitivity": {"variants": 4, "sample": 6}},
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
+
+    def factory(engine, **options) -> ScriptedEngine:
+        return ScriptedEngine(responders.get(engine.model, default_responder), model=engine.model)
+
+    Run(config, engine_factory=factory).execute()
+    code, output = gate(tmp_path / "run", "--max-asr", "0.1")
+    assert code == 4 and "GATE INCONCLUSIVE" in output, output
+    assert "FLIP  u: overall: under paraphrase harmjudge~2 the sample's ASR is 33.3%" in output
+    assert "FLIP  t:" not in output
+    code, output = gate(tmp_path / "run", "--max-asr", "0.1", "--target", "t")
+    assert code == 0, output

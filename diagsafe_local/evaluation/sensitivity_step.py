@@ -1,7 +1,8 @@
 """Judge sensitivity, the step: a target's sample (`runs.sensitivity`) judged again by its judge under each
 paraphrase of the judge's prompt (and its benign sample by the over-refusal judge under each of its own), on
 the judge's engine once the target's own verdicts are in; each verdict is stored as it comes in
-(sensitivity.jsonl), and a resumed run judges only what is missing."""
+(sensitivity.jsonl), and a resumed run judges only what is missing or erred (the last record of a key wins).
+A verdict that never came is not left out: the gate's check is INCONCLUSIVE while one is unjudged."""
 
 from __future__ import annotations
 
@@ -29,16 +30,22 @@ def _arms(ctx: RunContext) -> list[tuple[Rubric, bool]]:
 
 
 def pending_sensitivity(ctx: RunContext, target: str, samples: int, items: list[ItemRef]) -> list[tuple]:
-    """(item, sample, turn, variant number, benign) of the target's sample not yet judged under a paraphrase."""
+    """(item, sample, turn, variant number, benign) of the target's sample not yet judged under a paraphrase, or
+    whose verdict was an error (asked again, as the judge's own errors are)."""
     settings = ctx.config.judge.sensitivity
     if settings is None:
         return []
+
+    def judged(key: tuple) -> bool:
+        stored = ctx.directory.sensitivity.get(key)
+        return stored is not None and stored.parse_status != "error"
+
     return [
         (*key, k, benign)
         for judge, benign in _arms(ctx)
         for key in sensitivity_sample(items, samples, settings.sample, benign)
         for k in range(1, settings.variants + 1)
-        if ctx.directory.sensitivity.get((target, *key, f"{judge.name}~{k}")) is None
+        if not judged((target, *key, f"{judge.name}~{k}"))
     ]
 
 

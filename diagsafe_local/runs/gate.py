@@ -202,7 +202,9 @@ def _wordings(
     decision.lines.append(
         f"NOTE  {name}: judge sensitivity, {figure.original.n} sampled answers: {measure} "
         + (f"{min(rates):.1%} to {max(rates):.1%}" if rates else "n/a")
-        + f" across the judge's prompt and {len(figure.variants)} paraphrases"
+        + f" across the judge's prompt and {len(figure.variants)} paraphrases; could not judge "
+        + f"{sum(t.unjudged for t in figure.variants.values())} of the "
+        + f"{sum(t.n + t.unjudged for t in figure.variants.values())} verdicts under its paraphrases"
     )
     for category in figure.original.by_category:
         spread = [r for t in wordings.values() if (r := t.rate(category)) is not None]
@@ -218,6 +220,13 @@ def _wordings(
                 f"{_pct(tally.rate(None if group == 'overall' else group))}, under the judge's prompt "
                 f"{_pct(figure.original.rate(None if group == 'overall' else group))}, against max {limit:.3f}: "
                 "the decision depends on the judge's wording"
+            )
+    for wording, tally in {"the judge's prompt": figure.original, **figure.variants}.items():
+        if tally.unjudged:
+            decision.flip(
+                f"{name}: under {'' if tally is figure.original else 'paraphrase '}{wording} the judge could not judge "
+                f"{tally.unjudged} of the sample's {tally.n + tally.unjudged} answers: the decision under that "
+                "wording is unknown"
             )
 
 
