@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -23,6 +25,16 @@ def test_every_test_runs_under_a_timeout_that_fails_it_by_name(pytestconfig):
     limit = float(pytestconfig.getini("timeout") or 0)
     assert 600 <= limit <= 1800  # above the slowest test (a few minutes), below a CI job's own limit
     assert pytestconfig.getini("timeout_method") == "signal"  # the test fails and the suite goes on
+
+
+def test_a_hang_signals_cannot_reach_still_ends_with_every_stack_after_the_longest_limit(pytestconfig):
+    limits = [float(pytestconfig.getini("timeout") or 0)] + [
+        float(n)
+        for path in Path(__file__).parent.glob("test_*.py")
+        for n in re.findall(r"@pytest\.mark\.timeout\((\d+)", path.read_text())
+    ]
+    assert float(pytestconfig.getini("faulthandler_timeout") or 0) > max(limits)  # never before a test's own limit
+    assert pytestconfig.getini("faulthandler_exit_on_timeout") is True
 
 
 @pytest.mark.slow
