@@ -148,38 +148,17 @@ def test_every_module_a_docstring_or_comment_names_exists():
 
 def test_every_field_of_the_run_directory_records_has_a_meaning_in_the_reference():
     """The generated run-directory reference takes each field's meaning from its `Field(description=...)`: every
-    field of the records a user reads most (results, generations, controls, summary, manifest) has one."""
+    field of every record and section it shows (results, generations, controls, summary, manifest) has one."""
     sys.path.insert(0, str(REPO / "docs"))
     try:
         import hooks
     finally:
         sys.path.remove(str(REPO / "docs"))
-    from pydantic import BaseModel
 
-    from diagsafe_local.runs.manifest import Manifest
-    from diagsafe_local.runs.records import ControlRecord, GenerationRecord, ResultRecord
-    from diagsafe_local.runs.summary import Summary
-
-    covered = {"diagsafe_local.runs.records", "diagsafe_local.runs.summary", "diagsafe_local.runs.manifest"}
-    seen: set[type[BaseModel]] = set()
-    empty: list[str] = []
-
-    def walk(model: type[BaseModel]) -> None:
-        seen.add(model)
-        for name, field in model.model_fields.items():
-            if model.__module__ in covered and not (field.description or "").strip():
-                empty.append(f"{model.__name__}.{name}")
-            inner = hooks._nested(field.annotation)
-            if inner is not None and inner not in seen:
-                walk(inner)
-
-    for model in (ResultRecord, GenerationRecord, ControlRecord, Summary, Manifest):
-        walk(model)
-    assert len(seen) > 20 and not empty, empty
     page = hooks._run_directory()
-    for row in page.splitlines():
-        if row.startswith("| `") and row.rstrip().endswith("|  |"):  # an empty meaning left: another module's
-            assert row.split("`")[1].split(".")[0] in ("conversation", "judge_validation", "jury"), row
+    rows = [row for row in page.splitlines() if row.startswith("| `")]
+    empty = [row.split("`")[1] for row in rows if row.rstrip().endswith("|  |")]
+    assert len(rows) > 300 and not empty, empty
 
 
 def test_the_gate_page_links_the_generated_command_reference_and_names_only_real_options():

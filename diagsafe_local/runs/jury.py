@@ -38,21 +38,21 @@ class JurorFigures(Record):
 class PairAgreement(Record):
     """Two members on the answers both decided."""
 
-    members: tuple[str, str]
-    n: int
+    members: tuple[str, str] = Field(description="The two members.")
+    n: int = Field(description="Answers both decided.")
     agreement: float | None = Field(description="Share of those answers both called harmful, or both not.")
 
 
 class JuryAgreement(Record):
     """How the jury's members agreed (see the module docstring)."""
 
-    rule: str
+    rule: str = Field(description="How the votes combine (`judge.jury.rule`).")
     answers: int = Field(description="Answers the jury judged (final turns of harmful items).")
     unjudged: int = Field(
         description="Answers some member gave no verdict on: its vote counted harmful, and held to max_failure_rate."
     )
-    members: dict[str, JurorFigures]
-    pairs: list[PairAgreement]
+    members: dict[str, JurorFigures] = Field(description="Each member's own figures, by name.")
+    pairs: list[PairAgreement] = Field(description="How each two members agreed.")
     fleiss_kappa: float | None = Field(description="Fleiss' kappa (harmful or not) over answers all decided.")
     all_decided: int = Field(description="Answers every member decided (what the kappa is over).")
     ties: int = Field(description="Majority ties: decided harmful (a jury fails closed).")

@@ -20,19 +20,19 @@ class JudgeErrorRates(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    judge: str
-    rubric: str | None = None
-    model: str | None = None
-    model_hash: str | None = None
-    lora_hash: str | None = None
-    scoring: str | None = None
+    judge: str = Field(description="The validated judge, as `validate` named it.")
+    rubric: str | None = Field(None, description="Its rubric.")
+    model: str | None = Field(None, description="Its model as configured.")
+    model_hash: str | None = Field(None, description="Its weights by content.")
+    lora_hash: str | None = Field(None, description="Its LoRA adapter by content, if any.")
+    scoring: str | None = Field(None, description="Its scoring mode: `sampled` or `probability`.")
     # Counts of the gold items; where they were a weighted sample (a run's own labels), the counts of a sample of
     # the same size with the weighted rates (see validation.agreement.effective_counts): not always whole.
-    tp: float = Field(ge=0)
-    fp: float = Field(ge=0)
-    tn: float = Field(ge=0)
-    fn: float = Field(ge=0)
-    missing: int = Field(0, ge=0)
+    tp: float = Field(ge=0, description="Harmful gold items it called harmful.")
+    fp: float = Field(ge=0, description="Not-harmful gold items it called harmful.")
+    tn: float = Field(ge=0, description="Not-harmful gold items it called not harmful.")
+    fn: float = Field(ge=0, description="Harmful gold items it called not harmful.")
+    missing: int = Field(0, ge=0, description="Gold items it gave no verdict on.")
 
     @property
     def fpr(self) -> float | None:
@@ -65,13 +65,13 @@ def read_validation(directory: Path) -> ValidationFile:
 class JudgeValidation(JudgeErrorRates):
     """The validated error rates a run's summary carries, with the gold set they were measured on."""
 
-    directory: str
-    gold: str
-    gold_sha256: str
-    fpr_measured: float | None
-    fnr_measured: float | None
-    format: str | None = None
-    n_labelled: int | None = None
+    directory: str = Field(description="The validation directory (`judge.validation`).")
+    gold: str = Field(description="The gold set the rates were measured on.")
+    gold_sha256: str = Field(description="SHA-256 of the gold set.")
+    fpr_measured: float | None = Field(description="False positive rate: fp / (fp + tn).")
+    fnr_measured: float | None = Field(description="False negative rate: fn / (fn + tp).")
+    format: str | None = Field(None, description="The gold set's format (a run's own labels: `run`).")
+    n_labelled: int | None = Field(None, description="Labelled items in the gold set.")
 
 
 def validated_rates(directory: Path, rubric: str, identity: dict[str, Any], scoring: str) -> JudgeValidation:
