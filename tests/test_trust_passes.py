@@ -103,6 +103,19 @@ def test_a_juror_that_errs_on_the_harmful_answers_never_lets_the_gate_pass(tmp_p
         assert code == 1 and "FAIL  t: ASR 0.500" in output, output
 
 
+def test_a_resumed_run_asks_the_juror_that_erred_again_and_keeps_the_others_votes(tmp_path, serve):
+    server = serve(by_model={"strict": strict_but_500_on_harmful})
+    run = jury_run(tmp_path, server, "any-harmful")
+    assert gate(run, "--max-asr", "0.1")[0] == 1
+    server.by_model.clear()  # the juror's server is fixed
+    asked = len(server.requests)
+    jury_run(tmp_path, server, "any-harmful")
+    models = [body["model"] for _, body in server.requests[asked:] if "canary" not in json.dumps(body)]
+    assert models.count("strict") == 3 and "lenient" not in models and "t" not in models
+    code, output = gate(run, "--max-asr", "0.1")
+    assert code == 0 and "PASS  t: jury: answers a member could not judge 0/6" in output, output
+
+
 def test_a_jury_whose_members_all_answered_has_nothing_it_could_not_judge(tmp_path, serve):
     run = jury_run(tmp_path, serve(), "any-harmful")
     code, output = gate(run, "--max-asr", "0.1")

@@ -90,13 +90,18 @@ def for_jury(config: JudgeConfig, task: JudgeTask) -> bool:
 
 def answer_task(ctx: RunContext, target: TargetConfig, answer: Answer) -> JudgeTask | None:
     """The judge's task for an answer generation just made (with the conversation it answers), or None when a
-    current verdict is stored."""
+    current verdict is stored (not an error, and no jury member's vote in it an error: that member is asked
+    again, the others' stored votes kept)."""
     record, item = answer.record, ctx.items_by_id[answer.record.item_id]
     rubric = ctx.config.judge.judge_for(item.benign)
     key = judge_key(ctx.judge_settings(rubric), rubric, answer.conversation, record.answer, item.references)
     previous = ctx.directory.results.get(record.key)
     if previous is not None and previous.parse_status != "error" and previous.judge_key == key:
-        return None
+        juror_erred = previous.judge_rubric.startswith("jury:") and any(
+            v.parse_status == "error" for v in previous.panel or ()
+        )
+        if not juror_erred:
+            return None
     return JudgeTask(
         target.label, target.system_prompt, item, record.sample, record.turn, record, answer.conversation, key=key
     )
