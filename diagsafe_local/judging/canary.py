@@ -6,24 +6,11 @@ under a schema (and by `doctor`)."""
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Any
-
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Engine, GenerationRequest
+from diagsafe_local.runs.grammar import CANARY_SCHEMA, CANARY_VALUE, canary_held
 
-CANARY_VALUE = "zq-canary-7731"
-CANARY_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "canary": {"enum": [CANARY_VALUE]},
-        "digits": {"type": "string", "pattern": "^[0-9]{6}$"},
-    },
-    "required": ["canary", "digits"],
-    "additionalProperties": False,
-}
-_DIGITS = re.compile(r"[0-9]{6}")
+__all__ = ["CANARY_SCHEMA", "CANARY_VALUE", "ask_canary", "canary_held", "canary_request"]
 
 
 def canary_request() -> GenerationRequest:
@@ -33,21 +20,6 @@ def canary_request() -> GenerationRequest:
         max_tokens=96,
         temperature=0.0,
         json_schema=CANARY_SCHEMA,
-    )
-
-
-def canary_held(text: str) -> bool:
-    """Whether a reply to the canary is the one output its schema allows."""
-    try:
-        reply = json.loads(text)
-    except ValueError:
-        return False
-    return (
-        isinstance(reply, dict)
-        and set(reply) == {"canary", "digits"}
-        and reply["canary"] == CANARY_VALUE
-        and isinstance(reply["digits"], str)
-        and _DIGITS.fullmatch(reply["digits"]) is not None
     )
 
 
