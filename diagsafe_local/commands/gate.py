@@ -75,7 +75,8 @@ def gate(
     baseline: Annotated[
         Path | None,
         typer.Option(
-            help="A baseline run directory (e.g. production's) for --max-asr-increase (default: gate.baseline_run)."
+            help="A baseline run directory (e.g. production's) for --max-asr-increase (default: a series' own; never "
+            "one named by the run's config)."
         ),
     ] = None,
     baseline_target: Annotated[str | None, typer.Option(help="The baseline run's target, if it has several.")] = None,
@@ -120,7 +121,8 @@ def gate(
         entry, run_dir, series_baseline, signature = gated_checkpoint(run_dir, checkpoint, require_signature)
         typer.echo(f"NOTE  series checkpoint {entry.name} (step {entry.step}, {entry.status}): {run_dir}")
         typer.echo(f"NOTE  series state: {signature}")
-        baseline = baseline or series_baseline
+        if baseline is None and series_baseline is not None:
+            baseline, command_line["baseline_source"] = series_baseline, "the series' baseline"
     if baseline is not None:
         command_line["baseline_run"] = str(baseline)
     command_line["baseline_target"] = baseline_target

@@ -11,15 +11,15 @@ from pydantic import BaseModel, ValidationError
 from diagsafe_local.core.errors import DiagsafeError
 
 
-def read_json(path: Path, what: str) -> dict[str, Any]:
+def read_json(path: Path, what: str, raw: bytes | None = None) -> dict[str, Any]:
     """A JSON object file written by the tool (a run's manifest or summary, validation.json), or an error naming
-    the file."""
-    if not path.is_file():
+    the file; `raw`: its bytes as the caller read them (None: read here)."""
+    if raw is None and not path.is_file():
         raise DiagsafeError(
             f"{path.parent}: no {path.name}: not a finished {what.split()[0]} directory (is this the {what}'s directory?)"
         )
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads((path.read_bytes() if raw is None else raw).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DiagsafeError(f"{path}: corrupt {what} ({exc}); rerun the command that wrote it") from None
     if not isinstance(value, dict):
@@ -30,9 +30,10 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
 M = TypeVar("M", bound=BaseModel)
 
 
-def read_model(path: Path, model: type[M], what: str) -> M:
-    """A file as its typed record: a file of another version is a clear error, never a guessed key."""
-    data = read_json(path, what)
+def read_model(path: Path, model: type[M], what: str, raw: bytes | None = None) -> M:
+    """A file as its typed record: a file of another version is a clear error, never a guessed key (`raw`: as
+    `read_json`)."""
+    data = read_json(path, what, raw)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

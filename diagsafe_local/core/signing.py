@@ -14,7 +14,7 @@ import hashlib
 import hmac
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -116,10 +116,19 @@ def _read(directory: Path, key: bytes, run_id: str, names: Sequence[str]) -> tup
     return signature, []
 
 
-def check_signature(directory: Path, run_id: str, names: Sequence[str], required: bool) -> tuple[list[str], str]:
+def digest_of(raw: bytes) -> Signed:
+    """A file's bytes as a signature records them."""
+    return Signed(sha256=hashlib.sha256(raw).hexdigest(), bytes=len(raw))
+
+
+def check_signature(
+    directory: Path, run_id: str, names: Sequence[str], required: bool, read: Mapping[str, Signed | None] | None = None
+) -> tuple[list[str], str]:
     """(problems, note) of a directory's signature: verified when a key is set and a signature exists; with
     `required`, a missing key is a usage error and a missing signature a problem. Every signed file must be
-    exactly as signed, and a file signed as absent must still be absent."""
+    exactly as signed, and a file signed as absent must still be absent. `read`: the files the caller read and
+    decides on, as it read them (None: absent); they are checked as read, never read again here (the others are
+    hashed here)."""
     key = signing_key(required)
     if not (directory / SIGNATURE).is_file():
         problems = [f"{directory}: no {SIGNATURE}: it was not signed (set {KEY_ENV} where it is written)"]
@@ -129,7 +138,12 @@ def check_signature(directory: Path, run_id: str, names: Sequence[str], required
     signature, problems = _read(directory, key, run_id, names)
     if signature is None:
         return problems, "signature invalid"
-    changed = [name for name, signed in signature.files.items() if _file(directory / name) != signed]
+    held = read or {}
+    changed = [
+        name
+        for name, signed in signature.files.items()
+        if (held[name] if name in held else _file(directory / name)) != signed
+    ]
     if changed:
         return [f"{directory}: changed since it was signed: {', '.join(changed)}"], "signature does not match"
     return [], "signature verified"

@@ -366,7 +366,7 @@ def gate_run(
             f"{run_dir}: refused: --sensitivity needs the run's judge sensitivity sample, and it has none (set "
             "judge.sensitivity in its config)"
         )
-    limits = resolve(command_line, run.manifest.gate_settings if run.config_trusted else None)
+    limits = resolve(command_line, run.manifest.gate_settings)
     comparisons = None
     if limits.increases:
         assert limits.baseline_run is not None

@@ -8,8 +8,10 @@ decided on a paired comparison with a baseline run (non-inferiority), the others
 Where a limit comes from: the command line is the authority. A limit given there is used as given; one the
 command line leaves out is taken from the run's own config only where that is stricter than the default (a
 config cannot loosen what it does not own); a limit given nowhere takes its default. Switches that relax the
-gate (accepting a degenerate judge, deciding on the corrected rate) count only on the command line. The gate
-prints every limit it used and where it came from, and each config setting it did not apply.
+gate (accepting a degenerate judge, deciding on the corrected rate) and the baseline an increase is measured
+against (a weaker baseline loosens every increase limit) count only on the command line (or, for the baseline,
+the series being gated). The gate prints every limit it used and where it came from, the baseline and where it
+came from, and each config setting it did not apply.
 """
 
 from __future__ import annotations
@@ -213,10 +215,15 @@ GateConfig: type[StrictModel] = create_model(  # type: ignore[call-overload]
     baseline_run=(
         str | None,
         Field(
-            None, description="A run directory to compare with (e.g. the production checkpoint's): the increase limits."
+            None,
+            description="Not used by the gate (it says so): the baseline comes only from `gate --baseline` or the "
+            "series, never from the run's own config.",
         ),
     ),
-    baseline_target=(str | None, Field(None, description="The baseline run's target (when it has several).")),
+    baseline_target=(
+        str | None,
+        Field(None, description="Not used by the gate (it says so): `gate --baseline-target` names it."),
+    ),
 )
 
 
@@ -243,6 +250,7 @@ class Limits(BaseModel):
     applied: list[Applied]
     switches: dict[str, bool]
     baseline_run: str | None = None
+    baseline_source: str | None = Field(None, description="Where the baseline came from: the command line, the series.")
     baseline_target: str | None = None
     notes: list[str] = []
 
@@ -274,13 +282,17 @@ class Limits(BaseModel):
         on = [name for name, set_ in self.switches.items() if set_]
         if on:
             out.append("LIMIT switches on (command line): " + ", ".join(on))
+        if self.increases:
+            target = f", target {self.baseline_target}" if self.baseline_target else ""
+            out.append(f"LIMIT baseline run {self.baseline_run}{target} ({self.baseline_source})")
         return out + [f"NOTE  {note}" for note in self.notes]
 
 
 def resolve(command_line: dict[str, Any], config: dict[str, Any] | None) -> Limits:
     """The limits one gate decides with (see the module docstring): `command_line` holds what was given there
-    (absent or None: not given; a per-category limit as a dict), `config` the run's own `gate:` section (None:
-    not trusted or absent). A limit outside [0, 1] is an input error (exit 2)."""
+    (absent or None: not given; a per-category limit as a dict; `baseline_run` with its `baseline_source`, "command
+    line" unless said), `config` the run's own `gate:` section (None: absent). A limit outside [0, 1], and an
+    increase limit without a baseline, are input errors (exit 2)."""
     stored = _config(config)
     notes: list[str] = []
     applied: list[Applied] = []
@@ -322,16 +334,27 @@ def resolve(command_line: dict[str, Any], config: dict[str, Any] | None) -> Limi
             + ", ".join(limit.option for limit in LIMITS if limit.threshold)
             + " (or set them in the config's gate: section)"
         )
-    baseline = command_line.get("baseline_run") or stored.get("baseline_run")
+    for key, option in (("baseline_run", "--baseline"), ("baseline_target", "--baseline-target")):
+        if stored.get(key):
+            notes.append(
+                f"the run's config sets gate.{key}: {stored[key]}; not used: the baseline comes only from the command "
+                f"line ({option}) or the series"
+            )
+    baseline = command_line.get("baseline_run")
     limits = Limits(
         applied=applied,
         switches=switches,
         baseline_run=str(baseline) if baseline else None,
-        baseline_target=command_line.get("baseline_target") or stored.get("baseline_target"),
+        baseline_source=(command_line.get("baseline_source") or "command line") if baseline else None,
+        baseline_target=command_line.get("baseline_target"),
         notes=notes,
     )
     if limits.increases and not limits.baseline_run:
-        raise DiagsafeError("--max-asr-increase needs the baseline run: --baseline DIR (or gate.baseline_run)")
+        given = ", ".join(f"{a.name} ({a.source})" for _, a in limits.of_scope("increase", "increase_category"))
+        raise DiagsafeError(
+            f"--max-asr-increase needs the baseline run: --baseline DIR (a run's own config cannot name it); "
+            f"increase limits applied: {given}"
+        )
     return limits
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from diagsafe_local.core import jsonl
+from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.manifest import ItemRef, Manifest
 from diagsafe_local.runs.records import ResultRecord, SensitivityRecord
 
@@ -128,8 +128,9 @@ class SampleCheck:
         if arm is not None:
             self.original[arm, record.target].append((self.category.get(record.item_id, "(none)"), record.score))
 
-    def read(self, path: Path) -> None:
-        if not path.is_file():
+    def read(self, path: Path, lines: Iterable[Line[SensitivityRecord]] | None) -> None:
+        """Check the file's records as the caller read (and hashed) them; None: it found no file."""
+        if lines is None:
             if self.settings:
                 self._problems.append(f"no {path.name}: the run's judge.sensitivity sample was never judged again")
             return
@@ -139,7 +140,7 @@ class SampleCheck:
         variants = range(1, int(self.settings["variants"]) + 1)
         names = {arm: {f"{rubric}~{k}" for k in variants} for arm, (rubric, _) in self.arms.items()}
         found: dict[tuple, tuple[str, SensitivityRecord]] = {}
-        for line in jsonl.stream(path, SensitivityRecord):
+        for line in lines:
             record = line.record
             if record.run_id not in self.run_ids:
                 self._problems.append(f"{path.name} line {line.number}: a record of run {record.run_id}")

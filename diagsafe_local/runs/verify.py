@@ -1,9 +1,13 @@
 """What a decision on a run directory rests on, each input loaded through one verification path.
 
 The gate (and, as a banner, the report) decides only on a run that verifies:
+- read once: each run file is read once, and the bytes hashed for the signature and content checks are the bytes
+  parsed and decided on (small files held, the results streamed through one hashing reader); a file swapped
+  after it was read changes nothing that is decided;
 - its record: manifest.json reads as a complete run's, its config hashes to its run id (a merged run: to the
-  id of the runs it was merged from, and its id is theirs joined), and config.yaml, where the tool wrote it, is
-  the same config (the gate's own section included);
+  id of the runs it was merged from, and its id is theirs joined), and config.yaml is the tool's copy of the
+  same config (the gate's own section included: the run's limits are the manifest's, and a config.yaml missing
+  or not the tool's is refused, so no edit of it drops a limit);
 - finished and whole: the manifest says `complete`, and there is a result for every (target, item, sample,
   judged turn) of the dataset the manifest lists (every item of the whole dataset: a shard, a merge of some
   shards or a run whose results were cut is refused, naming what is missing), and none for anything else;
@@ -13,6 +17,8 @@ The gate (and, as a banner, the report) decides only on a run that verifies:
 - attacked, where the config has an attack: every harmful item attacked to its end (broken, its query budget
   spent, or every chain ended), by this run;
 - checked by its controls, where its judge is a model: the judge graded its control answers;
+- decoded under its schema, where it said so: a recorded grammar canary is decided from its recorded reply
+  (`runs.grammar.canary_held`), whatever flag the manifest carries;
 - recomputed: every figure is recomputed from results.jsonl, attacks.jsonl and judge_controls.jsonl;
   summary.json is a cache, and one that disagrees with the recomputation is refused;
 - corrected by the validation it recorded: the judge validation is read again from its directory and used only
@@ -32,7 +38,7 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import yaml
@@ -41,25 +47,28 @@ from pydantic import BaseModel, ConfigDict, Field
 from diagsafe_local.core import jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.core.jsonfile import read_model
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
 from diagsafe_local.runs.attack_figures import goal_figures
-from diagsafe_local.runs.manifest import Manifest, config_fingerprint, read_manifest_file
-from diagsafe_local.runs.records import AnswerKey, ControlRecord, ResultRecord, read_controls
+from diagsafe_local.runs.grammar import canary_held
+from diagsafe_local.runs.manifest import Manifest, config_fingerprint
+from diagsafe_local.runs.records import AnswerKey, ControlRecord, ResultRecord, SensitivityRecord
 from diagsafe_local.runs.sensitivity import SampleCheck, TargetSensitivity
 from diagsafe_local.runs.summarize import Summarizer
-from diagsafe_local.runs.summary import Summary, read_summary
+from diagsafe_local.runs.summary import Summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
 from diagsafe_local.runs.verdicts import combined_score, is_combined
 
 # Summary fields that describe how the run went, not what it found: not recomputed from the results.
 _NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "throughput"}
 _SHOWN = 5
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class VerifiedRun(BaseModel):
     """A run directory as verified: its manifest, the summary recomputed from its records, the judge validation
-    that verified (None: none, or it did not), whether its config's gate section can be trusted, and what failed.
+    that verified (None: none, or it did not), and what failed.
     Its records are not held: `results()` and `attack_steps()` read them again, checked to be the bytes that
     were verified."""
 
@@ -74,7 +83,6 @@ class VerifiedRun(BaseModel):
     validation_problem: str | None = Field(
         None, description="Why the judge validation the run recorded did not verify."
     )
-    config_trusted: bool = False
     sensitivity: dict[str, TargetSensitivity] | None = Field(
         None, description="Each target's sample under its judge and under each paraphrase (judge.sensitivity)."
     )
@@ -98,47 +106,97 @@ class VerifiedRun(BaseModel):
 def _reread(path: Path, verified: str | None) -> Iterator[Line[ResultRecord]]:
     """A verified file's records again; a file that changed since it was verified stops the reader (exit 3)
     before its last record is handed over, so nothing is decided on records that were not verified."""
-    if verified is None or not path.is_file():
+    if verified is None:
         return
     digest = hashlib.sha256()
     held: Line[ResultRecord] | None = None
-    for line in jsonl.stream(path, ResultRecord, digest):
-        if held is not None:
-            yield held
-        held = line
+    try:
+        for line in jsonl.stream(path, ResultRecord, digest):
+            if held is not None:
+                yield held
+            held = line
+    except DiagsafeError as exc:
+        raise RunFailed(f"{path} changed after it was verified ({exc}): nothing is decided on it") from None
     if digest.hexdigest() != verified:
         raise RunFailed(f"{path} changed after it was verified: nothing is decided on it")
     if held is not None:
         yield held
 
 
-def _read(what: str, read: Any, *args: Any) -> Any:
-    """A run file read for a decision: one that does not read is a reason to refuse the run (exit 3)."""
-    try:
-        return read(*args)
-    except DiagsafeError as exc:
-        raise RunFailed(f"refused, {what} does not read: {exc}") from None
+class _Digest:
+    """The SHA-256 and length of the bytes fed to it, as a signature records a file."""
+
+    def __init__(self) -> None:
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def update(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.bytes += len(data)
 
 
-def _lines(path: Path, digest: Any) -> Iterator[Line[ResultRecord]]:
-    """A run's result records one at a time, hashed as they are read; a line that does not read refuses the run."""
-    try:
-        yield from jsonl.stream(path, ResultRecord, digest)
-    except DiagsafeError as exc:
-        raise RunFailed(f"refused, {path.name} does not read: {exc}") from None
+class _Files:
+    """A run directory's files, each read once: what is parsed is what was hashed, and the signature is checked
+    against these hashes (`read`; None: absent), never against the files read again. A file that does not read
+    is a reason to refuse the run (exit 3)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.read: dict[str, signing.Signed | None] = {}
+
+    def whole(self, name: str) -> bytes | None:
+        """A small file's bytes (None: there is none)."""
+        path = self.run_dir / name
+        try:
+            raw = path.read_bytes() if path.is_file() else None
+        except OSError as exc:
+            raise RunFailed(f"refused, {name} does not read: {exc}") from None
+        self.read[name] = None if raw is None else signing.digest_of(raw)
+        return raw
+
+    def model(self, name: str, model: type[_M], what: str) -> _M | None:
+        """A JSON file as its record (None: there is none); one that does not read refuses the run."""
+        raw = self.whole(name)
+        try:
+            return None if raw is None else read_model(self.run_dir / name, model, what, raw)
+        except DiagsafeError as exc:
+            raise RunFailed(f"refused, {name} does not read: {exc}") from None
+
+    def stream(self, name: str, model: type[_M]) -> Iterator[Line[_M]]:
+        """A JSONL file's records one at a time, hashed as they are read (none where there is no file)."""
+        path = self.run_dir / name
+        if not path.is_file():
+            self.read[name] = None
+            return
+        digest = _Digest()
+        try:
+            yield from jsonl.stream(path, model, digest)
+        except DiagsafeError as exc:
+            raise RunFailed(f"refused, {name} does not read: {exc}") from None
+        self.read[name] = signing.Signed(sha256=digest.sha256.hexdigest(), bytes=digest.bytes)
+
+    def records(self, name: str, model: type[_M]) -> list[Line[_M]] | None:
+        """A small JSONL file's records, read whole (None: there is none)."""
+        lines = list(self.stream(name, model))
+        return None if self.read[name] is None else lines
+
+    def sha256(self, name: str) -> str | None:
+        signed = self.read.get(name)
+        return None if signed is None else signed.sha256
 
 
 def _grammar(manifest: Manifest) -> list[str]:
-    """A judge that decodes under a schema must have shown, by the grammar canary, that its engine applied it."""
-    if manifest.judge is None or not manifest.judge.constrained:
-        return []
+    """A judge that decodes under a schema must have shown, by the grammar canary, that its engine applied it.
+    A recorded canary is decided from its recorded reply, checked again here: not from a flag of the manifest."""
     canary = manifest.grammar
     if canary is None:
+        if manifest.judge is None or not manifest.judge.constrained:
+            return []
         return [
             "no grammar canary was recorded for a judge that decodes under a schema (a run made before the canary, "
             "or one whose judge never loaded): resume the run (`run CONFIG`) to send it"
         ]
-    if not canary.enforced:
+    if not (canary.enforced and canary_held(canary.reply)):
         return [
             f"the judge's engine did not apply its schema: the grammar canary came back {canary.reply[:80]!r} from "
             f"{canary.engine}, structured-output backend {canary.backend}; its verdicts were not decoded under "
@@ -162,23 +220,20 @@ def verify_run(
     verifies them (a comparison gathers its columns there); what it gathered counts only if the run verifies."""
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
-    manifest = _read("its manifest", read_manifest_file, run_dir)
-    problems = _record(manifest)
+    held = _Files(run_dir)
+    manifest = held.model(files.MANIFEST, Manifest, "run manifest")
+    if manifest is None:
+        raise RunFailed(f"refused, {run_dir}: no {files.MANIFEST}: not a run directory (is this the run's directory?)")
+    manifest_problems = _record(manifest)
+    problems: list[str] = []
     notes: list[str] = []
-    sign_problems, sign_note = signing.check_signature(run_dir, manifest.run_id, files.SIGNED_FILES, require_signature)
-    problems += sign_problems
-    notes.append(f"signature: {sign_note}")
-    config_trusted, config_problems = _config_file(run_dir, manifest)
-    problems += config_problems
-    if not config_trusted and manifest.gate_settings:
-        notes.append(f"the run's gate: section is not used: {files.CONFIG} is not the tool's copy of the run's config")
+    problems += _config_file(held.whole(files.CONFIG), manifest)
     validation, validation_notes = _validation(manifest)
     notes += validation_notes
-    stored = Summary(targets={})
-    if (run_dir / files.SUMMARY).is_file():
-        stored = _read(files.SUMMARY, read_summary, run_dir)
-    else:
+    cached = held.model(files.SUMMARY, Summary, "run summary")
+    if cached is None:
         problems.append(f"no {files.SUMMARY}: the run never finished")
+    stored = cached or Summary(targets={})
     summarizer = Summarizer(
         # recomputed with the validation that verified; where the run recorded one that cannot be read here, with
         # the summary's own, which then corrects nothing the gate relies on (--corrected refuses such a run)
@@ -186,29 +241,26 @@ def verify_run(
         manifest.attack,
         manifest.judge.instructions if manifest.judge else None,
     )
-    results_path = run_dir / files.RESULTS
     coverage = _Coverage(manifest, whole)
     asked = _Asked(manifest)
     votes = _Combined(manifest)
     sample = SampleCheck(manifest)
     foreign: Counter[str] = Counter()
     allowed = manifest.run_ids()
-    results_digest = hashlib.sha256()
-    if results_path.is_file():
-        for line in _lines(results_path, results_digest):
-            record = line.record
-            if record.run_id not in allowed:
-                foreign[record.run_id] += 1
-            coverage.see(record.key)
-            asked.see(record)
-            votes.see(record)
-            sample.see(record)
-            summarizer.add(record)
-            if observe is not None:
-                observe(line)
-    else:
+    for line in held.stream(files.RESULTS, ResultRecord):
+        record = line.record
+        if record.run_id not in allowed:
+            foreign[record.run_id] += 1
+        coverage.see(record.key)
+        asked.see(record)
+        votes.see(record)
+        sample.see(record)
+        summarizer.add(record)
+        if observe is not None:
+            observe(line)
+    results_sha256 = held.sha256(files.RESULTS)
+    if results_sha256 is None:
         problems.append(f"no {files.RESULTS}")
-    results_sha256 = results_digest.hexdigest() if results_path.is_file() else None
     problems += _foreign(foreign, manifest)
     problems += coverage.problems()
     problems += asked.problems()
@@ -220,24 +272,26 @@ def verify_run(
         )
     if stored.run_id != manifest.run_id:
         problems.append(f"summary.json is of run {stored.run_id}, not of this run ({manifest.run_id})")
-    attacks_path = run_dir / files.ATTACKS
-    attacks_digest = hashlib.sha256()
     attack_foreign: Counter[str] = Counter()
     steps = 0
-    if attacks_path.is_file():
-        for line in _lines(attacks_path, attacks_digest):
-            steps += 1
-            if line.record.run_id not in allowed:
-                attack_foreign[line.record.run_id] += 1
-            summarizer.add_attack_step(line.record)
+    for line in held.stream(files.ATTACKS, ResultRecord):
+        steps += 1
+        if line.record.run_id not in allowed:
+            attack_foreign[line.record.run_id] += 1
+        summarizer.add_attack_step(line.record)
     if manifest.attack is not None or steps:
         problems += _foreign(attack_foreign, manifest, files.ATTACKS)
         problems += _attack_coverage(summarizer, steps, manifest, whole)
-    controls = _read(files.CONTROLS, read_controls, run_dir)
+    controls = [line.record for line in held.records(files.CONTROLS, ControlRecord) or []]
     problems += _controls(controls, manifest)
     problems += _grammar(manifest)
-    _read(files.SENSITIVITY, sample.read, run_dir / files.SENSITIVITY)
+    sample.read(run_dir / files.SENSITIVITY, held.records(files.SENSITIVITY, SensitivityRecord))
     problems += sample.problems()
+    # the signature, checked against the bytes read above: never against the files read again
+    signature, sign_note = signing.check_signature(
+        run_dir, manifest.run_id, files.SIGNED_FILES, require_signature, held.read
+    )
+    notes.insert(0, f"signature: {sign_note}")
     summarizer.controls = controls
     summary = summarizer.summary()
     summary = summary.model_copy(
@@ -253,8 +307,7 @@ def verify_run(
             },
         }
     )
-    compared = (run_dir / files.SUMMARY).is_file()  # without a summary, nothing to compare (said above)
-    mismatch = compared and _first_difference(stored.model_dump(mode="json"), summary.model_dump(mode="json"))
+    mismatch = cached is not None and _first_difference(stored.model_dump(mode="json"), summary.model_dump(mode="json"))
     if mismatch:
         problems.append(f"summary.json does not match the run's records: {mismatch}; resume the run to rebuild it")
     notes += _dataset_notes(manifest)
@@ -263,12 +316,11 @@ def verify_run(
         manifest=manifest,
         summary=summary,
         results_sha256=results_sha256,
-        attacks_sha256=attacks_digest.hexdigest() if attacks_path.is_file() else None,
+        attacks_sha256=held.sha256(files.ATTACKS),
         validation=validation,
         validation_problem=validation_notes[0] if validation_notes else None,
-        config_trusted=config_trusted and not config_problems,
         sensitivity=sample.figures(),
-        problems=problems,
+        problems=manifest_problems + signature + problems,
         notes=notes,
         tallies=summarizer,
     )
@@ -312,23 +364,22 @@ def _record(manifest: Manifest) -> list[str]:
     return problems
 
 
-def _config_file(run_dir: Path, manifest: Manifest) -> tuple[bool, list[str]]:
-    """(trusted, problems): config.yaml, where the tool wrote it, must hold the manifest's config; only then is
-    the config's gate section used (a user's own config.yaml there is left alone, and the section with it)."""
-    path = run_dir / files.CONFIG
-    if not path.is_file():
-        return False, []
-    raw = path.read_bytes()
+def _config_file(raw: bytes | None, manifest: Manifest) -> list[str]:
+    """config.yaml must be the tool's copy of the manifest's config (every run writes it, and never runs where a
+    user's own config.yaml is): the run's gate: section is the manifest's, and a config.yaml that is missing, not
+    the tool's or another config is refused rather than taken to mean a run without limits."""
+    if raw is None:
+        return [f"no {files.CONFIG}: every run writes its resolved config there (deleted?)"]
     if not raw.startswith(files.CONFIG_HEADER.encode()):
-        return False, []
+        return [f"{files.CONFIG} is not the tool's copy of the run's config (its first line was edited, or replaced)"]
     try:
         # libyaml's safe loader where PyYAML was built with it (ten times the pure-Python one: merge reads one per shard)
         written = yaml.load(raw.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (UnicodeDecodeError, yaml.YAMLError):
-        return False, [f"{files.CONFIG} does not read as YAML (edited)"]
+        return [f"{files.CONFIG} does not read as YAML (edited)"]
     if written != manifest.config:
-        return False, [f"{files.CONFIG} and the manifest's config differ (one of them was edited)"]
-    return True, []
+        return [f"{files.CONFIG} and the manifest's config differ (one of them was edited)"]
+    return []
 
 
 def _foreign(foreign: Counter[str], manifest: Manifest, name: str = files.RESULTS) -> list[str]:
