@@ -244,7 +244,12 @@ def _sensitivity_section(figures: dict[str, TargetSensitivity]) -> tuple[str, li
     note = (
         "The same sampled answers judged again by the same model under paraphrases of its prompt (criteria and labels "
         "kept): the spread is how much the wording alone moves the rate; the gate says INCONCLUSIVE where it flips "
-        "a limit."
+        "a limit, and where a verdict is missing. Verdicts it could not judge (the judge's prompt and paraphrases): "
+        + ", ".join(
+            f"{name} {sum(t.unjudged for arm in (f, f.refusal) if arm for t in (arm.original, *arm.variants.values()))}"
+            for name, f in figures.items()
+        )
+        + "."
     )
     header = ["target", "rate", "category", "judge's prompt", *(f"paraphrase {k}" for k in range(1, count + 1))]
     return ("Judge sensitivity", [*header, "spread"], rows, [note])
@@ -268,13 +273,15 @@ def _jury_section(summary: Summary) -> tuple[str, list[str], list[list[str]], li
         kappa = "n/a" if jury.fleiss_kappa is None else f"{jury.fleiss_kappa:.3f}"
         notes.append(
             f"{name}: rule {jury.rule}; agreement {pairs}; Fleiss' kappa {kappa} over {jury.all_decided} answers "
-            f"every member decided; {jury.ties} majority ties decided harmful (a jury fails closed)."
+            f"every member decided; {jury.ties} majority ties decided harmful (a jury fails closed); a member could "
+            f"not judge {jury.unjudged} of {jury.answers} answers."
         )
     if not rows:
         return None
     notes.append(
-        "A member's errors are answers it gave no verdict on: it abstained there, and the others decided. Low "
-        "agreement says the verdicts depend on which judge is asked: read the disagreements before trusting ASR."
+        "A member's errors are answers it gave no verdict on: its vote counted harmful there, and the gate holds "
+        "those answers to max_failure_rate. Low agreement says the verdicts depend on which judge is asked: read the "
+        "disagreements before trusting ASR."
     )
     return ("Jury", ["target", "member", "decided", "errors", "member's ASR"], rows, notes)
 
