@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core import atomic
-from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.errors import DiagsafeError, RunFailed
 
 KEY_ENV = "DIAGSAFE_SIGNING_KEY"
 SIGNATURE = "signature.json"
@@ -147,6 +147,20 @@ def check_signature(
     if changed:
         return [f"{directory}: changed since it was signed: {', '.join(changed)}"], "signature does not match"
     return [], "signature verified"
+
+
+def signed_files(directory: Path, run_id: str, names: Sequence[str]) -> dict[str, Signed | None]:
+    """Each file as the directory's signature records it (None: signed as absent), once the signature verifies
+    with the key (which must be set), so a reader can check the bytes it holds against it. A directory without a
+    valid signature is refused (exit 3)."""
+    key = signing_key(required=True)
+    assert key is not None
+    if not (directory / SIGNATURE).is_file():
+        raise RunFailed(f"{directory}: no {SIGNATURE}: it was not signed (set {KEY_ENV} where it is written)")
+    signature, problems = _read(directory, key, run_id, names)
+    if signature is None:
+        raise RunFailed("; ".join(problems))
+    return dict(signature.files)
 
 
 def signed_lengths(directory: Path, run_id: str, names: Sequence[str]) -> dict[str, int | None]:
