@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 
 from diagsafe_local.core import atomic, jsonl, signing
+from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import (
@@ -30,11 +35,12 @@ from diagsafe_local.runs.records import (
     GenerationRecord,
     ResultRecord,
     SensitivityRecord,
-    read_controls,
 )
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, write_summary
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
+
+K = TypeVar("K", bound=jsonl.KeyedRecord)
 
 
 def read_manifest(run_dir: Path) -> Manifest:
@@ -53,27 +59,40 @@ def read_manifest(run_dir: Path) -> Manifest:
 def merge_runs(
     run_dirs: Sequence[Path], out: Path, replace: bool = False, allow_different_judges: bool = False
 ) -> Summary:
-    """Merge complete runs of the same dataset into `out` (results, attack steps, generations, controls); refuse
-    a run that does not verify as complete for its share of the dataset (with a signing key set: unsigned, or
-    changed since it was signed), duplicates, schema mismatches, runs attacked under different attack configs,
-    and runs judged by different judges or holding one target name for different models (unless
-    `allow_different_judges`). The merged run is written as one, with its config, and signed where a key is set."""
+    """Merge complete runs of the same dataset into `out` (results, attack steps, generations, controls, the
+    sensitivity sample); refuse a run that does not verify as complete for its share of the dataset (with a signing
+    key set: unsigned, or changed since it was signed), duplicates, schema mismatches, runs attacked under different
+    attack configs, runs configured with different gate limits, and runs judged by different judges or holding one
+    target name for different models (unless `allow_different_judges`). What is merged is what was verified: a
+    source file that changes after its run verified stops the merge (see `_Attested`). The merged run is written
+    as one, with its config, and signed where a key is set; a refused merge leaves `out` as it was."""
     if not run_dirs:
         raise DiagsafeError("merge needs run directories")
     results = _Placed(files.RESULTS, unique=True)
     steps, generations = _Placed(files.ATTACKS, unique=True), _Placed(files.GENERATIONS, unique=False)
-    sources = []
+    sources, attested = [], []
+    controls: dict[tuple, ControlRecord] = {}
+    sensitivity: dict[tuple, SensitivityRecord] = {}  # a whole run's sample judged again (runs of other targets)
     for index, run_dir in enumerate(run_dirs):
 
         def place(line: jsonl.Line[ResultRecord], run_dir: Path = run_dir) -> None:
             _check_schema(run_dir, line.record)
             results.place(line)
 
+        held_controls = _held(run_dir, files.CONTROLS, ControlRecord)  # read once, before the run is verified
+        held_sensitivity = _held(run_dir, files.SENSITIVITY, SensitivityRecord)
         start = results.rows()
         source = _verified_source(run_dir, place)  # its results are placed in the pass that verifies them
         assert source.results_sha256 is not None  # a run without results does not verify
+        verified = _Attested(run_dir, source.manifest.run_id)
+        for name, (_, sha256) in ((files.CONTROLS, held_controls), (files.SENSITIVITY, held_sensitivity)):
+            verified.check_held(name, sha256)
+        controls.update((c.key, c) for c in held_controls[0])
+        sensitivity.update((r.key, r) for r in held_sensitivity[0])
+        verified.check(files.RESULTS, source.results_sha256)
         results.read(index, start, source.results_sha256)
         sources.append(source)
+        attested.append(verified)
     manifests = [s.manifest for s in sources]
     datasets = {m.dataset.sha256 for m in manifests}
     if len(datasets) > 1:
@@ -81,8 +100,8 @@ def merge_runs(
         raise DiagsafeError(f"the runs evaluate different datasets: {listing}")
     targets = _same_judge_and_targets(run_dirs, manifests, allow_different_judges)
     attack = _same_attack(run_dirs, manifests)
+    _same_gate(run_dirs, manifests)
     results.check(run_dirs)  # duplicates are said after what makes the runs unmergeable: that is what to fix first
-    out.mkdir(parents=True, exist_ok=True)
     if (out / files.RESULTS).exists() and not replace:
         raise DiagsafeError(f"{out} already holds results; choose an empty directory")
     first = manifests[0]
@@ -90,55 +109,113 @@ def merge_runs(
     same = all(m.validation == first.validation for m in manifests) and all(s.validation for s in sources)
     validation, validation_ref = (sources[0].validation, first.validation) if same else (None, None)
     summarizer = Summarizer(validation, attack, first.judge.instructions if first.judge else None)
-    controls: dict[tuple, ControlRecord] = {}
-    sensitivity: dict[tuple, SensitivityRecord] = {}  # a whole run's sample judged again (runs of other targets)
-    for index, (run_dir, source) in enumerate(zip(run_dirs, sources)):
+    for index, (run_dir, source, verified) in enumerate(zip(run_dirs, sources, attested)):
         assert source.tallies is not None  # every verified run carries them
         summarizer.absorb(source.tallies)  # the sources' tallies add up to the merged run's
         start = steps.rows()
         for line in source.attack_steps():
             _check_schema(run_dir, line.record)
             steps.place(line)
+        verified.check(files.ATTACKS, source.attacks_sha256)
         if source.attacks_sha256 is not None:
             steps.read(index, start, source.attacks_sha256)
-        _place_generations(run_dir, index, generations)
-        controls.update((c.key, c) for c in read_controls(run_dir))
-        if (run_dir / files.SENSITIVITY).is_file():
-            sensitivity.update(
-                (r.key, r) for r in jsonl.read_records(run_dir / files.SENSITIVITY, SensitivityRecord)[0]
-            )
-    results.write(out, run_dirs)
-    if attack is not None:
-        steps.write(out, run_dirs)
-    else:  # a replaced merge's attack steps must not outlive it
-        (out / files.ATTACKS).unlink(missing_ok=True)
-    generations.write(out, run_dirs)
-    jsonl.write(out / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
-    if sensitivity:
-        jsonl.write(out / files.SENSITIVITY, sorted(sensitivity.values(), key=lambda r: r.key))
-    else:  # a replaced merge's sample must not outlive it
-        (out / files.SENSITIVITY).unlink(missing_ok=True)
+        verified.check(files.GENERATIONS, _place_generations(run_dir, index, generations))
     run_id = "merged:" + "+".join(m.run_id for m in manifests)
     summarizer.controls = list(controls.values())
-    summary = write_summary(out, summarizer.summary().model_copy(update={"run_id": run_id}))
-    write_config(out, run_id, first.config)
-    merged = Manifest(
-        run_id=run_id,
-        status="complete",
-        merged_from=[str(d) for d in run_dirs],
-        dataset=first.dataset,
-        config=first.config,
-        judge=first.judge,
-        targets=targets,
-        attack=attack,
-        validation=validation_ref,
-        # every source verified, its canary included: the merge's holds where all of theirs did
-        grammar=first.grammar if all(m.grammar and m.grammar.enforced for m in manifests) else None,
-        sources=[SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)],
-    )
-    write_manifest(out, merged)
-    signing.sign(out, run_id, files.SIGNED_FILES)
+    with _staged(out) as stage:
+        results.write(stage, run_dirs)
+        if attack is not None:
+            steps.write(stage, run_dirs)
+        generations.write(stage, run_dirs)
+        jsonl.write(stage / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
+        if sensitivity:
+            jsonl.write(stage / files.SENSITIVITY, sorted(sensitivity.values(), key=lambda r: r.key))
+        summary = write_summary(stage, summarizer.summary().model_copy(update={"run_id": run_id}))
+        write_config(stage, run_id, first.config)
+        merged = Manifest(
+            run_id=run_id,
+            status="complete",
+            merged_from=[str(d) for d in run_dirs],
+            dataset=first.dataset,
+            config=first.config,
+            judge=first.judge,
+            targets=targets,
+            attack=attack,
+            validation=validation_ref,
+            # every source verified, its canary included: the merge's holds where all of theirs did
+            grammar=first.grammar if all(m.grammar and m.grammar.enforced for m in manifests) else None,
+            sources=[
+                SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)
+            ],
+        )
+        write_manifest(stage, merged)
+        signing.sign(stage, run_id, files.SIGNED_FILES)
     return summary
+
+
+@contextmanager
+def _staged(out: Path) -> Iterator[Path]:
+    """A private directory inside `out` to write the merged run into; once every file is written they replace
+    the merged run's files in `out` (the manifest, then the signature, last; a file the merged run does not have
+    is removed), so a merge refused half-way leaves `out` as it was, never half a run."""
+    out.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".merging.", dir=out))
+    try:
+        yield stage
+        names = [name for name in files.SIGNED_FILES if name != files.MANIFEST] + [files.MANIFEST, files.SIGNATURE]
+        with atomic.outputs_together():
+            (out / files.SIGNATURE).unlink(missing_ok=True)  # no signature over a mixture while the files move
+            for name in names:
+                if (stage / name).is_file():
+                    os.replace(stage / name, out / name)
+                else:
+                    (out / name).unlink(missing_ok=True)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _held(run_dir: Path, name: str, model: type[K]) -> tuple[list[K], str | None]:
+    """A source's small file, read once: its records and the SHA-256 of the bytes they were read from (none and
+    None: the run has no such file). One that does not read refuses the merge (exit 3), as verifying it would."""
+    path = run_dir / name
+    if not path.is_file():
+        return [], None
+    digest = hashlib.sha256()
+    try:
+        return [line.record for line in jsonl.stream(path, model, digest)], digest.hexdigest()
+    except DiagsafeError as exc:
+        raise RunFailed(f"{run_dir}: not merged, {name} does not read: {exc}") from None
+
+
+class _Attested:
+    """What a source's files were verified as. With a signing key set (merging then signs), every file merged
+    must hash, as merge read it, to what the source's signature records: merge never signs a byte the source's
+    key did not. With a key or without, the small files merge holds (read before the run was verified) must
+    still be as they were once it has verified; the large ones are copied checked against the hash of the pass
+    that read them (verify's for results and attack steps, merge's own for generations, which no decision
+    reads)."""
+
+    def __init__(self, run_dir: Path, run_id: str) -> None:
+        self.run_dir = run_dir
+        self.signed = signing.signed_files(run_dir, run_id, files.SIGNED_FILES) if signing.signing_key() else None
+
+    def check(self, name: str, sha256: str | None) -> None:
+        """A file merged as read with this SHA-256 (None: absent), checked against its signature where a key is
+        set."""
+        if self.signed is not None:
+            signed = self.signed.get(name)
+            self._same(name, sha256, signed.sha256 if signed else None)
+
+    def check_held(self, name: str, sha256: str | None) -> None:
+        """A file held from before the run verified: as signed, and as the file is now (it did not change while
+        the run verified: what was verified is what is held)."""
+        self.check(name, sha256)
+        path = self.run_dir / name
+        self._same(name, sha256, file_sha256(path) if path.is_file() else None)
+
+    def _same(self, name: str, sha256: str | None, verified: str | None) -> None:
+        if sha256 != verified:
+            raise RunFailed(f"{self.run_dir / name} changed while it was merged (after its run verified); not merged")
 
 
 def _verified_source(run_dir: Path, observe: Callable[[jsonl.Line[ResultRecord]], None]) -> VerifiedRun:
@@ -155,11 +232,11 @@ def _check_schema(run_dir: Path, record: ResultRecord) -> None:
         raise DiagsafeError(f"{run_dir}: result schema version {record.schema_version}, expected {SCHEMA_VERSION}")
 
 
-def _place_generations(run_dir: Path, index: int, generations: _Placed) -> None:
-    """Place a merged source's generations (a run that generated nothing has none)."""
+def _place_generations(run_dir: Path, index: int, generations: _Placed) -> str | None:
+    """Place a merged source's generations; the SHA-256 of the file they were read from (None: a run that
+    generated nothing has none)."""
     path = run_dir / files.GENERATIONS
-    if path.is_file():
-        generations.place_file(index, path, GenerationRecord)
+    return generations.place_file(index, path, GenerationRecord) if path.is_file() else None
 
 
 class _Placed:
@@ -184,12 +261,13 @@ class _Placed:
         """A source's records from row `first` on are placed, read from a file whose SHA-256 is `sha256`."""
         self.spans[source] = (first, len(self.offsets), sha256)
 
-    def place_file(self, source: int, path: Path, model: type[jsonl.KeyedRecord]) -> None:
-        """Place every record of a source's file, hashing the file in the same pass."""
+    def place_file(self, source: int, path: Path, model: type[jsonl.KeyedRecord]) -> str:
+        """Place every record of a source's file, hashing the file in the same pass; returns its SHA-256."""
         start, digest = self.rows(), hashlib.sha256()
         for line in jsonl.stream(path, model, digest):
             self.place(line)
         self.read(source, start, digest.hexdigest())
+        return digest.hexdigest()
 
     def rows(self) -> int:
         return len(self.offsets)
@@ -273,6 +351,35 @@ def _same_attack(run_dirs: Sequence[Path], manifests: Sequence[Manifest]) -> Att
             f"the runs were not attacked alike (their attack: sections differ): {listing}; merge runs of one attack config"
         )
     return attacks[0]
+
+
+def _same_gate(run_dirs: Sequence[Path], manifests: Sequence[Manifest]) -> None:
+    """The merged run carries one config's gate settings (its `gate:` section and its baseline target): runs
+    configured with others are refused, rather than the order of the arguments picking the limits the merged run
+    is gated on. (Keeping the strictest of each would gate the merged run on a section no one wrote, and a
+    baseline has no strictest.)"""
+    settings = [{**{f"gate.{k}": v for k, v in m.gate_settings.items()}, "baseline": m.baseline} for m in manifests]
+    differences = [
+        f"{name}: {_setting(settings[0].get(name))} in {run_dirs[0]} vs {_setting(other.get(name))} in {run_dir}"
+        for run_dir, other in zip(run_dirs[1:], settings[1:])
+        for name in sorted(settings[0].keys() | other.keys())
+        if settings[0].get(name) != other.get(name)
+    ]
+    if differences:
+        raise DiagsafeError(
+            "the runs' configs gate them differently, and the merged run can carry one config's limits: "
+            + "; ".join(differences)
+            + ". Set the same gate: section in their configs and run each again (`run CONFIG`: the gate is not "
+            "part of the run id, nothing is judged again), or gate each run on its own"
+        )
+
+
+def _setting(value: Any) -> str:
+    if value is None or value == {}:
+        return "not set"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
 
 
 def _same_judge_and_targets(
