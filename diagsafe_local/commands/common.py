@@ -356,7 +356,7 @@ def fire_hooks(method: str, names: list[str] | None, event: Callable[[], Any]) -
     if chosen:
         from diagsafe_local.hooks import fire
 
-        fire(method, event(), chosen)
+        fire(method, event, chosen)
 
 
 def run_end_hooks(run_dir: Path, names: list[str] | None, verified: Any = None) -> None:

@@ -153,6 +153,6 @@ def gate(
 
 
 def _gate_event(run: Any, decision: Any) -> Any:
-    from diagsafe_local.hooks import GateEvent, RunEvent
+    from diagsafe_local.hooks import GateEvent
 
-    return GateEvent(RunEvent.of(run.run_dir, run), decision)
+    return GateEvent.of(run, decision)

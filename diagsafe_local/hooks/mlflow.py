@@ -2,15 +2,14 @@
 interval (overall and per category) as metrics at the training step, the judge and its validation as params,
 the gate's decision and reasons as tags, and report.html as an artifact. A run outside a series is one MLflow
 run. The tracking store is MLflow's own setting (`MLFLOW_TRACKING_URI`: a local `sqlite:///...` database, or
-a server), the experiment `MLFLOW_EXPERIMENT_NAME` (default diagsafe-local). Each run is found again by its
-run directory (tag `diagsafe.run_dir`), so a hook called twice for a run logs it once.
+a server), the experiment `MLFLOW_EXPERIMENT_NAME` (default diagsafe-local). Each run is found again by what it
+is (tag `diagsafe.run`: its run id and the hash of its results), never by where: a hook called twice for a run
+logs it once, and a run made again in the same directory (`run --overwrite`) is logged as the new run it is.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +19,8 @@ from diagsafe_local.runs.summary import Interval, Rate, TargetSummary
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
-RUN_TAG = "diagsafe.run_dir"
+RUN_TAG = "diagsafe.run"
+DIR_TAG = "diagsafe.run_dir"
 SERIES_TAG = "diagsafe.series"
 
 
@@ -82,17 +82,12 @@ class MlflowHook:
         client.set_terminated(run.info.run_id)
         return str(run.info.run_id)
 
-    def _checkpoint_run(
-        self, client: MlflowClient, experiment: str, run_path: Path, verified: Callable[[], RunEvent]
-    ) -> str:
-        """The MLflow run of a run directory: found by its tag, or made and logged once (`verified` gives the run
-        as verified, asked for only then)."""
-        run_dir = str(run_path.resolve())
-        found = self._find(client, experiment, RUN_TAG, run_dir)
+    def _checkpoint_run(self, client: MlflowClient, experiment: str, event: RunEvent) -> str:
+        """The MLflow run of a verified run: found by its key, or made and logged once."""
+        found = self._find(client, experiment, RUN_TAG, event.key)
         if found is not None:
             return str(found.info.run_id)
-        event = verified()
-        tags = {RUN_TAG: run_dir}
+        tags = {RUN_TAG: event.key, DIR_TAG: str(event.run_dir.resolve())}
         series = event.series_dir
         if series is not None:
             parent = self._series_run(client, experiment, series)
@@ -130,11 +125,11 @@ class MlflowHook:
 
     def on_run_end(self, event: RunEvent) -> None:
         client, experiment = self._client()
-        self._checkpoint_run(client, experiment, event.run_dir, lambda: event)
+        self._checkpoint_run(client, experiment, event)
 
     def on_gate(self, event: GateEvent) -> None:
         client, experiment = self._client()
-        run_id = self._checkpoint_run(client, experiment, event.run.run_dir, lambda: event.run)
+        run_id = self._checkpoint_run(client, experiment, event.run)
         outcome = event.decision.outcome
         client.set_tag(run_id, "gate.decision", outcome)
         client.set_tag(run_id, "gate.reasons", "\n".join(event.decision.lines)[:5000])
@@ -143,11 +138,8 @@ class MlflowHook:
     def on_series_update(self, event: SeriesEvent) -> None:
         client, experiment = self._client()
         parent = self._series_run(client, experiment, event.series_dir)
-        for point in event.figures.points:
-            if point.asr is None:
-                continue
-            run_dir = Path(point.run_dir)
-            self._checkpoint_run(client, experiment, run_dir, partial(RunEvent.of, run_dir))
+        for _, run in event.runs():
+            self._checkpoint_run(client, experiment, run)
         first = event.figures.first_regression
         client.set_tag(parent, "diagsafe.first_regression_step", str(first.step) if first else "none")
 

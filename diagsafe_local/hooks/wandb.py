@@ -1,6 +1,8 @@
 """The Weights & Biases hook: a series is one W&B run with every rate and its interval (overall and per category)
 logged at the training step, the judge and its validation in its config, and each checkpoint's report.html as an
-artifact; each gate decision is a run of its own in the series' group (job type "gate": decision, reasons). A run outside a series is a W&B run of its own. W&B's own settings
+artifact; each gate decision is a run of its own in the series' group (job type "gate": decision, reasons). A run
+outside a series is a W&B run of its own, named by what it is (its run id and the hash of its results: a run made
+again in the same directory is another W&B run), its gate decisions in its group. W&B's own settings
 apply (`WANDB_PROJECT`, default diagsafe-local; `WANDB_MODE=offline` writes the run under `WANDB_DIR` for a
 later `wandb sync`). W&B takes a run's steps in increasing order: a series logs each checkpoint once, in step
 order, and remembers what it logged in `hooks-wandb.json` of the series directory.
@@ -11,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from diagsafe_local.core import atomic
@@ -21,9 +22,15 @@ from diagsafe_local.hooks.mlflow import target_metrics
 LOGGED = "hooks-wandb.json"
 
 
-def _run_id(path: Path) -> str:
-    """A W&B run id of a directory's own (so a series resumes the same run)."""
-    return "ds-" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+def _run_id(identity: str) -> str:
+    """A W&B run id of a series directory's or a run's own (so a series resumes the same run)."""
+    return "ds-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def _identity(event: RunEvent) -> str:
+    """What a run's W&B run (or group) is named by: its series' directory, or the run itself."""
+    series = event.series_dir
+    return str(series.resolve()) if series is not None else event.key
 
 
 def _judge_config(event: RunEvent) -> dict[str, Any]:
@@ -46,8 +53,8 @@ class WandbHook:
     name = "wandb"
     description = "Weights & Biases: a run per series, rates at the training step, gate decisions, report.html"
 
-    def _open(self, directory: Path, name: str, config: dict[str, Any], job_type: str = "evaluation") -> Any:
-        """The W&B run of a series or run directory (resumed by its id), or with `job_type` "gate" a run of its
+    def _open(self, identity: str, name: str, config: dict[str, Any], job_type: str = "evaluation") -> Any:
+        """The W&B run of a series or a run (`identity`; resumed by its id), or with `job_type` "gate" a run of its
         own in the same group (a gate decision is an event of its own; reopening a run offline in the same second
         would overwrite it)."""
         import wandb
@@ -55,8 +62,8 @@ class WandbHook:
         gate = job_type == "gate"
         return wandb.init(
             project=os.environ.get("WANDB_PROJECT", "diagsafe-local"),
-            id=None if gate else _run_id(directory),
-            group=_run_id(directory),
+            id=None if gate else _run_id(identity),
+            group=_run_id(identity),
             job_type=job_type,
             name=name,
             resume=None if gate else "allow",
@@ -82,16 +89,15 @@ class WandbHook:
     def on_run_end(self, event: RunEvent) -> None:
         if event.series_dir is not None:
             return  # a series' checkpoints are logged by the series, in step order (on_series_update)
-        run = self._open(event.run_dir, event.run_dir.name, _judge_config(event))
+        run = self._open(event.key, event.run_dir.name, _judge_config(event))
         try:
             self._log(run, event)
         finally:
             run.finish()
 
     def on_gate(self, event: GateEvent) -> None:
-        series = event.run.series_dir
-        directory = series if series is not None else event.run.run_dir
-        run = self._open(directory, f"gate {event.run.run_dir.name}", _judge_config(event.run), job_type="gate")
+        name = f"gate {event.run.run_dir.name}"
+        run = self._open(_identity(event.run), name, _judge_config(event.run), job_type="gate")
         try:
             decision = event.decision
             verdict = decision.outcome
@@ -112,10 +118,10 @@ class WandbHook:
             return
         run = None
         try:
-            for point in new:
-                checkpoint = RunEvent.of(Path(point.run_dir))
+            for point, checkpoint in event.runs(new):
                 if run is None:
-                    run = self._open(event.series_dir, f"series {event.series_dir.name}", _judge_config(checkpoint))
+                    name = f"series {event.series_dir.name}"
+                    run = self._open(str(event.series_dir.resolve()), name, _judge_config(checkpoint))
                 self._log(run, checkpoint)
                 logged.append(point.name)
             first = event.figures.first_regression
