@@ -3,15 +3,25 @@
 `sequential`: one engine at a time, each with the whole GPU (the target generates everything, is freed, then
 the judge loads). `colocate`: both resident, each with its share of GPU memory. `sleep`: both loaded, vLLM's
 sleep mode offloads the idle one's weights (CUDA only; elsewhere it falls back to `sequential`).
+
+A remote endpoint's `concurrency` is the whole run's, shared by its processes (shards): process i of N keeps
+`concurrency // N` requests in flight, one more for the first `concurrency % N`, so the shares sum to it. Where
+N is larger than the concurrency, each process keeps one in flight while it holds one of `concurrency` slots (a
+lock file under the run's directory, taken when the engine opens and held until the run ends): a process beyond
+them waits, asleep on the lock, until one is free.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Any, Literal
 
+from diagsafe_local.core.locking import file_lock
 from diagsafe_local.engines.base import Engine
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import ALONE_SHARE
@@ -36,6 +46,8 @@ class Host:
         loaded: dict[str, Any] | None = None,
         plan: GpuPlan | None = None,
         processes: int = 1,
+        process: int = 0,
+        slots: Path | None = None,
     ) -> None:
         if mode == "sleep" and not cuda_available():
             log.warning("placement 'sleep' needs CUDA; falling back to 'sequential'")
@@ -47,12 +59,15 @@ class Host:
         self.loaded: dict[str, Any] = dict(loaded or {})
         self.plan = plan
         self.processes = processes  # the run's processes (its shards): an endpoint's concurrency is shared by all
+        self.process = process  # this process's index among them
+        self.slots = slots  # where the slots of an endpoint shared by more processes than its concurrency are
+        self._held = ExitStack()
+        self._slots: set[Path] = set()
 
     def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
         start = time.perf_counter()
         if capabilities(config.kind).remote and self.processes > 1:
-            in_flight = -(-config.concurrency // self.processes)  # the run keeps `concurrency` in flight, not each
-            config = config.model_copy(update={"concurrency": in_flight})
+            config = config.model_copy(update={"concurrency": self._share(role, config.concurrency)})
         planned = self.plan.tensor_parallel(role) if self.plan else 1
         if capabilities(config.kind).tensor_parallel and planned > config.tensor_parallel_size:
             config = config.model_copy(update={"tensor_parallel_size": planned})
@@ -67,6 +82,26 @@ class Host:
             "load_seconds": round(time.perf_counter() - start, 2),
         }
         return engine
+
+    def _share(self, role: str, concurrency: int) -> int:
+        """This process's share of an endpoint's `concurrency` (see the module docstring); with fewer slots than
+        processes, wait for this process's slot first."""
+        if self.processes <= concurrency:
+            return concurrency // self.processes + (self.process < concurrency % self.processes)
+        if self.slots is None:
+            raise ValueError("a run of more processes than an endpoint's concurrency needs a directory for its slots")
+        slot = self.slots / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', role)}-{self.process % concurrency}.lock"
+        if slot not in self._slots:
+            log.info("%s: one request in flight, in slot %s of %d (waits while another process holds it)",
+                     role, slot.stem, concurrency)  # fmt: skip
+            self._held.enter_context(file_lock(slot))
+            self._slots.add(slot)
+        return 1
+
+    def close(self) -> None:
+        """Give back the endpoints' slots this process holds."""
+        self._held.close()
+        self._slots.clear()
 
     def open_target(self, role: str, config: EngineConfig) -> Engine:
         share = self.target_memory if self.mode != "sequential" else None

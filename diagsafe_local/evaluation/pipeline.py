@@ -158,6 +158,8 @@ class Run:
             self.factory,
             plan=self.gpu_plan,
             processes=shard.count if shard else 1,
+            process=shard.index if shard else 0,
+            slots=Path(config.output_dir) / "shards" / ".slots",  # an endpoint's, shared by the run's shards
         )
 
     def prepare(self) -> None:
@@ -344,6 +346,7 @@ class Run:
         try:
             return self._execute()
         finally:
+            self.host.close()
             self.dir.close()
 
     def _attack_step(self, target: TargetConfig) -> AttackStep | None:

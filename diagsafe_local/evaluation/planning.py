@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import plan_gpus, visible_gpu_memory
 from diagsafe_local.engines.gpus import cuda_available
 from diagsafe_local.engines.kinds import capabilities
@@ -19,11 +20,16 @@ from diagsafe_local.runs.manifest import GpuPlan
 REQUESTS_PER_CLIENT = 20_000
 
 
+def _models(config: RunConfig) -> list[EngineConfig]:
+    """Every model the run loads or calls: its targets, a model judge, its own attacker, the jury's members."""
+    own = config.attack.own_attacker if config.attack else None
+    judge = [config.judge] if config.judge.needs_model else []
+    return [*config.targets, *judge, *([own] if own else []), *_jurors(config)]
+
+
 def api_only(config: RunConfig) -> bool:
     """Whether every model of the run is behind an API (none loads on this node)."""
-    own = config.attack.own_attacker if config.attack else None
-    models = [*config.targets, *([config.judge] if config.judge.needs_model else []), *([own] if own else [])]
-    return not any(capabilities(m.kind).local for m in [*models, *_jurors(config)])
+    return not any(capabilities(m.kind).local for m in _models(config))
 
 
 def _jurors(config: RunConfig) -> list[JuryMember]:
@@ -39,9 +45,12 @@ def api_requests(config: RunConfig, n_items: int | None) -> int:
 
 def client_processes(config: RunConfig, n_items: int | None) -> int:
     """Processes for a run whose every model is behind an API: one per REQUESTS_PER_CLIENT of its requests, at
-    most one per CPU this process may use. A Python client keeps one core busy at a few hundred requests a
-    second; a fast server answers more."""
-    return max(1, min(len(os.sched_getaffinity(0)), api_requests(config, n_items) // REQUESTS_PER_CLIENT))
+    most one per CPU this process may use, and no more than the smallest `concurrency` of its endpoints (each
+    process keeps at least one request in flight at each). A Python client keeps one core busy at a few hundred
+    requests a second; a fast server answers more."""
+    in_flight = min((m.concurrency for m in _models(config) if capabilities(m.kind).remote), default=1)
+    wanted = api_requests(config, n_items) // REQUESTS_PER_CLIENT
+    return max(1, min(len(os.sched_getaffinity(0)), in_flight, wanted))
 
 
 def plan_run(
