@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -232,7 +233,7 @@ def test_replicas_run_as_shard_processes_and_merge(tiny_models, tmp_path):
     assert again.returncode == 0 and "2 already complete" in again.stdout and "started" not in again.stdout
 
 
-def test_the_plan_counts_pipeline_stages_quantisation_and_attention_heads(tmp_path):
+def test_the_plan_counts_pipeline_stages_and_quantisation():
     judge = EngineConfig(model="meta-llama/Llama-3.1-405B-Instruct")
     # 405B at 16 bits (754 GiB) on 80 GiB GPUs at 60% of 92% each: 16 x 2 stages = 32 GPUs; one node has 8
     staged = judge.model_copy(update={"engine_kwargs": {"pipeline_parallel_size": 2}})
@@ -245,17 +246,78 @@ def test_the_plan_counts_pipeline_stages_quantisation_and_attention_heads(tmp_pa
         [80 * GIB] * 8, [], EngineConfig(model="Qwen/Qwen2.5-72B-Instruct-AWQ"), "sequential", 0.45, 0.45
     )
     assert quantised.engines[0].tensor_parallel_size == 1 and quantised.engines[0].weight_bytes == 36 * 10**9
-    # 28 attention heads (Qwen2.5-7B): a model that needs more than 4 GPUs takes 7, never 8
-    model = tmp_path / "qwen7b"
+
+
+# Qwen2.5-7B's and -14B's config.json fields (tests/test_gpu_plan_shapes.py says where each published shape comes
+# from, and checks every rule against vLLM building these models)
+QWEN25_7B = {"num_attention_heads": 28, "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064}
+QWEN25_14B = {"num_attention_heads": 40, "num_key_value_heads": 8, "intermediate_size": 13824, "vocab_size": 152064}
+
+
+def shaped(tmp_path: Path, name: str, config: dict, gib: float) -> EngineConfig:
+    """A local model of `config`'s shape whose weight file is a sparse file of `gib` GiB."""
+    model = tmp_path / name
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_attention_heads": 28}))
-    config = EngineConfig(model=str(model))
-    plan = plan_gpus([16 * GIB] * 8, [], config, "sequential", 0.45, 0.45, sizes={str(model): 45 * GIB})
-    assert plan.engines[0].tensor_parallel_size == 7 and plan.gpus_per_replica == 7
-    with pytest.raises(DiagsafeError, match="needs 14 GPUs .* 14 is the smallest that divides its 28 attention heads"):
-        plan_gpus([16 * GIB] * 8, [], config, "sequential", 0.45, 0.45, sizes={str(model): 70 * GIB})
-    with pytest.raises(DiagsafeError, match="28 attention heads: its tensor_parallel_size must divide them"):
-        plan_gpus([80 * GIB] * 8, [], config.model_copy(update={"tensor_parallel_size": 8}), "sequential", 0.4, 0.4)
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "model.safetensors").touch()
+    os.truncate(model / "model.safetensors", int(gib * GIB))
+    return EngineConfig(model=str(model))
+
+
+def test_twenty_eight_heads_and_four_kv_heads_never_take_seven_gpus(tmp_path):
+    """28 heads and 4 KV heads (Qwen2.5-7B) split over 1, 2 or 4 GPUs only: 7 and 14 leave the KV heads uneven,
+    28 the vocabulary, so weights that need 5 to 8 GPUs of 16 GiB are refused with vLLM's reasons."""
+    from typer.testing import CliRunner
+
+    from diagsafe_local.cli import app
+
+    fits = shaped(tmp_path, "qwen7b-30g", QWEN25_7B, 30)  # 0.6 x 0.92 x 16 GiB = 8.8 GiB of weights per GPU
+    assert plan_gpus([16 * GIB] * 8, [], fits, "sequential", 0.45, 0.45).tensor_parallel("judge") == 4
+    (tmp_path / "items.jsonl").write_text('{"id": "a", "prompt": "q"}\n')
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"dataset": {"path": str(tmp_path / "items.jsonl")},
+             "target": {"model": "t", "kind": "openai", "base_url": "http://127.0.0.1:9/v1"},
+             "judge": {"model": str(shaped(tmp_path, "qwen7b-45g", QWEN25_7B, 45).model)},
+             "output_dir": str(tmp_path / "run")}
+        )
+    )  # fmt: skip
+    refused = CliRunner().invoke(app, ["plan", str(config), "--gpus", "8", "--gpu-memory", "16"])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output, refused.output
+    assert "needs at least 6 GPUs of 16 GiB" in refused.output
+    assert (
+        "vLLM can build it with no tensor parallel size from 6 up (of those that divide its 28 attention heads, "
+        "7: its 4 KV heads neither divide by 7 nor divide 7; 14: its 4 KV heads neither divide by 14 nor divide 14; "
+        "28: its vocabulary of 152064 (152064 padded to 64) does not divide by 28)"
+    ) in refused.output
+    for configured, reason in ((8, "its 28 attention heads do not divide by 8"), (7, "its 4 KV heads")):
+        with pytest.raises(DiagsafeError, match=f"tensor_parallel_size {configured}: {reason}"):
+            chosen = fits.model_copy(update={"tensor_parallel_size": configured})
+            plan_gpus([80 * GIB] * 8, [], chosen, "sequential", 0.4, 0.4)
+
+
+def test_forty_heads_and_eight_kv_heads_never_take_five_gpus(tmp_path):
+    """40 heads, 8 KV heads (Qwen2.5-14B/32B) at 36 GiB need 5 GPUs of 16 GiB; 5 divides the heads but not the 8
+    KV heads (nor the vocabulary), 6 and 7 not the heads: vLLM loads it on 8."""
+    wide = shaped(tmp_path, "qwen14b-36g", QWEN25_14B, 36)
+    assert plan_gpus([16 * GIB] * 8, [], wide, "sequential", 0.45, 0.45).tensor_parallel("judge") == 8
+
+
+def test_sleep_mode_plans_at_the_share_its_engines_run_at(tmp_path, monkeypatch):
+    """Sleep mode's engines run at 0.8 of each GPU (placement's default there), not vLLM's 0.92: 40 GiB of weights
+    fit 0.6 x 0.92 x 80 GiB on one GPU but not 0.6 x 0.8 x 80 GiB; an engine's own gpu_memory_utilization rules."""
+    from diagsafe_local.engines import gpu_plan
+
+    sizes = {"t": GIB, "j": 40 * GIB}
+    monkeypatch.setattr(gpu_plan, "weight_bytes", lambda model, bits: (sizes[model], "test"))
+    asleep = plan_run(run_config(tmp_path, mode="sleep"), None, [H100] * 8)
+    judge = next(e for e in asleep.engines if e.role == "judge")
+    assert (judge.memory_share, judge.tensor_parallel_size) == (0.8, 2)
+    assert plan_run(run_config(tmp_path, mode="sequential"), None, [H100] * 8).tensor_parallel("judge") == 1
+    own = run_config(tmp_path, mode="sequential")
+    own = own.model_copy(update={"judge": own.judge.model_copy(update={"gpu_memory_utilization": 0.5})})
+    assert plan_run(own, None, [H100] * 8).tensor_parallel("judge") == 2
 
 
 def test_an_api_run_is_planned_as_client_processes_that_share_the_endpoints_concurrency(tmp_path, monkeypatch):

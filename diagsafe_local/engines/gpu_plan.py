@@ -4,10 +4,12 @@
 The decision is a pure function of the visible GPUs, their memory, the models' weight sizes and the
 placement, so it is tested without GPUs. Rules:
 
-* An engine's weights must fit in `WEIGHT_SHARE` of the GPU memory it may use (its colocated share, or vLLM's
-  default 0.9 when it has the GPU to itself); the rest is for activations and the KV cache. Tensor parallel
-  size is the smallest power of two (vLLM shards attention heads evenly) that makes the weights fit, and
-  never less than the config's own `tensor_parallel_size`.
+* An engine's weights must fit in `WEIGHT_SHARE` of the GPU memory it will run at (its placement's share,
+  colocated or in sleep mode, or vLLM's default 0.92 when it has the GPU to itself); the rest is for
+  activations and the KV cache. Tensor parallel size is the smallest that makes the weights fit, never less
+  than the config's own `tensor_parallel_size`, that vLLM can build the model with: its attention heads, KV
+  heads, padded vocabulary and MLP widths must split evenly (`ModelShape.refusal`, each rule vLLM's). A model
+  whose config.json cannot be read gets a power of two, and the plan says so.
 * A replica needs the largest of the target's, the judge's (and an attacker's) tensor parallel sizes; the node
   runs as many replicas as whole groups fit (never more than there are items).
 * Weight sizes come from the files of a local model, a cached hub model's safetensors index, or, failing those,
@@ -22,6 +24,8 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
@@ -44,6 +48,12 @@ PARAMETERS_IN_NAME = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z0-9])")
 # Bits per weight of a quantised model sized from its name: the engine's `quantization`, else a tag in the name.
 QUANTISED_BITS = {"fp8": 8, "int8": 8, "w8a8": 8, "8bit": 8, "awq": 4, "gptq": 4, "int4": 4, "4bit": 4, "bnb": 4}
 QUANTISED_TAG = re.compile(r"(?<![a-z0-9])(" + "|".join(QUANTISED_BITS) + r")(?![a-z0-9])")
+SHOWN_REASONS = 4  # tensor parallel sizes passed over that a refusal names with vLLM's reason
+VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py: DEFAULT_VOCAB_PADDING_SIZE
+# vllm/transformers_utils/model_arch_config_convertor.py, get_total_num_kv_heads: the first of these a config has
+KV_HEAD_FIELDS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
+# MLP widths split over the GPUs: dense layers', routed experts' (Qwen-MoE, DeepSeek), shared experts' (Qwen2-MoE)
+MLP_WIDTHS = ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
 
 
 def weight_bits(config: EngineConfig) -> int:
@@ -53,15 +63,61 @@ def weight_bits(config: EngineConfig) -> int:
     return QUANTISED_BITS.get(method) or (QUANTISED_BITS[tag[1]] if tag else 16)
 
 
-def attention_heads(model: str) -> int | None:
-    """A local (or cached hub) model's attention heads, which its tensor parallel size must divide (vLLM's
-    rule); None when its config cannot be read."""
+class ModelShape(BaseModel):
+    """The widths of a model that vLLM splits over its tensor parallel GPUs, read from its config.json as vLLM
+    reads them (vllm/transformers_utils/model_arch_config_convertor.py, ModelArchConfigConvertorBase: the text
+    config's `num_attention_heads`, `vocab_size`, and KV heads from the first of KV_HEAD_FIELDS, else the heads)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    heads: int
+    kv_heads: int
+    vocab: int | None
+    widths: dict[str, int]  # the MLP widths by config field (dense, experts', shared experts')
+
+    def refusal(self, tensor_parallel: int) -> str | None:
+        """Why vLLM 0.32 cannot build this model with `tensor_parallel` GPUs, or None where it can. Each rule is
+        vLLM's, read in its source (paths under vllm/); tests/test_gpu_plan_shapes.py checks them against vLLM
+        building published models."""
+        tp = tensor_parallel
+        # config/model.py, ModelConfig.verify_with_parallel_config
+        if self.heads % tp:
+            return f"its {self.heads} attention heads do not divide by {tp}"
+        # model_executor/layers/linear.py, QKVParallelLinear.__init__: KV heads are split, or replicated evenly
+        if tp % self.kv_heads if tp >= self.kv_heads else self.kv_heads % tp:
+            return f"its {self.kv_heads} KV heads neither divide by {tp} nor divide {tp}"
+        # model_executor/layers/vocab_parallel_embedding.py, VocabParallelEmbedding.__init__ (and ParallelLMHead):
+        # the vocabulary padded by pad_vocab_size to DEFAULT_VOCAB_PADDING_SIZE is divided by the GPUs
+        padded = -(-self.vocab // VOCAB_PADDING) * VOCAB_PADDING if self.vocab else 0
+        if padded % tp:
+            return f"its vocabulary of {self.vocab} ({padded} padded to {VOCAB_PADDING}) does not divide by {tp}"
+        # model_executor/layers/linear.py, ColumnParallelLinear.__init__ and MergedColumnParallelLinear (gate/up)
+        # divide the output, RowParallelLinear.__init__ (down) the input; the experts' width in
+        # model_executor/layers/fused_moe/config.py, FusedMoEConfig.__post_init__
+        for field, width in self.widths.items():
+            if width % tp:
+                return f"its {field} {width} does not divide by {tp}"
+        return None
+
+
+def model_shape(model: str) -> ModelShape | None:
+    """A local (or cached hub) model's shape; None when its config cannot be read."""
     found = model_json(model, "config.json")
     if found is None:
         return None
-    config = found[0]
-    heads = config.get("num_attention_heads") or (config.get("text_config") or {}).get("num_attention_heads")
-    return heads if isinstance(heads, int) and heads > 0 else None
+    config = found[0].get("text_config") or found[0]  # vLLM's hf_text_config
+    heads = config.get("num_attention_heads")
+    if not isinstance(heads, int) or heads < 1:
+        return None
+    kv = next((config[f] for f in KV_HEAD_FIELDS if f in config), heads)
+    vocab = config.get("vocab_size")
+    widths = {f: config[f] for f in MLP_WIDTHS if isinstance(config.get(f), int) and config[f] > 0}
+    return ModelShape(
+        heads=heads,
+        kv_heads=kv if isinstance(kv, int) and kv > 0 else heads,
+        vocab=vocab if isinstance(vocab, int) and vocab > 0 else None,
+        widths=widths,
+    )
 
 
 def weight_bytes(model: str, bits: int = 16) -> tuple[int | None, str]:
@@ -98,16 +154,32 @@ def visible_gpu_memory() -> list[int]:
     return [g.total for g in node.gpus] if node else []
 
 
-def _tensor_parallel(weights: int | None, usable: float, configured: int, stages: int, heads: int | None) -> int:
-    """The smallest tensor parallel size, at least the configured one, whose GPUs (times the pipeline stages)
-    hold the weights: a power of two, or where the model's attention heads are known the smallest number of
-    GPUs that divides them (vLLM refuses the others: 28 heads take 1, 2, 4, 7, 14 or 28)."""
-    size = max(1, configured)
-    while weights is not None and weights > WEIGHT_SHARE * usable * size * stages:
-        size += 1
-    if heads is None:
-        return max(configured, 1 << (size - 1).bit_length())
-    return next(d for d in range(size, heads + 1) if heads % d == 0) if size <= heads else size
+def _tensor_parallel(
+    weights: int | None, usable: float, configured: int, stages: int, shape: ModelShape | None
+) -> tuple[int, int | None, list[str]]:
+    """The GPUs the weights need (at least the configured tensor parallel size; times the pipeline stages, they
+    hold the weights), the smallest tensor parallel size from there that vLLM can build the model with (a power
+    of two where its shape is unknown; None where no size can), and why each size passed over that divides the
+    attention heads was (those that do not are refused by the first rule)."""
+    need = max(1, configured)
+    while weights is not None and weights > WEIGHT_SHARE * usable * need * stages:
+        need += 1
+    if shape is None:
+        return need, max(configured, 1 << (need - 1).bit_length()), []
+    passed: list[str] = []
+    for tp in (d for d in range(need, shape.heads + 1) if shape.heads % d == 0):
+        reason = shape.refusal(tp)
+        if reason is None:
+            return need, tp, passed
+        passed.append(f"{tp}: {reason}")
+    return need, None, passed
+
+
+def _passed_over(passed: Sequence[str], heads: int) -> str:
+    """For a message: the sizes passed over that divide the attention heads, each with vLLM's reason (the first
+    SHOWN_REASONS of them)."""
+    more = f"; {len(passed) - SHOWN_REASONS} more" if len(passed) > SHOWN_REASONS else ""
+    return f" (of those that divide its {heads} attention heads, {'; '.join(passed[:SHOWN_REASONS])}{more})"
 
 
 def _outside_share(config: EngineConfig, tensor_parallel: int) -> int:
@@ -115,7 +187,7 @@ def _outside_share(config: EngineConfig, tensor_parallel: int) -> int:
 
 
 def _colocation_fits(
-    gpu_engines: Sequence[tuple[str, EngineConfig, float]], engines: Sequence[EnginePlan], memory: int
+    gpu_engines: Sequence[tuple[str, EngineConfig, float | None]], engines: Sequence[EnginePlan], memory: int
 ) -> None:
     """Refuse, before any engine loads, colocated shares that vLLM would refuse at the last engine's start: the
     judge and an attacker open first and stay, then one target at a time, so the judge's and attacker's
@@ -123,10 +195,10 @@ def _colocation_fits(
     resident: dict[
         str, tuple[float, int]
     ] = {}  # role kind -> (its share, its overhead if opened before the last), one target at a time
-    for (role, config, share), plan in zip(gpu_engines, engines):
+    for (role, config, _), plan in zip(gpu_engines, engines):
         kind = role.split(":")[0]
         overhead = 0 if kind == "target" else _outside_share(config, plan.tensor_parallel_size)
-        resident[kind] = max(resident.get(kind, (0.0, 0)), (share, overhead))
+        resident[kind] = max(resident.get(kind, (0.0, 0)), (plan.memory_share, overhead))
     if len(resident) < 2:
         return
     shares = sum(share for share, _ in resident.values())
@@ -171,20 +243,25 @@ def plan_gpus(
         hint = "; an attack keeps every model resident: give this one a larger memory share, or more GPUs"
     else:
         hint = "; placement sequential gives each model the whole GPU" if mode == "colocate" else ""
-    gpu_engines = [(f"target:{getattr(t, 'label', t.model)}", t, target_memory) for t in local]
+    # Each engine is planned at the share it will run at, as engines/host.py gives it: the placement's share for
+    # target and judge (0.8 each in sleep mode), none in sequential mode and none for a juror (vLLM's default,
+    # ALONE_SHARE), its own for an attacker; the engine's gpu_memory_utilization above all (vllm_engine.py).
+    placed = mode != "sequential"
+    gpu_engines = [(f"target:{getattr(t, 'label', t.model)}", t, target_memory if placed else None) for t in local]
     if judge is not None and capabilities(judge.kind).local:
-        gpu_engines.append(("judge", judge, judge_memory))
+        gpu_engines.append(("judge", judge, judge_memory if placed else None))
     if attacker is not None and capabilities(attacker[0].kind).local:
         gpu_engines.append(("attacker", *attacker))
-    alone = [(f"jury:{name}", config, ALONE_SHARE) for name, config in jurors if capabilities(config.kind).local]
-    for role, config, colocated_share in [*gpu_engines, *alone]:
-        share = colocated_share if mode == "colocate" else ALONE_SHARE
+    alone = [(f"jury:{name}", config, None) for name, config in jurors if capabilities(config.kind).local]
+    for role, config, placed_share in [*gpu_engines, *alone]:
+        share = config.gpu_memory_utilization or placed_share or ALONE_SHARE
         stages = config.pipeline_stages
-        heads = attention_heads(config.model)
-        if heads is not None and heads % config.tensor_parallel_size:
+        shape = model_shape(config.model)
+        refused = shape.refusal(config.tensor_parallel_size) if shape else None
+        if refused:
             raise DiagsafeError(
-                f"{config.model} has {heads} attention heads: its tensor_parallel_size must divide them "
-                f"(vLLM's rule), and {config.tensor_parallel_size} does not"
+                f"{config.model}: vLLM cannot load it with tensor_parallel_size {config.tensor_parallel_size}: "
+                f"{refused}"
             )
         if config.model in sizes:
             weights = sizes[config.model]
@@ -196,21 +273,36 @@ def plan_gpus(
                 )
             elif source != "weight files":
                 notes.append(f"{config.model}: size from the {source}")
-        tp = _tensor_parallel(weights, share * memory, config.tensor_parallel_size, stages, heads) if gpus else 1
+        need, tp, passed = (
+            _tensor_parallel(weights, share * memory, config.tensor_parallel_size, stages, shape)
+            if gpus
+            else (1, 1, [])
+        )
         gib = (weights or 0) / GIB
+        fits = f"{gib:.1f} GiB of weights, at most {WEIGHT_SHARE:.0%} of its {share:.0%} memory share per GPU"
+        skipped = _passed_over(passed, shape.heads) if shape and passed else ""
+        if tp is None:
+            none = f" (none that divides its {shape.heads} attention heads)" if shape else ""
+            raise DiagsafeError(
+                f"{role.split(':')[0]} {config.model} needs at least {need * stages} GPUs of {memory / GIB:.0f} GiB "
+                f"({fits}), and vLLM can build it with no tensor parallel size from {need} up{skipped or none}" + hint
+            )
         if tp > 1 and not capabilities(config.kind).tensor_parallel:
             raise DiagsafeError(
                 f"{config.model} ({gib:.1f} GiB) does not fit one GPU and engine kind '{config.kind}' "
                 "cannot shard it; use kind: vllm"
             )
+        if tp > 1 and shape is None:
+            notes.append(
+                f"{config.model}: config.json not readable, so tensor parallel {tp} (a power of two) is unchecked "
+                "against vLLM's rules"
+            )
         if tp * stages > max(gpus, 1):
             layout = f"tensor parallel {tp} x {stages} pipeline stages" if stages > 1 else f"tensor parallel {tp}"
-            divides = f"; {tp} is the smallest that divides its {heads} attention heads" if heads else ""
+            smallest = f"; {tp} is the smallest size vLLM builds it with{skipped}" if shape else ""
             raise DiagsafeError(
                 f"{role.split(':')[0]} {config.model} needs {tp * stages} GPUs of {memory / GIB:.0f} GiB "
-                f"({layout}: {gib:.1f} GiB of weights, at most {WEIGHT_SHARE:.0%} of its "
-                f"{share:.0%} memory share per GPU{divides}), but {gpus} are visible" + hint + " (a model must fit "
-                "one node)"
+                f"({layout}: {fits}{smallest}), but {gpus} are visible" + hint + " (a model must fit one node)"
             )
         engines.append(
             EnginePlan(
