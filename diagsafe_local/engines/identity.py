@@ -3,7 +3,6 @@ may reuse: installed package versions, a model directory's content hash, the CUD
 
 from __future__ import annotations
 
-import hashlib
 import json
 from importlib import metadata
 from pathlib import Path
@@ -11,7 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-FULL_HASH_LIMIT = 2 * 1024**3
+from diagsafe_local.core.fingerprint import model_fingerprint
+
 _FINGERPRINTS: dict[tuple[str, float], str | None] = {}
 
 
@@ -41,33 +41,6 @@ def model_json(model: str, name: str) -> tuple[dict[str, Any], Path] | None:
     except (OSError, ValueError):  # a name no file system holds, not a hub id, a file that does not read
         return None
     return (data, found) if isinstance(data, dict) and found is not None else None
-
-
-def model_fingerprint(path: str) -> str | None:
-    """SHA-256 over a local model directory's files; None for hub ids.
-
-    Directories over 2 GiB hash each file's size and first and last MiB instead of every byte,
-    which tells checkpoints apart without reading tens of gigabytes.
-    """
-    root = Path(path)
-    if not root.exists():
-        return None
-    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root]) if p.is_file())
-    full = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(str(p.relative_to(root) if root.is_dir() else p.name).encode())
-        size = p.stat().st_size
-        digest.update(str(size).encode())
-        with open(p, "rb") as handle:
-            if full:
-                for block in iter(lambda: handle.read(1 << 20), b""):
-                    digest.update(block)
-            else:
-                digest.update(handle.read(1 << 20))
-                handle.seek(max(0, size - (1 << 20)))
-                digest.update(handle.read(1 << 20))
-    return ("sha256:" if full else "sha256-sampled:") + digest.hexdigest()
 
 
 class EngineIdentity(BaseModel):
