@@ -27,7 +27,8 @@ def report(
 ) -> None:
     """Write report.md, report.html and figures/ into a run directory; of a series directory (`watch`), the series
     report: every rate against the training step, each checkpoint compared with the previous one and the baseline,
-    and series.json."""
+    and series.json. A series' state and runs are checked as the gate checks them: a state that does not verify
+    is refused (exit 3), and a run that is not its checkpoint's weights is shown as unverified, never plotted."""
     from diagsafe_local.commands.common import warn
     from diagsafe_local.runs.files import REPORT_FILES
     from diagsafe_local.runs.report import print_summary, write_report
@@ -38,6 +39,7 @@ def report(
 
         figures = write_series_report(run_dir, margin, Path(baseline) if baseline else None)
         first = figures.first_regression
+        typer.echo(f"series state: {figures.signature}")
         typer.echo(f"{sum(p.asr is not None for p in figures.points)} of {len(figures.points)} checkpoints evaluated")
         typer.echo(
             f"first regression beyond {margin:.1%}: " + (f"step {first.step} ({first.name})" if first else "none")

@@ -8,13 +8,12 @@ has `trainer_state.json` (the Trainer writes it after the weights, optimizer and
 file is whole (each safetensors file's header covers the file; a sharded model's index names only shards that
 are there and whole); a plain model directory must also have stayed unchanged between two scans at least
 `settle` seconds apart (nothing says when its writer is done). A checkpoint that disappears before its run
-finished (the trainer's `save_total_limit`) is recorded as deleted.
+finished (the trainer's `save_total_limit`) is recorded as deleted. A checkpoint is its weights: one whose weights
+changed since its run (the trainer re-saved it in place) is evaluated again, its old run moved to runs/.resaved/.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.fingerprint import model_fingerprint
 from diagsafe_local.core.resources import slurm_file
 from diagsafe_local.evaluation.config import RunConfig, load_config
 from diagsafe_local.evaluation.slurm import Resources, sbatch
@@ -37,13 +37,16 @@ from diagsafe_local.runs.series_state import (
     STOP,
     CheckpointEntry,
     SeriesState,
+    checkpoint_step,
+    incomplete,
+    is_trainer_checkpoint,
     now,
     read_series,
     update_series,
 )
 
-_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-_STEP_AT_END = re.compile(r".*?(\d+)")
+RESAVED = ".resaved"  # runs/.resaved/: the runs of weights a checkpoint no longer holds (re-saved in place)
+
 Mode = Literal["submit", "local"]
 
 
@@ -54,56 +57,22 @@ class Checkpoint:
     path: Path
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """The training step of a checkpoint directory by its name, or None for a directory that is none."""
-    match = _CHECKPOINT.fullmatch(path.name)
-    if match:
-        return int(match[1])
-    is_model = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
-    match = _STEP_AT_END.fullmatch(path.name)
-    return int(match[1]) if is_model and match else None
-
-
-def incomplete(path: Path) -> str | None:
-    """Why a checkpoint is not yet whole (None: it is, as far as its files can say)."""
-    from safetensors import SafetensorError, safe_open
-
-    hf = _CHECKPOINT.fullmatch(path.name) is not None
-    if hf and not (path / "trainer_state.json").is_file():
-        return "no trainer_state.json yet (the Trainer writes it last)"
-    if not hf and not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
-        return "no config.json"
-    weights = sorted(path.glob("*.safetensors"))
-    for index in path.glob("*.safetensors.index.json"):
-        try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, AttributeError):
-            return f"{index.name} does not read yet"
-        missing = sorted(s for s in shards if not (path / s).is_file())
-        if missing:
-            return f"shard {missing[0]} of {index.name} is not there yet"
-    if not weights and not any(path.glob("*.bin")):
-        return "no weights yet"
-    for file in weights:
-        try:
-            with safe_open(str(file), framework="numpy"):
-                pass
-        except (SafetensorError, OSError) as exc:
-            return f"{file.name} is not whole yet ({exc})"
-    return None
-
-
 def _signature(path: Path) -> tuple:
-    return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in path.iterdir() if p.is_file()))
+    return tuple(
+        sorted(
+            (str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in path.rglob("*") if p.is_file()
+        )
+    )
 
 
 class Scanner:
     """Finds the complete checkpoints of a directory; a plain model directory must look the same at two scans
-    `settle` seconds apart."""
+    `settle` seconds apart. Knows each checkpoint's weights by content, hashed again only when its files change."""
 
     def __init__(self, directory: Path, settle: float) -> None:
         self.directory, self.settle = directory, settle
         self._seen: dict[Path, tuple[tuple, float]] = {}
+        self._hashes: dict[Path, tuple[tuple, str | None]] = {}
 
     def complete(self) -> list[Checkpoint]:
         found = []
@@ -117,7 +86,7 @@ class Scanner:
                 signature = _signature(path)
             except OSError:  # deleted while looked at
                 continue
-            if _CHECKPOINT.fullmatch(path.name) is None:
+            if not is_trainer_checkpoint(path):
                 before = self._seen.get(path)
                 if before is None or before[0] != signature:
                     self._seen[path] = (signature, time.monotonic())
@@ -127,6 +96,17 @@ class Scanner:
                     continue
             found.append(Checkpoint(path.name, step, path.resolve()))
         return found
+
+    def weights(self, path: Path) -> str | None:
+        """The checkpoint's content hash, as a run's manifest records it (None: it is gone)."""
+        try:
+            signature = _signature(path)
+        except OSError:
+            return None
+        cached = self._hashes.get(path)
+        if cached is None or cached[0] != signature:
+            cached = self._hashes[path] = (signature, model_fingerprint(str(path)))
+        return cached[1]
 
 
 class SeriesSpec:
@@ -165,8 +145,8 @@ class SeriesSpec:
         )
         if current is None:
             return fresh
-        mine = fresh.model_dump(exclude={"checkpoints"})
-        theirs = current.model_dump(exclude={"checkpoints"})
+        kept = {"checkpoints", "series_id", "sequence"}  # what a series keeps of its own
+        mine, theirs = fresh.model_dump(exclude=kept), current.model_dump(exclude=kept)
         different = [k for k in mine if mine[k] != theirs[k]]
         if different:
             raise DiagsafeError(
@@ -228,6 +208,36 @@ def _finished(entry: CheckpointEntry) -> bool:
         return False
 
 
+def _evaluated(entry: CheckpointEntry) -> str | None:
+    """The content hash of the weights its run evaluated, as the run's manifest records it (None: unknown)."""
+    try:
+        targets = list(read_manifest_file(Path(entry.run_dir)).targets.values())
+    except (DiagsafeError, OSError):
+        return None
+    return targets[0].model_hash if len(targets) == 1 else None
+
+
+def resaved(spec: SeriesSpec, scanner: Scanner, found: list[Checkpoint], say: Callable[[str], None]) -> None:
+    """Each finished checkpoint whose weights are no longer those its run evaluated (re-saved in place) is seen
+    anew, to be evaluated again; its run is moved to runs/.resaved/."""
+    state = read_series(spec.series_dir)
+    for checkpoint in found:
+        entry = state.checkpoints.get(checkpoint.name)
+        if entry is None or entry.status != "finished":
+            continue
+        evaluated = entry.model_hash or _evaluated(entry)
+        current = scanner.weights(checkpoint.path)
+        if current is None or current == evaluated:
+            continue
+        aside = spec.series_dir / RUNS / RESAVED / f"{entry.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+        if Path(entry.run_dir).exists():
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            Path(entry.run_dir).rename(aside)
+        error = f"re-saved in place: its weights are {current}; its run of {evaluated} is now {aside}"
+        set_status(spec.series_dir, entry.name, "seen", error=error, model_hash=None, job_id=None)
+        say(f"{entry.name}: its weights changed since its run (re-saved in place): it is evaluated again")
+
+
 def _live_jobs(job_ids: list[str]) -> set[str] | None:
     """The jobs (array tasks) of `job_ids` that SLURM still has queued or running (None: squeue could not say)."""
     arrays = sorted({j.split("_")[0] for j in job_ids})
@@ -251,8 +261,9 @@ def refresh(series_dir: Path) -> None:
     submitted = [e.job_id for e in open_entries if e.status == "submitted" and e.job_id]
     live = _live_jobs(submitted) if submitted else set()
     for entry in open_entries:
+        fields: dict[str, Any] = {}
         if _finished(entry):
-            status, error = "finished", None
+            status, error, fields = "finished", None, {"model_hash": _evaluated(entry)}
         elif not Path(entry.path).exists():
             status, error = "deleted", "the checkpoint was deleted before its run finished (save_total_limit?)"
         elif entry.status == "submitted" and live is not None and entry.job_id not in live:
@@ -263,7 +274,7 @@ def refresh(series_dir: Path) -> None:
             )
         else:
             continue
-        set_status(series_dir, entry.name, status, error=error)
+        set_status(series_dir, entry.name, status, error=error, **fields)
 
 
 def submit(spec: SeriesSpec, entries: list[CheckpointEntry], resources: Resources) -> str:
@@ -323,7 +334,7 @@ def run_here(
         set_status(spec.series_dir, entry.name, status, error=error)
         say(f"{entry.name}: {status}: {error}")
         return
-    set_status(spec.series_dir, entry.name, "finished", error=None)
+    set_status(spec.series_dir, entry.name, "finished", error=None, model_hash=_evaluated(entry))
     say(f"{entry.name}: finished")
     if after_run is not None:
         after_run(Path(entry.run_dir))
@@ -379,18 +390,20 @@ def watch(
     after_run: Callable[[Path], None] | None = None,
 ) -> str:
     """Watch until told to stop (see `Stop`); returns why it stopped. Each pass: record the complete
-    checkpoints, update the statuses, evaluate what is new (`submit`: one array job for all of them; `local`:
-    one after another, here, `after_run` called with each finished run directory), and call `on_update` when a
-    checkpoint is done."""
+    checkpoints, update the statuses, see anew the checkpoints re-saved in place (`resaved`), evaluate what is
+    new (`submit`: one array job for all of them; `local`: one after another, here, `after_run` called with each
+    finished run directory), and call `on_update` when a checkpoint is done."""
     scanner = Scanner(spec.checkpoint_dir, settle)
     stop = Stop(spec.series_dir, until_step)
-    update_series(spec.series_dir, spec.state)
-    done_before = _done(spec.series_dir)
-    with stop.on_signals():
+    with stop.on_signals():  # before the first write: a SIGTERM from here on stops it cleanly
+        update_series(spec.series_dir, spec.state)
+        done_before = _done(spec.series_dir)
         while True:
-            for entry in record(spec, scanner.complete()):
+            found = scanner.complete()
+            for entry in record(spec, found):
                 say(f"found {entry.name} (step {entry.step})" + (f": skipped, {entry.error}" if entry.error else ""))
             refresh(spec.series_dir)
+            resaved(spec, scanner, found, say)
             todo = [
                 e
                 for e in read_series(spec.series_dir).ordered()

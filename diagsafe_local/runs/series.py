@@ -1,7 +1,8 @@
 """The series report: every rate of a training run's checkpoints against the training step.
 
-Each checkpoint's run directory is verified like any run (what does not verify is shown, never plotted or
-compared), and its ASR (with its 95% interval), each category's ASR, over-refusal and attack success are read
+The state's signature is checked as the gate checks it (`signed_series`), and each checkpoint's run directory is
+verified like any run and must be the run of that checkpoint's weights (`run_problems`, the gate's rule): what does
+not verify is shown, never plotted or compared. Its ASR (with its 95% interval), each category's ASR, over-refusal and attack success are read
 from the recomputed summary. Each checkpoint is compared, paired over the same items, with the previous verified
 checkpoint and with the production baseline run (`runs.paired`: the difference with its interval, McNemar's
 test, the flips). A regression beyond the margin appears at the first checkpoint whose ASR exceeds the
@@ -23,18 +24,21 @@ from pydantic import Field
 from diagsafe_local.core import atomic
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.figures import png_figure
+from diagsafe_local.core.fingerprint import model_fingerprint
 from diagsafe_local.runs import files
 from diagsafe_local.runs.baseline import compare_with_baseline
-from diagsafe_local.runs.manifest import read_manifest_file
+from diagsafe_local.runs.manifest import Manifest, read_manifest_file
 from diagsafe_local.runs.paired import PairedComparison, RunColumns
 from diagsafe_local.runs.records import Record
 from diagsafe_local.runs.series_state import (
+    RUNS,
     SERIES_JSON,
     CheckpointEntry,
     SeriesState,
     is_series,
-    read_series,
+    newest_complete,
     signed_series,
+    step_of_name,
 )
 from diagsafe_local.runs.summary import Interval, Rate
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
@@ -81,6 +85,7 @@ class SeriesFigures(Record):
     """series.json."""
 
     series_dir: str
+    signature: str = Field(description="What the check of the state's signature found.")
     margin: float
     baseline: str | None = Field(description="The production baseline run directory.")
     baseline_asr: Interval | None = None
@@ -124,7 +129,9 @@ def _verified(run_dir: Path) -> tuple[VerifiedRun, RunColumns]:
     return verify_run(run_dir, observe=columns.add), columns
 
 
-def _point(entry: CheckpointEntry) -> tuple[SeriesPoint, tuple[VerifiedRun, RunColumns] | None]:
+def _point(
+    series_dir: Path, state: SeriesState, entry: CheckpointEntry
+) -> tuple[SeriesPoint, tuple[VerifiedRun, RunColumns] | None]:
     point = SeriesPoint(name=entry.name, step=entry.step, status=entry.status, run_dir=entry.run_dir)
     try:
         if read_manifest_file(Path(entry.run_dir)).status != "complete":
@@ -136,13 +143,10 @@ def _point(entry: CheckpointEntry) -> tuple[SeriesPoint, tuple[VerifiedRun, RunC
         run = _verified(Path(entry.run_dir))
     except DiagsafeError as exc:
         return point.model_copy(update={"status": "unverified", "problems": [str(exc)]}), None
-    if run[0].problems:
-        return point.model_copy(update={"status": "unverified", "problems": run[0].problems[:5]}), None
-    targets = run[0].summary.targets
-    if len(targets) != 1:
-        problem = f"a checkpoint's run has one target; this one has {len(targets)}"
-        return point.model_copy(update={"status": "unverified", "problems": [problem]}), None
-    stats = next(iter(targets.values()))
+    problems = run[0].problems or run_problems(series_dir, state, entry, run[0].manifest)
+    if problems:
+        return point.model_copy(update={"status": "unverified", "problems": problems[:5]}), None
+    stats = next(iter(run[0].summary.targets.values()))  # its one target (`run_problems`)
     point = point.model_copy(
         update={
             "status": "finished",
@@ -157,8 +161,9 @@ def _point(entry: CheckpointEntry) -> tuple[SeriesPoint, tuple[VerifiedRun, RunC
 
 
 def series_figures(series_dir: Path, margin: float = 0.02, baseline: Path | None = None) -> SeriesFigures:
-    """Every figure of a series (see the module docstring); `baseline` replaces the series' own."""
-    state = read_series(series_dir)
+    """Every figure of a series (see the module docstring); `baseline` replaces the series' own. A state that
+    does not verify is refused (exit 3), as the gate refuses it."""
+    state, signature = signed_series(series_dir, require_signature=False)
     base_dir = baseline or (Path(state.baseline) if state.baseline else None)
     base = None
     if base_dir is not None:
@@ -170,7 +175,7 @@ def series_figures(series_dir: Path, margin: float = 0.02, baseline: Path | None
     reference = ("baseline", base) if base is not None else None
     first = None
     for entry in state.ordered():
-        point, run = _point(entry)
+        point, run = _point(series_dir, state, entry)
         if run is not None:
             update: dict[str, object] = {}
             if previous is not None:
@@ -191,6 +196,7 @@ def series_figures(series_dir: Path, margin: float = 0.02, baseline: Path | None
         points.append(point)
     return SeriesFigures(
         series_dir=str(series_dir),
+        signature=signature,
         margin=margin,
         baseline=str(base_dir) if base_dir else None,
         baseline_asr=next(iter(base[0].summary.targets.values())).asr if base else None,
@@ -340,13 +346,21 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def checkpoint_run(state: SeriesState, series_dir: Path, checkpoint: str) -> CheckpointEntry:
-    """The series entry `gate --checkpoint` names: `latest` (the highest step the series did not skip, evaluated
-    or not: an unevaluated one is refused, never passed over), a step, or a checkpoint's name."""
-    entries = [e for e in state.ordered() if e.status != "skipped"]
+    """The series entry `gate --checkpoint` names: `latest` (the newest complete checkpoint on disk that the series
+    evaluates: one the series has not evaluated is refused, never passed over for an older one), a step, or a
+    checkpoint's name."""
     if checkpoint == "latest":
-        if not entries:
-            raise DiagsafeError(f"{series_dir}: the series has no checkpoint yet")
-        return entries[-1]
+        newest = newest_complete(state)
+        if newest is None:
+            raise RunFailed(f"{series_dir}: refused: no complete checkpoint in {state.checkpoint_dir}")
+        name, step = newest
+        if name not in state.checkpoints:
+            raise RunFailed(
+                f"{series_dir}: refused: the latest checkpoint, {name} (step {step}), is not evaluated yet "
+                "(the series has not seen it)"
+            )
+        return state.checkpoints[name]
+    entries = [e for e in state.ordered() if e.status != "skipped"]
     chosen = [e for e in entries if e.name == checkpoint or str(e.step) == checkpoint]
     if not chosen:
         known = ", ".join(str(e.step) for e in entries) or "none"
@@ -354,12 +368,48 @@ def checkpoint_run(state: SeriesState, series_dir: Path, checkpoint: str) -> Che
     return chosen[-1]
 
 
+def run_problems(series_dir: Path, state: SeriesState, entry: CheckpointEntry, manifest: Manifest) -> list[str]:
+    """Why a checkpoint's run is not the evaluation of that checkpoint's weights (empty: it is): the one rule of
+    the gate and the series report. The entry must be this series' checkpoint of its name and step, with its run
+    in runs/<name>/; the run must have evaluated exactly that directory, written there; and the weights it
+    evaluated (its manifest's content hash) must be the directory's weights now, or, where the trainer has
+    deleted it, those the series recorded when the run finished."""
+    problems = []
+    where = Path(state.checkpoint_dir) / entry.name
+    if Path(entry.path).resolve() != where.resolve() or step_of_name(entry.name) != entry.step:
+        problems.append(f"checkpoint {entry.name} (step {entry.step}) is not {where} of this series")
+    run_dir = Path(entry.run_dir)
+    if run_dir.resolve() != (series_dir / RUNS / entry.name).resolve():
+        problems.append(f"{run_dir} is not this series' run directory of {entry.name}")
+    models = [t.model for t in manifest.targets.values()]
+    if models != [entry.path]:
+        problems.append(f"{run_dir} is not the run of {entry.path} (its targets: {models})")
+    if Path(str(manifest.config.get("output_dir"))).resolve() != run_dir.resolve():
+        problems.append(f"{run_dir} holds a run written to {manifest.config.get('output_dir')}")
+    if problems:
+        return problems
+    evaluated = next(iter(manifest.targets.values())).model_hash
+    current = model_fingerprint(entry.path)
+    if evaluated is None:
+        return [f"{run_dir}: its manifest records no content hash of {entry.path}'s weights"]
+    if entry.model_hash is not None and entry.model_hash != evaluated:
+        return [f"{run_dir} evaluated weights {evaluated}; the series recorded {entry.model_hash}"]
+    if current is None and entry.model_hash is None:
+        return [
+            f"{entry.path} is gone and the series recorded no hash of it: which weights {run_dir} evaluated is unknown"
+        ]
+    if current is not None and current != evaluated:
+        return [f"{entry.path} was re-saved since its run: its weights are {current}, {run_dir} evaluated {evaluated}"]
+    return []
+
+
 def gated_checkpoint(
     series_dir: Path, checkpoint: str | None, require_signature: bool = False
 ) -> tuple[CheckpointEntry, Path, Path | None, str]:
     """What `gate SERIES_DIR --checkpoint C` decides on: the checkpoint's entry, its run directory (refused, exit
-    3, unless it holds a run of that very checkpoint), the series' production baseline run, and what its
-    signature check found (a state changed since it was signed is refused, exit 3)."""
+    3, unless it is the run of that checkpoint's weights as they are: `run_problems`), the series' production
+    baseline run, and what its signature check found (a state changed since it was signed, another series' or an
+    older one is refused, exit 3: `signed_series`)."""
     if not is_series(series_dir):
         raise DiagsafeError(f"--checkpoint is for a series directory; {series_dir} is not one")
     if checkpoint is None:
@@ -368,8 +418,10 @@ def gated_checkpoint(
     entry = checkpoint_run(state, series_dir, checkpoint)
     run_dir = Path(entry.run_dir)
     if not (run_dir / files.MANIFEST).is_file():
-        raise RunFailed(f"{series_dir}: refused: checkpoint {entry.name} has no finished run ({entry.status})")
-    models = [t.model for t in read_manifest_file(run_dir).targets.values()]
-    if models != [entry.path]:
-        raise RunFailed(f"{series_dir}: refused: {run_dir} is not the run of {entry.path} (its target: {models})")
+        raise RunFailed(
+            f"{series_dir}: refused: checkpoint {entry.name} has no finished run ({entry.status}): not evaluated yet"
+        )
+    problems = run_problems(series_dir, state, entry, read_manifest_file(run_dir))
+    if problems:
+        raise RunFailed(f"{series_dir}: refused: " + "; ".join(problems))
     return entry, run_dir, Path(state.baseline) if state.baseline else None, signature
