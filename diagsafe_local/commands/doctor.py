@@ -38,6 +38,8 @@ def doctor(
                 found = engine_checks(folder, say=lambda line: print(line, file=console.stream, flush=True))
         _print(found)
         checks += found
+        if work is None and not ready(found):
+            typer.echo("vLLM's own output and each failed check's traceback: rerun with --work DIR (DIR/engines.log)")
     elif engines:
         typer.echo("skip  vLLM on tiny models: fix the FAIL lines above first")
     fine = ready(checks)

