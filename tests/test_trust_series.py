@@ -138,3 +138,23 @@ def test_sigterm_during_watchs_first_state_write_stops_it_cleanly(tmp_path, monk
     monkeypatch.setattr(watching, "update_series", first_write_signalled)
     result = watch(tmp_path, "--interval", "0.1")
     assert result.exit_code == 0 and "watch stopped: SIGTERM received" in result.output, result.output
+
+
+def test_a_deleted_checkpoint_keeps_its_figures_by_the_hash_the_series_recorded(tmp_path, scripted):
+    train, spec = recorded_series(tmp_path)
+    assert watch(tmp_path).exit_code == 0
+    shutil.rmtree(train / "checkpoint-10")  # save_total_limit, after its run finished
+    assert gate(spec.series_dir, "10").exit_code == 0
+    CliRunner().invoke(app, ["report", str(spec.series_dir)])
+    points = {p["name"]: p for p in json.loads((spec.series_dir / "series.json").read_text())["points"]}
+    assert points["checkpoint-10"]["status"] == "finished" and points["checkpoint-10"]["asr"] is not None
+
+    state_file = spec.series_dir / "series.state.json"
+    state = json.loads(state_file.read_text())
+    state["checkpoints"]["checkpoint-10"]["model_hash"] = "sha256:" + "0" * 64  # other weights than its run's
+    state_file.write_text(json.dumps(state))
+    refused = gate(spec.series_dir, "10")
+    assert refused.exit_code == 3 and "the series recorded sha256:000" in refused.output, refused.output
+    CliRunner().invoke(app, ["report", str(spec.series_dir)])
+    points = {p["name"]: p for p in json.loads((spec.series_dir / "series.json").read_text())["points"]}
+    assert points["checkpoint-10"]["status"] == "unverified" and points["checkpoint-20"]["status"] == "finished"

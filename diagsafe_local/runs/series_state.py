@@ -142,15 +142,18 @@ def incomplete(path: Path) -> str | None:
 def newest_complete(state: SeriesState) -> tuple[str, int] | None:
     """(name, step) of the newest complete checkpoint on disk that the series evaluates (None: none yet)."""
     root = Path(state.checkpoint_dir)
-    found = []
+    candidates = []
     for path in root.iterdir() if root.is_dir() else []:
+        step = checkpoint_step(path) if path.is_dir() else None
+        if step is not None and state.evaluates(step):
+            candidates.append((step, path))
+    for step, path in sorted(candidates, reverse=True):
         try:
-            step = checkpoint_step(path) if path.is_dir() else None
-            if step is not None and state.evaluates(step) and incomplete(path) is None:
-                found.append((step, path.name))
+            if incomplete(path) is None:
+                return path.name, step
         except OSError:  # deleted while looked at
             continue
-    return (max(found)[1], max(found)[0]) if found else None
+    return None
 
 
 def state_path(series_dir: Path) -> Path:
