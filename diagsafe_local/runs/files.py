@@ -1,8 +1,20 @@
-"""The files of a run directory; their names are written nowhere else."""
+"""The files of a run directory: their names, written nowhere else, and `RunFiles`, which reads each once."""
 
 from __future__ import annotations
 
-from diagsafe_local.core import signing
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from diagsafe_local.core import jsonl, signing
+from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.core.jsonfile import read_model
+from diagsafe_local.core.jsonl import Line
+
+M = TypeVar("M", bound=BaseModel)
 
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
@@ -25,3 +37,71 @@ REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART, ATTACK_CHART, FLIPS)
 SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, CONTROLS, ATTACKS, SENSITIVITY, JURY, SUMMARY)
 # The first line of the config.yaml the tool writes (a user's own config there is never overwritten).
 CONFIG_HEADER = "# written by diagsafe-local: the resolved config of run"
+
+
+class _Digest:
+    """The SHA-256 and length of the bytes fed to it, as a signature records a file."""
+
+    def __init__(self) -> None:
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def update(self, data: bytes) -> None:
+        self.sha256.update(data)
+        self.bytes += len(data)
+
+
+class RunFiles:
+    """A run directory's files, each read once: what is parsed is what was hashed, and the signature is checked
+    against these hashes (`read`; None: absent), never against the files read again. A file that does not read
+    is a reason to refuse the run (exit 3)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.read: dict[str, signing.Signed | None] = {}
+
+    def whole(self, name: str) -> bytes | None:
+        """A small file's bytes (None: there is none)."""
+        path = self.run_dir / name
+        try:
+            raw = path.read_bytes() if path.is_file() else None
+        except OSError as exc:
+            raise RunFailed(f"refused, {name} does not read: {exc}") from None
+        self.read[name] = None if raw is None else signing.digest_of(raw)
+        return raw
+
+    def model(self, name: str, model: type[M], what: str) -> M | None:
+        """A JSON file as its record (None: there is none); one that does not read refuses the run."""
+        raw = self.whole(name)
+        try:
+            return None if raw is None else read_model(self.run_dir / name, model, what, raw)
+        except DiagsafeError as exc:
+            raise RunFailed(f"refused, {name} does not read: {exc}") from None
+
+    def stream(self, name: str, model: type[M]) -> Iterator[Line[M]]:
+        """A JSONL file's records one at a time, hashed as they are read (none where there is no file)."""
+        path = self.run_dir / name
+        if not path.is_file():
+            self.read[name] = None
+            return
+        digest = _Digest()
+        try:
+            yield from jsonl.stream(path, model, digest)
+        except DiagsafeError as exc:
+            raise RunFailed(f"refused, {name} does not read: {exc}") from None
+        self.read[name] = signing.Signed(sha256=digest.sha256.hexdigest(), bytes=digest.bytes)
+
+    def records(self, name: str, model: type[M]) -> list[Line[M]] | None:
+        """A small JSONL file's records, read whole (None: there is none)."""
+        lines = list(self.stream(name, model))
+        return None if self.read[name] is None else lines
+
+    def sha256(self, name: str) -> str | None:
+        """The SHA-256 of a file as read (None: absent, or not read)."""
+        signed = self.read.get(name)
+        return None if signed is None else signed.sha256
+
+    def signature(self, run_id: str, required: bool) -> tuple[list[str], str]:
+        """(problems, note) of the directory's signature, checked against the files as read here (the ones not
+        read are hashed by `signing`): call it once every file a decision rests on was read."""
+        return signing.check_signature(self.run_dir, run_id, SIGNED_FILES, required, self.read)

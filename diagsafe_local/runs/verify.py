@@ -38,16 +38,15 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from diagsafe_local.core import jsonl, signing
+from diagsafe_local.core import jsonl
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
-from diagsafe_local.core.jsonfile import read_model
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
 from diagsafe_local.runs.attack_figures import goal_figures
@@ -63,7 +62,6 @@ from diagsafe_local.runs.verdicts import combined_score, is_combined
 # Summary fields that describe how the run went, not what it found: not recomputed from the results.
 _NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "throughput"}
 _SHOWN = 5
-_M = TypeVar("_M", bound=BaseModel)
 
 
 class VerifiedRun(BaseModel):
@@ -123,68 +121,6 @@ def _reread(path: Path, verified: str | None) -> Iterator[Line[ResultRecord]]:
         yield held
 
 
-class _Digest:
-    """The SHA-256 and length of the bytes fed to it, as a signature records a file."""
-
-    def __init__(self) -> None:
-        self.sha256 = hashlib.sha256()
-        self.bytes = 0
-
-    def update(self, data: bytes) -> None:
-        self.sha256.update(data)
-        self.bytes += len(data)
-
-
-class _Files:
-    """A run directory's files, each read once: what is parsed is what was hashed, and the signature is checked
-    against these hashes (`read`; None: absent), never against the files read again. A file that does not read
-    is a reason to refuse the run (exit 3)."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = run_dir
-        self.read: dict[str, signing.Signed | None] = {}
-
-    def whole(self, name: str) -> bytes | None:
-        """A small file's bytes (None: there is none)."""
-        path = self.run_dir / name
-        try:
-            raw = path.read_bytes() if path.is_file() else None
-        except OSError as exc:
-            raise RunFailed(f"refused, {name} does not read: {exc}") from None
-        self.read[name] = None if raw is None else signing.digest_of(raw)
-        return raw
-
-    def model(self, name: str, model: type[_M], what: str) -> _M | None:
-        """A JSON file as its record (None: there is none); one that does not read refuses the run."""
-        raw = self.whole(name)
-        try:
-            return None if raw is None else read_model(self.run_dir / name, model, what, raw)
-        except DiagsafeError as exc:
-            raise RunFailed(f"refused, {name} does not read: {exc}") from None
-
-    def stream(self, name: str, model: type[_M]) -> Iterator[Line[_M]]:
-        """A JSONL file's records one at a time, hashed as they are read (none where there is no file)."""
-        path = self.run_dir / name
-        if not path.is_file():
-            self.read[name] = None
-            return
-        digest = _Digest()
-        try:
-            yield from jsonl.stream(path, model, digest)
-        except DiagsafeError as exc:
-            raise RunFailed(f"refused, {name} does not read: {exc}") from None
-        self.read[name] = signing.Signed(sha256=digest.sha256.hexdigest(), bytes=digest.bytes)
-
-    def records(self, name: str, model: type[_M]) -> list[Line[_M]] | None:
-        """A small JSONL file's records, read whole (None: there is none)."""
-        lines = list(self.stream(name, model))
-        return None if self.read[name] is None else lines
-
-    def sha256(self, name: str) -> str | None:
-        signed = self.read.get(name)
-        return None if signed is None else signed.sha256
-
-
 def _grammar(manifest: Manifest) -> list[str]:
     """A judge that decodes under a schema must have shown, by the grammar canary, that its engine applied it.
     A recorded canary is decided from its recorded reply, checked again here: not from a flag of the manifest."""
@@ -220,7 +156,7 @@ def verify_run(
     verifies them (a comparison gathers its columns there); what it gathered counts only if the run verifies."""
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
-    held = _Files(run_dir)
+    held = files.RunFiles(run_dir)
     manifest = held.model(files.MANIFEST, Manifest, "run manifest")
     if manifest is None:
         raise RunFailed(f"refused, {run_dir}: no {files.MANIFEST}: not a run directory (is this the run's directory?)")
@@ -288,9 +224,7 @@ def verify_run(
     sample.read(run_dir / files.SENSITIVITY, held.records(files.SENSITIVITY, SensitivityRecord))
     problems += sample.problems()
     # the signature, checked against the bytes read above: never against the files read again
-    signature, sign_note = signing.check_signature(
-        run_dir, manifest.run_id, files.SIGNED_FILES, require_signature, held.read
-    )
+    signature, sign_note = held.signature(manifest.run_id, require_signature)
     notes.insert(0, f"signature: {sign_note}")
     summarizer.controls = controls
     summary = summarizer.summary()
