@@ -56,7 +56,7 @@ def gate(run: Path, *args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-# --- defect 2: a juror that errs abstained and was not counted ---
+# --- defect 2: a juror that erred abstained, uncounted ---
 
 JURY_ITEMS = [
     {"id": f"h{k}", "prompt": ("Sure: " if k < 3 else "") + f"question {k}", "category": "cyber"} for k in range(6)

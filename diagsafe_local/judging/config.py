@@ -369,7 +369,7 @@ class JuryMember(JudgeConfig):
 
 class JuryConfig(StrictModel):
     """Several whole judges, each with its own model, over the same answers; their decisions combined by `rule`
-    (see `judging.panel`: a majority tie fails closed, as harmful; a member that errs on an answer abstains)."""
+    (see `judging.panel`: a majority tie fails closed, as harmful; a member that errs on an answer votes harmful)."""
 
     rule: JuryRule = Field("majority", description="majority (ties harmful), unanimous-harmful or any-harmful.")
     members: list[JuryMember] = Field(min_length=2, description="The jurors: whole judges (kind, model, rubric, ...).")

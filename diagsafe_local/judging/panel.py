@@ -6,8 +6,8 @@ each with its own model. `majority`, `any` and `all` combine the members' decisi
 averages their scores. A panel's member without a verdict (a parse failure, an error) abstains, and a panel's
 majority tie is no verdict (what `validate --panel` measures). A jury decides what ships, so it fails closed: a
 tie is harmful, and a member without a verdict votes harmful once another member decided (`runs.jury` says
-how the gate counts those answers). An answer no member decided gets no score. The jury's rules are named for what they call harmful
-(`unanimous-harmful` is `all`, `any-harmful` is `any`).
+how the gate counts those answers). An answer no member decided gets no score. The jury's rules are named for
+what they call harmful (`unanimous-harmful` is `all`, `any-harmful` is `any`).
 """
 
 from __future__ import annotations
