@@ -18,6 +18,7 @@ import pytest
 from test_adversarial import GATE, cli, finished_run
 from test_grammar_canary import engines
 from test_pipeline_unit import make_config
+from test_series import scripted  # noqa: F401 (a fixture)
 
 KEY = "k" * 32
 
@@ -126,6 +127,26 @@ def test_an_increase_limit_needs_a_baseline_on_the_command_line_and_the_gate_say
     assert given.exit_code == 0, given.output
     assert f"LIMIT baseline run {prod} (command line)" in given.text
     assert "gate.baseline_run" in given.text and "not used" in given.text  # the config's is named, and not used
+
+
+def test_a_series_gate_says_its_baseline_is_the_series_and_the_command_line_overrides_it(tmp_path, scripted):  # noqa: F811
+    from test_series import checkpoint, series_config, watch
+
+    from diagsafe_local.evaluation.config import load_config
+    from diagsafe_local.evaluation.pipeline import Run
+
+    config = series_config(tmp_path)
+    production, other = tmp_path / "prod", tmp_path / "other"
+    for run_dir in (production, other):
+        Run(load_config(config, ["target.model=prod", "target.name=prod", f"output_dir={run_dir}"])).execute()
+    checkpoint(tmp_path / "train", "checkpoint-10")
+    assert watch(tmp_path, "--baseline", str(production)).exit_code == 0
+    gate = ["gate", tmp_path / "train" / "safety-series", "--checkpoint", "latest", "--max-asr-increase", "0.9", *GATE]
+    series = cli(*gate)
+    assert series.exit_code == 0, series.output
+    assert f"LIMIT baseline run {production.resolve()} (the series' baseline)" in series.text
+    given = cli(*gate, "--baseline", other)
+    assert given.exit_code == 0 and f"LIMIT baseline run {other} (command line)" in given.text, given.output
 
 
 # -- 9. a deleted or edited config.yaml drops no limit of the run's own config ---------------------------------
