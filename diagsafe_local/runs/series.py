@@ -389,11 +389,11 @@ def run_problems(series_dir: Path, state: SeriesState, entry: CheckpointEntry, m
     if problems:
         return problems
     evaluated = next(iter(manifest.targets.values())).model_hash
-    current = model_fingerprint(entry.path)
     if evaluated is None:
         return [f"{run_dir}: its manifest records no content hash of {entry.path}'s weights"]
     if entry.model_hash is not None and entry.model_hash != evaluated:
         return [f"{run_dir} evaluated weights {evaluated}; the series recorded {entry.model_hash}"]
+    current = model_fingerprint(entry.path)
     if current is None and entry.model_hash is None:
         return [
             f"{entry.path} is gone and the series recorded no hash of it: which weights {run_dir} evaluated is unknown"
