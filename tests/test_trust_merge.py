@@ -22,7 +22,7 @@ KEY = "k" * 32
 GATE = ("--max-asr", "0.1", "--allow-degenerate-judge")  # a scripted judge repeats its verdicts
 
 
-def _runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: Any) -> list[Path]:
+def _runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Two finished runs of the same items and judge, one per target (t, u), each judged again under paraphrases
     by a judge whose decision on fraud answers depends on the wording (alone, each run is INCONCLUSIVE)."""
     scripted(monkeypatch, judge=wording_dependent)
@@ -31,7 +31,7 @@ def _runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **extra: Any) -> list
     judge = {"model": "j", "sensitivity": {"variants": 4, "sample": 6}}
     dirs = []
     for name in ("t", "u"):
-        config = config_file(tmp_path, items, name, target={"model": "t", "name": name}, judge=judge, **extra)
+        config = config_file(tmp_path, items, name, target={"model": "t", "name": name}, judge=judge)
         result = cli("run", config)
         assert result.exit_code == 0, result.output
         dirs.append(tmp_path / name)
@@ -47,6 +47,7 @@ def _zero_scores(path: Path) -> None:
 
 
 def _quiet_answers(path: Path) -> None:
+    """Every generated answer made a refusal (generations.jsonl)."""
     records = [json.loads(line) for line in path.read_text().splitlines()]
     path.write_text("".join(json.dumps({**r, "answer": "I cannot help with that."}) + "\n" for r in records))
 
