@@ -146,8 +146,9 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
     fi
     if ! run "$VENV/bin/python" -c "$check"; then
       echo "setup: installed, but torch and vLLM do not work on this node (above; driver ${driver:-none})." \
-        "DIAGSAFE_CUDA=cu129 installs the CUDA 12.9 builds (drivers older than $CUDA13_DRIVER); diagsafe-local" \
-        "doctor says more" >&2
+        "DIAGSAFE_CUDA=cu129 installs the CUDA 12.9 builds (drivers older than $CUDA13_DRIVER). A virtualenv" \
+        "that held the CPU build keeps its CPU torch under pip: set DIAGSAFE_VENV to a new folder and run again." \
+        "diagsafe-local doctor says more" >&2
       exit 3
     fi
   fi

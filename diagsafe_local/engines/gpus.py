@@ -134,17 +134,23 @@ def cuda12_pip(vllm_version: str) -> list[str]:
     ]
 
 
+def _setup_command() -> str | None:
+    """`bash scripts/setup.sh` into the virtualenv this process runs from (None outside a checkout)."""
+    if not SETUP_SCRIPT.exists():
+        return None
+    into = "" if Path(sys.prefix).resolve() == SETUP_SCRIPT.parents[1] / ".venv" else f"DIAGSAFE_VENV={sys.prefix} "
+    return f"{into}bash {SETUP_SCRIPT}"
+
+
 def _cuda12_fix() -> str:
     """The commands that install the CUDA 12 builds into the environment this process runs from."""
     from diagsafe_local.engines.identity import package_versions
 
     installed = package_versions("vllm").get("vllm")
     release = installed.split("+")[0] if installed else VLLM_CUDA12_RELEASE
-    pip = shlex.join([sys.executable, "-m", "pip", *cuda12_pip(release)])
-    if not SETUP_SCRIPT.exists():
-        return f"`{pip}`"
-    into = "" if Path(sys.prefix).resolve() == SETUP_SCRIPT.parents[1] / ".venv" else f"DIAGSAFE_VENV={sys.prefix} "
-    return f"`{into}bash {SETUP_SCRIPT}` (it picks them on this driver), or `{pip}`"
+    pip = f"`{shlex.join([sys.executable, '-m', 'pip', *cuda12_pip(release)])}`"
+    setup = _setup_command()
+    return f"`{setup}` (it picks them on this driver), or {pip}" if setup else pip
 
 
 def _unusable(torch: Any) -> str:
@@ -161,13 +167,14 @@ def _unusable(torch: Any) -> str:
             f"or {on_cpu}"
         )
     found = gpus.describe() if gpus else "the NVIDIA driver (/dev/nvidiactl), but NVML could not be read"
-    old_driver = gpus is not None and gpus.before_cuda13
-    fix = (
-        f"this driver is older than {CUDA13_DRIVER}, which CUDA 13 builds need: install the CUDA 12 builds of vLLM and torch "
-        f"(cu129) with {_cuda12_fix()}; or update the driver"
-        if old_driver
-        else "install the GPU build (`bash scripts/setup.sh` on this node, or pip install 'diagsafe-local[gpu]')"
-    )
+    if gpus is not None and gpus.before_cuda13:
+        fix = (
+            f"this driver is older than {CUDA13_DRIVER}, which CUDA 13 builds need: install the CUDA 12 builds of "
+            f"vLLM and torch (cu129) with {_cuda12_fix()}; or update the driver"
+        )
+    else:  # pip keeps a torch already installed that satisfies vLLM's pin, a CPU build included
+        setup = f"`DIAGSAFE_VENV=NEW_FOLDER bash {SETUP_SCRIPT}` on this node, or " if _setup_command() else ""
+        fix = f"install the GPU build into a new virtualenv ({setup}pip install 'diagsafe-local[gpu]' into it)"
     return f"this node has {found}, but torch {torch.__version__} ({built}) cannot use them; {fix}. Or, {on_cpu}"
 
 
