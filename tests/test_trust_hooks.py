@@ -342,3 +342,27 @@ def test_a_process_beyond_an_endpoints_concurrency_waits_for_a_slot(tmp_path):
         holder.wait(timeout=60)
     start = time.monotonic()
     assert _opened(tmp_path, 1, 1, 2) == 1 and time.monotonic() - start < 1  # the slot is free: no wait
+
+
+def test_two_client_processes_at_concurrency_1_keep_one_request_in_flight(tmp_path):
+    """`run` with placement.replicas 2 against an endpoint at concurrency 1: its two shard processes held two
+    requests in flight at once; now one waits for the other's slot, and the run still completes."""
+    from servers import FakeOpenAIServer
+
+    delay = 0.25
+    server = FakeOpenAIServer(always=("delay", delay))
+    try:
+        engine = {"kind": "openai", "base_url": server.base_url, "concurrency": 1, "backoff_base": 0.01}
+        items = write_items(tmp_path / "items.jsonl", 6)
+        config = config_file(
+            tmp_path, items, target={"model": "t", "name": "t", **engine}, judge={"model": "j", **engine},
+            placement={"replicas": 2},
+        )  # fmt: skip
+        result = cli("run", config)
+        assert result.exit_code == 0 and "2 shards over 2 replicas" in result.text, result.output
+    finally:
+        server.close()
+    for model in ("t", "j"):  # each endpoint: one request at a time, each sent after the last one's answer
+        sent = sorted((t, "canary" in json.dumps(body)) for t, body in server.requests if body["model"] == model)
+        gaps = [b - a for (a, canary), (b, _) in zip(sent, sent[1:], strict=False) if not canary]  # canary: at once
+        assert len(sent) >= 6 and min(gaps) > 0.8 * delay, (model, gaps)  # was: two requests a few ms apart
