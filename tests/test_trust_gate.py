@@ -108,6 +108,25 @@ def test_a_signature_is_checked_on_the_bytes_read_not_on_the_files_read_again(tm
     assert "ASR 0.000" not in result.text
 
 
+@pytest.mark.parametrize("name", ["summary.json", "results.jsonl", "manifest.json"])
+def test_a_run_file_linked_to_a_twin_runs_is_refused(tmp_path, monkeypatch, name):
+    """The tool writes no symbolic links: a run file that is one holds another directory's bytes (here a run of
+    the same config, so every figure and id agrees), never this run's. Found by the fuzzer's symlink kind."""
+    from test_adversarial import config_file, write_items
+    from test_adversarial import scripted as scripted_engines
+
+    scripted_engines(monkeypatch)
+    items = write_items(tmp_path / "items.jsonl", 6, prompt=lambda k: ("Sure " if k % 2 else "") + f"q{k}")
+    for run in ("run", "twin"):
+        assert cli("run", config_file(tmp_path, items, run)).exit_code == 0
+    run_dir = tmp_path / "run"
+    (run_dir / name).unlink()
+    (run_dir / name).symlink_to(tmp_path / "twin" / name)
+    result = cli("gate", run_dir, *GATE)
+    assert result.exit_code == 3, result.output  # was: decided on the twin's file
+    assert f"{name} is a symbolic link" in result.text
+
+
 # -- 5. the baseline comes from the command line (or the series), never from the run's own config -------------
 
 

@@ -54,15 +54,22 @@ class _Digest:
 class RunFiles:
     """A run directory's files, each read once: what is parsed is what was hashed, and the signature is checked
     against these hashes (`read`; None: absent), never against the files read again. A file that does not read
-    is a reason to refuse the run (exit 3)."""
+    is a reason to refuse the run (exit 3), and so is a symbolic link: the tool writes none, so a linked file
+    holds another directory's bytes, never this run's."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.read: dict[str, signing.Signed | None] = {}
 
+    def _path(self, name: str) -> Path:
+        path = self.run_dir / name
+        if path.is_symlink():
+            raise RunFailed(f"refused, {name} is a symbolic link (to {path.readlink()}): not this run's file")
+        return path
+
     def whole(self, name: str) -> bytes | None:
         """A small file's bytes (None: there is none)."""
-        path = self.run_dir / name
+        path = self._path(name)
         try:
             raw = path.read_bytes() if path.is_file() else None
         except OSError as exc:
@@ -80,7 +87,7 @@ class RunFiles:
 
     def stream(self, name: str, model: type[M]) -> Iterator[Line[M]]:
         """A JSONL file's records one at a time, hashed as they are read (none where there is no file)."""
-        path = self.run_dir / name
+        path = self._path(name)
         if not path.is_file():
             self.read[name] = None
             return
