@@ -5,16 +5,21 @@ vLLM as doctor meets it (bf16 tiny models, one failing check one FAIL line), and
 
 from __future__ import annotations
 
+import sys
+from types import SimpleNamespace
+
 import pytest
 import torch
-from fakes import ScriptedEngine, fake_gpu
+from fakes import FakeNvml, ScriptedEngine, fake_gpu
 from test_gpu_node import ON_A_GPU_NODE, gpu_node  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.core.errors import RunFailed
 from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest
+from diagsafe_local.engines.gpus import GIB
 from diagsafe_local.judging.canary import CANARY_VALUE, canary_held
+from diagsafe_local.selftest.doctor import MARKS
 
 
 def lines(output: str) -> dict[str, str]:
@@ -178,3 +183,150 @@ def test_doctor_on_a_gpu_runs_bf16_tiny_models_and_one_failing_check_is_one_fail
     assert {config.dtype for config in OPENED} == {"bfloat16"} and len(OPENED) == 6
     assert "Traceback" not in result.output and "NOT READY" in result.output
     assert "CUDA error: an illegal memory access" in (tmp_path / "engines.log").read_text()  # the traceback
+
+
+BLOCK_LINES = (
+    "vllm",
+    "model runner",
+    "greedy in any batch",
+    "seeded sampling",
+    "P(Yes) via logprob_token_ids",
+    "grammar canary",
+    "lora rank 8",
+    "sleep and wake",
+    "three engines colocated",
+    "overheads outside a share",
+    "gpu memory: NVML and torch",
+)
+
+
+def block(output: str) -> dict[str, str]:
+    """The lines of the one block doctor prints for an issue, by name."""
+    start = output.index("--- diagsafe-local doctor")
+    end = output.index("--- end", start)
+    return lines(output[start:end])
+
+
+def test_doctor_prints_one_block_for_an_issue_and_the_same_as_json(tmp_path):
+    from diagsafe_local.selftest.doctor import DoctorReport
+
+    result = CliRunner().invoke(app, ["doctor", "--no-engines"])
+    assert result.exit_code == 0, result.output
+    pasted = block(result.output)
+    assert set(BLOCK_LINES) <= set(pasted), result.output
+    assert pasted["greedy in any batch"] == "skip not run (--no-engines)"
+    if not ON_A_GPU_NODE:
+        for name in (
+            "sleep and wake",
+            "three engines colocated",
+            "overheads outside a share",
+            "gpu memory: NVML and torch",
+        ):
+            assert pasted[name] == "skip not measured (no GPU)", (name, result.output)
+    header = result.output[result.output.index("--- diagsafe-local doctor") :].splitlines()[1]
+    assert "diagsafe-local " in header and "torch " in header and "vllm" in header
+
+    as_json = CliRunner().invoke(app, ["doctor", "--no-engines", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    report = DoctorReport.model_validate_json(as_json.stdout)  # stdout is the one JSON document
+    assert report.ready and {c.name: f"{MARKS[c.status].strip()} {c.detail}" for c in report.checks} == pasted
+    assert report.versions["diagsafe-local"] and report.versions["torch"] == torch.__version__
+
+
+class NvmlWithProcesses(FakeNvml):
+    """NVML with its per-process view: `nvmlDeviceGetComputeRunningProcesses(handle)` lists objects with `pid` and
+    `usedGpuMemory` (bytes, or None where NVML may not tell), as nvidia-ml-py documents it."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: dict) -> list:
+        return list(handle.setdefault("processes", []))
+
+
+CUDA_TOTAL = int(79.6 * GIB)  # torch.cuda.mem_get_info's total, a little under NVML's (vLLM sizes shares by it)
+CONTEXT, GRAPHS, NCCL = int(0.7 * GIB), int(1.4 * GIB), int(0.3 * GIB)
+
+
+class MeasuredVLLM(GpuVLLM):
+    """GpuVLLM whose engine processes show in NVML while open: each holds its share of CUDA's total (vLLM's
+    request_memory) plus a context, graphs unless eager, NCCL buffers with tensor parallelism."""
+
+    nvml: NvmlWithProcesses
+    pids = iter(range(4000, 5000))
+
+    def __init__(self, config, *, memory_share=None, structured_backend=None, enable_sleep=False):
+        super().__init__(config, memory_share=memory_share)
+        used = int((memory_share or 0.92) * CUDA_TOTAL) + CONTEXT
+        used += (0 if config.enforce_eager else GRAPHS) + (NCCL if config.tensor_parallel_size > 1 else 0)
+        self.processes = [
+            SimpleNamespace(pid=next(self.pids), usedGpuMemory=used) for _ in range(config.tensor_parallel_size)
+        ]
+        for gpu, process in zip(self.nvml.gpus, self.processes):
+            gpu.setdefault("processes", []).append(process)
+
+    def close(self) -> None:
+        for gpu in self.nvml.gpus:
+            gpu["processes"] = [p for p in gpu.get("processes", []) if p not in self.processes]
+
+
+def test_doctor_measures_the_overheads_outside_a_share_against_the_planners_estimates(gpu_node, monkeypatch, tmp_path):  # noqa: F811
+    from diagsafe_local.engines import vllm_engine
+    from diagsafe_local.selftest import doctor
+
+    gpu_node()
+    nvml = NvmlWithProcesses([fake_gpu(0), fake_gpu(1)], driver="580.65.06", cuda=13000)
+    nvml.gpus[0]["processes"] = [SimpleNamespace(pid=77, usedGpuMemory=int(20 * GIB))]  # another user's, left out
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(MeasuredVLLM, "nvml", nvml, raising=False)
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", MeasuredVLLM)
+    monkeypatch.setattr(doctor, "cuda_memory", lambda: (int(78.4 * GIB), CUDA_TOTAL))
+    result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
+    pasted = block(result.output)
+    overheads = pasted["overheads outside a share"]
+    assert overheads.startswith("WARN"), result.output
+    for part in (
+        "0.25 x 79.6 GiB",
+        "CUDA context 0.70 GiB (estimate 0.50)",
+        "CUDA graphs 1.40 GiB (estimate 1.00)",
+        "NCCL buffers 0.30 GiB (estimate 0.50)",
+        "above the planner's estimates: CUDA context, CUDA graphs",
+    ):
+        assert part in overheads, (part, overheads)
+    assert pasted["gpu memory: NVML and torch"] == (
+        "ok GPU 0: NVML 79.0 free of 80.0 GiB; torch.cuda.mem_get_info 78.4 free of 79.6 GiB (in a fresh process, "
+        "its CUDA context included)"
+    )
+    assert pasted["model runner"].startswith("ok v2") and pasted["sleep and wake"].startswith("ok")
+
+    # one GPU, and NVML that may not tell a process's memory (usedGpuMemory None): said, not guessed
+    nvml.gpus = nvml.gpus[:1]
+    monkeypatch.setattr(MeasuredVLLM, "nvml", nvml, raising=False)
+    result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
+    assert "NCCL buffers not measured (one GPU)" in block(result.output)["overheads outside a share"]
+    monkeypatch.setattr(
+        nvml, "nvmlDeviceGetComputeRunningProcesses", lambda handle: [SimpleNamespace(pid=1, usedGpuMemory=None)]
+    )
+    result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
+    assert block(result.output)["overheads outside a share"] == (
+        "skip not measured (NVML does not report each process's memory here)"
+    )
+
+
+def test_doctor_on_a_gpu_node_without_vllm_runs_what_needs_none_and_says_so(gpu_node, monkeypatch, tmp_path):  # noqa: F811
+    from diagsafe_local.selftest import doctor
+
+    gpu_node(fake_gpu(0), driver="580.65.06", cuda=13000)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, as on a node with torch and no vLLM
+    monkeypatch.setattr(doctor, "cuda_memory", lambda: (int(78.4 * GIB), CUDA_TOTAL))
+    for args in (["doctor", "--no-engines"], ["doctor", "--work", str(tmp_path)]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 3, result.output
+        pasted = block(result.output)
+        assert pasted["vllm"].startswith("FAIL not installed"), result.output
+        assert "still ran: the node's checks (NVML, torch, the cache)" in pasted["vllm"]
+        assert pasted["gpu memory: NVML and torch"].startswith("ok GPU 0: NVML 79.0 free of 80.0 GiB")
+        assert pasted["driver"] == "ok 580.65.06, CUDA 13.0" and pasted["cuda"] == "ok torch uses the GPUs"
+        why = "(--no-engines)" if "--no-engines" in args else "(vLLM is not installed)"
+        for name in ("greedy in any batch", "lora rank 8", "overheads outside a share", "sleep and wake"):
+            assert pasted[name] == f"skip not run {why}", (name, result.output)
+        assert "Traceback" not in result.output

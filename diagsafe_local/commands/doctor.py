@@ -1,4 +1,5 @@
-"""`diagsafe-local doctor`: is this node ready? The table, then exit 0 (ready) or 3 (what to fix)."""
+"""`diagsafe-local doctor`: is this node ready? One block of findings to paste into an issue (with --json, the
+same as one JSON document), then exit 0 (ready) or 3 (what to fix)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ from typing import Annotated
 import typer
 
 from diagsafe_local.commands.common import user_errors
-from diagsafe_local.selftest.doctor import Check
-
-MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
 @user_errors
@@ -22,32 +20,40 @@ def doctor(
     work: Annotated[
         Path | None, typer.Option(help="Where to build the tiny models (default: a temporary folder, removed).")
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print what was found as one JSON document (progress on stderr).")
+    ] = False,
 ) -> None:
-    """Check this node before a first run: the install, the GPUs, vLLM's behaviour on tiny models. Exit 0 when
-    it is ready, 3 when something must be fixed (each FAIL line says what)."""
+    """Check this node before a first run: the install, the GPUs, vLLM's behaviour on tiny models; on a GPU,
+    measure what the planner estimates. Ends with one block to paste into an issue. Exit 0 when it is ready, 3
+    when something must be fixed (each FAIL line says what)."""
     from diagsafe_local.core.console import engine_output
-    from diagsafe_local.selftest.doctor import engine_checks, node_checks, ready
+    from diagsafe_local.engines.gpus import cuda_available
+    from diagsafe_local.selftest.doctor import engine_checks, node_checks, not_run, ready, report, vllm_installed
 
     checks = node_checks()
-    _print(checks)
-    if engines and ready(checks):
+    cuda = next(c for c in checks if c.name == "cuda").status == "ok" and cuda_available()
+    if not engines:
+        found = not_run("--no-engines", cuda)
+    elif not vllm_installed():
+        found = not_run("vLLM is not installed", cuda)
+    elif not ready(checks):
+        found = not_run("fix the FAIL lines above first", cuda)
+    else:
         with tempfile.TemporaryDirectory(prefix="diagsafe-doctor-") as scratch:
             folder = work or Path(scratch)
             folder.mkdir(parents=True, exist_ok=True)
             with engine_output(folder / "engines.log") as console:  # vLLM's own logs go to the file
                 found = engine_checks(folder, say=lambda line: print(line, file=console.stream, flush=True))
-        _print(found)
-        checks += found
         if work is None and not ready(found):
-            typer.echo("vLLM's own output and each failed check's traceback: rerun with --work DIR (DIR/engines.log)")
-    elif engines:
-        typer.echo("skip  vLLM on tiny models: fix the FAIL lines above first")
-    fine = ready(checks)
-    typer.echo("READY" if fine else "NOT READY: fix each FAIL line above")
-    raise typer.Exit(0 if fine else 3)
-
-
-def _print(checks: list[Check]) -> None:
-    width = max(len(c.name) for c in checks)
-    for check in checks:
-        typer.echo(f"{MARKS[check.status]}  {check.name:<{width}}  {check.detail}")
+            typer.echo(
+                "vLLM's own output and each failed check's traceback: rerun with --work DIR (DIR/engines.log)",
+                err=as_json,
+            )
+    found_all = report(checks + found)
+    if as_json:
+        typer.echo(found_all.model_dump_json(indent=2))
+    else:
+        typer.echo(found_all.block())
+        typer.echo("READY" if found_all.ready else "NOT READY: fix each FAIL line above")
+    raise typer.Exit(0 if found_all.ready else 3)

@@ -89,22 +89,33 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def node_gpus() -> NodeGpus | None:
-    """The GPUs this process may use, read now (free memory changes): None without the driver, with every GPU
-    hidden, or where NVML cannot be read."""
+def nvml_devices() -> tuple[ModuleType, list[tuple[str, Any]]] | None:
+    """NVML and, for each GPU this process may use, its name in CUDA_VISIBLE_DEVICES and NVML handle: None without
+    the driver, with every GPU hidden, or where NVML cannot be read."""
     if not driver_present() or gpus_hidden():
         return None
     nvml = _nvml()
     if nvml is None:
         return None
     try:
+        return nvml, [
+            (d, nvml.nvmlDeviceGetHandleByIndex(int(d)) if d.isdigit() else nvml.nvmlDeviceGetHandleByUUID(d))
+            for d in visible_devices(nvml.nvmlDeviceGetCount())
+        ]
+    except nvml.NVMLError:
+        return None
+
+
+def node_gpus() -> NodeGpus | None:
+    """The GPUs this process may use, read now (free memory changes): None without the driver, with every GPU
+    hidden, or where NVML cannot be read."""
+    found = nvml_devices()
+    if found is None:
+        return None
+    nvml, devices = found
+    try:
         gpus = []
-        for device in visible_devices(nvml.nvmlDeviceGetCount()):
-            handle = (
-                nvml.nvmlDeviceGetHandleByIndex(int(device))
-                if device.isdigit()
-                else nvml.nvmlDeviceGetHandleByUUID(device)
-            )
+        for device, handle in devices:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
             name = _text(nvml.nvmlDeviceGetName(handle))

