@@ -211,6 +211,19 @@ def local_model_path(model: str) -> None:
         raise DiagsafeError(f"model '{model}': no such file or directory")
 
 
+def release_memory(on_cuda: bool) -> None:
+    """After an in-process engine dropped its model: collect it (modules hold reference cycles) and, on CUDA,
+    give the caching allocator's now unused blocks back to the driver, so NVML, and the next engine's wait for
+    memory and vLLM's start-up check, see them free (the CUDA context stays until the process ends)."""
+    import gc
+
+    gc.collect()
+    if on_cuda:
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 def error_completion(message: str) -> Completion:
     return Completion(text="", finish_reason="error", error=message)
 

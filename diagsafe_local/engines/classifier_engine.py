@@ -16,6 +16,7 @@ from diagsafe_local.engines.base import (
     GenerationRequest,
     error_completion,
     local_model_path,
+    release_memory,
 )
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpus import cuda_available
@@ -82,4 +83,7 @@ class ClassifierEngine(EngineBase):
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        del self._model
+        """Drop the model and give its memory back: it lives in this process, on CUDA where there is one (a vLLM
+        engine's lives in its own processes), and the next engine needs it free."""
+        if self.__dict__.pop("_model", None) is not None:
+            release_memory(self._device == "cuda")

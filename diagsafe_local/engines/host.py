@@ -20,6 +20,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
+from weakref import WeakKeyDictionary
 
 from diagsafe_local.core.locking import file_lock
 from diagsafe_local.engines.base import Engine
@@ -31,6 +32,7 @@ from diagsafe_local.runs.manifest import GpuPlan
 
 log = logging.getLogger(__name__)
 MEMORY_WAIT_SECONDS = 60.0  # an engine closed a moment ago gets this long to give its GPU memory back
+Need = tuple[float, int]  # what an engine on CUDA needs free: this share of each of the first this many GPUs
 Mode = Literal["colocate", "sequential", "sleep"]
 
 
@@ -63,6 +65,7 @@ class Host:
         self.slots = slots  # where the slots of an endpoint shared by more processes than its concurrency are
         self._held = ExitStack()
         self._slots: set[Path] = set()
+        self._needs: WeakKeyDictionary[Engine, Need] = WeakKeyDictionary()  # each open engine's, for its wake
 
     def _open(self, role: str, config: EngineConfig, **options: Any) -> Engine:
         start = time.perf_counter()
@@ -71,17 +74,29 @@ class Host:
         planned = self.plan.tensor_parallel(role) if self.plan else 1
         if capabilities(config.kind).tensor_parallel and planned > config.tensor_parallel_size:
             config = config.model_copy(update={"tensor_parallel_size": planned})
-        if capabilities(config.kind).tensor_parallel and cuda_available():
-            # vLLM refuses to start unless its share of each GPU is free; the last engine's workers may still be
-            # exiting (vLLM gives them 5 s), so wait for it here and name what is held if it never comes.
-            share = config.gpu_memory_utilization or options.get("memory_share") or ALONE_SHARE
-            wait_for_memory(share, config.tensor_parallel_size * config.pipeline_stages, MEMORY_WAIT_SECONDS)
+        need: Need | None = None
+        if capabilities(config.kind).local and cuda_available():
+            need = (
+                config.gpu_memory_utilization or options.get("memory_share") or ALONE_SHARE,
+                config.tensor_parallel_size * config.pipeline_stages,
+            )
+            self._wait(need)
         engine = self.factory(config, **options)
+        if need is not None:
+            self._needs[engine] = need
         self.loaded[role] = {
             **engine.info.model_dump(mode="json"),
             "load_seconds": round(time.perf_counter() - start, 2),
         }
         return engine
+
+    def _wait(self, need: Need) -> None:
+        """Wait until `need` (a share of each of the first GPUs) is free, naming what is held if it never comes.
+        vLLM refuses to start an engine unless its share of each GPU is free (v1/worker/utils.py `request_memory`),
+        and a parked engine's wake re-allocates what its sleep freed (device_allocator/cumem.py
+        `CuMemAllocator.wake_up`): the engine closed a moment ago may still hold it, its workers exiting
+        (v1/utils.py `shutdown`: SIGTERM, 5 s, then a kill of the engine core only, not its TP workers)."""
+        wait_for_memory(*need, timeout=MEMORY_WAIT_SECONDS)
 
     def _share(self, role: str, concurrency: int) -> int:
         """This process's share of an endpoint's `concurrency` (see the module docstring); with fewer slots than
@@ -131,5 +146,8 @@ class Host:
             engine.sleep()
 
     def unpark(self, engine: Engine | None) -> None:
+        """Wake a parked engine once the memory it needs awake is free again, as opening it waited."""
         if engine is not None and self.mode == "sleep":
+            if engine in self._needs:
+                self._wait(self._needs[engine])
             engine.wake_up()

@@ -20,6 +20,7 @@ from diagsafe_local.engines.base import (
     label_logprobs,
     label_token_ids,
     local_model_path,
+    release_memory,
 )
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import model_fingerprint, package_versions
@@ -174,6 +175,4 @@ class TransformersEngine(EngineBase):
         self._generators.clear()
         self._outlines_model = None
         del self._model
-        import gc
-
-        gc.collect()
+        release_memory(on_cuda=False)  # its model is loaded on the CPU
