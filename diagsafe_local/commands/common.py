@@ -333,6 +333,13 @@ GpusPerTask = Annotated[
     ),
 ]
 GpuMemory = Annotated[float, typer.Option(help="GiB per GPU on the partition, to plan --gpus-per-task.")]
+GpuRequest = Annotated[
+    str | None,
+    typer.Option(
+        help="How jobs ask SLURM for GPUs: gpus (--gpus=N, needs select/cons_tres) or gres (--gres=gpu:N); a job "
+        "that needs none asks for none. Default: the site's DIAGSAFE_SLURM_GPU_REQUEST, else gpus.",
+    ),
+]
 CpusPerTask = Annotated[int, typer.Option(help="CPUs per job.", min=1)]
 Mem = Annotated[str, typer.Option(help="Memory per job, e.g. 64G.")]
 TimeLimit = Annotated[str, typer.Option("--time", help="Time limit per job, e.g. 04:00:00.")]

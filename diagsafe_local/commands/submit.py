@@ -13,6 +13,7 @@ import typer
 from diagsafe_local.commands.common import (
     CpusPerTask,
     GpuMemory,
+    GpuRequest,
     GpusPerTask,
     Mem,
     Partition,
@@ -29,6 +30,7 @@ def submit(
     partition: Partition = None,
     gpus_per_task: GpusPerTask = None,
     gpu_memory: GpuMemory = 80.0,
+    gpu_request: GpuRequest = None,
     cpus_per_task: CpusPerTask = 8,
     mem: Mem = "64G",
     time_limit: TimeLimit = "04:00:00",
@@ -37,7 +39,7 @@ def submit(
     dry_run: Annotated[bool, typer.Option(help="Print the sbatch commands and scripts; submit nothing.")] = False,
 ) -> None:
     """Submit the sharded evaluation and its merge job to SLURM; print job ids and how to watch them."""
-    from diagsafe_local.evaluation.slurm import Resources, submit_shards
+    from diagsafe_local.evaluation.slurm import Resources, gpu_request_form, submit_shards
 
     resources = Resources.planned(
         config,
@@ -49,5 +51,6 @@ def submit(
         mem=mem,
         time=time_limit,
         sbatch_args=sbatch_arg or [],
+        gpu_request=gpu_request_form(gpu_request),
     )
     submit_shards(config, set_ or [], shards, resources, dry_run, typer.echo)

@@ -10,6 +10,7 @@ import typer
 from diagsafe_local.commands.common import (
     CpusPerTask,
     GpuMemory,
+    GpuRequest,
     GpusPerTask,
     Hooks,
     Mem,
@@ -53,6 +54,7 @@ def watch(
     partition: Partition = None,
     gpus_per_task: GpusPerTask = None,
     gpu_memory: GpuMemory = 80.0,
+    gpu_request: GpuRequest = None,
     cpus_per_task: CpusPerTask = 8,
     mem: Mem = "64G",
     time_limit: TimeLimit = "04:00:00",
@@ -63,7 +65,7 @@ def watch(
     here), keep where each stands in a series directory (a restarted watch resumes it), and rebuild the series
     report as they finish. Stops at SERIES/STOP, on SIGTERM, after --until-step, or after one pass (--once)."""
     from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.evaluation.slurm import Resources
+    from diagsafe_local.evaluation.slurm import Resources, gpu_request_form
     from diagsafe_local.evaluation.watch import SeriesSpec
     from diagsafe_local.evaluation.watch import watch as watch_series
 
@@ -83,6 +85,7 @@ def watch(
             mem=mem,
             time=time_limit,
             sbatch_args=sbatch_arg or [],
+            gpu_request=gpu_request_form(gpu_request),
         )
 
     def updated(directory: Path) -> None:

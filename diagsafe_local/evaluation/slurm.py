@@ -1,24 +1,40 @@
 """SLURM submission of a sharded run: an array job (task i = shard i) plus a merge job after it.
 
 Re-submitting skips shards that are already complete. Resources are sbatch options, never edits of the
-templates: their `#SBATCH` lines are defaults that these options override.
+templates: their `#SBATCH` lines are defaults that these options override. GPUs are asked for in the form the
+site takes (`--gpus=N`, which needs select/cons_tres, or `--gres=gpu:N`), and not at all by a job that needs
+none (an API-only run, the merge): some sites refuse `--gpus=0`.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.resources import slurm_file
 from diagsafe_local.evaluation.config import load_config
 from diagsafe_local.evaluation.sharding import incomplete_shards
+
+GpuRequest = Literal["gpus", "gres"]
+GPU_REQUEST_SETTING = "DIAGSAFE_SLURM_GPU_REQUEST"  # the site's form, for every submit and watch on it
+
+
+def gpu_request_form(asked: str | None = None) -> GpuRequest:
+    """How jobs ask for GPUs: as `asked` (--gpu-request), else as the site's DIAGSAFE_SLURM_GPU_REQUEST says,
+    else `gpus`."""
+    value = asked or os.environ.get(GPU_REQUEST_SETTING) or "gpus"
+    if value not in ("gpus", "gres"):
+        where = "--gpu-request" if asked else GPU_REQUEST_SETTING
+        raise DiagsafeError(f"{where}: expected gpus or gres, got {value!r}")
+    return cast(GpuRequest, value)
 
 
 class Resources(BaseModel):
@@ -26,6 +42,7 @@ class Resources(BaseModel):
 
     partition: str | None = None
     gpus_per_task: int = 1
+    gpu_request: GpuRequest = Field(default_factory=gpu_request_form)
     cpus_per_task: int = 8
     mem: str = "64G"
     time: str = "04:00:00"
@@ -39,6 +56,14 @@ class Resources(BaseModel):
         of `gpu_memory_gib` (see `planned_gpus`)."""
         gpus = planned_gpus(config, overrides, gpu_memory_gib) if gpus_per_task is None else gpus_per_task
         return cls(gpus_per_task=gpus, **asked)
+
+    def gpu_args(self) -> list[str]:
+        """The sbatch arguments that ask for each job's GPUs: none where it needs none."""
+        if self.gpus_per_task == 0:
+            return []
+        if self.gpu_request == "gres":
+            return [f"--gres=gpu:{self.gpus_per_task}"]
+        return [f"--gpus={self.gpus_per_task}"]
 
 
 def planned_gpus(config: Path, overrides: list[str], gpu_memory_gib: float) -> int:
@@ -82,7 +107,7 @@ def submit_shards(
         common.append(f"--partition={resources.partition}")
     asked = [
         "--nodes=1",  # --gpus is a job's total: on several nodes a task would see only its first node's
-        f"--gpus={resources.gpus_per_task}",
+        *resources.gpu_args(),
         f"--cpus-per-task={resources.cpus_per_task}",
         f"--mem={resources.mem}",
         f"--time={resources.time}",

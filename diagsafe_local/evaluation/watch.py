@@ -292,7 +292,7 @@ def submit(spec: SeriesSpec, entries: list[CheckpointEntry], resources: Resource
         *resources.sbatch_args,
         *([f"--partition={resources.partition}"] if resources.partition else []),
         "--nodes=1",
-        f"--gpus={resources.gpus_per_task}",
+        *resources.gpu_args(),
         f"--cpus-per-task={resources.cpus_per_task}",
         f"--mem={resources.mem}",
         f"--time={resources.time}",
