@@ -224,3 +224,23 @@ def test_a_held_canary_still_passes(tmp_path):
     Run(make_config(tmp_path), engine_factory=engines(ignores_schema=False)).execute()
     result = cli("gate", tmp_path / "run", "--max-asr", "1")
     assert result.exit_code == 0, result.output
+
+
+# -- found by the fuzzer: the sensitivity verdicts are bound to the summary, as the results are --------------------
+
+
+def test_an_edited_paraphrase_verdict_is_refused_not_decided_on(tmp_path):
+    """Was: sensitivity.jsonl was bound to nothing, so one edit of an unsigned run's paraphrase verdicts turned
+    INCONCLUSIVE (exit 4) into a pass; summary.json now records its SHA-256, as it records the results'."""
+    from test_sensitivity import gate, run, wording_dependent
+
+    run(tmp_path, judge=wording_dependent)
+    assert gate(tmp_path)[0] == 4
+    path = tmp_path / "run" / "sensitivity.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in records:
+        record["score"] = 0.0 if record["score"] is not None else None
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    code, output = gate(tmp_path)
+    assert code == 3, output  # was: GATE PASSED
+    assert "summary.json does not belong to sensitivity.jsonl" in " ".join(output.split())

@@ -14,7 +14,7 @@ from pydantic import Field
 from diagsafe_local.core import atomic
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.jsonfile import read_model
-from diagsafe_local.runs.files import RESULTS, SUMMARY
+from diagsafe_local.runs.files import RESULTS, SENSITIVITY, SUMMARY
 from diagsafe_local.runs.jury import JuryAgreement
 from diagsafe_local.runs.records import SCHEMA_VERSION, Record
 from diagsafe_local.runs.validation import JudgeValidation
@@ -186,6 +186,11 @@ class Summary(Record):
     run_id: str | None = Field(None, description="The run's id (manifest.json).")
     reused: dict[str, int] | None = Field(None, description="Answers and verdicts reused from an earlier run.")
     results_sha256: str | None = Field(None, description="SHA-256 of the results.jsonl this summary summarises.")
+    sensitivity_sha256: str | None = Field(
+        None,
+        description="SHA-256 of the sensitivity.jsonl written with it (None: none); its figures are not in the "
+        "summary, so the hash binds them.",
+    )
     judge_validation: JudgeValidation | None = Field(
         None, description="The judge's error counts measured by `validate` (judge.validation), if given."
     )
@@ -197,8 +202,12 @@ def read_summary(run_dir: Path) -> Summary:
 
 
 def write_summary(run_dir: Path, summary: Summary) -> Summary:
-    """summary.json, bound to the results it summarises by their SHA-256; returns what was written."""
-    results = run_dir / RESULTS
-    bound = summary.model_copy(update={"results_sha256": file_sha256(results) if results.is_file() else None})
+    """summary.json, bound to the results it summarises and the sensitivity verdicts beside them by their
+    SHA-256; returns what was written."""
+
+    def sha256(name: str) -> str | None:
+        return file_sha256(run_dir / name) if (run_dir / name).is_file() else None
+
+    bound = summary.model_copy(update={"results_sha256": sha256(RESULTS), "sensitivity_sha256": sha256(SENSITIVITY)})
     atomic.write_text(run_dir / SUMMARY, bound.model_dump_json(indent=2) + "\n")
     return bound

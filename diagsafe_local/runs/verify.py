@@ -60,7 +60,7 @@ from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, val
 from diagsafe_local.runs.verdicts import combined_score, is_combined
 
 # Summary fields that describe how the run went, not what it found: not recomputed from the results.
-_NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "throughput"}
+_NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "sensitivity_sha256", "throughput"}
 _SHOWN = 5
 
 
@@ -223,6 +223,11 @@ def verify_run(
     problems += _grammar(manifest)
     sample.read(run_dir / files.SENSITIVITY, held.records(files.SENSITIVITY, SensitivityRecord))
     problems += sample.problems()
+    if cached is not None and cached.sensitivity_sha256 != held.sha256(files.SENSITIVITY):
+        problems.append(
+            "summary.json does not belong to sensitivity.jsonl (written by an older version, or the paraphrases' "
+            "verdicts changed after it); resume the run to rebuild it"
+        )
     # the signature, checked against the bytes read above: never against the files read again
     signature, sign_note = held.signature(manifest.run_id, require_signature)
     notes.insert(0, f"signature: {sign_note}")
