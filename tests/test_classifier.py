@@ -121,9 +121,7 @@ def test_the_released_training_labels_train_as_they_are_and_their_errors_name_li
     chosen = build_training_set(pairs, SoftLabelConfig(), examples=2, hard_labels=0, seed=0)
     assert [e.label for e in chosen] == [0.9525741268, 0.0066928509, 0.01798621, 1.0]  # every pair, its own label
     assert [e.kind for e in chosen] == ["soft", "soft", "soft", "hard"]
-    for row, field, message in (
-        ({**RELEASED[0], "expected_answer": "yes"}, "expected_answer", "must be Yes or No"),
-        ({**RELEASED[0], "label": 0.2}, "label", "0.2 contradicts expected_answer Yes"),
+    for row, field, message in (  # rows the authors' train.py trains on are accepted: tests/test_release_files.py
         ({**RELEASED[1], "label": "0.01"}, "label", "must be a number in \\[0, 1\\]"),
     ):
         bad = write_jsonl(tmp_path / "bad.jsonl", [RELEASED[1], row])
@@ -163,7 +161,9 @@ def test_bench_leaves_out_the_prompts_a_judge_was_trained_on(tmp_path):
     assert f"left out 1 benchmark prompts that train_data.jsonl trains on; ranking on {prompts - 1}" in result.output
     unrelated = write_jsonl(tmp_path / "other.jsonl", RELEASED)
     result = CliRunner().invoke(app, [*args, "--exclude-training-prompts", str(unrelated)])
-    assert result.exit_code == 2 and "none of its 2 training prompts is in the benchmark" in result.output
+    assert (
+        result.exit_code == 0 and "none of the 2 prompts other.jsonl trains on is a benchmark prompt" in result.output
+    )
 
 
 def test_config_errors_name_the_file_line_and_key(tmp_path):

@@ -106,12 +106,16 @@ def without_prompts(data: Any, source: str, prompts: Sequence[str]) -> Any:
 
     trained = {key(p) for p in prompts}
     kept = tuple(p for p in data.prompts if key(p.prompt) not in trained)
-    left_out = len(data.prompts) - len(kept)
-    if not left_out:
-        raise DiagsafeError(
-            f"{source}: none of its {len(trained)} training prompts is in the benchmark: is it the right file?"
+    left_out, name = len(data.prompts) - len(kept), Path(source).name
+    if not kept:
+        raise DiagsafeError(f"{source} trains on all {left_out} benchmark prompts: none is left to rank")
+    if not left_out:  # the authors' released train_data.jsonl: its 271 prompts are none of the benchmark's 274
+        print(
+            f"none of the {len(trained)} prompts {name} trains on is a benchmark prompt (compared with whitespace "
+            f"collapsed): nothing left out, ranking on all {len(kept)}"
         )
-    print(f"left out {left_out} benchmark prompts that {Path(source).name} trains on; ranking on {len(kept)}")
+    else:
+        print(f"left out {left_out} benchmark prompts that {name} trains on; ranking on {len(kept)}")
     return data.model_copy(update={"prompts": kept})
 
 

@@ -5,7 +5,9 @@ Pairs come from a HarmMetric-layout benchmark (harmful categories are the Yes cl
 JSONL file: `prompt`, `response`, `label` (0/1, the human judgment), optional `references` (a list of
 harmful reference answers, needed for a soft label) and `prompt_id` (default: the prompt text), or from the
 authors' released training labels (`train_data.jsonl`: `prompt`, `response`, `expected_answer` Yes/No and
-`label`, the soft label itself), which train as they are: every pair, with its own label.
+`label`, the soft label itself), which train as they are: every pair the authors' `train_codes/train.py` trains
+on, with its own label. A released row we would not have written (an empty response: line 38 of the release)
+is counted and named in a warning (`quirk_lines`), never refused.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -41,6 +44,7 @@ class LabelledPair(BaseModel):
     response_id: str = ""
     category: int | None = None
     label: float | None = None  # its own training label (the released file's soft label)
+    quirks: tuple[str, ...] = ()  # the names of the RELEASED_QUIRKS it has
 
 
 class TrainingExample(BaseModel):
@@ -82,11 +86,11 @@ def load_pairs(path: str | Path) -> tuple[list[LabelledPair], BenchDataset | Non
 
 
 def _labelled_row(path: Path, line: int, row: dict) -> LabelledPair:
+    if "expected_answer" in row:
+        return _released_row(path, line, row)
     for field in ("prompt", "response"):
         if not isinstance(row.get(field), str) or not row[field].strip():
             raise DataError(path, line, field, "must be a non-empty string")
-    if "expected_answer" in row:
-        return _released_row(path, line, row)
     if row.get("label") not in (0, 1, True, False):
         raise DataError(path, line, "label", f"must be 0 or 1, got {row.get('label')!r}")
     refs = row.get("references", [])
@@ -103,15 +107,43 @@ def _labelled_row(path: Path, line: int, row: dict) -> LabelledPair:
     )
 
 
+@dataclass(frozen=True)
+class Quirk:
+    """Something a released row may have that we would not write, and how it trains."""
+
+    name: str
+    trains: str
+    present: Callable[[dict[str, Any]], bool]
+
+
+def _contradicts(row: dict[str, Any]) -> bool:
+    return row["expected_answer"] in ("Yes", "No") and (row["label"] > 0.5) != (row["expected_answer"] == "Yes")
+
+
+# How each trains is how the authors' train.py trains it: it formats any text into its prompt, reads every
+# expected_answer but "Yes" as No, and its loss reads the label only.
+RELEASED_QUIRKS = (
+    Quirk("an empty prompt", "trained on as it is", lambda row: not row["prompt"].strip()),
+    Quirk("an empty response", "trained on as it is", lambda row: not row["response"].strip()),
+    Quirk(
+        "an expected_answer neither 'Yes' nor 'No'",
+        "trained on its label",
+        lambda row: row["expected_answer"] not in ("Yes", "No"),
+    ),
+    Quirk("a label that contradicts its expected_answer", "trained on its label", _contradicts),
+    Quirk("a label written as true or false", "trained on as 1 or 0", lambda row: isinstance(row["label"], bool)),
+)
+
+
 def _released_row(path: Path, line: int, row: dict) -> LabelledPair:
-    """A row of the authors' train_data.jsonl: its soft label must agree with its expected answer."""
+    """A row of the authors' train_data.jsonl: text, and a label the soft-label cross-entropy can train on (a
+    number in [0, 1]: the authors' train.py cannot take text, and outside [0, 1] the loss has no minimum)."""
+    for field in ("prompt", "response"):
+        if not isinstance(row.get(field), str):
+            raise DataError(path, line, field, f"must be a string, got {row.get(field)!r}")
     answer, label = row["expected_answer"], row.get("label")
-    if answer not in ("Yes", "No"):
-        raise DataError(path, line, "expected_answer", f"must be Yes or No, got {answer!r}")
-    if isinstance(label, bool) or not isinstance(label, (int, float)) or not 0.0 <= label <= 1.0:
+    if not isinstance(label, (int, float)) or not 0.0 <= label <= 1.0:
         raise DataError(path, line, "label", f"must be a number in [0, 1] (the soft label), got {label!r}")
-    if (label > 0.5) != (answer == "Yes"):
-        raise DataError(path, line, "label", f"{label} contradicts expected_answer {answer}")
     return LabelledPair(
         prompt_id=hashlib.sha256(row["prompt"].encode()).hexdigest()[:12],
         prompt=row["prompt"],
@@ -119,7 +151,23 @@ def _released_row(path: Path, line: int, row: dict) -> LabelledPair:
         harmful=answer == "Yes",
         response_id=f"{path.name}:{line}",
         label=float(label),
+        quirks=tuple(quirk.name for quirk in RELEASED_QUIRKS if quirk.present(row)),
     )
+
+
+def quirk_lines(pairs: Sequence[LabelledPair]) -> list[str]:
+    """One line per quirk the released rows have: how many rows, which lines (the first five), how they train."""
+    out = []
+    for quirk in RELEASED_QUIRKS:
+        where = [p.response_id.rsplit(":", 1) for p in pairs if quirk.name in p.quirks]  # (file name, line)
+        if where:
+            many = "s" if len(where) > 1 else ""
+            lines = ", ".join(line for _, line in where[:5]) + (", ..." if len(where) > 5 else "")
+            out.append(
+                f"{len(where)} row{many} with {quirk.name} ({where[0][0]} line{many} {lines}): {quirk.trains}, "
+                "as the authors' train.py does"
+            )
+    return out
 
 
 def released(pairs: Sequence[LabelledPair]) -> bool:

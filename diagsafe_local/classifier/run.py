@@ -24,7 +24,14 @@ import pandas as pd
 
 from diagsafe_local.classifier.config import TrainConfig
 from diagsafe_local.classifier.evaluate import evaluation_table
-from diagsafe_local.classifier.labels import build_training_set, load_pairs, metric_values, released, split_prompts
+from diagsafe_local.classifier.labels import (
+    build_training_set,
+    load_pairs,
+    metric_values,
+    quirk_lines,
+    released,
+    split_prompts,
+)
 from diagsafe_local.classifier.train import Encoder, attach_lora, load_base, p_yes, plot_losses, train_lora
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.atomic import write_text as atomic_write_text
@@ -46,12 +53,15 @@ def train_classifier(
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     pairs, dataset = load_pairs(resolve_dataset(config.data))
+    for line in quirk_lines(pairs):
+        echo(f"warning: {line}")
     if released(pairs):  # the authors' labels: every pair trains; evaluate with `bench --exclude-training-prompts`
         train_ids, held_ids = {p.prompt_id for p in pairs}, set[str]()
         config = config.model_copy(update={"evaluate": False})
         echo(
             "released training labels: every pair trains with its own label, nothing is held out; rank the "
-            "adapter with `bench --judge harmclassifier --exclude-training-prompts` on the benchmark's other prompts"
+            "adapter with `bench --judge harmclassifier --exclude-training-prompts FILE` (it leaves out the "
+            "benchmark prompts FILE trains on: none, for the authors' file)"
         )
     else:
         train_ids, held_ids = split_prompts([p.prompt_id for p in pairs], config.held_out, config.seed)
@@ -96,10 +106,8 @@ def train_classifier(
             note = f"epoch {record['epoch']}, loss {record['loss']:.4f}, lr {record['lr']:.2e}"
             report("training, optimizer steps", record["step"], record["steps"], note=note)
         if record["kind"] == "epoch":
-            echo(
-                f"epoch {record['epoch']}: "
-                + ", ".join(f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float))
-            )
+            figures = ", ".join(f"{k} {v:.4f}" for k, v in record.items() if isinstance(v, float))
+            echo(f"epoch {record['epoch']} done" + (f": {figures}" if figures else ""))
 
     started = time.perf_counter()
     held_labels = [float(p.harmful) for p in held]
