@@ -5,6 +5,7 @@ vLLM as doctor meets it (bf16 tiny models, one failing check one FAIL line), and
 
 from __future__ import annotations
 
+import math
 import sys
 from types import SimpleNamespace
 
@@ -16,7 +17,7 @@ from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.core.errors import RunFailed
-from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest
+from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
 from diagsafe_local.engines.gpus import GIB
 from diagsafe_local.judging.canary import CANARY_VALUE, canary_held
 from diagsafe_local.selftest.doctor import MARKS
@@ -330,3 +331,66 @@ def test_doctor_on_a_gpu_node_without_vllm_runs_what_needs_none_and_says_so(gpu_
         for name in ("greedy in any batch", "lora rank 8", "overheads outside a share", "sleep and wake"):
             assert pasted[name] == f"skip not run {why}", (name, result.output)
         assert "Traceback" not in result.output
+
+
+class InFlightVLLM(GpuVLLM):
+    """GpuVLLM whose requests take two steps, and whose sleep, like vLLM's (`LLM.sleep(level=1)`, mode "abort":
+    vllm/entrypoints/llm.py), aborts what is in flight: the next step returns those as errors, as VLLMEngine
+    reads finish_reason 'abort'; or, with `lose`, never returns them."""
+
+    lose = False
+
+    def open_stream(self):
+        engine = self
+
+        class Stream:
+            def __init__(self):
+                self.running: dict = {}  # key -> [steps left, request]
+                engine.streams.append(self)
+
+            def submit(self, key, request):
+                self.running[key] = [2, request]
+
+            @property
+            def pending(self):
+                return len(self.running)
+
+            def poll(self):
+                done = []
+                for key, entry in list(self.running.items()):
+                    entry[0] -= 1
+                    if entry[0] <= 0:
+                        done.append((key, entry[1] if isinstance(entry[1], Completion) else engine.respond(entry[1])))
+                        del self.running[key]
+                return done
+
+        return Stream()
+
+    def sleep(self) -> bool:
+        for stream in getattr(self, "streams", []):
+            for key in list(stream.running):
+                aborted = error_completion("vLLM aborted the request before it finished")
+                stream.running[key] = [math.inf, None] if self.lose else [0, aborted]
+        return True
+
+
+def test_doctor_sleeps_with_requests_in_flight_and_each_comes_back_as_an_error(monkeypatch, tmp_path):
+    from diagsafe_local.engines import vllm_engine
+    from diagsafe_local.selftest import doctor
+
+    monkeypatch.setattr(InFlightVLLM, "streams", [], raising=False)
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", InFlightVLLM)
+    monkeypatch.setattr(doctor, "cuda_available", lambda: True)
+    monkeypatch.setattr(doctor, "IN_FLIGHT_WAIT", 0.2)
+    result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
+    assert block(result.output)["sleep and wake"] == (
+        "ok 4 requests finished, slept, woke; then 4 of 4 in flight at sleep: 4 came back as errors (aborted), "
+        "0 answered; woke and answered"
+    ), result.output
+
+    monkeypatch.setattr(InFlightVLLM, "lose", True)
+    result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
+    assert block(result.output)["sleep and wake"].startswith(
+        "FAIL 4 requests finished, slept, woke; then 4 of 4 in flight at sleep: 0 came back as errors (aborted), "
+        "0 answered, 4 never came back (0 s)"
+    ), result.output

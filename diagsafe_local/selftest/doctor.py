@@ -4,8 +4,8 @@ runner, xgrammar, SLURM, the cache); then vLLM itself, on tiny random-weight mod
 that do not depend on what else is in the batch, seeded sampling that repeats, P(Yes) through
 `logprob_token_ids` equal to the model's own probabilities, a grammar canary (constraints really applied), a
 LoRA adapter of rank 8, and on GPUs sleep and wake (its requests finished first, as runs finish the judge's
-before parking it) and three engines colocated. The tiny models run in bfloat16 on GPUs (vLLM's GPU LoRA kernels
-take no float32), float32 on CPUs. Each check runs in its own guard: one that raises is one FAIL line (its
+before parking it; then with requests in flight, which vLLM aborts) and three engines colocated. The tiny models
+run in bfloat16 on GPUs (vLLM's GPU LoRA kernels take no float32), float32 on CPUs. Each check runs in its own guard: one that raises is one FAIL line (its
 traceback in vLLM's log), and the others still run. What does not apply here is said to be skipped.
 
 On a GPU node doctor is also the instrument no CI has: it measures what the planner only estimates (each engine
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ from pydantic import BaseModel
 
 from diagsafe_local.core.cache import cache_dir
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.engines.base import Engine, GenerationRequest
+from diagsafe_local.engines.base import Completion, Engine, GenerationRequest
 from diagsafe_local.engines.gpu_plan import CUDA_CONTEXT, CUDA_GRAPHS, NCCL_BUFFERS
 from diagsafe_local.engines.gpus import CUDA13_DRIVER, GIB, cuda_available, node_gpus, nvml_devices
 from diagsafe_local.engines.identity import package_versions
@@ -59,6 +60,7 @@ GPU_CHECKS = ("sleep and wake", "three engines colocated", "overheads outside a 
 VLLM_CHECKS = ("engine", *ENGINE_CHECKS, "lora rank 8", *GPU_CHECKS)
 NO_GPU = "not measured (no GPU)"
 MEASURE_SHARE = 0.25  # each engine's share while its overheads are measured
+IN_FLIGHT_WAIT = 60.0  # seconds the sleep check waits for its requests to come back
 MARKS = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
@@ -449,7 +451,19 @@ def _lora(config: Any, alone: str | None) -> Check:
     )
 
 
+def _drain(stream: Any, wait: float) -> dict[Any, Completion]:
+    """What `stream` returns until none of its requests is pending, or for at most `wait` seconds."""
+    done: dict[Any, Completion] = {}
+    deadline = time.monotonic() + wait
+    while stream.pending and time.monotonic() < deadline:
+        done.update(stream.poll())
+    return done
+
+
 def _sleep_and_wake(config: Any) -> Check:
+    """Sleep and wake as runs do (the judge's requests finished first), then with requests in flight: vLLM's
+    `LLM.sleep(level=1)` aborts them (vllm/entrypoints/llm.py, LLM.sleep, mode="abort"), and each must come back
+    as an error (VLLMEngine reads finish_reason 'abort' so), never lost or passed off as a finished answer."""
     from diagsafe_local.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(config, memory_share=0.2, enable_sleep=True)
@@ -457,20 +471,31 @@ def _sleep_and_wake(config: Any) -> Check:
         stream = engine.open_stream()
         for k in range(4):
             stream.submit(k, _ask(f"Step {k}", max_tokens=64))
-        finished = []
-        while stream.pending:
-            finished.extend(stream.poll())
+        drained = _drain(stream, IN_FLIGHT_WAIT)
         engine.sleep()
         engine.wake_up()
+        for k in range(4, 8):
+            stream.submit(k, _ask(f"Step {k}", max_tokens=64))
+        early = dict(stream.poll())  # one step: the rest are in flight
+        in_flight = stream.pending
+        engine.sleep()
+        engine.wake_up()
+        late = _drain(stream, IN_FLIGHT_WAIT)
         after = engine.generate([_ask("The quick brown fox")])[0]
     finally:
         engine.close()
-    ok = len(finished) == 4 and all(c.error is None for _, c in finished) and after.error is None
-    return Check(
-        name="sleep and wake",
-        status="ok" if ok else "fail",
-        detail="requests drained, slept, woke, answered" if ok else "an answer failed around sleep",
+    if len(drained) < 4 or any(c.error for c in drained.values()):
+        return Check(name="sleep and wake", status="fail", detail="an answer failed before the engine slept")
+    lost = in_flight - len(late)
+    aborted = sum(c.error is not None for c in late.values())
+    detail = (
+        f"4 requests finished, slept, woke; then {in_flight} of 4 in flight at sleep: {aborted} came back as errors "
+        f"(aborted), {len(late) - aborted} answered"
+        + (f", {lost} never came back ({IN_FLIGHT_WAIT:.0f} s)" if lost else "")
+        + ("; woke and answered" if after.error is None else f"; after waking: {after.error}")
     )
+    ok = not lost and after.error is None and all(c.error is None for c in early.values())
+    return Check(name="sleep and wake", status="ok" if ok else "fail", detail=detail)
 
 
 def _colocated(config: Any) -> Check:
