@@ -98,8 +98,9 @@ def bench(
     exclude_training_prompts: Annotated[
         Path | None,
         typer.Option(
-            help="Leave out the prompts of this training file (e.g. HarmClassifier's train_data.jsonl), to rank a "
-            "judge trained on them on the rest, as the paper does."
+            help="Leave out the benchmark prompts this training file trains on (any file train-classifier reads), "
+            "to rank a judge trained on them on the rest; says how many (none for HarmClassifier's released "
+            "train_data.jsonl: its prompts are not the benchmark's)."
         ),
     ] = None,
     judge_settings: dict[str, Any] | None = None,
