@@ -3,7 +3,8 @@
 The gate (and, as a banner, the report) decides only on a run that verifies:
 - read once: each run file is read once, and the bytes hashed for the signature and content checks are the bytes
   parsed and decided on (small files held, the results streamed through one hashing reader); a file swapped
-  after it was read changes nothing that is decided;
+  after it was read changes nothing that is decided, and a run file that is a symbolic link is refused
+  (`files.RunFiles`);
 - its record: manifest.json reads as a complete run's, its config hashes to its run id (a merged run: to the
   id of the runs it was merged from, and its id is theirs joined), and config.yaml is the tool's copy of the
   same config (the gate's own section included: the run's limits are the manifest's, and a config.yaml missing
@@ -20,7 +21,8 @@ The gate (and, as a banner, the report) decides only on a run that verifies:
 - decoded under its schema, where it said so: a recorded grammar canary is decided from its recorded reply
   (`runs.grammar.canary_held`), whatever flag the manifest carries;
 - recomputed: every figure is recomputed from results.jsonl, attacks.jsonl and judge_controls.jsonl;
-  summary.json is a cache, and one that disagrees with the recomputation is refused;
+  summary.json is a cache, and one that disagrees with the recomputation, or whose SHA-256 of results.jsonl or
+  sensitivity.jsonl is not theirs, is refused;
 - corrected by the validation it recorded: the judge validation is read again from its directory and used only
   while its validation.json is the one the run recorded (by SHA-256), for the judge the run recorded;
 - signed, where a key is set: the HMAC in signature.json over every run file (see `core.signing`).
