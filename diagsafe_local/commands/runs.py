@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import json
+import itertools
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -76,6 +78,7 @@ def compare(
     from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.runs import files
     from diagsafe_local.runs.agreement import agreement as agreement_of
+    from diagsafe_local.runs.agreement import write_document
     from diagsafe_local.runs.baseline import compare_with_baseline, verified
     from diagsafe_local.runs.flips import write_comparison
     from diagsafe_local.runs.paired import RunColumns
@@ -119,22 +122,27 @@ def compare(
             ],
             "agreement": agreement,
         }
-        json.dump(document, sys.stdout, indent=2)  # written as encoded: a million answers' disagreements are long
-        sys.stdout.write("\n")
+        # the disagreements are written as they are made (a million answers' are long), to a spool that goes to
+        # stdout once whole: a failure part way prints no half document
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as spool:
+            write_document(document, spool)
+            spool.seek(0)
+            shutil.copyfileobj(spool, sys.stdout)
         return
     for comparison in comparisons:
         print_paired(comparison)
     if agreement is None:
         return
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    figures = agreement.figures
     typer.echo(
-        f"agreement: shared answers {agreement['shared']} (only in A: {agreement['only_in_a']}, only in B: "
-        f"{agreement['only_in_b']}); identical answers {agreement['identical_answers']}/{agreement['shared']}"
+        f"agreement: shared answers {figures.shared} (only in A: {figures.only_in_a}, only in B: "
+        f"{figures.only_in_b}); identical answers {figures.identical_answers}/{figures.shared}"
     )
     typer.echo(
-        f"label agreement: {fmt(agreement['label_agreement'])} over {agreement['both_scored']} judged by both; "
-        f"Cohen's kappa {agreement['cohen_kappa_note'] or fmt(agreement['cohen_kappa'])}; "
-        f"mean |score difference| {fmt(agreement['score_mean_abs_diff'])}"
+        f"label agreement: {fmt(figures.label_agreement)} over {figures.both_scored} judged by both; "
+        f"Cohen's kappa {figures.cohen_kappa_note or fmt(figures.cohen_kappa)}; "
+        f"mean |score difference| {fmt(figures.score_mean_abs_diff)}"
     )
-    for d in agreement["disagreements"][:10]:
-        typer.echo(f"  {tuple(d['key'])}: {d['a']} vs {d['b']}")
+    for d in itertools.islice(agreement.disagreements, 10):
+        typer.echo(f"  {d.key}: {d.a} vs {d.b}")

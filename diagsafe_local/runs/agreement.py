@@ -4,25 +4,31 @@ classes, the mean absolute score difference, the identical answers, and every di
 
 Each run is one column of its results (`Column`: a key hash, score and answer hash per answer), gathered in the
 pass that verifies the run; answers are matched by (target, item, sample, turn), or by (item, sample, turn) when
-each run has one target under another name. Only the disagreements are read back from the files.
+each run has one target under another name. Only the disagreements are read back from the files, for their keys;
+each is kept as a few numbers and made whole only as it is written (`write_document`), so `compare --json` never
+holds the list.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
-from collections.abc import Iterable
+import secrets
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.runs import files
 from diagsafe_local.runs.merge import read_manifest
 from diagsafe_local.runs.pairing import Column, last_of_each, match
-from diagsafe_local.runs.records import AnswerKey, ResultRecord
+from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verdicts import score_class
 
 
@@ -41,8 +47,8 @@ def add_answer(column: Column, line: jsonl.Line[ResultRecord], digest: bytes = b
 
 
 def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = False) -> dict[str, Any]:
-    """The agreement of two complete runs' results files (see the module docstring). Runs of different datasets
-    are refused (item ids may match while the prompts differ) unless allowed."""
+    """The agreement of two complete runs' results files (see the module docstring), whole. Runs of different
+    datasets are refused (item ids may match while the prompts differ) unless allowed."""
     manifests = [read_manifest(run_a), read_manifest(run_b)]
     hashes = [m.dataset.sha256 for m in manifests]
     if hashes[0] != hashes[1] and not allow_different_datasets:
@@ -51,11 +57,80 @@ def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = Fals
             f"{str(hashes[1])[:12]}); items with the same id may hold different prompts. "
             "Pass --allow-different-datasets to compare them anyway"
         )
-    return agreement(answers_column(run_a / files.RESULTS), answers_column(run_b / files.RESULTS))
+    return agreement(answers_column(run_a / files.RESULTS), answers_column(run_b / files.RESULTS)).as_dict()
 
 
-def agreement(a: Column, b: Column) -> dict[str, Any]:
-    """The agreement figures of two runs' answer columns."""
+class AgreementFigures(BaseModel):
+    """The agreement of two runs' verdicts, in the order `compare --json` writes them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    only_in_a: int
+    only_in_b: int
+    shared: int
+    both_scored: int
+    label_agreement: float | None
+    score_mean_abs_diff: float | None
+    identical_answers: int
+    cohen_kappa: float | None
+    cohen_kappa_note: str | None
+
+
+class Disagreement(BaseModel):
+    """One answer both runs judged, in different classes: its key (target, item, sample, turn; the target is
+    empty where each run has one target under another name), both classes and both scores."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: tuple[str, str, int, int]
+    a: str
+    b: str
+    score_a: float
+    score_b: float
+
+
+class Disagreements:
+    """The disagreements in key order, made one at a time from compact columns (a million answers can disagree on
+    half a million): per disagreement, its target's and item's codes, sample, turn and both scores."""
+
+    BLOCK = 4096  # made this many at a time
+
+    def __init__(self, targets: list[str], items: dict[str, int], columns: dict[str, np.ndarray]) -> None:
+        self._targets = targets
+        self._items = list(items)
+        target_rank, item_rank = _ranks(targets), _ranks(self._items)
+        order = (columns["turn"], columns["sample"], item_rank[columns["item"]], target_rank[columns["target"]])
+        self._columns = {name: values[np.lexsort(order)] for name, values in columns.items()}
+
+    def __len__(self) -> int:
+        return len(self._columns["turn"])
+
+    def __iter__(self) -> Iterator[Disagreement]:
+        for start in range(0, len(self), self.BLOCK):
+            block = {name: values[start : start + self.BLOCK].tolist() for name, values in self._columns.items()}
+            for target, item, sample, turn, score_a, score_b in zip(
+                block["target"], block["item"], block["sample"], block["turn"], block["score_a"], block["score_b"]
+            ):
+                key = (self._targets[target], self._items[item], sample, turn)
+                a, b = score_class(score_a), score_class(score_b)
+                yield Disagreement(key=key, a=a, b=b, score_a=score_a, score_b=score_b)
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The agreement figures and the disagreements (made as they are read: see `write_document`)."""
+
+    figures: AgreementFigures
+    disagreements: Disagreements
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures and every disagreement, whole (for a few answers: `compare` streams them)."""
+        listed = [d.model_dump(mode="json") for d in self.disagreements]
+        return {**self.figures.model_dump(), "disagreements": listed}
+
+
+def agreement(a: Column, b: Column) -> Agreement:
+    """The agreement of two runs' answer columns."""
     targets_a, targets_b = set(a.names["target"]), set(b.names["target"])
     by_target = not (len(targets_a) == len(targets_b) == 1 and targets_a != targets_b)
     keys_a, keys_b = _keyed(a, by_target), _keyed(b, by_target)
@@ -79,29 +154,79 @@ def agreement(a: Column, b: Column) -> dict[str, Any]:
 
         kappa = float(cohen_kappa_score(labels_a, labels_b))
     differ = np.flatnonzero([x != y for x, y in zip(labels_a, labels_b)])
-    rows_scored_a = left[scored][differ]
-    found: list[tuple[AnswerKey, int]] = []
-    for k, r in a.read_rows(rows_scored_a):  # only the disagreements are read back: they are listed, with keys
-        found.append(((r.target if by_target else "", r.item_id, r.sample, r.turn), int(differ[k])))
-    found.sort()
-    disagreements = [
-        {"key": list(key), "a": labels_a[k], "b": labels_b[k], "score_a": float(both_a[k]), "score_b": float(both_b[k])}
-        for key, k in found
-    ]
-    del found
+    del labels_a, labels_b
     shared = len(left)
-    return {
-        "only_in_a": len(rows_a) - shared,
-        "only_in_b": len(rows_b) - shared,
-        "shared": shared,
-        "both_scored": n_scored,
-        "label_agreement": agree / n_scored if n_scored else None,
-        "score_mean_abs_diff": math.fsum(np.abs(both_a - both_b).tolist()) / n_scored if n_scored else None,
-        "identical_answers": int((a.answer_digests()[left] == b.answer_digests()[right]).sum()),
-        "cohen_kappa": kappa,
-        "cohen_kappa_note": kappa_note,
-        "disagreements": disagreements,
+    figures = AgreementFigures(
+        only_in_a=len(rows_a) - shared,
+        only_in_b=len(rows_b) - shared,
+        shared=shared,
+        both_scored=n_scored,
+        label_agreement=agree / n_scored if n_scored else None,
+        score_mean_abs_diff=math.fsum(np.abs(both_a - both_b).tolist()) / n_scored if n_scored else None,
+        identical_answers=int((a.answer_digests()[left] == b.answer_digests()[right]).sum()),
+        cohen_kappa=kappa,
+        cohen_kappa_note=kappa_note,
+    )
+    return Agreement(figures, _disagreements(a, left[scored][differ], both_a[differ], both_b[differ], by_target))
+
+
+def _disagreements(
+    a: Column, rows: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, by_target: bool
+) -> Disagreements:
+    """The disagreements at these rows of A (with both scores): only they are read back from the file, for their
+    keys, each kept as codes and numbers."""
+    items: dict[str, int] = {}
+    item, sample, turn = (np.empty(len(rows), np.int64) for _ in range(3))
+    for k, r in a.read_rows(rows):
+        item[k], sample[k], turn[k] = items.setdefault(r.item_id, len(items)), r.sample, r.turn
+    targets = a.label_names("target") if by_target else [""]
+    target = np.asarray(a.codes["target"], dtype=np.int64)[rows] if by_target else np.zeros(len(rows), np.int64)
+    columns = {"target": target, "item": item, "sample": sample, "turn": turn, "score_a": scores_a, "score_b": scores_b}
+    return Disagreements(targets, items, columns)
+
+
+def _ranks(names: list[str]) -> np.ndarray:
+    """Each name's place in sorted order, by its code (its place in `names`)."""
+    ranks = np.empty(len(names), np.int64)
+    ranks[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+    return ranks
+
+
+def write_document(document: dict[str, Any], handle: TextIO) -> None:
+    """`document` as `json.dump(document, handle, indent=2)` and a newline write it, where its `Agreement` values
+    are written as their figures and then their disagreements, one at a time as they are made."""
+    streamed = {key: value for key, value in document.items() if isinstance(value, Agreement)}
+    if not streamed:
+        json.dump(document, handle, indent=2)
+        handle.write("\n")
+        return
+    # each Agreement's list is a placeholder no other value can spell (a fresh random token), cut out and written
+    marks = {key: secrets.token_hex(16) for key in streamed}
+    head = {
+        key: {**value.figures.model_dump(), "disagreements": marks[key]} if key in streamed else value
+        for key, value in document.items()
     }
+    rest = json.dumps(head, indent=2)
+    for key, value in streamed.items():
+        before, rest = rest.split(json.dumps(marks[key]))
+        handle.write(before)
+        outer = before[before.rfind("\n") + 1 :]
+        outer = outer[: len(outer) - len(outer.lstrip(" "))]
+        _write_list(handle, value.disagreements, outer)
+    handle.write(rest + "\n")
+
+
+def _write_list(handle: TextIO, disagreements: Disagreements, outer: str) -> None:
+    """The disagreements as json.dump writes a list indented by 2 whose closing bracket is indented by `outer`."""
+    if not len(disagreements):
+        handle.write("[]")
+        return
+    inner = "\n" + outer + "  "
+    separator = "[" + inner
+    for d in disagreements:
+        handle.write(separator + json.dumps(d.model_dump(mode="json"), indent=2).replace("\n", inner))
+        separator = "," + inner
+    handle.write("\n" + outer + "]")
 
 
 def _keyed(column: Column, by_target: bool) -> np.ndarray:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.runs import files
+from diagsafe_local.runs.agreement import Agreement, write_document
 from diagsafe_local.runs.paired import PairedComparison
 from diagsafe_local.runs.records import ResultRecord
 
@@ -66,16 +67,11 @@ def flips(comparison: PairedComparison, limit: int | None = None) -> Iterator[Fl
 
 def _dump(document: dict[str, Any], path: Path) -> None:
     """The document as indented JSON, written as it is encoded (never whole in memory)."""
-    import json
-
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=2)
-        handle.write("\n")
+        write_document(document, handle)
 
 
-def write_comparison(
-    out: Path, comparisons: Sequence[PairedComparison], agreement: dict[str, Any] | None = None
-) -> None:
+def write_comparison(out: Path, comparisons: Sequence[PairedComparison], agreement: Agreement | None = None) -> None:
     """comparison.json (every figure) and flips.jsonl, as one set."""
     out.mkdir(parents=True, exist_ok=True)
     document = {

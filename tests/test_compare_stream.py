@@ -1,0 +1,99 @@
+"""`compare --json` streams its disagreements: the document is the one `json.dump(..., indent=2)` writes of the
+whole comparison, byte for byte, and the memory it takes does not grow with the number of disagreements."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+from test_adversarial import cli, config_file, scripted, write_items
+from test_paired import harmful_on, two_runs
+
+from diagsafe_local.core import jsonl
+from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.verdicts import score_class
+
+
+def expected_disagreements(run_a: Path, run_b: Path) -> list[dict]:
+    """Every answer of both runs (the last record of a key) whose classes differ, in key order, worked out
+    from the results files directly."""
+    sides = [
+        {
+            (r.target, r.item_id, r.sample, r.turn): r
+            for r in (line.record for line in jsonl.stream(run / "results.jsonl", ResultRecord))
+        }
+        for run in (run_a, run_b)
+    ]
+    found = []
+    for key in sorted(sides[0].keys() & sides[1].keys()):
+        a, b = sides[0][key].score, sides[1][key].score
+        if a is not None and b is not None and score_class(a) != score_class(b):
+            found.append({"key": list(key), "a": score_class(a), "b": score_class(b), "score_a": a, "score_b": b})
+    return found
+
+
+def test_the_streamed_document_is_the_whole_document_json_dump_writes(tmp_path, monkeypatch):
+    prod, new = two_runs(tmp_path, monkeypatch, candidate_words=("q2 ", "q3 ", "q10 ", "q11 "))
+    result = cli("compare", prod, new, "--json", "--out", tmp_path / "cmp")
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    disagreements = expected_disagreements(prod, new)
+    assert [d["key"][1] for d in disagreements] == ["i1", "i10", "i11", "i2", "i3"]  # key order, as strings sort
+    whole = {**printed, "agreement": {**printed["agreement"], "disagreements": disagreements}}
+    assert list(printed) == ["paired", "pairs", "agreement"] and list(printed["agreement"])[-1] == "disagreements"
+    assert result.output == json.dumps(whole, indent=2) + "\n"  # byte for byte, key order included
+    written = (tmp_path / "cmp" / "comparison.json").read_text()
+    assert written == json.dumps({"paired": printed["paired"], "agreement": whole["agreement"]}, indent=2) + "\n"
+    assert not [p.name for p in (tmp_path / "cmp").iterdir() if p.name not in ("comparison.json", "flips.jsonl")]
+
+    text = cli("compare", prod, new)  # the text output lists the first ten, as before
+    assert text.exit_code == 0, text.output
+    listed = [line.strip() for line in text.output.splitlines() if line.startswith("  (")]
+    assert listed == [f"{tuple(d['key'])}: {d['a']} vs {d['b']}" for d in disagreements]
+
+
+def test_an_agreement_without_disagreements_writes_an_empty_list(tmp_path, monkeypatch):
+    prod, new = two_runs(tmp_path, monkeypatch, candidate_words=("q1 ",))
+    result = cli("compare", prod, new, "--json")
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    assert printed["agreement"]["disagreements"] == [] and '"disagreements": []\n  }\n}\n' in result.output
+
+
+N = 4000  # answers a side
+
+
+def _runs(tmp_path: Path, monkeypatch) -> dict[str, Path]:
+    """Three runs of the same N items: `base` and `same` call the even items harmful, `flipped` the odd ones."""
+    items = write_items(tmp_path / "items.jsonl", N, prompt=lambda k: f"{'even' if k % 2 == 0 else 'odd'} q{k}")
+    runs = {}
+    for name, word in (("base", "even"), ("same", "even"), ("flipped", "odd")):
+        scripted(monkeypatch, judge=harmful_on((word,)))
+        result = cli("run", config_file(tmp_path, items, name))
+        assert result.exit_code == 0, result.output
+        runs[name] = tmp_path / name
+    return runs
+
+
+def _peak_bytes(run_a: Path, run_b: Path) -> tuple[int, dict]:
+    tracemalloc.start()
+    try:
+        result = cli("compare", run_a, run_b, "--json")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 0, result.output
+    return peak, json.loads(result.output)["agreement"]
+
+
+def test_compare_json_memory_does_not_grow_with_the_disagreements(tmp_path, monkeypatch):
+    runs = _runs(tmp_path, monkeypatch)
+    _peak_bytes(runs["base"], runs["same"])  # imports and first-call caches, outside the measurement
+    agreeing, figures = _peak_bytes(runs["base"], runs["same"])
+    assert figures["shared"] == N and figures["disagreements"] == []
+    disagreeing, figures = _peak_bytes(runs["base"], runs["flipped"])
+    assert figures["shared"] == N and len(figures["disagreements"]) == N
+    # Held whole, each disagreement took ~600 bytes (a dict, its key list and strings); streamed, a few
+    # numbers each in compact arrays.
+    assert disagreeing - agreeing < 150 * N, (agreeing, disagreeing)
