@@ -20,7 +20,7 @@ from diagsafe_local.core.errors import RunFailed
 from diagsafe_local.engines.base import Completion, EngineInfo, GenerationRequest, error_completion
 from diagsafe_local.engines.gpus import GIB
 from diagsafe_local.judging.canary import CANARY_VALUE, canary_held
-from diagsafe_local.selftest.doctor import MARKS
+from diagsafe_local.selftest.doctor import MARKS, ClassifierProbe
 
 
 def lines(output: str) -> dict[str, str]:
@@ -93,6 +93,7 @@ def test_doctor_tries_vllm_on_tiny_models_and_its_canary_catches_an_engine_that_
         assert table["sleep and wake"].startswith("ok") and table["three engines colocated"].startswith("ok")
     else:
         assert table["engine"].endswith("(float32); model runner v1") and table["sleep and wake"].startswith("skip")
+        assert table["classifier"] == "ok classifies on cpu; memory after close: not measured (no GPU)"
 
     # vLLM releases have dropped constraints silently: the real engine, its requests sent without their grammar
     from diagsafe_local.engines.vllm_engine import VLLMEngine
@@ -161,6 +162,11 @@ class GpuVLLM(ScriptedEngine):
 OPENED: list = []
 
 
+def CLASSIFIER_ON_A_GPU(model: str) -> ClassifierProbe:
+    """The classifier's child process as it reports on a GPU: 3 MiB held after close beyond its context."""
+    return ClassifierProbe(device="cuda", answered=True, held=3 * 2**20, reserved=0)
+
+
 def test_doctor_on_a_gpu_runs_bf16_tiny_models_and_one_failing_check_is_one_fail_line(tmp_path, monkeypatch):
     from diagsafe_local.engines import vllm_engine
     from diagsafe_local.selftest import doctor
@@ -168,6 +174,7 @@ def test_doctor_on_a_gpu_runs_bf16_tiny_models_and_one_failing_check_is_one_fail
     OPENED.clear()
     monkeypatch.setattr(vllm_engine, "VLLMEngine", GpuVLLM)
     monkeypatch.setattr(doctor, "cuda_available", lambda: True)
+    monkeypatch.setattr(doctor, "probe_in_child", CLASSIFIER_ON_A_GPU)
     result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
     assert result.exit_code == 3, result.output
     table = lines(result.output)
@@ -188,6 +195,7 @@ def test_doctor_on_a_gpu_runs_bf16_tiny_models_and_one_failing_check_is_one_fail
 
 BLOCK_LINES = (
     "vllm",
+    "classifier",
     "model runner",
     "greedy in any batch",
     "seeded sampling",
@@ -280,6 +288,7 @@ def test_doctor_measures_the_overheads_outside_a_share_against_the_planners_esti
     monkeypatch.setattr(MeasuredVLLM, "nvml", nvml, raising=False)
     monkeypatch.setattr(vllm_engine, "VLLMEngine", MeasuredVLLM)
     monkeypatch.setattr(doctor, "cuda_memory", lambda: (int(78.4 * GIB), CUDA_TOTAL))
+    monkeypatch.setattr(doctor, "probe_in_child", CLASSIFIER_ON_A_GPU)
     result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
     pasted = block(result.output)
     overheads = pasted["overheads outside a share"]
@@ -319,6 +328,7 @@ def test_doctor_on_a_gpu_node_without_vllm_runs_what_needs_none_and_says_so(gpu_
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails, as on a node with torch and no vLLM
     monkeypatch.setattr(doctor, "cuda_memory", lambda: (int(78.4 * GIB), CUDA_TOTAL))
+    monkeypatch.setattr(doctor, "probe_in_child", CLASSIFIER_ON_A_GPU)
     for args in (["doctor", "--no-engines"], ["doctor", "--work", str(tmp_path)]):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 3, result.output
@@ -328,6 +338,12 @@ def test_doctor_on_a_gpu_node_without_vllm_runs_what_needs_none_and_says_so(gpu_
         assert pasted["gpu memory: NVML and torch"].startswith("ok GPU 0: NVML 79.0 free of 80.0 GiB")
         assert pasted["driver"] == "ok 580.65.06, CUDA 13.0" and pasted["cuda"] == "ok torch uses the GPUs"
         why = "(--no-engines)" if "--no-engines" in args else "(vLLM is not installed)"
+        assert pasted["classifier"] == (
+            "skip not run (--no-engines)"
+            if "--no-engines" in args
+            else "ok classifies on cuda; after close its process still holds 3 MiB beyond its CUDA context (torch's "
+            "cache 0 MiB)"
+        ), result.output
         for name in ("greedy in any batch", "lora rank 8", "overheads outside a share", "sleep and wake"):
             assert pasted[name] == f"skip not run {why}", (name, result.output)
         assert "Traceback" not in result.output
@@ -382,6 +398,7 @@ def test_doctor_sleeps_with_requests_in_flight_and_each_comes_back_as_an_error(m
     monkeypatch.setattr(vllm_engine, "VLLMEngine", InFlightVLLM)
     monkeypatch.setattr(doctor, "cuda_available", lambda: True)
     monkeypatch.setattr(doctor, "IN_FLIGHT_WAIT", 0.2)
+    monkeypatch.setattr(doctor, "probe_in_child", CLASSIFIER_ON_A_GPU)
     result = CliRunner().invoke(app, ["doctor", "--work", str(tmp_path)])
     assert block(result.output)["sleep and wake"] == (
         "ok 4 requests finished, slept, woke; then 4 of 4 in flight at sleep: 4 came back as errors (aborted), "
@@ -394,3 +411,14 @@ def test_doctor_sleeps_with_requests_in_flight_and_each_comes_back_as_an_error(m
         "FAIL 4 requests finished, slept, woke; then 4 of 4 in flight at sleep: 0 came back as errors (aborted), "
         "0 answered, 4 never came back (0 s)"
     ), result.output
+
+
+def test_the_classifier_probe_runs_in_a_child_process_as_on_a_gpu(tmp_path):
+    from diagsafe_local.selftest.doctor import probe_in_child
+    from diagsafe_local.selftest.tiny_models import build_tiny_classifier
+
+    found = probe_in_child(str(build_tiny_classifier(tmp_path / "classifier")))
+    assert found.answered and found.device == ("cuda" if ON_A_GPU_NODE else "cpu"), found
+    assert (found.held is None and found.reserved is None) != ON_A_GPU_NODE, found  # measured on a GPU only
+    with pytest.raises(RuntimeError, match="the classifier's process ended with 1: .*"):
+        probe_in_child(str(tmp_path / "missing"))

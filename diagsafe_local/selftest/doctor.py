@@ -111,11 +111,12 @@ def report(checks: list[Check]) -> DoctorReport:
     )
 
 
-def not_run(why: str, cuda: bool) -> list[Check]:
-    """The vLLM checks' lines where they did not run: `why`, or for the GPU-only ones on a CPU machine, NO_GPU."""
+def not_run(why: str, cuda: bool, names: tuple[str, ...] = ("classifier", *VLLM_CHECKS)) -> list[Check]:
+    """The lines of the engine checks `names` where they did not run: `why`, or for the GPU-only ones on a CPU
+    machine, NO_GPU."""
     return [
         Check(name=name, status="skip", detail=NO_GPU if name in GPU_CHECKS and not cuda else f"not run ({why})")
-        for name in VLLM_CHECKS
+        for name in names
     ]
 
 
@@ -206,8 +207,9 @@ def _vllm_check() -> Check:
         return Check(
             name="vllm",
             status="fail",
-            detail="not installed (pip install 'diagsafe-local[gpu]'): no local model can run here; still ran: the "
-            "node's checks (NVML, torch, the cache), and `plan` and runs of API models work",
+            detail="not installed (pip install 'diagsafe-local[gpu]'): no vLLM model can run here; still ran: the "
+            "node's checks (NVML, torch, the cache) and, unless --no-engines, the classifier engine; `plan` and runs "
+            "of API models work",
         )
     version = _version(installed[0]) or ""
     try:
@@ -360,6 +362,79 @@ def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) ->
     with _guard("overheads outside a share", checks):
         checks.append(_overheads(tiny))
     return checks
+
+
+class ClassifierProbe(BaseModel):
+    """What the classifier engine (transformers, in the process that runs it) did on a tiny classifier: where it
+    ran, whether it answered, and on CUDA what its process still holds after `close()` beyond its CUDA context
+    (free memory before loading less after closing, by `torch.cuda.mem_get_info`) and torch's reserved cache."""
+
+    device: str
+    answered: bool
+    held: int | None = None
+    reserved: int | None = None
+
+
+def classifier_probe(model: str) -> ClassifierProbe:
+    """Load the classifier engine on `model`, classify one text, close it; on CUDA, measure what stays."""
+    from diagsafe_local.engines.classifier_engine import ClassifierEngine
+    from diagsafe_local.engines.config import EngineConfig
+
+    cuda = cuda_available()
+    if cuda:
+        import torch
+
+        before = torch.cuda.mem_get_info()[0]  # the context exists from here: what stays is beyond it
+    engine = ClassifierEngine(EngineConfig(kind="classifier", model=model))
+    answer = engine.generate([_ask("How do I bake bread?")])[0]
+    engine.close()
+    if not cuda:
+        return ClassifierProbe(device="cpu", answered=answer.error is None)
+    return ClassifierProbe(
+        device="cuda",
+        answered=answer.error is None,
+        held=before - torch.cuda.mem_get_info()[0],
+        reserved=torch.cuda.memory_reserved(),
+    )
+
+
+def probe_in_child(model: str) -> ClassifierProbe:
+    """`classifier_probe` in a child process (on CUDA: this process must create no CUDA context); its last line
+    of output is the probe's JSON, and one that fails raises with the first line of its error."""
+    code = "import sys; from diagsafe_local.selftest.doctor import classifier_probe as p; print(p(sys.argv[1]).model_dump_json())"
+    done = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        error = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the classifier's process ended with {done.returncode}: {error}")
+    return ClassifierProbe.model_validate_json(done.stdout.strip().splitlines()[-1])
+
+
+def classifier_checks(work: Path) -> list[Check]:
+    """The classifier engine (a GPTFuzzer-style judge) on a tiny RoBERTa built under `work`, in its own guard: it
+    needs no vLLM. On CUDA in a child process, measuring what stays after `close()` (a vLLM engine opened after it
+    in one process sees that much less)."""
+    checks: list[Check] = []
+    with _guard("classifier", checks):
+        checks.append(_classifier(work, cuda_available()))
+    return checks
+
+
+def _classifier(work: Path, cuda: bool) -> Check:
+    from diagsafe_local.selftest.tiny_models import build_tiny_classifier
+
+    model = str(build_tiny_classifier(work / "classifier"))
+    found = probe_in_child(model) if cuda else classifier_probe(model)
+    if not found.answered:
+        return Check(name="classifier", status="fail", detail=f"the classifier engine failed on {found.device}")
+    if found.held is None or found.reserved is None:
+        return Check(
+            name="classifier", status="ok", detail=f"classifies on {found.device}; memory after close: {NO_GPU}"
+        )
+    detail = (
+        f"classifies on {found.device}; after close its process still holds {found.held / 2**20:.0f} MiB beyond its "
+        f"CUDA context (torch's cache {found.reserved / 2**20:.0f} MiB)"
+    )
+    return Check(name="classifier", status="warn" if found.reserved else "ok", detail=detail)
 
 
 def _greedy(engine: Engine, alone: str) -> Check:
