@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "bench"),
     "validate": ("validate", "validate"),
+    "judges": ("judges", "judges"),
     "run": ("run", "run"),
     "report": ("report", "report"),
     "gate": ("gate", "gate"),

@@ -12,6 +12,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("DIAGSAFE_CACHE", Path.home() / ".cache" / "diagsafe-local"))
 
 
+def judge_cache() -> Path:
+    """Where judges' validations are kept by judge identity (see `judging.cards`)."""
+    return cache_dir() / "judges"
+
+
 def file_sha256(path: Path) -> str:
     """SHA-256 of a file's bytes."""
     digest = hashlib.sha256()

@@ -51,6 +51,7 @@ from diagsafe_local.evaluation.run_directory import RunDirectory
 from diagsafe_local.evaluation.sensitivity_step import judge_sensitivity, pending_sensitivity
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
+from diagsafe_local.judging.cards import AUTO, auto_validation
 from diagsafe_local.judging.config import JudgeConfig, JuryMember
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import GrammarCanary, ValidationRef, write_manifest
@@ -68,7 +69,9 @@ def judge_validation(judge: JudgeConfig, identity: EngineIdentity) -> tuple[Judg
     manifest's record of where they came from, by content."""
     if not judge.validation:
         return None
-    directory = Path(judge.validation).resolve()
+    directory = auto_validation(judge) if judge.validation == AUTO else Path(judge.validation).resolve()
+    if directory is None:  # auto, and none stored for this judge: as a run without a validation
+        return None
     if judge.jury is not None:  # the jury is the judge of harmful items, validated as one
         rubric, key, scoring = judge.jury.label(), judge.jury.identity(), "sampled"
     else:

@@ -142,7 +142,9 @@ class JudgeConfig(EngineConfig):
     validation: str | None = Field(
         None,
         description="A `validate` output directory that measured this judge (same judge, model and scoring mode) "
-        "on a harm gold set: the summary, report and `gate --corrected` then carry its FPR/FNR.",
+        "on a harm gold set: the summary, report and `gate --corrected` then carry its FPR/FNR. `auto`: the newest "
+        "validation `validate` stored for this very judge (by identity: prompt, parser, model by content, "
+        "sampling; see `diagsafe-local judges`); none stored is said, and the run goes on without one.",
     )
 
     @field_validator("benign_rubric")

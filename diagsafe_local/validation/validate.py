@@ -23,6 +23,7 @@ import numpy as np
 
 from diagsafe_local import __version__
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.judging.cards import judge_identity, jury_identity, store_validation
 from diagsafe_local.judging.config import JudgeConfig, JuryConfig
 from diagsafe_local.judging.panel import PANEL_RULES
 from diagsafe_local.runs.verdicts import combined_score, panel_score
@@ -198,6 +199,19 @@ def jury_scores(
     return [*members, Scored(label, "judge", scores, identity=identity)]
 
 
+def _validated(
+    rows: Sequence[Scored], judges: Sequence[JudgeConfig], jury: JuryConfig | None
+) -> list[tuple[str, str, str]]:
+    """Each validated judge (and a jury's members and the jury) as its judge card keys it: its label in
+    validation.json, its registered name and its identity."""
+    validated = [(row.name, spec.rubric_name, judge_identity(spec)) for row, spec in zip(rows, judges)]
+    for member in jury.members if jury else []:
+        validated.append((member.label, member.rubric_name, judge_identity(member)))
+    if jury is not None:
+        validated.append((jury.label(), jury.label(), jury_identity(jury)))
+    return validated
+
+
 def run_validate(
     gold: GoldSet,
     out: Path,
@@ -253,6 +267,8 @@ def run_validate(
             "seed": seed,
             "target_fpr": target_fpr,
         }
-        return write_outputs(out, gold, rows, manifest, classes, bootstrap, seed, target_fpr)
+        agreement = write_outputs(out, gold, rows, manifest, classes, bootstrap, seed, target_fpr)
+        store_validation(out, _validated(rows, judges, jury))
+        return agreement
     finally:
         lock.release()
