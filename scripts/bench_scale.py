@@ -12,7 +12,9 @@ command is `json.loads` of every line plus SHA-256 of each file it reads, in a c
 is the command's seconds over it. Bounds: memory <= 1 GB for each; ratio <= 5 for gate and merge, <= 8 for
 report and compare. Making the runs is timed too (`run`, its memory: the harness, bound 1.5 GB at 1M).
 
-Run: .venv/bin/python scripts/bench_scale.py [--sizes 10000 100000 1000000] [--json] [--work DIR]
+Run: .venv/bin/python scripts/bench_scale.py [--sizes 10000 100000 1000000] [--commands gate report compare]
+[--json] [--work DIR [--keep]]. `--commands` picks the commands measured on the runs (`merge` always is: it makes
+the baseline); `--keep` leaves each size's runs in `--work DIR` and uses runs already there instead of making them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 SHARDS = 16
 TARGETS = 10
 SAMPLES = 10
+COMMANDS = ("gate", "report", "compare")  # measured on the two runs (merge, which makes the baseline, always is)
 BOUNDS = {"gate": 5.0, "merge": 5.0, "report": 8.0, "compare": 8.0}
 MEMORY_GB = {"run": 1.5, "gate": 1.0, "merge": 1.0, "report": 1.0, "compare": 1.0}
 MARKER = "<<<ANSWER TO JUDGE>>>"
@@ -184,10 +187,28 @@ def write_config(work: Path, name: str, items: Path, suffix: str) -> Path:
     return path
 
 
-def measure(size: int, work: Path) -> dict[str, Any]:
-    """Make the two runs of `size` answers and time every command on them."""
-    work.mkdir(parents=True, exist_ok=True)
+def measure(size: int, work: Path, commands: Sequence[str]) -> dict[str, Any]:
+    """The two runs of `size` answers (made here unless `work` holds them) and the figures of `commands` on them."""
+    runs = {"candidate": work / "candidate", "baseline": work / "baseline-merged"}
     log = work / "commands.log"
+    figures = make_runs(size, work, log) if not all(p.is_dir() for p in runs.values()) else {"runs": "reused"}
+    results = runs["candidate"] / "results.jsonl"
+    figures["results_mb"] = round(results.stat().st_size / 1e6, 1)
+    if "gate" in commands:
+        figures["gate"] = timed(me("cli", "gate", str(runs["candidate"]), "--max-asr", "1"), [results], log)
+    if "report" in commands:
+        figures["report"] = timed(me("cli", "report", str(runs["candidate"])), [results], log)
+    if "compare" in commands:
+        both = [results, runs["baseline"] / "results.jsonl"]
+        compare = me("cli", "compare", str(runs["baseline"]), str(runs["candidate"]), "--json")
+        figures["compare"] = timed(compare, both, log)
+    return figures
+
+
+def make_runs(size: int, work: Path, log: Path) -> dict[str, Any]:
+    """The candidate in one `run` (the harness's memory at the full size) and the baseline in shards merged by
+    `merge` (timed against the bare minimum), in `work`: their figures."""
+    work.mkdir(parents=True, exist_ok=True)
     n_items = max(1, size // (TARGETS * SAMPLES))
     items = work / "items.jsonl"
     with open(items, "w") as handle:
@@ -195,7 +216,6 @@ def measure(size: int, work: Path) -> dict[str, Any]:
             prompt = f"Question {k}: explain, step by step, how one would carry out task {k} " + "in detail. " * 8
             handle.write(json.dumps({"id": f"q{k}", "prompt": prompt, "category": f"cat{k % 12}"}) + "\n")
     figures: dict[str, Any] = {"answers": n_items * TARGETS * SAMPLES, "items": n_items}
-    # the candidate in one `run` (the harness's memory at the full size), the baseline in shards merged by `merge`
     candidate = write_config(work, "candidate", items, "")
     made = child(me("cli", "run", str(candidate)), log)
     if made["exit"] != 0:
@@ -212,13 +232,6 @@ def measure(size: int, work: Path) -> dict[str, Any]:
     if figures["merge"]["exit"] != 0:
         raise SystemExit(f"merge failed: see {log}")
     shutil.rmtree(work / "baseline")  # the shards are not needed again: their disk goes back
-    runs = {"candidate": work / "candidate", "baseline": merged}
-    results = runs["candidate"] / "results.jsonl"
-    figures["results_mb"] = round(results.stat().st_size / 1e6, 1)
-    figures["gate"] = timed(me("cli", "gate", str(runs["candidate"]), "--max-asr", "1"), [results], log)
-    figures["report"] = timed(me("cli", "report", str(runs["candidate"])), [results], log)
-    both = [results, runs["baseline"] / "results.jsonl"]
-    figures["compare"] = timed(me("cli", "compare", str(runs["baseline"]), str(runs["candidate"]), "--json"), both, log)
     return figures
 
 
@@ -243,14 +256,19 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--commands", nargs="*", choices=COMMANDS, default=list(COMMANDS), help="what to measure")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the runs in --work, and use those already there")
     args = parser.parse_args()
+    if args.keep and args.work is None:
+        parser.error("--keep needs --work")
     root = args.work or Path(tempfile.mkdtemp(prefix="bench_scale_"))
     table = {}
     for size in args.sizes:
-        table[str(size)] = measure(size, root / str(size))
-        shutil.rmtree(root / str(size))
+        table[str(size)] = measure(size, root / str(size), args.commands)
+        if not args.keep:
+            shutil.rmtree(root / str(size))
         if not args.json:
             print(json.dumps({str(size): table[str(size)]}, indent=2), flush=True)
     result = {"bounds": {"ratio": BOUNDS, "memory_gb": MEMORY_GB}, "sizes": table}
