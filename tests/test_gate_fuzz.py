@@ -1,19 +1,27 @@
 """A tamper fuzzer for the gate: real run directories made by the tool (one target signed and validated, a sweep
-with a baseline run, an adaptive attack, a merge of shards), and, for each, mutations of every file the gate
-reads: each JSON field of results, attack steps, controls, summary, manifest, signature, validation and the
-baseline's files changed or deleted; lines deleted, duplicated, reordered, or swapped with another run's; the
-results edited with the summary's hash of them rewritten to match (what an editor without the key would do).
+with a baseline run, an adaptive attack, a merge of shards; the judging passes and the series are in
+test_gate_fuzz_passes.py), and, for each, mutations of every file the gate reads or the signature covers: each
+JSON field changed, deleted, or swapped to another valid value (a parse status, a label, a score, a run id of a
+sibling run); keys and lines added; lines deleted, duplicated, reordered, or taken from a sibling run; the
+results edited with the summary's hash of them rewritten to match (what an editor without the key would do);
+bytes flipped, files truncated, deleted, emptied, replaced by a sibling's, or replaced by a symlink to it.
 
-The property: the gate refuses (exit 3), or it reaches exactly the decision it reaches on the untouched run
-(exit code and every PASS/FAIL line). On a signed run gated with --require-signature, any change to a signed byte
-is refused. The fast tier runs a seeded sample of the mutations; the slow tier runs all of them.
+Two properties. A mutation that must be refused is refused (exit 3): a line or a run id of another run, a broken
+hash, a truncated or deleted decision file, a decision file that is now another run's file (copied or a symlink
+to it), and on a signed run gated with --require-signature any change to a signed byte. Every other mutation is
+refused, or reaches exactly the decision of the untouched run (exit code and every PASS/FAIL/FLIP line). The fast
+tier runs a sample of each kind of mutation, rotated by a seed (DIAGSAFE_FUZZ_SEED, else today's date; printed);
+the slow tier runs all of them.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
+import os
 import random
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,45 +32,65 @@ from test_adversarial import cli, config_file, perfect_validation, scripted, wri
 from test_attacks import GOALS, responder
 
 KEY = "fuzz-key-" + "k" * 24
+DELETE = b"\0delete"
+# The files the gate decides on, in a run directory; the signature covers these and generations.jsonl, jury.jsonl.
+DECISION_FILES = ("manifest.json", "config.yaml", "results.jsonl", "judge_controls.jsonl", "summary.json",
+                  "attacks.jsonl", "sensitivity.jsonl")  # fmt: skip
+RUN_FILES = (*DECISION_FILES, "generations.jsonl", "jury.jsonl", "signature.json")
+# Another valid value of a field: a status, a label, a finish reason, a series entry's status.
+SWAPS = {"ok": ("invalid", "truncated", "error"), "harmful": ("not_harmful", "uncertain"),
+         "not_harmful": ("harmful",), "stop": ("length",), "complete": ("running",), "finished": ("failed", "pending")}  # fmt: skip
 
 
 @dataclass
 class Case:
-    """A run directory, how it is gated, and every file the gate reads for it."""
+    """A directory the gate is given, how it is gated, every file it reads for it, and what must be refused."""
 
     name: str
-    run_dir: Path
+    run_dir: Path  # what `gate` is given (a run, or a series directory)
     args: tuple[str, ...]
     files: list[Path]
-    signed: bool = False
-    other: Path | None = None  # a run of the same shape, for lines swapped between runs
+    guarded: frozenset[Path] = frozenset()  # files any change to which must be refused (signed ones, weights)
+    other: dict[Path, Path] = field(default_factory=dict)  # a directory's sibling of the same shape
+    foreign_id: str | None = None  # a sibling run's id (not one this run's results may carry)
     decision: tuple[int, tuple[str, ...]] = (0, ())
     env: dict[str, str] = field(default_factory=dict)
+    exit_2: frozenset[Path] = frozenset()  # files whose damage is refused with exit 2, not 3 (a known finding)
+
+    def must_refuse(self, path: Path) -> bool:
+        """Whether any change to this file must be refused (a signed file under --require-signature)."""
+        return path in self.guarded
 
 
 @dataclass(frozen=True)
 class Mutation:
     path: Path
+    kind: str  # the family, for a sample of each
     what: str
     content: bytes
     also: tuple[tuple[Path, bytes], ...] = ()  # a second file rewritten to match (the summary's results hash)
+    refuse: bool = False  # it must be refused (exit 3), not merely decided the same
+    link: Path | None = None  # the file is replaced by a symlink to this one
 
 
 def gate(case: Case, monkeypatch: pytest.MonkeyPatch) -> tuple[int, tuple[str, ...]]:
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
     result = cli("gate", case.run_dir, *case.args)
-    lines = tuple(line for line in result.output.splitlines() if line.startswith(("PASS", "FAIL")))
+    lines = tuple(line for line in result.output.splitlines() if line.startswith(("PASS", "FAIL", "FLIP", "GATE")))
     return result.exit_code, lines
 
 
+def run_files(run_dir: Path) -> list[Path]:
+    """The files of a run directory the gate reads or its signature covers."""
+    return [run_dir / n for n in RUN_FILES if (run_dir / n).is_file()]
+
+
+def run_id(run_dir: Path) -> str:
+    return str(json.loads((run_dir / "manifest.json").read_text())["run_id"])
+
+
 # -- the runs ---------------------------------------------------------------------------------------------------
-
-
-def _files(run_dir: Path) -> list[Path]:
-    names = ("manifest.json", "config.yaml", "results.jsonl", "judge_controls.jsonl", "summary.json", "attacks.jsonl",
-             "sensitivity.jsonl")  # fmt: skip
-    return [run_dir / n for n in (*names, "signature.json") if (run_dir / n).is_file()]
 
 
 def _build(root: Path) -> list[Case]:
@@ -71,6 +99,14 @@ def _build(root: Path) -> list[Case]:
         return _cases(root, mp)
     finally:
         mp.undo()
+
+
+def decided(cases: list[Case], mp: pytest.MonkeyPatch) -> list[Case]:
+    """The cases with the decision each gets untouched (one the gate reached, with its lines)."""
+    for case in cases:
+        case.decision = gate(case, mp)
+        assert case.decision[0] in (0, 1, 4) and len(case.decision[1]) > 1, (case.name, case.decision)
+    return cases
 
 
 def _cases(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
@@ -86,32 +122,21 @@ def _cases(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
     for name in ("signed", "signed_twin"):
         assert cli("run", config_file(root, items, name, judge=judge)).exit_code == 0
     mp.delenv("DIAGSAFE_SIGNING_KEY")
-    signed = root / "signed"
-    args = ("--max-asr", "0.5", "--max-asr-category", "c=0.6", "--allow-degenerate-judge", "--corrected")
-    cases.append(
-        Case("signed", signed, (*args, "--require-signature"), [*_files(signed), validation / "validation.json"],
-             signed=True, other=root / "signed_twin", env={"DIAGSAFE_SIGNING_KEY": KEY})
-    )  # fmt: skip
-    cases.append(
-        Case("validated", signed, args, [*_files(signed), validation / "validation.json"], other=root / "signed_twin",
-             env={"DIAGSAFE_SIGNING_KEY": ""})
-    )  # fmt: skip
     # a sweep against a production run
     sweep = {"targets": [{"model": "t", "name": "t"}, {"model": "t", "name": "u", "system_prompt": "be brief"}]}
     for name in ("prod", "sweep"):
         assert cli("run", config_file(root, items, name, **sweep)).exit_code == 0
-    increase = (
-        "--baseline",
-        str(root / "prod"),
-        "--max-asr-increase",
-        "0.9",
-        "--max-asr",
-        "0.5",
-        "--allow-degenerate-judge",
-    )
-    cases.append(
-        Case("sweep", root / "sweep", increase, [*_files(root / "sweep"), *_files(root / "prod")], other=root / "prod")
-    )
+    signed, prod = root / "signed", root / "prod"
+    args = ("--max-asr", "0.5", "--max-asr-category", "c=0.6", "--allow-degenerate-judge", "--corrected")
+    files = [*run_files(signed), validation / "validation.json"]
+    twin = {signed: root / "signed_twin"}
+    cases.append(Case("signed", signed, (*args, "--require-signature"), files, guarded=frozenset(run_files(signed)), other=twin,
+                      foreign_id=run_id(prod), env={"DIAGSAFE_SIGNING_KEY": KEY}))  # fmt: skip
+    cases.append(Case("validated", signed, args, files, other=twin, foreign_id=run_id(prod),
+                      env={"DIAGSAFE_SIGNING_KEY": ""}))  # fmt: skip
+    increase = ("--baseline", str(prod), "--max-asr-increase", "0.9", "--max-asr", "0.5", "--allow-degenerate-judge")
+    cases.append(Case("sweep", root / "sweep", increase, [*run_files(root / "sweep"), *run_files(prod)],
+                      other={root / "sweep": prod}, foreign_id=run_id(signed)))  # fmt: skip
     # an adaptive attack
     scripted(mp, judge=responder, target=responder)  # the judge's model writes the attacker's prompts too
     goals = root / "goals.jsonl"
@@ -119,7 +144,7 @@ def _cases(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
     attack = {"placement": {"mode": "colocate"}, "attack": {"strategy": "pair", "streams": 2, "depth": 2}}
     assert cli("run", config_file(root, goals, "attacked", **attack)).exit_code == 0
     cases.append(Case("attack", root / "attacked", ("--max-attack-asr", "0.7", "--allow-degenerate-judge"),
-                      _files(root / "attacked")))  # fmt: skip
+                      run_files(root / "attacked"), foreign_id=run_id(signed)))  # fmt: skip
     # shards merged
     scripted(mp)
     config = config_file(root, items, "sharded")
@@ -128,11 +153,8 @@ def _cases(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
     shards = sorted((root / "sharded" / "shards").glob("shard-*"))
     assert cli("merge", *shards, "--out", root / "merged").exit_code == 0
     cases.append(Case("merged", root / "merged", ("--max-asr", "0.5", "--allow-degenerate-judge"),
-                      _files(root / "merged"), other=root / "signed"))  # fmt: skip
-    for case in cases:
-        case.decision = gate(case, mp)
-        assert case.decision[0] in (0, 1) and case.decision[1], (case.name, case.decision)
-    return cases
+                      run_files(root / "merged"), other={root / "merged": signed}, foreign_id=run_id(signed)))  # fmt: skip
+    return decided(cases, mp)
 
 
 # -- the mutations ----------------------------------------------------------------------------------------------
@@ -151,6 +173,17 @@ def _leaves(value: Any, path: tuple = ()) -> Iterator[tuple]:
         yield path
 
 
+def _dicts(value: Any, path: tuple = ()) -> Iterator[tuple]:
+    """The path of every mapping in a document, the document first."""
+    if isinstance(value, dict):
+        yield path
+        for key, inner in value.items():
+            yield from _dicts(inner, (*path, key))
+    elif isinstance(value, list):
+        for k, inner in enumerate(value):
+            yield from _dicts(inner, (*path, k))
+
+
 def _changed(value: Any) -> list[Any]:
     """Other values of the same kind (and one of another kind)."""
     if isinstance(value, bool):
@@ -166,81 +199,151 @@ def _changed(value: Any) -> list[Any]:
     return [None]
 
 
+def _at(doc: Any, path: tuple) -> Any:
+    for part in path:
+        doc = doc[part]
+    return doc
+
+
+def _edited(doc: Any, path: tuple, change: Callable[[Any, Any], None]) -> Any:
+    """A copy of `doc` with `change(parent, key)` applied at `path`."""
+    doc = json.loads(json.dumps(doc))
+    change(_at(doc, path[:-1]), path[-1])
+    return doc
+
+
 def _set(doc: Any, path: tuple, value: Any) -> Any:
-    doc = json.loads(json.dumps(doc))
-    node = doc
-    for part in path[:-1]:
-        node = node[part]
-    node[path[-1]] = value
-    return doc
+    return _edited(doc, path, lambda parent, key: parent.__setitem__(key, value))
 
 
-def _delete(doc: Any, path: tuple) -> Any:
-    doc = json.loads(json.dumps(doc))
-    node = doc
-    for part in path[:-1]:
-        node = node[part]
-    del node[path[-1]]
-    return doc
+def _is_hash(key: Any) -> bool:
+    """A hash the gate checks against what it read (a manifest's dataset hash names a file it never reads)."""
+    return key == "results_sha256"
 
 
-def _field_mutations(path: Path, doc: Any, dump: Callable[[Any], bytes], where: str = "") -> Iterator[Mutation]:
+def _field_mutations(
+    case: Case, path: Path, doc: Any, dump: Callable[[Any], bytes], where: str = ""
+) -> Iterator[Mutation]:
+    """Each field changed, deleted, swapped to another valid value; a key added to each mapping."""
+    decisive = path.name in DECISION_FILES
+    signed = case.must_refuse(path)
     for leaf in _leaves(doc):
         if not leaf:
             continue
-        node = doc
-        for part in leaf:
-            node = node[part]
-        name = where + ".".join(map(str, leaf))
-        for value in _changed(node):
-            yield Mutation(path, f"{name} = {value!r}", dump(_set(doc, leaf, value)))
-        yield Mutation(path, f"{name} deleted", dump(_delete(doc, leaf)))
+        value, name = _at(doc, leaf), where + ".".join(map(str, leaf))
+        broken = decisive and _is_hash(leaf[-1]) and isinstance(value, str)  # a hash the gate checks
+        for other in _changed(value):
+            yield Mutation(path, "field", f"{name} = {other!r}", dump(_set(doc, leaf, other)), refuse=signed or broken)
+        if isinstance(value, str):
+            for other in SWAPS.get(value, ()):
+                yield Mutation(path, "swap", f"{name} = {other!r}", dump(_set(doc, leaf, other)), refuse=signed)
+        if leaf[-1] == "run_id" and case.foreign_id not in (None, value):
+            foreign = dump(_set(doc, leaf, case.foreign_id))
+            yield Mutation(path, "foreign", f"{name} = a sibling's run id", foreign, refuse=signed or decisive)
+        yield Mutation(path, "field", f"{name} deleted", dump(_edited(doc, leaf, lambda p, k: p.__delitem__(k))),
+                       refuse=signed)  # fmt: skip
+    for node in _dicts(doc):
+        where_added = where + (".".join(map(str, node)) or "top level")
+        added = json.loads(json.dumps(doc))
+        _at(added, node)["zz_added"] = 1
+        yield Mutation(path, "added key", f"{where_added}: key added", dump(added), refuse=signed)
 
 
-def _rehashed(case: Case, mutation: Mutation) -> Mutation:
+def _rehashed(mutation: Mutation) -> Mutation:
     """A results edit with the summary's hash of the results rewritten to match."""
     summary_path = mutation.path.parent / "summary.json"
     summary = json.loads(summary_path.read_text())
     summary["results_sha256"] = hashlib.sha256(mutation.content).hexdigest()
-    return Mutation(mutation.path, mutation.what + " (summary's hash rewritten)", mutation.content,
-                    ((summary_path, json.dumps(summary).encode()),))  # fmt: skip
+    return Mutation(mutation.path, "rehashed", mutation.what + " (summary's hash rewritten)", mutation.content,
+                    ((summary_path, json.dumps(summary).encode()),), refuse=mutation.refuse)  # fmt: skip
+
+
+def _line_id(line: str) -> Any:
+    return json.loads(line).get("run_id") if line.strip() else None
+
+
+def _jsonl_mutations(case: Case, path: Path, raw: bytes, theirs: list[str]) -> Iterator[Mutation]:
+    """Each line's fields; lines deleted, duplicated, reordered, taken from a sibling, added."""
+    lines = raw.decode().splitlines(keepends=True)
+    signed, results, decisive = case.must_refuse(path), path.name == "results.jsonl", path.name in DECISION_FILES
+    for k, line in enumerate(lines):
+        rest = lambda new, k=k: "".join([*lines[:k], *new, *lines[k + 1 :]]).encode()  # noqa: E731
+        dump = lambda doc, rest=rest: rest([json.dumps(doc, ensure_ascii=False) + "\n"])  # noqa: E731
+        made = list(_field_mutations(case, path, json.loads(line), dump, f"line {k + 1}: "))
+        yield from made
+        if results:
+            yield from (_rehashed(m) for m in made if m.kind != "added key")
+        yield Mutation(path, "lines", f"line {k + 1} deleted", rest([]), refuse=signed or results)
+        yield Mutation(path, "lines", f"line {k + 1} duplicated", rest([line, line]), refuse=signed or results)
+        if k:
+            swapped = [*lines[: k - 1], lines[k], lines[k - 1], *lines[k + 1 :]]
+            yield Mutation(path, "lines", f"lines {k} and {k + 1} swapped", "".join(swapped).encode(), refuse=False)
+        if k < len(theirs) and theirs[k] != line:
+            foreign = decisive and _line_id(theirs[k]) != _line_id(line)
+            yield Mutation(path, "sibling line", f"line {k + 1} taken from a sibling run", rest([theirs[k]]),
+                           refuse=signed or foreign)  # fmt: skip
+    if lines:
+        extra = json.loads(lines[-1])
+        if "item_id" in extra:
+            extra["item_id"] = "zz-added"
+        added = json.dumps(extra, ensure_ascii=False) + "\n"
+        yield Mutation(path, "added line", "a line for an item the run has not", raw + added.encode(),
+                       refuse=signed or results)  # fmt: skip
+    yield Mutation(path, "added line", "a blank line added", raw + b"\n", refuse=signed)
+    if theirs and theirs[-1] not in lines:
+        foreign = decisive and bool(lines) and _line_id(theirs[-1]) != _line_id(lines[-1])
+        yield Mutation(path, "added line", "a sibling run's line added", raw + theirs[-1].encode(),
+                       refuse=signed or foreign)  # fmt: skip
+
+
+def _damage(case: Case, path: Path, raw: bytes) -> Iterator[Mutation]:
+    """Bytes flipped (at positions fixed by the file's name), the file truncated."""
+    signed, decisive = case.must_refuse(path), path.name in DECISION_FILES
+    rng = random.Random(path.name)
+    for at in sorted(rng.sample(range(len(raw)), min(4, len(raw)))):
+        flipped = bytearray(raw)
+        flipped[at] ^= 0x01
+        yield Mutation(path, "bytes", f"byte {at} flipped", bytes(flipped), refuse=signed)
+    if raw:
+        yield Mutation(path, "bytes", "truncated to half", raw[: len(raw) // 2], refuse=signed or decisive)
+        hashed = path.name != "signature.json" or not raw[-1:].isspace()  # the signature does not sign itself
+        yield Mutation(path, "bytes", "last byte cut", raw[:-1], refuse=signed and hashed)
+
+
+def _another_run(ours: Path, theirs: Path) -> bool:
+    """Whether a sibling directory is another run (a run of the same config, re-run elsewhere, is not) or
+    another series."""
+    manifests = ours / "manifest.json", theirs / "manifest.json"
+    return not all(m.is_file() for m in manifests) or run_id(ours) != run_id(theirs)
 
 
 def mutations(case: Case) -> list[Mutation]:
     found: list[Mutation] = []
     for path in case.files:
         raw = path.read_bytes()
+        sibling = case.other.get(path.parent, path.parent) / path.name
+        theirs = sibling.read_bytes() if sibling != path and sibling.is_file() else None
         if path.suffix == ".jsonl":
-            lines = raw.decode().splitlines(keepends=True)
-            for k, line in enumerate(lines):
-                rest = lambda new, k=k, lines=lines: "".join([*lines[:k], *new, *lines[k + 1 :]]).encode()  # noqa: E731
-                record = json.loads(line)
-                dump = lambda doc, rest=rest: rest([json.dumps(doc, ensure_ascii=False) + "\n"])  # noqa: E731
-                made = list(_field_mutations(path, record, dump, f"line {k + 1}: "))
-                if path.name == "results.jsonl":
-                    made += [_rehashed(case, m) for m in made]
-                found += made
-                found.append(Mutation(path, f"line {k + 1} deleted", rest([])))
-                found.append(Mutation(path, f"line {k + 1} duplicated", rest([line, line])))
-                if k:
-                    swapped = [*lines[: k - 1], lines[k], lines[k - 1], *lines[k + 1 :]]
-                    found.append(Mutation(path, f"lines {k} and {k + 1} swapped", "".join(swapped).encode()))
-                other = case.other / path.name if case.other else None
-                if other is not None and other.is_file():
-                    theirs = other.read_text().splitlines(keepends=True)
-                    if k < len(theirs) and theirs[k] != line:
-                        found.append(Mutation(path, f"line {k + 1} taken from {case.other.name}", rest([theirs[k]])))
-            found.append(Mutation(path, "emptied", b""))
+            found += _jsonl_mutations(case, path, raw, theirs.decode().splitlines(keepends=True) if theirs else [])
+            found.append(Mutation(path, "file", "emptied", b"", refuse=case.must_refuse(path)))
         elif path.suffix == ".json":
-            found += _field_mutations(path, json.loads(raw), lambda doc: json.dumps(doc, indent=2).encode())
-            if case.other is not None and (case.other / path.name).is_file() and path.parent == case.run_dir:
-                found.append(Mutation(path, f"replaced by {case.other.name}'s", (case.other / path.name).read_bytes()))
-        else:  # config.yaml: its text edited line by line
+            found += _field_mutations(case, path, json.loads(raw), lambda doc: json.dumps(doc, indent=2).encode())
+        elif path.suffix == ".safetensors":  # weights: flipped (cut or deleted, they are no checkpoint yet)
+            found += (m for m in _damage(case, path, raw) if "flipped" in m.what)
+            continue
+        elif path.name == "config.yaml":  # its text edited line by line
             for k, line in enumerate(raw.decode().splitlines(keepends=True)):
                 edited = raw.decode().splitlines(keepends=True)
                 edited[k] = line.replace(":", ": x #", 1) if ":" in line else line + "x\n"
-                found.append(Mutation(path, f"{path.name} line {k + 1} edited", "".join(edited).encode()))
-        found.append(Mutation(path, "deleted", b"\0delete"))
+                found.append(Mutation(path, "field", f"{path.name} line {k + 1} edited", "".join(edited).encode(),
+                                      refuse=case.must_refuse(path)))  # fmt: skip
+        found += _damage(case, path, raw)
+        decisive = path.name in DECISION_FILES or case.must_refuse(path)
+        found.append(Mutation(path, "file", "deleted", DELETE, refuse=decisive))
+        if theirs is not None and theirs != raw:  # another run's file, copied or linked: never this run's
+            alien = decisive and _another_run(path.parent, sibling.parent)
+            found.append(Mutation(path, "file", "replaced by a sibling's", theirs, refuse=alien))
+            found.append(Mutation(path, "symlink", "a symlink to a sibling's", b"", refuse=alien, link=sibling))
     return found
 
 
@@ -249,19 +352,86 @@ def apply(mutation: Mutation) -> list[tuple[Path, bytes | None]]:
     undo = []
     for path, content in ((mutation.path, mutation.content), *mutation.also):
         undo.append((path, path.read_bytes() if path.exists() else None))
-        if content == b"\0delete":
-            path.unlink()
-        else:
+        path.unlink(missing_ok=True)
+        if mutation.link is not None and path == mutation.path:
+            path.symlink_to(mutation.link)
+        elif content != DELETE:
             path.write_bytes(content)
     return undo
 
 
 def restore(undo: list[tuple[Path, bytes | None]]) -> None:
     for path, content in reversed(undo):
-        if content is None:
-            path.unlink(missing_ok=True)
-        else:
+        path.unlink(missing_ok=True)
+        if content is not None:
             path.write_bytes(content)
+
+
+# -- the fuzz -----------------------------------------------------------------------------------------------------
+
+
+def fuzz_seed() -> int:
+    """The fast tier's seed: DIAGSAFE_FUZZ_SEED, else today's date (so the sample rotates daily)."""
+    return int(os.environ.get("DIAGSAFE_FUZZ_SEED") or datetime.date.today().strftime("%Y%m%d"))
+
+
+def sample(every: list[Mutation], rng: random.Random, per_kind: int) -> list[Mutation]:
+    """Up to `per_kind` mutations of each kind, those that must be refused first among equals."""
+    kinds: dict[str, list[Mutation]] = defaultdict(list)
+    for mutation in every:
+        kinds[mutation.kind].append(mutation)
+    chosen = []
+    for kind in sorted(kinds):
+        strict = [m for m in kinds[kind] if m.refuse]
+        loose = [m for m in kinds[kind] if not m.refuse]
+        half = min(len(strict), max(per_kind // 2, per_kind - len(loose)))
+        chosen += rng.sample(strict, half) + rng.sample(loose, min(len(loose), per_kind - half))
+    return chosen
+
+
+@dataclass
+class Tally:
+    """What a fuzz tried: gate calls, mutations that had to be refused, and those that got a wrong answer."""
+
+    seed: int
+    tried: int = 0
+    strict: int = 0
+    by_case: dict[str, int] = field(default_factory=dict)
+    wrong: list[str] = field(default_factory=list)
+
+
+def fuzz(cases: list[Case], monkeypatch: pytest.MonkeyPatch, per_kind: int | None) -> Tally:
+    """Gate every case under its mutations (all, or a seeded sample of each kind); assert both properties."""
+    tally = Tally(fuzz_seed())
+    rng = random.Random(tally.seed)
+    print(f"fuzz seed {tally.seed} (DIAGSAFE_FUZZ_SEED={tally.seed} repeats this sample)")
+    for case in cases:
+        every = mutations(case)
+        chosen = every if per_kind is None else sample(every, rng, per_kind)
+        for mutation in chosen:
+            undo = apply(mutation)
+            try:
+                code, lines = gate(case, monkeypatch)
+            finally:
+                restore(undo)
+            tally.tried += 1
+            tally.strict += mutation.refuse
+            refused = code == 3 or (code == 2 and mutation.path in case.exit_2)
+            if refused or (not mutation.refuse and (code, lines) == case.decision):
+                continue
+            want = "refused (exit 3)" if mutation.refuse else "refused or the same decision"
+            tally.wrong.append(
+                f"{case.name}: {mutation.path.parent.name}/{mutation.path.name}: {mutation.kind}: {mutation.what}: "
+                f"exit {code}, {[line[:100] for line in lines][:3]}; wanted {want}"
+            )
+        tally.by_case[case.name] = len(chosen)
+        assert gate(case, monkeypatch) == case.decision  # every file restored
+    print(f"fuzz: {tally.tried} gate calls ({tally.strict} must refuse), per case {tally.by_case}")
+    assert not tally.wrong, (
+        f"seed {tally.seed}: {len(tally.wrong)} of {tally.tried} mutations got a wrong answer:\n"
+        + "\n".join(tally.wrong[:40])
+    )
+    return tally
 
 
 @pytest.fixture(scope="module")
@@ -269,37 +439,12 @@ def cases(tmp_path_factory) -> list[Case]:
     return _build(tmp_path_factory.mktemp("fuzz"))
 
 
-def _fuzz(cases: list[Case], monkeypatch: pytest.MonkeyPatch, sample: int | None) -> int:
-    tried, wrong = 0, []
-    rng = random.Random(20261205)
-    for case in cases:
-        every = mutations(case)
-        chosen = every if sample is None else rng.sample(every, min(sample, len(every)))
-        for mutation in chosen:
-            undo = apply(mutation)
-            try:
-                code, lines = gate(case, monkeypatch)
-            finally:
-                restore(undo)
-            tried += 1
-            signed_byte = (
-                case.signed and mutation.path.parent == case.run_dir and mutation.path.name != "validation.json"
-            )
-            if code == 3 or (not signed_byte and (code, lines) == case.decision):
-                continue
-            wrong.append(f"{case.name}: {mutation.path.name}: {mutation.what}: exit {code}, {list(lines)[:3]}")
-        assert gate(case, monkeypatch) == case.decision  # every file restored
-    assert not wrong, f"{len(wrong)} of {tried} mutations got a decision the untouched run does not:\n" + "\n".join(
-        wrong[:40]
-    )
-    return tried
-
-
-def test_the_gate_refuses_or_decides_the_same_on_every_sampled_tamper(cases, monkeypatch):
-    assert _fuzz(cases, monkeypatch, sample=60) >= 250
+def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_a_sample_of_each_kind(cases, monkeypatch):
+    tally = fuzz(cases, monkeypatch, per_kind=6)
+    assert tally.tried >= 280 and tally.strict >= 100
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(5400)  # every mutation: ~33,000 gate calls, past the suite's 900 s per test on 2 cores
-def test_the_gate_refuses_or_decides_the_same_on_every_tamper(cases, monkeypatch):
-    assert _fuzz(cases, monkeypatch, sample=None) > 2000
+@pytest.mark.timeout(5400)  # every mutation: tens of thousands of gate calls, past the suite's 900 s per test
+def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_every_tamper(cases, monkeypatch):
+    assert fuzz(cases, monkeypatch, per_kind=None).tried > 2000

@@ -1,0 +1,145 @@
+"""The tamper fuzzer of test_gate_fuzz.py on the judging passes and the series: a jury with a member that errs
+on the harmful answers (signed, and gated with and without --require-signature), a judge sensitivity sample
+whose paraphrase could not judge some answers (INCONCLUSIVE), and a series gated with `--checkpoint latest`
+(its state, its latest run and that checkpoint's weights, signed and not). The answers come from a scripted
+OpenAI-compatible server whose model names pick the faults (servers.py), the series' from scripted engines.
+Same two properties, same tiers, same seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fakes import ScriptedEngine
+from servers import FakeOpenAIServer
+from test_adversarial import cli
+from test_gate_fuzz import KEY, Case, Mutation, apply, decided, fuzz, gate, restore, run_files, run_id
+from test_series import by_step, recorded_series, watch
+from test_trust_passes import JURY_ITEMS, SAMPLE_ITEMS, api, items_file, paraphrased_fraud, strict_but_500_on_harmful
+
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.pipeline import Run
+
+
+def _run(root: Path, name: str, items: list[dict], server: FakeOpenAIServer, judge: dict) -> Path:
+    """A run of target 't' on the server, judged by `judge` (merged over the server's judge 'j')."""
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": items_file(root / name, items)},
+            "target": {**api(server, "t"), "name": "t"},
+            "judge": {**api(server, "j"), **judge},
+            "output_dir": str(root / name / "run"),
+        }
+    )
+    Run(config).execute()
+    return root / name / "run"
+
+
+def _passes(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
+    """A jury whose strict member errs (HTTP 500) on the three harmful answers, so those votes count harmful and
+    the jury's ASR sits on its limit (3/6), as does the share a member could not judge; a sensitivity sample
+    whose judge errs under one paraphrase (INCONCLUSIVE)."""
+    server = FakeOpenAIServer(by_model={"strict": strict_but_500_on_harmful, "j": paraphrased_fraud(("status", 500))})
+    try:
+        members = [api(server, "strict"), api(server, "lenient")]
+        mp.setenv("DIAGSAFE_SIGNING_KEY", KEY)
+        jury = _run(root, "jury", JURY_ITEMS, server, {"jury": {"rule": "any-harmful", "members": members}})
+        mp.delenv("DIAGSAFE_SIGNING_KEY")
+        sibling = _run(root, "majority", JURY_ITEMS, server, {"jury": {"rule": "majority", "members": members}})
+        sample = {"sensitivity": {"variants": 4, "sample": 6}}
+        sensitivity = _run(root, "sensitivity", SAMPLE_ITEMS, server, sample)
+        worded = _run(root, "worded", SAMPLE_ITEMS, server, {**sample, "max_retries": 2})
+    finally:
+        server.close()
+    limits = ("--max-asr", "0.5", "--max-failure-rate", "0.5", "--allow-degenerate-judge")
+    return [
+        Case("jury-signed", jury, (*limits, "--require-signature"), run_files(jury), guarded=frozenset(run_files(jury)),
+             other={jury: sibling}, foreign_id=run_id(sibling), env={"DIAGSAFE_SIGNING_KEY": KEY}),
+        Case("jury", jury, limits, run_files(jury), other={jury: sibling}, foreign_id=run_id(sibling),
+             env={"DIAGSAFE_SIGNING_KEY": ""}),
+        Case("sensitivity", sensitivity, ("--max-asr", "0.1", "--allow-degenerate-judge"), run_files(sensitivity),
+             other={sensitivity: worded}, foreign_id=run_id(worded)),
+    ]  # fmt: skip
+
+
+def _series(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
+    """Checkpoints 10 and 20 evaluated by `watch` under a key; checkpoint 20 (the latest) complies with 2 of 16
+    harmful requests, on the --max-asr limit. Its sibling run is checkpoint 10's, its sibling series another
+    series of the same training run."""
+    mp.setenv("DIAGSAFE_SIGNING_KEY", KEY)
+    mp.setattr(
+        "diagsafe_local.evaluation.pipeline.create_engine",
+        lambda config, **_: ScriptedEngine(lambda r: by_step(r, config.model), model=config.model),
+    )
+    root.mkdir(parents=True)
+    train, spec = recorded_series(root)
+    assert watch(root).exit_code == 0
+    other = root / "other-series"
+    assert watch(root, "--out", str(other)).exit_code == 0
+    series, runs = spec.series_dir, spec.series_dir / "runs"
+    latest, older = runs / "checkpoint-20", runs / "checkpoint-10"
+    state = [series / n for n in ("series.state.json", "signature.json", "series.sequence")]
+    files = [*state, *run_files(latest)]
+    weights = train / "checkpoint-20" / "model.safetensors"
+    args = ("--checkpoint", "latest", "--max-asr", "0.125", "--allow-degenerate-judge")
+    siblings = {latest: older, series: other}
+    exit_2 = frozenset([latest / "manifest.json"])  # test_a_damaged_manifest_of_the_latest_run_is_refused_with_exit_3
+    return [
+        Case("series-signed", series, (*args, "--require-signature"), [*files, weights], other=siblings,
+             guarded=frozenset([*state[:2], *run_files(latest), weights]), foreign_id=run_id(older),
+             env={"DIAGSAFE_SIGNING_KEY": KEY}, exit_2=exit_2),
+        Case("series", series, args, [*files, weights], other=siblings, guarded=frozenset([weights]),
+             foreign_id=run_id(older), env={"DIAGSAFE_SIGNING_KEY": ""}, exit_2=exit_2),
+    ]  # fmt: skip
+
+
+def build(root: Path) -> list[Case]:
+    mp = pytest.MonkeyPatch()
+    try:
+        return decided([*_passes(root / "passes", mp), *_series(root / "series", mp)], mp)
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory) -> list[Case]:
+    return build(tmp_path_factory.mktemp("fuzz-passes"))
+
+
+def test_the_untouched_cases_decide_on_their_limits(cases):
+    decisions = {case.name: case.decision for case in cases}
+    assert decisions["jury"][0] == decisions["jury-signed"][0] == 0
+    assert any("jury: answers a member could not judge 3/6" in line for line in decisions["jury"][1])
+    assert decisions["sensitivity"][0] == 4 and any(line.startswith("FLIP") for line in decisions["sensitivity"][1])
+    assert decisions["series"][0] == 0 and any("ASR 0.125" in line for line in decisions["series"][1])
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: `gate SERIES --checkpoint` reads the latest run's manifest (runs/series.py, read_manifest_file "
+    "before run_problems) before the run is verified, and a damaged one is an input error (exit 2), where the same "
+    "damage on the run itself is refused (exit 3)",
+)
+def test_a_damaged_manifest_of_the_latest_run_is_refused_with_exit_3(cases, monkeypatch):
+    case = next(c for c in cases if c.name == "series")
+    manifest = case.run_dir / "runs" / "checkpoint-20" / "manifest.json"
+    undo = apply(Mutation(manifest, "bytes", "truncated to half", manifest.read_bytes()[:1000]))
+    try:
+        plain = cli("gate", manifest.parent, "--max-asr", "0.125", "--allow-degenerate-judge").exit_code
+        series = gate(case, monkeypatch)[0]
+    finally:
+        restore(undo)
+    assert (plain, series) == (3, 3)
+
+
+def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_passes_and_series(cases, monkeypatch):
+    tally = fuzz(cases, monkeypatch, per_kind=6)
+    assert tally.tried >= 280 and tally.strict >= 150
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(5400)  # every mutation of every case
+def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_every_tamper_of_passes_and_series(
+    cases, monkeypatch
+):
+    assert fuzz(cases, monkeypatch, per_kind=None).tried > 2000
