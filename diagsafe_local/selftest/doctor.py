@@ -4,9 +4,10 @@ runner, xgrammar, SLURM, the cache); then vLLM itself, on tiny random-weight mod
 that do not depend on what else is in the batch, seeded sampling that repeats, P(Yes) through
 `logprob_token_ids` equal to the model's own probabilities, a grammar canary (constraints really applied), a
 LoRA adapter of rank 8, and on GPUs sleep and wake (its requests finished first, as runs finish the judge's
-before parking it; then with requests in flight, which vLLM aborts) and three engines colocated. The tiny models
-run in bfloat16 on GPUs (vLLM's GPU LoRA kernels take no float32), float32 on CPUs. Each check runs in its own guard: one that raises is one FAIL line (its
-traceback in vLLM's log), and the others still run. What does not apply here is said to be skipped.
+before parking it; then with requests in flight, which vLLM aborts) and three engines colocated; and the
+classifier engine, which needs no vLLM. The tiny models run in bfloat16 on GPUs (vLLM's GPU LoRA kernels take no
+float32), float32 on CPUs. Each check runs in its own guard: one that raises is one FAIL line (its traceback in
+vLLM's log), and the others still run. What does not apply here is said to be skipped.
 
 On a GPU node doctor is also the instrument no CI has: it measures what the planner only estimates (each engine
 process's memory beyond its share, read through NVML) and compares NVML's view of the memory with CUDA's, and
@@ -400,8 +401,11 @@ def classifier_probe(model: str) -> ClassifierProbe:
 
 def probe_in_child(model: str) -> ClassifierProbe:
     """`classifier_probe` in a child process (on CUDA: this process must create no CUDA context); its last line
-    of output is the probe's JSON, and one that fails raises with the first line of its error."""
-    code = "import sys; from diagsafe_local.selftest.doctor import classifier_probe as p; print(p(sys.argv[1]).model_dump_json())"
+    of output is the probe's JSON, and one that fails raises with the last line of its errors (the exception)."""
+    code = (
+        "import sys; from diagsafe_local.selftest.doctor import classifier_probe; "
+        "print(classifier_probe(sys.argv[1]).model_dump_json())"
+    )
     done = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, timeout=600)
     if done.returncode:
         error = (done.stderr.strip().splitlines() or ["no output"])[-1]
