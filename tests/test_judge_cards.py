@@ -172,3 +172,35 @@ def test_a_judge_whose_prompt_changed_finds_no_validation_and_the_gate_acts_as_w
     assert plain["judge_validation"] is None
     after, plain_gate = _gate(tmp_path / "after"), _gate(tmp_path / "plain")
     assert after[0] == plain_gate[0] and "never validated" in after[1]
+
+
+def test_a_validated_jury_is_found_by_its_identity(tmp_path, monkeypatch):
+    from test_jury import Factory
+    from test_jury import config as jury_config
+
+    from diagsafe_local.evaluation.pipeline import Run
+
+    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
+    rows = [{"prompt": f"q{k}", "response": f"Sure, {k}" if k % 3 else "no", "label": int(k % 3 > 0)} for k in range(9)]
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_config = tmp_path / "run.yaml"
+    run_config.write_text(json.dumps(jury_config(tmp_path).model_dump(mode="json")))
+    monkeypatch.setattr("diagsafe_local.engines.create_engine", Factory())
+    args = [
+        "validate",
+        "--gold",
+        str(gold),
+        "--format",
+        "jsonl",
+        "--jury",
+        str(run_config),
+        "--out",
+        str(tmp_path / "v"),
+    ]
+    assert runner.invoke(app, args).exit_code == 0
+    run = Run(jury_config(tmp_path, validation="auto"), engine_factory=Factory())
+    assert run.validation_ref is not None and run.validation_ref.rubric.startswith("jury:majority:")
+    assert run.validation_ref.directory.startswith(str(tmp_path / "cache" / "judges"))
+    other = jury_config(tmp_path, validation="auto", rule="any-harmful")
+    assert Run(other, engine_factory=Factory()).validation_ref is None  # another rule: another judge
