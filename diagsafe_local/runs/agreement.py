@@ -141,20 +141,18 @@ def agreement(a: Column, b: Column) -> Agreement:
     both_a, both_b = scores_a[scored], scores_b[scored]
     # Agreement on what the scores mean (every judge maps to [0, 1]), not on a "label" key that only some
     # judges write: two judges without one would otherwise agree trivially ("None" == "None").
-    labels_a = [score_class(x) for x in both_a.tolist()]
-    labels_b = [score_class(x) for x in both_b.tolist()]
-    n_scored = len(labels_a)
-    agree = sum(x == y for x, y in zip(labels_a, labels_b))
+    names: dict[str, int] = {}
+    classes_a, classes_b = _classes(both_a, names), _classes(both_b, names)
+    n_scored = len(both_a)
+    agree = int((classes_a == classes_b).sum())
     kappa, kappa_note = None, None
-    if len(set(labels_a) | set(labels_b)) == 1:
+    if len(names) == 1:
         # Cohen's kappa is 0/0 when both runs use one class only: agreement beyond chance is undefined, not 1
-        kappa_note = f"undefined: every verdict of both runs is '{labels_a[0]}'"
+        kappa_note = f"undefined: every verdict of both runs is '{next(iter(names))}'"
     elif n_scored:
-        from sklearn.metrics import cohen_kappa_score
-
-        kappa = float(cohen_kappa_score(labels_a, labels_b))
-    differ = np.flatnonzero([x != y for x, y in zip(labels_a, labels_b)])
-    del labels_a, labels_b
+        kappa = _cohen_kappa(classes_a, classes_b, len(names))
+    differ = np.flatnonzero(classes_a != classes_b)
+    del classes_a, classes_b
     shared = len(left)
     figures = AgreementFigures(
         only_in_a=len(rows_a) - shared,
@@ -168,6 +166,23 @@ def agreement(a: Column, b: Column) -> Agreement:
         cohen_kappa_note=kappa_note,
     )
     return Agreement(figures, _disagreements(a, left[scored][differ], both_a[differ], both_b[differ], by_target))
+
+
+def _classes(scores: np.ndarray, names: dict[str, int]) -> np.ndarray:
+    """Each score's class (`score_class`, asked once per distinct score) as its code in `names`, which gains the
+    classes it had not seen."""
+    values, inverse = np.unique(scores, return_inverse=True)
+    codes = [names.setdefault(score_class(value), len(names)) for value in values.tolist()]
+    return np.asarray(codes, dtype=np.int64)[inverse]
+
+
+def _cohen_kappa(a: np.ndarray, b: np.ndarray, n_classes: int) -> float:
+    """Cohen's kappa of two class-code arrays, from their confusion matrix as sklearn's `cohen_kappa_score` works it
+    out, without importing sklearn (21 MB) or making its arrays of label strings."""
+    confusion = np.bincount(a * n_classes + b, minlength=n_classes * n_classes).reshape(n_classes, n_classes)
+    expected = np.outer(confusion.sum(axis=1), confusion.sum(axis=0)) / confusion.sum()
+    off = 1 - np.eye(n_classes)
+    return float(1 - (off * confusion).sum() / (off * expected).sum())
 
 
 def _disagreements(
