@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,9 @@ from diagsafe_local.engines.base import BorrowedEngine
 os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
 # The progress interval in logs comes from the environment; tests that count progress lines set it themselves.
 os.environ.pop("DIAGSAFE_PROGRESS_SECONDS", None)
+# `validate` stores each validation by the judge's identity; the suite keeps those in a folder of its own, never in
+# the user's cache, where a later run with `judge.validation: auto` would find them.
+os.environ["DIAGSAFE_JUDGE_CACHE"] = tempfile.mkdtemp(prefix="diagsafe-judge-cache-")
 # Property tests draw the same examples on every run: a failure in CI is a failure anyone can reproduce. No
 # deadline: a property is about what the code returns, and a loaded machine (2 cores, several test runs) made a
 # 200 ms deadline fail on examples that pass in milliseconds alone.

@@ -22,7 +22,7 @@ runner = CliRunner()
 def test_judges_lists_every_registered_judge_with_its_figure_or_no_published_figure(tmp_path, monkeypatch):
     from diagsafe_local.judging.cards import PUBLISHED
 
-    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path))
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "judges"))
 
     result = runner.invoke(app, ["judges"])
     assert result.exit_code == 0, result.output
@@ -43,7 +43,7 @@ def test_judges_lists_every_registered_judge_with_its_figure_or_no_published_fig
 def test_judges_json_parses_as_cards_and_one_card_shows_in_full(tmp_path, monkeypatch):
     from diagsafe_local.judging.cards import JudgeCard, JudgeCards
 
-    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path))
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "judges"))
 
     result = runner.invoke(app, ["judges", "--json"])
     assert result.exit_code == 0, result.output
@@ -118,7 +118,7 @@ def _gate(run_dir) -> tuple[int, str]:
 
 
 def test_a_validated_judge_is_found_by_identity_in_a_later_run_and_checked_like_a_named_one(tmp_path, monkeypatch):
-    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "cache" / "judges"))
     validation = _validate(tmp_path, "harmjudge")
     stored = list((tmp_path / "cache" / "judges").glob("*/*/validation.json"))
     assert len(stored) == 1 and stored[0].read_bytes() == (validation / "validation.json").read_bytes()
@@ -152,7 +152,7 @@ def test_a_validated_judge_is_found_by_identity_in_a_later_run_and_checked_like_
 def test_a_judge_whose_prompt_changed_finds_no_validation_and_the_gate_acts_as_without_one(
     tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "cache" / "judges"))
     name = f"acme-{tmp_path.name}"
     policy = tmp_path / "acme.yaml"
     policy.write_text(ACME_POLICY.replace("name: acme-policy", f"name: {name}"))
@@ -180,7 +180,7 @@ def test_a_validated_jury_is_found_by_its_identity(tmp_path, monkeypatch):
 
     from diagsafe_local.evaluation.pipeline import Run
 
-    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "cache" / "judges"))
     rows = [{"prompt": f"q{k}", "response": f"Sure, {k}" if k % 3 else "no", "label": int(k % 3 > 0)} for k in range(9)]
     gold = tmp_path / "gold.jsonl"
     gold.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -13,8 +13,9 @@ def cache_dir() -> Path:
 
 
 def judge_cache() -> Path:
-    """Where judges' validations are kept by judge identity (see `judging.cards`)."""
-    return cache_dir() / "judges"
+    """Where judges' validations are kept by judge identity (see `judging.cards`): DIAGSAFE_JUDGE_CACHE if set,
+    else `judges/` in the cache."""
+    return Path(os.environ.get("DIAGSAFE_JUDGE_CACHE", cache_dir() / "judges"))
 
 
 def file_sha256(path: Path) -> str:
