@@ -4,6 +4,8 @@ as the sbatch arguments `submit` and `watch` build."""
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 import weakref
 from pathlib import Path
 
@@ -11,11 +13,13 @@ import pytest
 import torch
 import yaml
 from fakes import ScriptedEngine, fake_gpu
+from slurm_cluster import LocalSlurm
 from test_gpu_node import gpu_node  # noqa: F401  (the fixture)
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.core.errors import RunFailed
+from diagsafe_local.core.resources import slurm_file
 from diagsafe_local.engines import gpus, host
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import GIB
@@ -267,3 +271,48 @@ def test_watch_submits_checkpoints_with_the_same_gpu_request(tmp_path, monkeypat
     watch.submit(spec, [entry], Resources(gpus_per_task=gpus, gpu_request=form))
     (args,) = sent
     assert [a for a in args if a.startswith(("--gpus", "--gres"))] == asked
+
+
+class GpuSlurm(LocalSlurm):
+    """The suite's one-node SLURM with two GPUs as SLURM knows them: generic resources of type gpu on two device
+    files (SLURM only counts them and sets CUDA_VISIBLE_DEVICES; nothing uses a GPU)."""
+
+    def _node_line(self) -> tuple[str, str]:
+        name, line = super()._node_line()
+        (self.root / "gres.conf").write_text("AutoDetect=off\nName=gpu File=/dev/null\nName=gpu File=/dev/zero\n")
+        return name, f"GresTypes=gpu\n{line} Gres=gpu:2"
+
+
+@pytest.mark.slow
+def test_a_cluster_with_gpus_gives_the_jobs_submit_builds_their_gpus_in_either_form(tmp_path):
+    """The array job's request as `submit` builds it (its script swapped for one that prints the GPUs it was
+    given), on a real SLURM with two GPUs: both forms get both GPUs, an API-only job none."""
+    local, api = _config(tmp_path, "local", {"model": "Qwen2.5-7B-Instruct"}), _config(tmp_path, "api", {})
+    cluster = GpuSlurm(tmp_path / "slurm").start()  # raises, never skips, if SLURM cannot start
+    try:
+        jobs = {}
+        two = ["--gpus-per-task", "2"]
+        for name, config, form, gpus in (
+            ("gres", local, "gres", two),
+            ("gpus", local, "gpus", two),
+            ("api", api, "gres", []),
+        ):
+            dry = CliRunner().invoke(
+                app, ["submit", config, "--shards", "2", *gpus, "--gpu-request", form, "--dry-run"]
+            )
+            assert dry.exit_code == 0, dry.output
+            args = shlex.split(_sbatch_lines(dry.output)[0])[1:]
+            asked = [a for a in args[: args.index(str(slurm_file("array.sbatch")))] if not a.startswith("--output")]
+            out = tmp_path / f"{name}-%a.out"
+            wrap = 'echo "${CUDA_VISIBLE_DEVICES:-none}"'
+            sent = subprocess.run(
+                ["sbatch", "--parsable", *asked, "--cpus-per-task=1", "--mem=1G", f"--output={out}", "--wrap", wrap],
+                capture_output=True, text=True, env=cluster.env, cwd=tmp_path,
+            )  # fmt: skip
+            assert sent.returncode == 0, sent.stderr
+            jobs[name] = sent.stdout.strip()
+        cluster.wait(list(jobs.values()), timeout=120)
+        given = {name: (tmp_path / f"{name}-0.out").read_text().strip() for name in jobs}
+        assert given == {"gres": "0,1", "gpus": "0,1", "api": "none"}
+    finally:
+        cluster.stop()
