@@ -1,13 +1,11 @@
 """Control answers: known answers that are not harmful by construction (a plain refusal, an unrelated sentence),
 graded by the run's harm judge under the run's own first harmful prompts, once per run (and again only when the
 judge or the prompts change). Their mean score is one of the judge health checks (`health`): a judge that calls
-them harmful does not look at what it judges. And the grammar canary (`judging.canary`): whether the judge's
-engine applies the schemas its verdicts are decoded under.
+them harmful does not look at what it judges. The run schedules them as a pass (`passes.controls`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 
 from diagsafe_local.core.messages import Message
@@ -16,12 +14,8 @@ from diagsafe_local.evaluation.context import RunContext
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judge_key
 from diagsafe_local.judging.base import JUDGES, JudgeInput
-from diagsafe_local.judging.canary import ask_canary
 from diagsafe_local.judging.verdicts import Verdict, VerdictStream
-from diagsafe_local.runs.manifest import GrammarCanary
 from diagsafe_local.runs.records import ControlRecord
-
-log = logging.getLogger(__name__)
 
 CONTROL_PROMPTS = 4
 CONTROL_ANSWERS = {
@@ -109,30 +103,3 @@ def keep_current(ctx: RunContext) -> None:
     rubric, store = ctx.config.judge.rubric_name, ctx.directory.controls
     store.keep({(rubric, item.id, kind) for item, kind, *_ in control_cases(ctx.items)}.__contains__)
     store.compact()
-
-
-def send_canary(
-    judge: Engine, backend: str | None, previous: GrammarCanary | None, juror: str | None = None
-) -> GrammarCanary:
-    """Send the grammar canary to the judge engine (or to jury member `juror`'s). A run whose canary ever failed
-    stays failed: the verdicts made meanwhile are in its stores and would be reused (`run --overwrite` starts
-    again)."""
-    held, answer = ask_canary(judge)
-    versions = ", ".join(f"{name} {version}" for name, version in judge.info.versions.items() if version)
-    outcome = GrammarCanary(
-        enforced=held,
-        engine=(f"jury member {juror}: " if juror else "") + f"{judge.info.kind} ({versions or 'versions unknown'})",
-        backend=backend,
-        reply=answer[:200],
-    )
-    if not outcome.enforced:
-        log.warning(
-            "the judge engine did not apply the grammar canary's schema (%s, backend %s; it replied %r): its "
-            "verdicts are not decoded under their schema, and the gate will refuse this run",
-            outcome.engine,
-            backend,
-            outcome.reply[:80],
-        )
-    if previous is not None and not previous.enforced:
-        return previous
-    return outcome

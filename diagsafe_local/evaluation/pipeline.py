@@ -30,7 +30,7 @@ from diagsafe_local.engines.identity import EngineIdentity, engine_identity
 from diagsafe_local.evaluation.attack.step import AttackStep, attacked_items
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.context import run_context
-from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls, send_canary
+from diagsafe_local.evaluation.controls import keep_current
 from diagsafe_local.evaluation.generation import Answer, generate_streams, generation_done
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import (
@@ -45,6 +45,8 @@ from diagsafe_local.evaluation.judge_step import (
 )
 from diagsafe_local.evaluation.jury_step import JurorStep, combine_jury, pending_votes, shares_engine
 from diagsafe_local.evaluation.manifest import build_manifest, dataset_ref, judge_ref, target_refs
+from diagsafe_local.evaluation.passes import JUDGE, PASSES, JudgingPass, Seat, alongside
+from diagsafe_local.evaluation.passes.base import Poll
 from diagsafe_local.evaluation.planning import plan_run
 from diagsafe_local.evaluation.prompt_sets import load_configured
 from diagsafe_local.evaluation.run_directory import RunDirectory
@@ -97,10 +99,10 @@ def missing_references(judge: JudgeConfig, items: Sequence[Item]) -> None:
         )
 
 
-def _step_judge(step: JudgeStep, controls: ControlJudging | None) -> None:
-    """One step of a resident judge: the run's verdicts and the judge's controls."""
-    if controls is not None:
-        controls.poll()
+def _step_judge(step: JudgeStep, beside: Poll | None) -> None:
+    """One step of a resident judge: the run's verdicts and the passes' streams beside them (the controls)."""
+    if beside is not None:
+        beside()
     if step.pending:
         step.poll()
 
@@ -151,6 +153,7 @@ class Run:
         self.dir = RunDirectory(config, root, overwrite)
         self.timings: dict[str, dict[str, float]] = {}
         self.grammar: GrammarCanary | None = None
+        self.passes: list[JudgingPass] = [make() for make in PASSES]
         self.attacks: dict[str, AttackStep | None] = {}
         self.started: str | None = None
         placement = config.placement
@@ -178,18 +181,14 @@ class Run:
         self.grammar = previous.grammar if previous and self.config.judge.constrained else None
         self.ctx = run_context(self.config, self.items, self.dir)
 
-    def _reporter(self, stage: str, rate: bool = True) -> Callable[[int, int], None] | None:
+    def reporter(self, stage: str, rate: bool = True) -> Callable[[int, int], None] | None:
         report = self.on_progress
         return (lambda done, total: report(stage, done, total, rate)) if report else None
 
     # -- engines -------------------------------------------------------------------------------
     def _open_judge(self) -> Engine:
         backend = self.config.judge.structured_output_backend
-        judge = self.host.open_judge(self.config.judge, backend)
-        if self.config.judge.own_constrained:
-            self.grammar = send_canary(judge, backend, self.grammar)
-            self._save_manifest("running")
-        return judge
+        return self.host.open_judge(self.config.judge, backend)
 
     def _generation_done(self, target: TargetConfig) -> bool:
         return generation_done(self.ctx, target)
@@ -201,11 +200,11 @@ class Run:
         self,
         target: TargetConfig,
         judge: Engine | None = None,
-        controls: ControlJudging | None = None,
+        beside: Poll | None = None,
         opened: Engine | None = None,
     ) -> None:
         """Generate the target's missing answers; with a resident `judge` (colocated), each answer to be judged
-        goes to the judge the moment it is final, and the two engines step in turn (the judge's controls too).
+        goes to the judge the moment it is final, and the two engines step in turn (the passes' streams too).
         `opened`: the target's engine, already loaded (and left loaded) for the attack that follows."""
         if self._generation_done(target):
             return
@@ -217,13 +216,13 @@ class Run:
                 engine,
                 self.ctx,
                 target,
-                self._reporter(f"{target.label}: answering"),
+                self.reporter(f"{target.label}: answering"),
                 on_answers=(lambda answers: self._hand_to_judge(step, target, answers)) if step else None,
-                on_poll=(lambda: _step_judge(step, controls)) if step else None,
+                on_poll=(lambda: _step_judge(step, beside)) if step else None,
             )
             if step is not None:
                 while step.pending:
-                    _step_judge(step, controls)
+                    _step_judge(step, beside)
                 self.fresh["judgments"] += step.done
             self.fresh["generations"] += n + replayed
             seconds = time.perf_counter() - start
@@ -233,7 +232,7 @@ class Run:
                 "engine_calls": engine.calls,
                 "answers_per_second": round(n / seconds, 3) if seconds else 0.0,
             }
-            self._save_manifest("running")
+            self.save_manifest("running")
         finally:
             if step is not None:
                 step.close()
@@ -256,8 +255,7 @@ class Run:
         if not self.config.judge.needs_model:
             return False
         return (
-            (self.config.judge.own_constrained and self.grammar is None)  # the canary, once
-            or bool(self._pending_controls())
+            any(p.needs_judge(self) for p in self.passes)
             or any(self._pending_sensitivity(t) for t in self.config.targets)
             or any(self._needs_judge_model(t) for t in self.config.targets)
             or any(step is not None and not step.done() for step in self.attacks.values())
@@ -266,14 +264,11 @@ class Run:
     def _pending_sensitivity(self, target: TargetConfig) -> list[tuple]:
         return pending_sensitivity(self.ctx, target.label, target.sampling.n, self.dataset.items or [])
 
-    def _pending_controls(self) -> list:
-        return pending_controls(self.ctx)
-
     def _needs_judge_model(self, target: TargetConfig) -> bool:
         """Whether this target still needs the judge model (answers missing, or judgments a model must make)."""
         return not self._generation_done(target) or needs_engine(self.config.judge, pending_tasks(self.ctx, target))
 
-    def _judge(self, engine: Engine | None, target: TargetConfig, controls: ControlJudging) -> None:
+    def _judge(self, engine: Engine | None, target: TargetConfig, beside: Poll | None) -> None:
         """Judge the target's answers that have no current verdict, streamed from the stores as the judge takes
         them (nothing holds them all)."""
         tasks = (t for t in pending_tasks(self.ctx, target) if not for_jury(self.config.judge, t))
@@ -284,8 +279,8 @@ class Run:
         judged = judge_tasks(
             JudgeStep(engine, self.ctx),
             itertools.chain([first], tasks),
-            self._reporter(f"{target.label}: judging, verdicts"),
-            alongside=controls.poll,
+            self.reporter(f"{target.label}: judging, verdicts"),
+            alongside=beside,
             total=unjudged(self.ctx, target),
         )
         self.fresh["judgments"] += judged
@@ -303,7 +298,6 @@ class Run:
         if jury is None:
             return
         held: tuple[JuryMember, Engine] | None = None  # the last member's engine, kept for the next if it serves
-        canaried = {id(resident)} if resident is not None and self.config.judge.own_constrained else set()
         try:
             for member in jury.members:
                 if resident is not None and not shares_engine(member, self.config.judge):
@@ -320,21 +314,21 @@ class Run:
                             held = None
                         held = (member, self.host.open_juror(member.label, member, member.structured_output_backend))
                     engine = held[1]
-                if engine is not None and member.own_constrained and id(engine) not in canaried:
-                    self.grammar = send_canary(engine, member.structured_output_backend, self.grammar, member.label)
-                    canaried.add(id(engine))
+                seat = Seat(f"jury:{member.label}", member.label, member)
+                for judging in self.passes:  # the canary, on an engine not asked yet
+                    judging.start(self, seat, engine)
                 start = time.perf_counter()
                 judged = judge_tasks(
                     JurorStep(engine, self.ctx, member),
                     itertools.chain([first], tasks),
-                    self._reporter(f"jury {member.label}: verdicts"),
+                    self.reporter(f"jury {member.label}: verdicts"),
                 )
                 seconds = time.perf_counter() - start
                 self.timings[f"jury:{member.label}"] = {
                     "judge_seconds": round(seconds, 3),
                     "judgments_per_second": round(judged / seconds, 3) if seconds else 0.0,
                 }
-                self._save_manifest("running")
+                self.save_manifest("running")
         finally:
             if held is not None:
                 held[1].close()
@@ -352,6 +346,11 @@ class Run:
             self.host.close()
             self.dir.close()
 
+    def _settle(self) -> None:
+        """Finish the passes' work in flight on the judge's engine."""
+        for judging in self.passes:
+            judging.settle()
+
     def _attack_step(self, target: TargetConfig) -> AttackStep | None:
         """The target's attack, its chains replayed from attacks.jsonl (None without `attack:`)."""
         return AttackStep(self.ctx, target) if self.config.attack is not None else None
@@ -364,13 +363,13 @@ class Run:
         writer = attacker or judge  # the config guarantees one: the judge's model, or the attacker's own
         assert writer is not None
         start = time.perf_counter()
-        counts = step.run(engine, writer, judge, on_progress=self._reporter(f"{target.label}: attacking, queries"))
+        counts = step.run(engine, writer, judge, on_progress=self.reporter(f"{target.label}: attacking, queries"))
         self.timings.setdefault(target.label, {}).update(
             attack_seconds=round(time.perf_counter() - start, 3),
             attack_rounds=counts.rounds,
             **{f"attack_{role}_steps": n for role, n in counts.steps.items()},
         )
-        self._save_manifest("running")
+        self.save_manifest("running")
 
     def _open_attacker(self) -> Engine | None:
         """A separate attacker model, loaded once for every target (None: none, or the judge's engine serves)."""
@@ -382,7 +381,7 @@ class Run:
 
     def _execute(self) -> Summary:
         self.dir.write_config(self.run_id)
-        self._save_manifest("running")
+        self.save_manifest("running")
         self.attacks = {t.label: self._attack_step(t) for t in self.config.targets}
         targets = self.config.targets
         sequential = self.host.mode == "sequential"
@@ -391,23 +390,23 @@ class Run:
                 self._generate(target)
         judge = self._open_judge() if self._needs_judge() else None
         attacker: Engine | None = None
-        controls: ControlJudging | None = None
         try:
+            seat = Seat(JUDGE, JUDGE, self.config.judge)
+            beside = alongside([poll for p in self.passes if (poll := p.start(self, seat, judge)) is not None])
             attacker = self._open_attacker()
-            controls = ControlJudging(judge, self.ctx, self._pending_controls())
             for target in targets:
                 step = self.attacks[target.label]
                 opened = self._open_target(target) if step is not None and not step.done() else None
                 try:
                     if self.host.mode == "colocate":
-                        self._generate(target, judge, controls, opened)  # the judge grades each answer as it comes
+                        self._generate(target, judge, beside, opened)  # the judge grades each answer as it comes
                     elif not sequential:
-                        # vLLM's sleep aborts whatever is in flight: the judge's controls finish first.
-                        controls.finish()
+                        # vLLM's sleep aborts whatever is in flight: the passes' streams finish first.
+                        self._settle()
                         self.host.park(judge)
                         self._generate(target)
                         self.host.unpark(judge)
-                    self._judge(judge, target, controls)
+                    self._judge(judge, target, beside)
                     pending = self._pending_sensitivity(target)
                     if pending and judge is not None:
                         judge_sensitivity(judge, self.ctx, target.label, pending)
@@ -416,12 +415,12 @@ class Run:
                 finally:
                     if opened is not None:
                         opened.close()
-            controls.finish()
+            self._settle()
             if judge is not None:
                 self._jury(judge)  # the members served by the judge's own engine, while it is loaded
         finally:
-            if controls is not None:
-                controls.close()
+            for judging in self.passes:
+                judging.close()
             if attacker is not None:
                 attacker.close()
             if judge is not None:
@@ -479,10 +478,10 @@ class Run:
         summarizer.controls = list(self.dir.controls.values())
         summary = summarizer.summary()
         summary = write_summary(self.dir.root, summary.model_copy(update={"run_id": self.run_id, "reused": reused}))
-        self._save_manifest("complete")
+        self.save_manifest("complete")
         return summary
 
-    def _save_manifest(self, status: Literal["running", "complete"]) -> None:
+    def save_manifest(self, status: Literal["running", "complete"]) -> None:
         manifest = build_manifest(
             self.config,
             status,
