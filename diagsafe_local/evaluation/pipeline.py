@@ -50,7 +50,6 @@ from diagsafe_local.evaluation.passes.base import Poll
 from diagsafe_local.evaluation.planning import plan_run
 from diagsafe_local.evaluation.prompt_sets import load_configured
 from diagsafe_local.evaluation.run_directory import RunDirectory
-from diagsafe_local.evaluation.sensitivity_step import judge_sensitivity, pending_sensitivity
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.cards import AUTO, auto_validation
@@ -256,13 +255,9 @@ class Run:
             return False
         return (
             any(p.needs_judge(self) for p in self.passes)
-            or any(self._pending_sensitivity(t) for t in self.config.targets)
             or any(self._needs_judge_model(t) for t in self.config.targets)
             or any(step is not None and not step.done() for step in self.attacks.values())
         )
-
-    def _pending_sensitivity(self, target: TargetConfig) -> list[tuple]:
-        return pending_sensitivity(self.ctx, target.label, target.sampling.n, self.dataset.items or [])
 
     def _needs_judge_model(self, target: TargetConfig) -> bool:
         """Whether this target still needs the judge model (answers missing, or judgments a model must make)."""
@@ -407,9 +402,8 @@ class Run:
                         self._generate(target)
                         self.host.unpark(judge)
                     self._judge(judge, target, beside)
-                    pending = self._pending_sensitivity(target)
-                    if pending and judge is not None:
-                        judge_sensitivity(judge, self.ctx, target.label, pending)
+                    for judging in self.passes:
+                        judging.target_judged(self, judge, target)
                     if opened is not None:
                         self._attack(target, opened, judge, attacker)
                 finally:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from diagsafe_local.evaluation.passes.base import JUDGE, JudgingPass, Runner, Seat, alongside
 from diagsafe_local.evaluation.passes.canary import CanaryPass
 from diagsafe_local.evaluation.passes.controls import ControlsPass
+from diagsafe_local.evaluation.passes.sensitivity import SensitivityPass
 
 # In the order they run on an engine: the canary before any verdict is drawn under a schema.
-PASSES: tuple[type[JudgingPass], ...] = (CanaryPass, ControlsPass)
+PASSES: tuple[type[JudgingPass], ...] = (CanaryPass, ControlsPass, SensitivityPass)
 
 __all__ = ["JUDGE", "PASSES", "JudgingPass", "Runner", "Seat", "alongside"]
