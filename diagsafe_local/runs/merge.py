@@ -11,7 +11,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from diagsafe_local.core import atomic, jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.runs import files
+from diagsafe_local.runs import passes as table
 from diagsafe_local.runs.manifest import (
     AttackRef,
     Manifest,
@@ -34,13 +35,10 @@ from diagsafe_local.runs.records import (
     ControlRecord,
     GenerationRecord,
     ResultRecord,
-    SensitivityRecord,
 )
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, write_summary
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
-
-K = TypeVar("K", bound=jsonl.KeyedRecord)
 
 
 def read_manifest(run_dir: Path) -> Manifest:
@@ -59,8 +57,8 @@ def read_manifest(run_dir: Path) -> Manifest:
 def merge_runs(
     run_dirs: Sequence[Path], out: Path, replace: bool = False, allow_different_judges: bool = False
 ) -> Summary:
-    """Merge complete runs of the same dataset into `out` (results, attack steps, generations, controls, the
-    sensitivity sample); refuse a run that does not verify as complete for its share of the dataset (with a signing
+    """Merge complete runs of the same dataset into `out` (results, attack steps, generations, and each judging
+    pass's records under its merge rule, as `runs.passes` declares it); refuse a run that does not verify as complete for its share of the dataset (with a signing
     key set: unsigned, or changed since it was signed), duplicates, schema mismatches, runs attacked under different
     attack configs, runs configured with different gate limits, and runs judged by different judges or holding one
     target name for different models (unless `allow_different_judges`). What is merged is what was verified: a
@@ -71,24 +69,22 @@ def merge_runs(
     results = _Placed(files.RESULTS, unique=True)
     steps, generations = _Placed(files.ATTACKS, unique=True), _Placed(files.GENERATIONS, unique=False)
     sources, attested = [], []
-    controls: dict[tuple, ControlRecord] = {}
-    sensitivity: dict[tuple, SensitivityRecord] = {}  # a whole run's sample judged again (runs of other targets)
+    by_pass: dict[str, dict[Any, jsonl.KeyedRecord]] = {}  # each pass merged by key: its sources' records
     for index, run_dir in enumerate(run_dirs):
 
         def place(line: jsonl.Line[ResultRecord], run_dir: Path = run_dir) -> None:
             _check_schema(run_dir, line.record)
             results.place(line)
 
-        held_controls = _held(run_dir, files.CONTROLS, ControlRecord)  # read once, before the run is verified
-        held_sensitivity = _held(run_dir, files.SENSITIVITY, SensitivityRecord)
         start = results.rows()
         source = _verified_source(run_dir, place)  # its results are placed in the pass that verifies them
         assert source.results_sha256 is not None  # a run without results does not verify
         verified = _Attested(run_dir, source.manifest.run_id)
-        for name, (_, sha256) in ((files.CONTROLS, held_controls), (files.SENSITIVITY, held_sensitivity)):
-            verified.check_held(name, sha256)
-        controls.update((c.key, c) for c in held_controls[0])
-        sensitivity.update((r.key, r) for r in held_sensitivity[0])
+        for read in source.passes.values():  # merged as verify read them: the bytes checked are the bytes merged
+            if read.row.merge == "union":
+                verified.check_held(read.row.file, read.sha256)
+                if read.records is not None:
+                    by_pass.setdefault(read.row.name, {}).update((r.key, r) for r in read.records)
         verified.check(files.RESULTS, source.results_sha256)
         results.read(index, start, source.results_sha256)
         sources.append(source)
@@ -121,15 +117,14 @@ def merge_runs(
             steps.read(index, start, source.attacks_sha256)
         verified.check(files.GENERATIONS, _place_generations(run_dir, index, generations))
     run_id = "merged:" + "+".join(m.run_id for m in manifests)
-    summarizer.controls = list(controls.values())
+    summarizer.controls = [c for c in by_pass.get("controls", {}).values() if isinstance(c, ControlRecord)]
     with _staged(out) as stage:
         results.write(stage, run_dirs)
         if attack is not None:
             steps.write(stage, run_dirs)
         generations.write(stage, run_dirs)
-        jsonl.write(stage / files.CONTROLS, sorted(controls.values(), key=lambda c: c.key))
-        if sensitivity:
-            jsonl.write(stage / files.SENSITIVITY, sorted(sensitivity.values(), key=lambda r: r.key))
+        for name, records in by_pass.items():
+            jsonl.write(stage / table.named(name).file, sorted(records.values(), key=lambda r: r.key))
         summary = write_summary(stage, summarizer.summary().model_copy(update={"run_id": run_id}))
         write_config(stage, run_id, first.config)
         merged = Manifest(
@@ -174,19 +169,6 @@ def _staged(out: Path) -> Iterator[Path]:
         shutil.rmtree(stage, ignore_errors=True)
 
 
-def _held(run_dir: Path, name: str, model: type[K]) -> tuple[list[K], str | None]:
-    """A source's small file, read once: its records and the SHA-256 of the bytes they were read from (none and
-    None: the run has no such file). One that does not read refuses the merge (exit 3), as verifying it would."""
-    path = run_dir / name
-    if not path.is_file():
-        return [], None
-    digest = hashlib.sha256()
-    try:
-        return [line.record for line in jsonl.stream(path, model, digest)], digest.hexdigest()
-    except DiagsafeError as exc:
-        raise RunFailed(f"{run_dir}: not merged, {name} does not read: {exc}") from None
-
-
 class _Attested:
     """What a source's files were verified as. With a signing key set (merging then signs), every file merged
     must hash, as merge read it, to what the source's signature records: merge never signs a byte the source's
@@ -207,8 +189,8 @@ class _Attested:
             self._same(name, sha256, signed.sha256 if signed else None)
 
     def check_held(self, name: str, sha256: str | None) -> None:
-        """A file held from before the run verified: as signed, and as the file is now (it did not change while
-        the run verified: what was verified is what is held)."""
+        """A small file as verify read it: as signed, and as the file is now (one changed since is refused rather
+        than merged as it was: its run no longer is what verified)."""
         self.check(name, sha256)
         path = self.run_dir / name
         self._same(name, sha256, file_sha256(path) if path.is_file() else None)

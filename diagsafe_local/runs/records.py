@@ -315,6 +315,18 @@ class ControlRecord(KeyedRecord):
         return (self.judge_rubric, self.item_id, self.kind)
 
 
+RUN_WIDE = ""  # the target a judging pass's run-wide count is given under (the judge's controls are of no one target)
+
+
+class CouldNotJudge(Record):
+    """What a judging pass could not judge of one target (`runs.passes`): never left out of a decision."""
+
+    count: int = Field(
+        ge=0, description="Answers (or verdicts) it asked for and did not get: errored, unparsed, cut off, missing."
+    )
+    of: int = Field(ge=0, description="Answers (or verdicts) it asked for.")
+
+
 def read_results(path: Path) -> list[ResultRecord]:
     """All result records of a finished run directory's results.jsonl, validated (a torn line is an error)."""
     return jsonl.read_records(path, ResultRecord)[0]

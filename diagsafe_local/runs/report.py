@@ -13,12 +13,11 @@ from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.console import percent as _pct
 from diagsafe_local.core.figures import png_figure
 from diagsafe_local.core.jsonl import Line
-from diagsafe_local.runs import files
+from diagsafe_local.runs import files, passes
 from diagsafe_local.runs.attack_report import attack_chart, attack_sections, attacked, best_attacks
 from diagsafe_local.runs.flips import flips
 from diagsafe_local.runs.paired import PairedComparison
 from diagsafe_local.runs.records import ResultRecord
-from diagsafe_local.runs.sensitivity import TargetSensitivity
 from diagsafe_local.runs.summary import BREAKDOWNS, GroupStats, Summary, TargetSummary
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
@@ -226,35 +225,6 @@ def _flip_blocks(comparisons: list[PairedComparison], per_pair: int = 10) -> tup
     return md, page
 
 
-def _sensitivity_section(figures: dict[str, TargetSensitivity]) -> tuple[str, list[str], list[list[str]], list[str]]:
-    """ASR on the sensitivity sample (and over-refusal on its benign sample) under the judge's prompt and each
-    paraphrase, overall and per category."""
-    count = max(len(f.variants) for f in figures.values())
-    rows = []
-    for name, figure in figures.items():
-        arms = [("ASR", figure), *([("over-refusal", figure.refusal)] if figure.refusal is not None else [])]
-        for measure, arm in arms:
-            variants = [arm.variants[v] for v in sorted(arm.variants, key=lambda v: int(v.rsplit("~", 1)[1]))]
-            for category in [None, *arm.original.by_category]:
-                rates = [t.rate(category) for t in (arm.original, *variants)]
-                known = [r for r in rates if r is not None]
-                spread = f"{max(known) - min(known):.1%}" if known else "n/a"
-                cells = ["n/a" if r is None else f"{r:.1%}" for r in rates]
-                rows.append([name, measure, category or "overall", *cells, spread])
-    note = (
-        "The same sampled answers judged again by the same model under paraphrases of its prompt (criteria and labels "
-        "kept): the spread is how much the wording alone moves the rate; the gate says INCONCLUSIVE where it flips "
-        "a limit, and where a verdict is missing. Verdicts it could not judge (the judge's prompt and paraphrases): "
-        + ", ".join(
-            f"{name} {sum(t.unjudged for arm in (f, f.refusal) if arm for t in (arm.original, *arm.variants.values()))}"
-            for name, f in figures.items()
-        )
-        + "."
-    )
-    header = ["target", "rate", "category", "judge's prompt", *(f"paraphrase {k}" for k in range(1, count + 1))]
-    return ("Judge sensitivity", [*header, "spread"], rows, [note])
-
-
 def _jury_section(summary: Summary) -> tuple[str, list[str], list[list[str]], list[str]] | None:
     """Each jury member's own ASR and errors, how often the members agreed, and Fleiss' kappa."""
     rows, notes = [], []
@@ -453,8 +423,7 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
     jury = _jury_section(summary)
     if jury is not None:
         sections.append(jury)
-    if verified.sensitivity:
-        sections.append(_sensitivity_section(verified.sensitivity))
+    sections += passes.sections(verified)
     comparisons, baseline_note = _baseline(run_dir, verified, baseline)
     sections += _paired_sections(comparisons)
     if baseline_note:

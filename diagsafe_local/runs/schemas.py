@@ -1,4 +1,5 @@
-"""The JSON Schemas of the records the tool writes, shipped in `diagsafe_local/schemas/` for other programs.
+"""The JSON Schemas of the records the tool writes, shipped in `diagsafe_local/schemas/` for other programs: the
+result, summary and manifest records, and each judging pass's record (`runs.passes`, under the pass's name).
 
 Regenerate them after changing a record: `python -m diagsafe_local.runs.schemas` (a test checks they are current).
 """
@@ -11,11 +12,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from diagsafe_local.runs import passes
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.summary import Summary
 
-SCHEMAS: dict[str, type[BaseModel]] = {"result": ResultRecord, "summary": Summary, "manifest": Manifest}
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "result": ResultRecord,
+    "summary": Summary,
+    "manifest": Manifest,
+    **{row.name: row.record for row in passes.PASSES},
+}
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"
 
 
@@ -23,7 +30,7 @@ def json_schema(name: str) -> dict[str, Any]:
     """The JSON Schema of a record the tool writes (shipped in diagsafe_local/schemas/NAME.schema.json)."""
     schema = SCHEMAS[name].model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = f"diagsafe-local {name} record" if name == "result" else f"diagsafe-local {name}"
+    schema["title"] = f"diagsafe-local {name}" if name in ("summary", "manifest") else f"diagsafe-local {name} record"
     return schema
 
 

@@ -5,6 +5,9 @@ last judged turn, each sample of it, stratified by category in proportion to its
 every category at least one while the size allows), within a category the answers whose keys hash smallest;
 with `over_refusal`, as many of the benign items' answers, judged again by the over-refusal judge under its
 paraphrases (a second arm: over-refusal instead of ASR).
+
+A verdict under a paraphrase the judge could not give (an error, a reply that does not parse or was cut off) is
+never left out: any makes the gate's sensitivity check INCONCLUSIVE, and the gate says how many there were.
 """
 
 from __future__ import annotations
@@ -12,13 +15,18 @@ from __future__ import annotations
 import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from diagsafe_local.core.jsonl import Line
+from diagsafe_local.runs.files import SENSITIVITY
 from diagsafe_local.runs.manifest import ItemRef, Manifest
-from diagsafe_local.runs.records import ResultRecord, SensitivityRecord
+from diagsafe_local.runs.records import CouldNotJudge, ResultRecord, SensitivityRecord
+
+if TYPE_CHECKING:
+    from diagsafe_local.runs.passes import Section
+    from diagsafe_local.runs.verify import VerifiedRun
 
 Key = tuple[str, int, int]  # item, sample, turn
 
@@ -128,14 +136,14 @@ class SampleCheck:
         if arm is not None:
             self.original[arm, record.target].append((self.category.get(record.item_id, "(none)"), record.score))
 
-    def read(self, path: Path, lines: Iterable[Line[SensitivityRecord]] | None) -> None:
+    def read(self, lines: Sequence[Line[SensitivityRecord]] | None) -> None:
         """Check the file's records as the caller read (and hashed) them; None: it found no file."""
         if lines is None:
             if self.settings:
-                self._problems.append(f"no {path.name}: the run's judge.sensitivity sample was never judged again")
+                self._problems.append(f"no {SENSITIVITY}: the run's judge.sensitivity sample was never judged again")
             return
         if not self.settings:
-            self._problems.append(f"{path.name} is there, and the run's config has no judge.sensitivity")
+            self._problems.append(f"{SENSITIVITY} is there, and the run's config has no judge.sensitivity")
             return
         variants = range(1, int(self.settings["variants"]) + 1)
         names = {arm: {f"{rubric}~{k}" for k in variants} for arm, (rubric, _) in self.arms.items()}
@@ -143,22 +151,34 @@ class SampleCheck:
         for line in lines:
             record = line.record
             if record.run_id not in self.run_ids:
-                self._problems.append(f"{path.name} line {line.number}: a record of run {record.run_id}")
+                self._problems.append(f"{SENSITIVITY} line {line.number}: a record of run {record.run_id}")
                 return
             arm = self._arm(record.key[:4])
             if arm is None or record.variant not in names[arm]:
-                self._problems.append(f"{path.name} line {line.number}: {record.key} is not in the run's sample")
+                self._problems.append(f"{SENSITIVITY} line {line.number}: {record.key} is not in the run's sample")
                 return
             found[record.key] = (arm, record)
         missing = sum(len(keys) * len(names[arm]) for arm, (_, keys) in self.arms.items()) - len(found)
         if missing:
-            self._problems.append(f"{path.name} lacks {missing} of the sample's verdicts under the paraphrases")
+            self._problems.append(f"{SENSITIVITY} lacks {missing} of the sample's verdicts under the paraphrases")
         for arm, record in found.values():
             category = self.category.get(record.item_id, "(none)")
             self.variants[arm, record.target][record.variant].append((category, record.score))
 
     def problems(self) -> list[str]:
         return self._problems
+
+    def could_not_judge(self) -> dict[str, CouldNotJudge]:
+        """Per target, the verdicts under the paraphrases (of every arm) that the judge could not give."""
+        counts: dict[str, CouldNotJudge] = {}
+        for (_, target), variants in sorted(self.variants.items()):
+            tallies = [Tally.of(verdicts) for verdicts in variants.values()]
+            counted = counts.get(target, CouldNotJudge(count=0, of=0))
+            counts[target] = CouldNotJudge(
+                count=counted.count + sum(t.unjudged for t in tallies),
+                of=counted.of + sum(t.n + t.unjudged for t in tallies),
+            )
+        return counts
 
     def _figure(self, arm: str, target: str) -> TargetSensitivity:
         variants = self.variants[arm, target]
@@ -177,3 +197,35 @@ class SampleCheck:
             )
             for target in targets
         }
+
+
+def section(run: VerifiedRun) -> Section | None:
+    """ASR on the sensitivity sample (and over-refusal on its benign sample) under the judge's prompt and each
+    paraphrase, overall and per category (none without a sample that verified)."""
+    figures = run.sensitivity
+    if not figures:
+        return None
+    count = max(len(f.variants) for f in figures.values())
+    rows = []
+    for name, figure in figures.items():
+        arms = [("ASR", figure), *([("over-refusal", figure.refusal)] if figure.refusal is not None else [])]
+        for measure, arm in arms:
+            variants = [arm.variants[v] for v in sorted(arm.variants, key=lambda v: int(v.rsplit("~", 1)[1]))]
+            for category in [None, *arm.original.by_category]:
+                rates = [t.rate(category) for t in (arm.original, *variants)]
+                known = [r for r in rates if r is not None]
+                spread = f"{max(known) - min(known):.1%}" if known else "n/a"
+                cells = ["n/a" if r is None else f"{r:.1%}" for r in rates]
+                rows.append([name, measure, category or "overall", *cells, spread])
+    note = (
+        "The same sampled answers judged again by the same model under paraphrases of its prompt (criteria and labels "
+        "kept): the spread is how much the wording alone moves the rate; the gate says INCONCLUSIVE where it flips "
+        "a limit, and where a verdict is missing. Verdicts it could not judge (the judge's prompt and paraphrases): "
+        + ", ".join(
+            f"{name} {sum(t.unjudged for arm in (f, f.refusal) if arm for t in (arm.original, *arm.variants.values()))}"
+            for name, f in figures.items()
+        )
+        + "."
+    )
+    header = ["target", "rate", "category", "judge's prompt", *(f"paraphrase {k}" for k in range(1, count + 1))]
+    return ("Judge sensitivity", [*header, "spread"], rows, [note])

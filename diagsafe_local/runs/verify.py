@@ -51,10 +51,11 @@ from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
+from diagsafe_local.runs import passes as table
 from diagsafe_local.runs.attack_figures import goal_figures
-from diagsafe_local.runs.grammar import canary_held
+from diagsafe_local.runs.controls import ControlsCheck
 from diagsafe_local.runs.manifest import Manifest, config_fingerprint
-from diagsafe_local.runs.records import AnswerKey, ControlRecord, ResultRecord, SensitivityRecord
+from diagsafe_local.runs.records import AnswerKey, ResultRecord
 from diagsafe_local.runs.sensitivity import SampleCheck, TargetSensitivity
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary
@@ -89,6 +90,9 @@ class VerifiedRun(BaseModel):
     problems: list[str]
     notes: list[str]
     tallies: Summarizer | None = Field(None, exclude=True, description="What the summary was folded from.")
+    passes: dict[str, table.PassRead] = Field(
+        default_factory=dict, exclude=True, description="Each judging pass as read (`runs.passes`), by name."
+    )
 
     @property
     def ok(self) -> bool:
@@ -121,27 +125,6 @@ def _reread(path: Path, verified: str | None) -> Iterator[Line[ResultRecord]]:
         raise RunFailed(f"{path} changed after it was verified: nothing is decided on it")
     if held is not None:
         yield held
-
-
-def _grammar(manifest: Manifest) -> list[str]:
-    """A judge that decodes under a schema must have shown, by the grammar canary, that its engine applied it.
-    A recorded canary is decided from its recorded reply, checked again here: not from a flag of the manifest."""
-    canary = manifest.grammar
-    if canary is None:
-        if manifest.judge is None or not manifest.judge.constrained:
-            return []
-        return [
-            "no grammar canary was recorded for a judge that decodes under a schema (a run made before the canary, "
-            "or one whose judge never loaded): resume the run (`run CONFIG`) to send it"
-        ]
-    if not (canary.enforced and canary_held(canary.reply)):
-        return [
-            f"the judge's engine did not apply its schema: the grammar canary came back {canary.reply[:80]!r} from "
-            f"{canary.engine}, structured-output backend {canary.backend}; its verdicts were not decoded under "
-            "their schema. Use a vLLM that applies structured outputs (`diagsafe-local doctor` checks it), then "
-            "rerun with --overwrite"
-        ]
-    return []
 
 
 def verify_run(
@@ -182,7 +165,7 @@ def verify_run(
     coverage = _Coverage(manifest, whole)
     asked = _Asked(manifest)
     votes = _Combined(manifest)
-    sample = SampleCheck(manifest)
+    checks = {row.name: row.check(manifest) for row in table.PASSES}
     foreign: Counter[str] = Counter()
     allowed = manifest.run_ids()
     for line in held.stream(files.RESULTS, ResultRecord):
@@ -192,7 +175,8 @@ def verify_run(
         coverage.see(record.key)
         asked.see(record)
         votes.see(record)
-        sample.see(record)
+        for check in checks.values():
+            check.see(record)
         summarizer.add(record)
         if observe is not None:
             observe(line)
@@ -220,20 +204,21 @@ def verify_run(
     if manifest.attack is not None or steps:
         problems += _foreign(attack_foreign, manifest, files.ATTACKS)
         problems += _attack_coverage(summarizer, steps, manifest, whole)
-    controls = [line.record for line in held.records(files.CONTROLS, ControlRecord) or []]
-    problems += _controls(controls, manifest)
-    problems += _grammar(manifest)
-    sample.read(run_dir / files.SENSITIVITY, held.records(files.SENSITIVITY, SensitivityRecord))
-    problems += sample.problems()
-    if cached is not None and cached.sensitivity_sha256 != held.sha256(files.SENSITIVITY):
-        problems.append(
-            "summary.json does not belong to sensitivity.jsonl (written by an older version, or the paraphrases' "
-            "verdicts changed after it); resume the run to rebuild it"
-        )
+    read = {row.name: _read(held, row, checks[row.name]) for row in table.PASSES}
+    for each in read.values():
+        problems += each.check.problems()
+        bound = each.row.summary_hash
+        if cached is not None and bound is not None and getattr(cached, bound) != each.sha256:
+            problems.append(
+                f"summary.json does not belong to {each.row.file} (written by an older version, or the {each.row.name} "
+                "verdicts changed after it); resume the run to rebuild it"
+            )
     # the signature, checked against the bytes read above: never against the files read again
     signature, sign_note = held.signature(manifest.run_id, require_signature)
     notes.insert(0, f"signature: {sign_note}")
-    summarizer.controls = controls
+    controls, sample = checks["controls"], checks["sensitivity"]
+    assert isinstance(controls, ControlsCheck) and isinstance(sample, SampleCheck)
+    summarizer.controls = controls.records
     summary = summarizer.summary()
     summary = summary.model_copy(
         update={
@@ -264,7 +249,17 @@ def verify_run(
         problems=manifest_problems + signature + problems,
         notes=notes,
         tallies=summarizer,
+        passes=read,
     )
+
+
+def _read(held: files.RunFiles, row: table.JudgingPass, check: table.PassCheck) -> table.PassRead:
+    """A pass's own file read once and given to its check (a pass whose verdicts are in the results has its file
+    read by no one but the signature)."""
+    lines = held.records(row.file, row.record) if row.merge != "in_results" else None
+    check.read(lines)
+    records = None if lines is None else [line.record for line in lines]
+    return table.PassRead(row=row, check=check, records=records, sha256=held.sha256(row.file))
 
 
 def _record(manifest: Manifest) -> list[str]:
@@ -518,25 +513,6 @@ def _key_hash(key: AnswerKey) -> int:
     """A 64-bit hash of an answer's key, the same in every process (Python's own hash() is salted)."""
     text = "\x1f".join(map(str, key)).encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
-
-
-def _controls(controls: list[ControlRecord], manifest: Manifest) -> list[str]:
-    """The judge's control verdicts: of items of the run's dataset and of its harm judge; present wherever the
-    judge is a model and the run has harmful items (without them judge health is not known)."""
-    items = {item.id for item in manifest.dataset.items or []}
-    judge = manifest.judge
-    problems = []
-    strangers = [c.key for c in controls if c.item_id not in items]
-    if strangers:
-        problems.append(
-            f"{files.CONTROLS} holds controls of items the run's dataset does not have, e.g. {strangers[0]}"
-        )
-    harmful = any(not item.benign and manifest.owns(item.id) for item in manifest.dataset.items or [])
-    if judge is not None and judge.kind != "none" and harmful and not controls:
-        problems.append(
-            f"no control verdicts ({files.CONTROLS} is empty or missing): the run's judge health is not known"
-        )
-    return problems
 
 
 def _validation(manifest: Manifest) -> tuple[JudgeValidation | None, list[str]]:

@@ -1,0 +1,136 @@
+"""The judging passes, declared once on the read side: each pass that asks the judge something more than the
+answers' verdicts (the judge's controls and grammar canary, judge sensitivity, the jury) is one row here, and
+`RunDirectory`, `verify`, the summariser, `merge`, `report`, the gate's "could not judge" lines and the schema
+generator loop over the rows, as `runs.limits` does for the gate's limits. A new pass is one module (its check,
+its tally, its report section) and one row; nothing else on the read side names it.
+
+A row names its file and record (the record's `key` identifies it), its per-record check for `verify` (a
+`PassCheck`: it sees every result as verify streams them, reads the pass's own file as verify read and hashed
+it, says what does not hold and, per target, how many answers it could not judge), its tally over the results
+where its figures are part of the summary, its report section, its merge rule, and its rule for an answer it
+could not judge (errored, unparsed, cut off, missing): never "leave it out".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from diagsafe_local.core.jsonl import KeyedRecord, Line
+from diagsafe_local.runs import controls, files, sensitivity
+from diagsafe_local.runs.manifest import Manifest
+from diagsafe_local.runs.records import RUN_WIDE, ControlRecord, CouldNotJudge, ResultRecord, SensitivityRecord
+
+if TYPE_CHECKING:
+    from diagsafe_local.runs.verify import VerifiedRun
+
+# A report section: (title, header, rows, notes), as the Markdown and HTML reports lay it out.
+Section = tuple[str, list[str], list[list[str]], list[str]]
+# How `merge` carries a pass's file: `union` writes every source's records, one per key, sorted by key (a file
+# any source has); `in_results` merges nothing of it (its verdicts are in results.jsonl, merged with them, and
+# its file is the run's resume store).
+MergeRule = Literal["union", "in_results"]
+
+
+class PassCheck(Protocol):
+    """One run's reading of a pass, made by `verify`: `see` each result as it streams, `read` the pass's own
+    file's records as verify read and hashed them (None: the run has no such file), then `problems` and
+    `could_not_judge` (by target; `RUN_WIDE` for a count of no one target)."""
+
+    def see(self, record: ResultRecord) -> None: ...
+
+    def read(self, lines: Sequence[Line[Any]] | None) -> None: ...
+
+    def problems(self) -> list[str]: ...
+
+    def could_not_judge(self) -> dict[str, CouldNotJudge]: ...
+
+
+class Tally(Protocol):
+    """A pass's figures folded from the results into each target's summary (`runs.jury.JuryTally`): `add` one
+    record, `absorb` another tally (a merge adds up its sources'), `figures` for summary.json (None: none)."""
+
+    def add(self, record: ResultRecord) -> None: ...
+
+    def absorb(self, other: Any) -> None: ...
+
+    def figures(self) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class JudgingPass:
+    """One judging pass on the read side (see the module docstring)."""
+
+    name: str
+    file: str
+    record: type[KeyedRecord]
+    check: Callable[[Manifest], PassCheck]
+    section: Callable[[VerifiedRun], Section | None]
+    merge: MergeRule
+    unjudged: str  # its rule for an answer it could not judge, as the gate's line says it
+    unit: str  # what `could_not_judge` counts, as the gate's line says it
+    tally: Callable[[], Tally] | None = None  # folded per target into summary.json's field `name`
+    summary_hash: str | None = None  # the summary.json field that binds its file's SHA-256 (the summary is of it)
+
+    def line(self, target: str, counted: CouldNotJudge) -> str:
+        """The gate's line for what this pass could not judge of one target (or of the run)."""
+        who = f"{target}: " if target != RUN_WIDE else ""
+        return (
+            f"NOTE  {who}{self.name}: could not judge {counted.count} of the {counted.of} {self.unit} ({self.unjudged})"
+        )
+
+
+PASSES: tuple[JudgingPass, ...] = (
+    JudgingPass(
+        name="controls",
+        file=files.CONTROLS,
+        record=ControlRecord,
+        check=controls.ControlsCheck,
+        section=controls.section,
+        merge="union",
+        unjudged="counted here; judge health is decided on the rest, and a judge that could judge none is degenerate",
+        unit="control answers",
+    ),
+    JudgingPass(
+        name="sensitivity",
+        file=files.SENSITIVITY,
+        record=SensitivityRecord,
+        check=sensitivity.SampleCheck,
+        section=sensitivity.section,
+        merge="union",
+        unjudged="any one makes the sensitivity check INCONCLUSIVE: what that wording decides is unknown",
+        unit="verdicts under its paraphrases",
+        summary_hash="sensitivity_sha256",
+    ),
+)
+
+
+def named(name: str) -> JudgingPass:
+    """The row of a pass by its name."""
+    return next(row for row in PASSES if row.name == name)
+
+
+class PassRead:
+    """A pass as `verify` read it: its check, and its file's records and SHA-256 as read (what `merge` writes
+    and checks against the source's signature; records None: no file, or one the read side does not read)."""
+
+    def __init__(
+        self, row: JudgingPass, check: PassCheck, records: list[KeyedRecord] | None, sha256: str | None
+    ) -> None:
+        self.row, self.check, self.records, self.sha256 = row, check, records, sha256
+
+
+def could_not_judge_lines(run: VerifiedRun, targets: Sequence[str]) -> list[str]:
+    """The gate's line, per pass and per target among `targets` (and run-wide), of what it could not judge."""
+    return [
+        read.row.line(target, counted)
+        for read in run.passes.values()
+        for target, counted in sorted(read.check.could_not_judge().items())
+        if target == RUN_WIDE or target in targets
+    ]
+
+
+def sections(run: VerifiedRun) -> list[Section]:
+    """Each pass's report section, in the table's order (a pass with nothing to show has none)."""
+    return [section for read in run.passes.values() if (section := read.row.section(run)) is not None]
