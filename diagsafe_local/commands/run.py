@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from diagsafe_local.commands.common import Hooks, user_errors
+from diagsafe_local.core import offline
 from diagsafe_local.runs import files
 from diagsafe_local.runs.summary import Summary
+
+if TYPE_CHECKING:
+    from diagsafe_local.evaluation.config import RunConfig
 
 
 @user_errors
@@ -35,6 +40,16 @@ def run(
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Show the engines' own logs here instead of in run.log.")
     ] = False,
+    offline_: Annotated[
+        bool,
+        typer.Option(
+            "--offline",
+            envvar=offline.ENV,
+            help="Load only local files and connect to nothing but loopback and the config's API endpoints (the hubs' "
+            "offline variables for every process; a model neither on disk nor in the hub cache refused before "
+            "anything loads). The default of the jobs `submit` starts.",
+        ),
+    ] = False,
     hook: Hooks = None,
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
@@ -49,18 +64,32 @@ def run(
     set_ = [*(set_ or []), *([] if store_reasoning else ["judge.store_reasoning=false"])]
     cfg = load_config(config, set_)
     part = Shard.parse(shard) if shard else None
-    if part is None and not overwrite and not unsharded_run(cfg):
-        plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
-        if plan.replicas > 1:
-            summary = run_replicas(config, set_, cfg, plan, typer.echo)
-            _finish(summary, Path(cfg.output_dir), hook)
-            return
-    run = Run(cfg, overwrite=overwrite, shard=part)
-    run.prepare()  # the run directory first: its run.log takes the engines' output
-    with engine_output(None if verbose else run.dir.root / files.RUN_LOG) as console:
-        run.on_progress = console.progress
-        summary = run.execute()
-    _finish(summary, run.dir.root, hook)
+    with _network(cfg, offline_):
+        if part is None and not overwrite and not unsharded_run(cfg):
+            plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
+            if plan.replicas > 1:
+                summary = run_replicas(config, set_, cfg, plan, typer.echo)  # each replica inherits the policy
+                _finish(summary, Path(cfg.output_dir), hook)
+                return
+        run = Run(cfg, overwrite=overwrite, shard=part)
+        run.prepare()  # the run directory first: its run.log takes the engines' output
+        with engine_output(None if verbose else run.dir.root / files.RUN_LOG) as console:
+            run.on_progress = console.progress
+            summary = run.execute()
+        _finish(summary, run.dir.root, hook)
+
+
+def _network(cfg: RunConfig, offline_: bool) -> AbstractContextManager[None]:
+    """Offline (`core.offline`) once every model the run loads is on disk or in the hub cache; else as it is."""
+    if not offline_:
+        return nullcontext()
+    from diagsafe_local.evaluation.planning import api_endpoints, local_models
+
+    for model in local_models(cfg):
+        offline.require_local(model.model, model.revision)
+        if model.lora:
+            offline.require_local(model.lora, None, "LoRA adapter")
+    return offline.offline(api_endpoints(cfg))
 
 
 def _finish(summary: Summary, root: Path, hooks: list[str] | None) -> None:

@@ -36,6 +36,14 @@ def submit(
     time_limit: TimeLimit = "04:00:00",
     sbatch_arg: SbatchArgs = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override, passed on to every job.")] = None,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline/--online",
+            help="Jobs run offline (`run --offline`: local files only, no connection but loopback and the config's "
+            "API endpoints) or not.",
+        ),
+    ] = True,
     dry_run: Annotated[bool, typer.Option(help="Print the sbatch commands and scripts; submit nothing.")] = False,
 ) -> None:
     """Submit the sharded evaluation and its merge job to SLURM; print job ids and how to watch them."""
@@ -52,5 +60,6 @@ def submit(
         time=time_limit,
         sbatch_args=sbatch_arg or [],
         gpu_request=gpu_request_form(gpu_request),
+        offline=offline,
     )
     submit_shards(config, set_ or [], shards, resources, dry_run, typer.echo)

@@ -2,7 +2,7 @@
 
 Built through the typed record (`records.Manifest`): the dataset by content with every item and its judged turns
 (what the gate requires a result for), the judge and each target by content (what runs compared or merged must
-share), the host (node, SLURM job, GPUs), seeds, versions, the engines loaded, the GPU plan and the timings.
+share), the host (node, SLURM job, GPUs), the network policy and the endpoints called, seeds, versions, the engines loaded, the GPU plan and the timings.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from diagsafe_local import __version__
+from diagsafe_local.core import offline
 from diagsafe_local.engines.gpus import node_gpus
 from diagsafe_local.engines.identity import EngineIdentity, engine_identity, package_versions
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import judged_turns
+from diagsafe_local.evaluation.planning import api_endpoints
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.config import JudgeConfig, judge_name
@@ -31,6 +33,7 @@ from diagsafe_local.runs.manifest import (
     ItemRef,
     JudgeRef,
     Manifest,
+    NetworkPolicy,
     TargetRef,
     ValidationRef,
 )
@@ -120,6 +123,11 @@ def target_refs(config: RunConfig, identities: Mapping[str, EngineIdentity]) -> 
     }
 
 
+def network_policy(config: RunConfig) -> NetworkPolicy:
+    """The network this process runs under: offline or not (`core.offline`), and the API endpoints it calls."""
+    return NetworkPolicy(offline=offline.active(), endpoints=api_endpoints(config))
+
+
 def host_info() -> dict[str, Any]:
     """Where the run ran: node name, SLURM job and node list, GPUs (names, driver, the driver's CUDA version;
     read through NVML, so a CPU node and an API-path run import no torch)."""
@@ -170,4 +178,5 @@ def build_manifest(
         engines=engines,
         gpu_plan=gpu_plan,
         timings=timings,
+        network=network_policy(config),
     )

@@ -32,6 +32,16 @@ def api_only(config: RunConfig) -> bool:
     return not any(capabilities(m.kind).local for m in _models(config))
 
 
+def local_models(config: RunConfig) -> list[EngineConfig]:
+    """The run's models that load on this node."""
+    return [m for m in _models(config) if capabilities(m.kind).local]
+
+
+def api_endpoints(config: RunConfig) -> list[str]:
+    """The base URLs of the run's models behind an API, each once."""
+    return sorted({m.base_url for m in _models(config) if capabilities(m.kind).remote and m.base_url})
+
+
 def _jurors(config: RunConfig) -> list[JuryMember]:
     """The jury's members that load a model."""
     jury = config.judge.jury

@@ -3,7 +3,8 @@
 Re-submitting skips shards that are already complete. Resources are sbatch options, never edits of the
 templates: their `#SBATCH` lines are defaults that these options override. GPUs are asked for in the form the
 site takes (`--gpus=N`, which needs select/cons_tres, or `--gres=gpu:N`), and not at all by a job that needs
-none (an API-only run, the merge): some sites refuse `--gpus=0`.
+none (an API-only run, the merge): some sites refuse `--gpus=0`. Jobs run offline (`run --offline`) unless
+asked not to: their environment carries DIAGSAFE_OFFLINE=1.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Literal, cast
 
 from pydantic import BaseModel, Field
 
+from diagsafe_local.core import offline
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.resources import slurm_file
 from diagsafe_local.evaluation.config import load_config
@@ -47,6 +49,7 @@ class Resources(BaseModel):
     mem: str = "64G"
     time: str = "04:00:00"
     sbatch_args: list[str] = []
+    offline: bool = True
 
     @classmethod
     def planned(
@@ -56,6 +59,11 @@ class Resources(BaseModel):
         of `gpu_memory_gib` (see `planned_gpus`)."""
         gpus = planned_gpus(config, overrides, gpu_memory_gib) if gpus_per_task is None else gpus_per_task
         return cls(gpus_per_task=gpus, **asked)
+
+    def export(self) -> str:
+        """sbatch's --export for every job: the submitting environment, this virtualenv, and whether jobs run
+        offline (`core.offline`), said either way so that the login node's environment does not decide."""
+        return f"--export=ALL,DIAGSAFE_VENV={sys.prefix},{offline.ENV}={int(self.offline)}"
 
     def gpu_args(self) -> list[str]:
         """The sbatch arguments that ask for each job's GPUs: none where it needs none."""
@@ -102,7 +110,7 @@ def submit_shards(
     todo = incomplete_shards(cfg, shards)
     logs = Path(cfg.output_dir) / "slurm-logs"
     forwarded = [arg for o in overrides for arg in ("--set", o)]
-    common = [f"--export=ALL,DIAGSAFE_VENV={sys.prefix}", *resources.sbatch_args]
+    common = [resources.export(), *resources.sbatch_args]
     if resources.partition:
         common.append(f"--partition={resources.partition}")
     asked = [

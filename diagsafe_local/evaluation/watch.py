@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -288,7 +287,7 @@ def submit(spec: SeriesSpec, entries: list[CheckpointEntry], resources: Resource
     args = [
         f"--array=0-{len(entries) - 1}",
         "--job-name=diagsafe-series",
-        f"--export=ALL,DIAGSAFE_VENV={sys.prefix}",
+        resources.export(),
         *resources.sbatch_args,
         *([f"--partition={resources.partition}"] if resources.partition else []),
         "--nodes=1",

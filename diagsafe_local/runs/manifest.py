@@ -217,6 +217,13 @@ class TargetRef(Record):
     chat_template_hash: str | None = Field(None, description="The chat template file by content, if one was given.")
 
 
+class NetworkPolicy(Record):
+    """The network a run allowed itself (`run --offline`: loopback and its API endpoints only)."""
+
+    offline: bool = Field(description="The run ran offline: hubs' offline variables set, other connections refused.")
+    endpoints: list[str] = Field(description="The API endpoints (base URLs) the run's models are called at.")
+
+
 class SourceRun(Record):
     """A run a merged run was made from."""
 
@@ -267,6 +274,7 @@ class Manifest(Record):
     grammar: GrammarCanary | None = Field(
         None, description="The grammar canary's outcome (None: the judge decodes under no schema, or none sent yet)."
     )
+    network: NetworkPolicy | None = Field(None, description="The network policy it ran under (None: older runs).")
 
     @property
     def gate_settings(self) -> dict[str, Any]:
