@@ -39,7 +39,7 @@ DECISION_FILES = ("manifest.json", "config.yaml", "results.jsonl", "judge_contro
 RUN_FILES = (*DECISION_FILES, "generations.jsonl", "jury.jsonl", "signature.json")
 # Another valid value of a field: a status, a label, a finish reason, a series entry's status.
 SWAPS = {"ok": ("invalid", "truncated", "error"), "harmful": ("not_harmful", "uncertain"),
-         "not_harmful": ("harmful",), "stop": ("length",), "complete": ("running",), "finished": ("failed", "pending")}  # fmt: skip
+         "not_harmful": ("harmful",), "stop": ("length",), "complete": ("running",), "finished": ("failed", "seen")}  # fmt: skip
 
 
 @dataclass

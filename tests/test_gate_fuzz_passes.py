@@ -83,7 +83,7 @@ def _series(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
     weights = train / "checkpoint-20" / "model.safetensors"
     args = ("--checkpoint", "latest", "--max-asr", "0.125", "--allow-degenerate-judge")
     siblings = {latest: older, series: other}
-    exit_2 = frozenset([latest / "manifest.json"])  # test_a_damaged_manifest_of_the_latest_run_is_refused_with_exit_3
+    exit_2 = frozenset([latest / "manifest.json", *state[::2]])  # test_a_damaged_series_input_is_refused_with_exit_3
     return [
         Case("series-signed", series, (*args, "--require-signature"), [*files, weights], other=siblings,
              guarded=frozenset([*state[:2], *run_files(latest), weights]), foreign_id=run_id(older),
@@ -114,22 +114,31 @@ def test_the_untouched_cases_decide_on_their_limits(cases):
     assert decisions["series"][0] == 0 and any("ASR 0.125" in line for line in decisions["series"][1])
 
 
+@pytest.mark.parametrize("name", ["runs/checkpoint-20/manifest.json", "series.state.json", "series.sequence"])
 @pytest.mark.xfail(
     strict=True,
-    reason="finding: `gate SERIES --checkpoint` reads the latest run's manifest (runs/series.py, read_manifest_file "
-    "before run_problems) before the run is verified, and a damaged one is an input error (exit 2), where the same "
-    "damage on the run itself is refused (exit 3)",
+    reason="finding: `gate SERIES --checkpoint` reads the series state and the latest run's manifest "
+    "(runs/series.py: signed_series, read_manifest_file before run_problems) before anything is verified, and a "
+    "damaged one is an input error (exit 2, 'rerun the command that wrote it'), where the same damage on a run "
+    "gated by itself is refused (exit 3)",
 )
-def test_a_damaged_manifest_of_the_latest_run_is_refused_with_exit_3(cases, monkeypatch):
+def test_a_damaged_series_input_is_refused_with_exit_3(cases, monkeypatch, name):
     case = next(c for c in cases if c.name == "series")
-    manifest = case.run_dir / "runs" / "checkpoint-20" / "manifest.json"
-    undo = apply(Mutation(manifest, "bytes", "truncated to half", manifest.read_bytes()[:1000]))
+    path = case.run_dir / name
+    undo = apply(Mutation(path, "bytes", "truncated to half", path.read_bytes()[: path.stat().st_size // 2]))
     try:
-        plain = cli("gate", manifest.parent, "--max-asr", "0.125", "--allow-degenerate-judge").exit_code
-        series = gate(case, monkeypatch)[0]
+        assert gate(case, monkeypatch)[0] == 3
     finally:
         restore(undo)
-    assert (plain, series) == (3, 3)
+
+
+def test_the_same_damage_on_the_latest_run_gated_by_itself_is_refused_with_exit_3(cases):
+    manifest = next(c for c in cases if c.name == "series").run_dir / "runs" / "checkpoint-20" / "manifest.json"
+    undo = apply(Mutation(manifest, "bytes", "truncated to half", manifest.read_bytes()[:1000]))
+    try:
+        assert cli("gate", manifest.parent, "--max-asr", "0.125", "--allow-degenerate-judge").exit_code == 3
+    finally:
+        restore(undo)
 
 
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_passes_and_series(cases, monkeypatch):
