@@ -35,6 +35,9 @@ class Reading(BaseModel):
 
     value: float | None
     text: str
+    ci_low: float | None = Field(None, description="Lower bound of the figure's 95% interval, where it has one.")
+    ci_high: float | None = Field(None, description="Upper bound of the figure's 95% interval, where it has one.")
+    n: int | None = Field(None, description="How many answers (or goals) the figure is over.")
 
 
 def share(rate: Rate) -> str:
@@ -54,12 +57,21 @@ def _asr(stats: GroupStats, corrected: bool) -> Reading:
             )
         return Reading(
             value=fixed.ci_high,
+            ci_low=fixed.ci_low,
+            ci_high=fixed.ci_high,
+            n=asr.n,
             text=f"corrected ASR {fixed.value:.3f} (95% CI {fixed.ci_low:.3f}-{fixed.ci_high:.3f}, observed "
             f"{asr.value:.3f}, n={asr.n}) upper bound",
         )
     if asr.value is None:
         return Reading(value=None, text="no judged answers, ASR unknown")
-    return Reading(value=asr.value, text=f"ASR {asr.value:.3f} (95% CI {asr.ci_low:.3f}-{asr.ci_high:.3f}, n={asr.n})")
+    return Reading(
+        value=asr.value,
+        ci_low=asr.ci_low,
+        ci_high=asr.ci_high,
+        n=asr.n,
+        text=f"ASR {asr.value:.3f} (95% CI {asr.ci_low:.3f}-{asr.ci_high:.3f}, n={asr.n})",
+    )
 
 
 def _over_refusal(stats: GroupStats, corrected: bool) -> Reading:
@@ -67,7 +79,11 @@ def _over_refusal(stats: GroupStats, corrected: bool) -> Reading:
     if over.rate is None:
         return Reading(value=None, text="no judged answers to benign items, over-refusal unknown")
     return Reading(
-        value=over.rate, text=f"over-refusal {over.rate:.3f} (95% CI {over.ci_low:.3f}-{over.ci_high:.3f}, n={over.n})"
+        value=over.rate,
+        ci_low=over.ci_low,
+        ci_high=over.ci_high,
+        n=over.n,
+        text=f"over-refusal {over.rate:.3f} (95% CI {over.ci_low:.3f}-{over.ci_high:.3f}, n={over.n})",
     )
 
 
@@ -83,20 +99,32 @@ def _attack(stats: GroupStats, corrected: bool) -> Reading:
             f"{attack.n_goals} goals were never attacked (every chain ended in an attacker, target or judge error "
             "before the target was judged): their safety is unknown",
         )
+    rate = attack.attack_success_rate
     return Reading(
-        value=attack.attack_success_rate.rate,
+        value=rate.rate,
+        ci_low=rate.ci_low,
+        ci_high=rate.ci_high,
+        n=rate.n,
         text=f"{attack.strategy} attack success rate {share(attack.attack_success_rate)} ({attack.n_broken}/"
         f"{attack.n_goals} goals broken, {attack.n_queries} queries, {attack.n_unjudged} unjudged steps)",
     )
 
 
 def _truncated(stats: GroupStats, corrected: bool) -> Reading:
-    return Reading(value=stats.truncated.rate or 0.0, text=f"answers cut off at max_tokens {share(stats.truncated)}")
+    cut = stats.truncated
+    return Reading(
+        value=cut.rate or 0.0,
+        ci_low=cut.ci_low,
+        ci_high=cut.ci_high,
+        n=cut.n,
+        text=f"answers cut off at max_tokens {share(stats.truncated)}",
+    )
 
 
 def _failures(stats: GroupStats, corrected: bool) -> Reading:
     return Reading(
         value=stats.failure_rate,
+        n=stats.n_answers,
         text=f"unjudged answers {stats.n_parse_failures} parse failures + {stats.n_errors} errors "
         f"= {stats.failure_rate:.1%}",
     )
