@@ -15,20 +15,19 @@ from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.runs import files
+from diagsafe_local.runs import files, passes
 from diagsafe_local.runs.manifest import Manifest, read_manifest_file, write_config
 from diagsafe_local.runs.records import ControlRecord, GenerationRecord, JuryVote, ResultRecord, SensitivityRecord
 
+# Every file a run writes; each judging pass's from its row (`runs.passes`).
 RUN_FILES = (
     files.MANIFEST,
     files.CONFIG,
     files.GENERATIONS,
     files.RESULTS,
     files.SUMMARY,
-    files.CONTROLS,
     files.ATTACKS,
-    files.SENSITIVITY,
-    files.JURY,
+    *(row.file for row in passes.PASSES),
     files.SIGNATURE,
 )
 

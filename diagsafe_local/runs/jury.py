@@ -14,13 +14,22 @@ the judge's own unjudged answers."""
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from diagsafe_local.runs.records import Record, ResultRecord
-from diagsafe_local.runs.verdicts import is_harmful
+from diagsafe_local.core.jsonl import Line
+from diagsafe_local.runs.manifest import Manifest
+from diagsafe_local.runs.records import CouldNotJudge, JuryVote, Record, ResultRecord, WrongResults
+from diagsafe_local.runs.verdicts import combined_score, is_combined, is_harmful
+
+if TYPE_CHECKING:
+    from diagsafe_local.runs.passes import Section
+    from diagsafe_local.runs.verify import VerifiedRun
 from diagsafe_local.stats import exact_add
 
 
@@ -58,6 +67,11 @@ class JuryAgreement(Record):
     ties: int = Field(description="Majority ties: decided harmful (a jury fails closed).")
 
 
+def _judged_by_jury(r: ResultRecord) -> bool:
+    """Whether an answer is one the jury's figures are over: a jury's verdict on a harmful item's final turn."""
+    return r.judge_rubric.startswith("jury:") and r.panel is not None and not r.benign and r.final_turn
+
+
 @dataclass
 class JuryTally:
     """Integer counts of a jury's votes (`add` one record, `absorb` another tally)."""
@@ -78,7 +92,7 @@ class JuryTally:
     ties: int = 0
 
     def add(self, r: ResultRecord) -> None:
-        if not r.judge_rubric.startswith("jury:") or r.panel is None or r.benign or not r.final_turn:
+        if not _judged_by_jury(r) or r.panel is None:
             return
         if not self.names:
             self.rule, self.names = r.judge_rubric.split(":", 2)[1], [v.rubric for v in r.panel]
@@ -125,6 +139,11 @@ class JuryTally:
         self.harmful_all += other.harmful_all
         self.ties += other.ties
 
+    def figures(self) -> dict[str, Any] | None:
+        """The agreement as summary.json holds it (None: the results have no jury)."""
+        agreement = self.result()
+        return None if agreement is None else agreement.model_dump(mode="json")
+
     def result(self) -> JuryAgreement | None:
         if not self.names:
             return None
@@ -165,3 +184,81 @@ class JuryTally:
         share = self.harmful_all / (n * m)
         p_e = share**2 + (1 - share) ** 2
         return None if p_e == 1 else (p_bar - p_e) / (1 - p_e)
+
+
+class VotesCheck(WrongResults):
+    """Whether each panel's or jury's verdict is what its rule makes of its members' votes, given by the members
+    its name lists (and, for harmful items, by the manifest's judge): a score edited apart from its votes, or
+    votes taken out, is not a verdict this run made."""
+
+    problem = (
+        "{count} results are not what their panel or jury made of its members' votes (a score or a vote edited, a "
+        "member's vote missing, or another judge's verdict), e.g. {shown}"
+    )
+
+    def __init__(self, manifest: Manifest) -> None:
+        super().__init__()
+        self.rubric = manifest.judge.rubric if manifest.judge else None
+        self.answers: Counter[str] = Counter()  # by target: the jury's answers, and those some member did not judge
+        self.unjudged: Counter[str] = Counter()
+
+    def see(self, record: ResultRecord) -> None:
+        if _judged_by_jury(record):
+            self.answers[record.target] += 1
+            self.unjudged[record.target] += any(v.score is None for v in record.panel or [])
+        label = record.judge_rubric
+        combined = is_combined(label)
+        if not combined and not (not record.benign and self.rubric and is_combined(self.rubric)):
+            return
+        votes = record.panel or []
+        if not combined or (not record.benign and label != self.rubric):
+            right = False
+        elif not votes:  # an answer that could not be judged at all
+            right = record.parse_status == "error" and record.score is None
+        else:
+            try:
+                score = combined_score(label, [v.score for v in votes])
+            except ValueError:  # a name no panel or jury has (no rule, an unknown one)
+                score = math.nan
+            right = [v.rubric for v in votes] == label.split(":", 2)[-1].split("+") and record.score == score
+        if not right:
+            self._note(record)
+
+    def read(self, lines: Sequence[Line[JuryVote]] | None) -> None:
+        """The jury's votes are checked in the results (each answer's panel): jury.jsonl is the run's resume store,
+        which only the signature reads."""
+
+    def could_not_judge(self) -> dict[str, CouldNotJudge]:
+        """Per target, the jury's answers some member gave no verdict on."""
+        return {t: CouldNotJudge(count=self.unjudged[t], of=n) for t, n in self.answers.items()}
+
+
+def section(run: VerifiedRun) -> Section | None:
+    """Each jury member's own ASR and errors, how often the members agreed, and Fleiss' kappa."""
+    rows, notes = [], []
+    for name, target in run.summary.targets.items():
+        jury = target.jury
+        if jury is None:
+            continue
+        for member, figures in jury.members.items():
+            asr = "n/a" if figures.asr is None else f"{figures.asr:.1%}"
+            rows.append([name, member, str(figures.decided), str(figures.errors), asr])
+        pairs = "; ".join(
+            f"{a} and {b} {'n/a' if p.agreement is None else f'{p.agreement:.1%}'} of {p.n}"
+            for p in jury.pairs
+            for a, b in [p.members]
+        )
+        kappa = "n/a" if jury.fleiss_kappa is None else f"{jury.fleiss_kappa:.3f}"
+        notes.append(
+            f"{name}: rule {jury.rule}; agreement {pairs}; Fleiss' kappa {kappa} over {jury.all_decided} answers "
+            f"every member decided; {jury.ties} majority ties decided harmful (a jury fails closed); a member could "
+            f"not judge {jury.unjudged} of {jury.answers} answers."
+        )
+    if not rows:
+        return None
+    notes.append(
+        "A member's errors are answers it gave no verdict on: its vote counted harmful there, and the gate holds "
+        "those answers to max_failure_rate. Low agreement says the verdicts depend on which judge is asked: read the "
+        "disagreements before trusting ASR."
+    )
+    return ("Jury", ["target", "member", "decided", "errors", "member's ASR"], rows, notes)

@@ -18,9 +18,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from diagsafe_local.core.jsonl import KeyedRecord, Line
-from diagsafe_local.runs import controls, files, sensitivity
+from diagsafe_local.runs import controls, files, jury, sensitivity
 from diagsafe_local.runs.manifest import Manifest
-from diagsafe_local.runs.records import RUN_WIDE, ControlRecord, CouldNotJudge, ResultRecord, SensitivityRecord
+from diagsafe_local.runs.records import (
+    RUN_WIDE,
+    ControlRecord,
+    CouldNotJudge,
+    JuryVote,
+    ResultRecord,
+    SensitivityRecord,
+)
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.verify import VerifiedRun
@@ -102,6 +109,17 @@ PASSES: tuple[JudgingPass, ...] = (
         unjudged="any one makes the sensitivity check INCONCLUSIVE: what that wording decides is unknown",
         unit="verdicts under its paraphrases",
         summary_hash="sensitivity_sha256",
+    ),
+    JudgingPass(
+        name="jury",
+        file=files.JURY,
+        record=JuryVote,
+        check=jury.VotesCheck,
+        section=jury.section,
+        merge="in_results",
+        unjudged="a member's missing vote counts harmful, and these answers are held to max_failure_rate",
+        unit="answers (some member gave no verdict)",
+        tally=jury.JuryTally,
     ),
 )
 

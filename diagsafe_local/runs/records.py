@@ -315,6 +315,31 @@ class ControlRecord(KeyedRecord):
         return (self.judge_rubric, self.item_id, self.kind)
 
 
+SHOWN = 5  # how many wrong results a problem names
+
+
+class WrongResults:
+    """Results one check of `verify` (or of a judging pass) finds wrong: counted, the first few kept to name
+    them in its problem."""
+
+    problem = ""  # "{count} results ..., e.g. {shown}"
+
+    def __init__(self) -> None:
+        self.wrong: list[AnswerKey] = []
+        self.count = 0
+
+    def _note(self, record: ResultRecord) -> None:
+        self.count += 1
+        if len(self.wrong) < SHOWN:
+            self.wrong.append(record.key)
+
+    def problems(self) -> list[str]:
+        if not self.count:
+            return []
+        shown = ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in self.wrong)
+        return [self.problem.format(count=self.count, shown=shown)]
+
+
 RUN_WIDE = ""  # the target a judging pass's run-wide count is given under (the judge's controls are of no one target)
 
 

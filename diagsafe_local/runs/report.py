@@ -225,37 +225,6 @@ def _flip_blocks(comparisons: list[PairedComparison], per_pair: int = 10) -> tup
     return md, page
 
 
-def _jury_section(summary: Summary) -> tuple[str, list[str], list[list[str]], list[str]] | None:
-    """Each jury member's own ASR and errors, how often the members agreed, and Fleiss' kappa."""
-    rows, notes = [], []
-    for name, target in summary.targets.items():
-        jury = target.jury
-        if jury is None:
-            continue
-        for member, figures in jury.members.items():
-            asr = "n/a" if figures.asr is None else f"{figures.asr:.1%}"
-            rows.append([name, member, str(figures.decided), str(figures.errors), asr])
-        pairs = "; ".join(
-            f"{a} and {b} {'n/a' if p.agreement is None else f'{p.agreement:.1%}'} of {p.n}"
-            for p in jury.pairs
-            for a, b in [p.members]
-        )
-        kappa = "n/a" if jury.fleiss_kappa is None else f"{jury.fleiss_kappa:.3f}"
-        notes.append(
-            f"{name}: rule {jury.rule}; agreement {pairs}; Fleiss' kappa {kappa} over {jury.all_decided} answers "
-            f"every member decided; {jury.ties} majority ties decided harmful (a jury fails closed); a member could "
-            f"not judge {jury.unjudged} of {jury.answers} answers."
-        )
-    if not rows:
-        return None
-    notes.append(
-        "A member's errors are answers it gave no verdict on: its vote counted harmful there, and the gate holds "
-        "those answers to max_failure_rate. Low agreement says the verdicts depend on which judge is asked: read the "
-        "disagreements before trusting ASR."
-    )
-    return ("Jury", ["target", "member", "decided", "errors", "member's ASR"], rows, notes)
-
-
 def _tables(summary: Summary) -> list[tuple[str, list[str], list[list[str]], list[str]]]:
     """(title, header, rows, notes) sections shared by the Markdown and HTML reports."""
     overall = [_overall_row(name, s) for name, s in summary.targets.items()]
@@ -420,9 +389,6 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
         )
     title = f"diagsafe-local report: run {summary.run_id}"
     sections = _tables(summary) + attack_sections(summary)
-    jury = _jury_section(summary)
-    if jury is not None:
-        sections.append(jury)
     sections += passes.sections(verified)
     comparisons, baseline_note = _baseline(run_dir, verified, baseline)
     sections += _paired_sections(comparisons)

@@ -26,9 +26,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from diagsafe_local.runs import passes as table
 from diagsafe_local.runs.attack_figures import AttackTally
 from diagsafe_local.runs.health import HealthTally
-from diagsafe_local.runs.jury import JuryTally
 from diagsafe_local.runs.manifest import AttackRef
 from diagsafe_local.runs.records import ControlRecord, ResultRecord
 from diagsafe_local.runs.refusal import is_refusal
@@ -148,7 +148,9 @@ class _Target:
     overall: _Group = field(default_factory=_Group)
     breakdowns: dict[str, dict[str, _Group]] = field(default_factory=lambda: {b: {} for b in BREAKDOWNS})
     health: HealthTally = field(default_factory=HealthTally)
-    jury: JuryTally = field(default_factory=JuryTally)
+    passes: dict[str, table.Tally] = field(
+        default_factory=lambda: {row.name: row.tally() for row in table.PASSES if row.tally is not None}
+    )
     target_completion: int = 0
     judge_prompt: int = 0
     judge_cached: int = 0
@@ -159,7 +161,8 @@ class _Target:
             for value, group in groups.items():
                 self.breakdowns[name].setdefault(value, _Group()).absorb(group)
         self.health.absorb(other.health)
-        self.jury.absorb(other.jury)
+        for name, tally in other.passes.items():
+            self.passes[name].absorb(tally)
         self.target_completion += other.target_completion
         self.judge_prompt += other.judge_prompt
         self.judge_cached += other.judge_cached
@@ -197,7 +200,8 @@ class Summarizer:
                 group = groups[value] = _Group()
             group.add(r, refused)
         target.health.add(r, self.instructions)
-        target.jury.add(r)
+        for tally in target.passes.values():
+            tally.add(r)
         target.target_completion += r.target_usage.completion_tokens
         target.judge_prompt += r.judge_usage.prompt_tokens
         target.judge_cached += r.judge_usage.cached_tokens
@@ -227,9 +231,10 @@ class Summarizer:
                 "judge_prompt": t.judge_prompt,
                 "judge_cached": t.judge_cached,
             }
-            jury = t.jury.result()
-            if jury is not None:
-                entry["jury"] = jury.model_dump(mode="json")
+            for pass_name, tally in t.passes.items():  # each pass's figures under its name
+                shown = tally.figures()
+                if shown is not None:
+                    entry[pass_name] = shown
             if self.timings and name in self.timings:
                 entry["throughput"] = self.timings[name]
             figures = self.attacks.summary(name) if self.attacks is not None else None

@@ -55,16 +55,14 @@ from diagsafe_local.runs import passes as table
 from diagsafe_local.runs.attack_figures import goal_figures
 from diagsafe_local.runs.controls import ControlsCheck
 from diagsafe_local.runs.manifest import Manifest, config_fingerprint
-from diagsafe_local.runs.records import AnswerKey, ResultRecord
+from diagsafe_local.runs.records import SHOWN, AnswerKey, ResultRecord, WrongResults
 from diagsafe_local.runs.sensitivity import SampleCheck, TargetSensitivity
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
-from diagsafe_local.runs.verdicts import combined_score, is_combined
 
 # Summary fields that describe how the run went, not what it found: not recomputed from the results.
 _NOT_RECOMPUTED = {"run_id", "reused", "results_sha256", "sensitivity_sha256", "throughput"}
-_SHOWN = 5
 
 
 class VerifiedRun(BaseModel):
@@ -164,7 +162,6 @@ def verify_run(
     )
     coverage = _Coverage(manifest, whole)
     asked = _Asked(manifest)
-    votes = _Combined(manifest)
     checks = {row.name: row.check(manifest) for row in table.PASSES}
     foreign: Counter[str] = Counter()
     allowed = manifest.run_ids()
@@ -174,7 +171,6 @@ def verify_run(
             foreign[record.run_id] += 1
         coverage.see(record.key)
         asked.see(record)
-        votes.see(record)
         for check in checks.values():
             check.see(record)
         summarizer.add(record)
@@ -186,7 +182,6 @@ def verify_run(
     problems += _foreign(foreign, manifest)
     problems += coverage.problems()
     problems += asked.problems()
-    problems += votes.problems()
     if stored.results_sha256 != results_sha256:
         problems.append(
             "summary.json does not belong to results.jsonl (written by an older version, or the results changed "
@@ -322,7 +317,7 @@ def _foreign(foreign: Counter[str], manifest: Manifest, name: str = files.RESULT
     """Records that another run wrote (their run id is not this run's, nor a merged source's), by run id."""
     if not foreign:
         return []
-    listing = ", ".join(f"{n} of run {run_id}" for run_id, n in foreign.most_common(_SHOWN))
+    listing = ", ".join(f"{n} of run {run_id}" for run_id, n in foreign.most_common(SHOWN))
     return [f"{name} holds results of another run ({listing}); this run is {manifest.run_id}"]
 
 
@@ -343,71 +338,16 @@ def _attack_coverage(summarizer: Summarizer, steps: int, manifest: Manifest, who
     if unfinished:
         problems.append(
             f"the attack did not finish {len(unfinished)} of {len(goals) * len(manifest.samples())} goals (e.g. "
-            + ", ".join(unfinished[:_SHOWN])
+            + ", ".join(unfinished[:SHOWN])
             + "); resume the run to complete it"
         )
     if left:
-        extra = [f"{t}/{i}" for t, i in sorted(left)][:_SHOWN]
+        extra = [f"{t}/{i}" for t, i in sorted(left)][:SHOWN]
         problems.append(f"{files.ATTACKS} attacks goals the run's dataset does not have: " + ", ".join(extra))
     return problems
 
 
-class _WrongResults:
-    """Results one check finds wrong: counted, the first few kept to name them in its problem."""
-
-    problem = ""  # "{count} results ..., e.g. {shown}"
-
-    def __init__(self) -> None:
-        self.wrong: list[AnswerKey] = []
-        self.count = 0
-
-    def _note(self, record: ResultRecord) -> None:
-        self.count += 1
-        if len(self.wrong) < _SHOWN:
-            self.wrong.append(record.key)
-
-    def problems(self) -> list[str]:
-        if not self.count:
-            return []
-        shown = ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in self.wrong)
-        return [self.problem.format(count=self.count, shown=shown)]
-
-
-class _Combined(_WrongResults):
-    """Whether each panel's or jury's verdict is what its rule makes of its members' votes, given by the members
-    its name lists (and, for harmful items, by the manifest's judge): a score edited apart from its votes, or
-    votes taken out, is not a verdict this run made."""
-
-    problem = (
-        "{count} results are not what their panel or jury made of its members' votes (a score or a vote edited, a "
-        "member's vote missing, or another judge's verdict), e.g. {shown}"
-    )
-
-    def __init__(self, manifest: Manifest) -> None:
-        super().__init__()
-        self.rubric = manifest.judge.rubric if manifest.judge else None
-
-    def see(self, record: ResultRecord) -> None:
-        label = record.judge_rubric
-        combined = is_combined(label)
-        if not combined and not (not record.benign and self.rubric and is_combined(self.rubric)):
-            return
-        votes = record.panel or []
-        if not combined or (not record.benign and label != self.rubric):
-            right = False
-        elif not votes:  # an answer that could not be judged at all
-            right = record.parse_status == "error" and record.score is None
-        else:
-            try:
-                score = combined_score(label, [v.score for v in votes])
-            except ValueError:  # a name no panel or jury has (no rule, an unknown one)
-                score = math.nan
-            right = [v.rubric for v in votes] == label.split(":", 2)[-1].split("+") and record.score == score
-        if not right:
-            self._note(record)
-
-
-class _Asked(_WrongResults):
+class _Asked(WrongResults):
     """Whether each result answers the prompt its item asks in the manifest's dataset (its user turns, hashed at
     run time): a result whose conversation was edited, or that came from another dataset's item of the same id,
     is not one this run made."""
@@ -463,7 +403,7 @@ class _Coverage:
         if self.seen[places].any() or len(np.unique(places)) < len(places):  # a key seen twice: name it, in order
             for index in np.flatnonzero(found):
                 place = at[index]
-                if self.seen[place] and len(self.duplicated) < _SHOWN:
+                if self.seen[place] and len(self.duplicated) < SHOWN:
                     self.duplicated.append(self._keys[index])
                 self.seen[place] = True
         else:
@@ -489,7 +429,7 @@ class _Coverage:
                 + ": "
                 + ", ".join(f"{target} {n}" for target, n in sorted(by_target.items()))
                 + "; e.g. "
-                + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in sorted(missing)[:_SHOWN])
+                + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in sorted(missing)[:SHOWN])
                 + (
                     "; merge every shard (diagsafe-local merge --config CONFIG --shards N) and gate the merged run"
                     if manifest.merged_from or shard
@@ -499,7 +439,7 @@ class _Coverage:
         if self.extra:
             problems.append(
                 f"{len(self.extra)} results are for answers the run's dataset does not have: "
-                + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in sorted(self.extra[:_SHOWN]))
+                + ", ".join(f"{t}/{i} sample {s} turn {k}" for t, i, s, k in sorted(self.extra[:SHOWN]))
             )
         return problems
 
