@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO
+from helpers import REPO, tiny_engine
 from servers import FakeOpenAIServer
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.core.offline import ENV, HUB_SETTINGS, NetworkRefused, offline
-from diagsafe_local.runs.manifest import read_manifest_file
+from diagsafe_local.runs.manifest import Manifest, read_manifest_file
 
 
 @pytest.fixture
@@ -159,7 +159,9 @@ sock.settimeout(5)
 outside = sock.connect_ex(("192.0.2.1", 443))  # no route out of this namespace
 server = FakeOpenAIServer()
 config = json.loads(sys.argv[3])
-config["target"]["base_url"] = config["judge"]["base_url"] = server.base_url
+for engine in (config["target"], config["judge"]):
+    if "base_url" in engine:  # an API model: the scripted server on this namespace's loopback
+        engine["base_url"] = server.base_url
 with open(sys.argv[2], "w") as f:
     json.dump(config, f)
 run = subprocess.run([sys.executable, "-m", "diagsafe_local.cli", "run", sys.argv[2], "--offline"])
@@ -179,22 +181,47 @@ def _namespace_reason() -> str | None:
     return None
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(_namespace_reason() is not None, reason=str(_namespace_reason()))
-def test_a_whole_offline_run_passes_in_a_network_namespace_where_nothing_else_is_reachable(tmp_path):
-    config = yaml.safe_load(_config(tmp_path, "http://placeholder:1/v1").read_text())
+NO_NAMESPACE = _namespace_reason()
+NAMESPACE = pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
+
+
+def _run_in_namespace(tmp_path: Path, config: dict) -> Manifest:
+    """`run --offline` on `config` inside a fresh network namespace with only loopback up (its API models served
+    by a scripted server there); asserts that nothing outside is reachable and that the run succeeded."""
     script = tmp_path / "in_namespace.py"
     script.write_text(IN_NAMESPACE)
     inner = shlex.join([sys.executable, str(script), str(REPO / "tests"), str(tmp_path / "run.json"),
                         json.dumps(config)])  # fmt: skip
     proc = subprocess.run(
         ["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     outcome = json.loads(proc.stdout.strip().splitlines()[-1])
     assert outcome["outside"] == errno.ENETUNREACH == outcome["unreachable"]  # the namespace is closed
-    assert outcome["run"] == 0, proc.stderr
-    manifest = read_manifest_file(tmp_path / "run")
+    assert outcome["run"] == 0, proc.stderr[-3000:]
+    manifest = read_manifest_file(Path(config["output_dir"]))
     assert manifest.status == "complete" and manifest.network is not None and manifest.network.offline
+    return manifest
+
+
+@pytest.mark.slow
+@NAMESPACE
+def test_a_whole_offline_run_passes_in_a_network_namespace_where_nothing_else_is_reachable(tmp_path):
+    manifest = _run_in_namespace(tmp_path, yaml.safe_load(_config(tmp_path, "http://placeholder:1/v1").read_text()))
+    assert manifest.network is not None
     assert [url.startswith("http://127.0.0.1:") for url in manifest.network.endpoints] == [True]
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@NAMESPACE
+def test_an_offline_run_on_the_vllm_engine_loads_and_judges_in_a_closed_network_namespace(tmp_path, tiny_models):
+    """vLLM's engine processes too: the hubs' switches reach them, and nothing they need is outside loopback."""
+    config = yaml.safe_load(_config(tmp_path, "unused").read_text())
+    config["target"] = {**tiny_engine(tiny_models["target"]), "name": "tiny",
+                        "sampling": {"temperature": 0.0, "max_tokens": 8, "seed": 0}}  # fmt: skip
+    config["judge"] = {**tiny_engine(tiny_models["judge"]), "sampling": {"temperature": 0.0, "max_tokens": 200}}
+    manifest = _run_in_namespace(tmp_path, config)
+    assert manifest.network is not None and manifest.network.endpoints == []
+    assert set(manifest.engines) == {"target:tiny", "judge"}
