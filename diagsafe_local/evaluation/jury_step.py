@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from diagsafe_local.engines.base import Engine
-from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.evaluation.context import RunContext
 from diagsafe_local.evaluation.judge_step import (
     TASKS_IN_FLIGHT,
@@ -22,16 +21,9 @@ from diagsafe_local.evaluation.judge_step import (
     vote,
 )
 from diagsafe_local.judging.base import JUDGES, JudgeInput
-from diagsafe_local.judging.config import JudgeConfig, JuryMember
+from diagsafe_local.judging.config import JuryMember
 from diagsafe_local.judging.verdicts import VerdictStream
 from diagsafe_local.runs.records import JuryVote, ResultRecord, Usage
-
-
-def shares_engine(member: JuryMember, other: JudgeConfig) -> bool:
-    """Whether a member runs on another judge's engine (the same model served the same way: the judge's, or the
-    member's before it): then it judges on that engine while it is loaded, and no model is loaded twice."""
-    fields = set(EngineConfig.model_fields) | {"structured_output_backend"}
-    return member.model_dump(include=fields) == other.model_dump(include=fields)
 
 
 def juror_key(ctx: RunContext, member: JuryMember, task: JudgeTask) -> str:

@@ -43,9 +43,8 @@ from diagsafe_local.evaluation.judge_step import (
     pending_tasks,
     unjudged,
 )
-from diagsafe_local.evaluation.jury_step import JurorStep, combine_jury, pending_votes, shares_engine
 from diagsafe_local.evaluation.manifest import build_manifest, dataset_ref, judge_ref, target_refs
-from diagsafe_local.evaluation.passes import JUDGE, PASSES, JudgingPass, Seat, alongside
+from diagsafe_local.evaluation.passes import JUDGE, PASSES, JudgingPass, Seat, alongside, shares_engine
 from diagsafe_local.evaluation.passes.base import Poll
 from diagsafe_local.evaluation.planning import plan_run
 from diagsafe_local.evaluation.prompt_sets import load_configured
@@ -53,7 +52,7 @@ from diagsafe_local.evaluation.run_directory import RunDirectory
 from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.cards import AUTO, auto_validation
-from diagsafe_local.judging.config import JudgeConfig, JuryMember
+from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import GrammarCanary, ValidationRef, write_manifest
 from diagsafe_local.runs.records import AnswerKey
@@ -284,52 +283,47 @@ class Run:
             judge_seconds=round(seconds, 3), judgments_per_second=round(judged / seconds, 3) if seconds else 0.0
         )
 
-    def _jury(self, resident: Engine | None) -> None:
-        """The jury's members, one after another, over every target's answers to harmful items; with `resident`
-        (the judge's engine, loaded) only the members it serves, else every member with verdicts still to give,
-        each model loaded alone and once (members in a row served the same way share it). Once every member is
-        done (resident None), the combined records are written."""
-        jury = self.config.judge.jury
-        if jury is None:
-            return
-        held: tuple[JuryMember, Engine] | None = None  # the last member's engine, kept for the next if it serves
+    def _drain(self, judging: JudgingPass, seat: Seat, engine: Engine | None, work: object) -> None:
+        """A pass's work on a seat whose engine is ready: every pass is told first (the canary asks it)."""
+        for each in self.passes:
+            each.start(self, seat, engine)
+        judging.drain(self, seat, engine, work)
+
+    def _ride(self, judge: Engine) -> None:
+        """Every pass's seats that the judge's engine serves (the same model served the same way), drained while
+        it is loaded: no model loads twice."""
+        for judging in self.passes:
+            for seat in judging.seats(self):
+                if shares_engine(seat.config, self.config.judge):
+                    work = judging.pending(self, seat)
+                    if work is not None:
+                        self._drain(judging, seat, judge, work)
+
+    def _seats(self) -> None:
+        """The passes' seats with work left, in the table's order, each model loaded alone and once (seats in a
+        row served the same way share it); then each pass's `finish`."""
+        held: tuple[Seat, Engine] | None = None  # the last seat's engine, kept for the next if it serves
         try:
-            for member in jury.members:
-                if resident is not None and not shares_engine(member, self.config.judge):
-                    continue
-                tasks = pending_votes(self.ctx, member)
-                first = next(tasks, None)
-                if first is None:
-                    continue
-                engine = resident
-                if engine is None and member.needs_model:
-                    if held is None or not shares_engine(member, held[0]):
-                        if held is not None:
-                            held[1].close()
-                            held = None
-                        held = (member, self.host.open_juror(member.label, member, member.structured_output_backend))
-                    engine = held[1]
-                seat = Seat(f"jury:{member.label}", member.label, member)
-                for judging in self.passes:  # the canary, on an engine not asked yet
-                    judging.start(self, seat, engine)
-                start = time.perf_counter()
-                judged = judge_tasks(
-                    JurorStep(engine, self.ctx, member),
-                    itertools.chain([first], tasks),
-                    self.reporter(f"jury {member.label}: verdicts"),
-                )
-                seconds = time.perf_counter() - start
-                self.timings[f"jury:{member.label}"] = {
-                    "judge_seconds": round(seconds, 3),
-                    "judgments_per_second": round(judged / seconds, 3) if seconds else 0.0,
-                }
-                self.save_manifest("running")
+            for judging in self.passes:
+                for seat in judging.seats(self):
+                    work = judging.pending(self, seat)
+                    if work is None:
+                        continue
+                    engine: Engine | None = None
+                    if seat.config.needs_model:
+                        if held is None or not shares_engine(seat.config, held[0].config):
+                            if held is not None:
+                                held[1].close()
+                                held = None
+                            backend = seat.config.structured_output_backend
+                            held = (seat, self.host.open_juror(seat.label, seat.config, backend))
+                        engine = held[1]
+                    self._drain(judging, seat, engine, work)
         finally:
             if held is not None:
                 held[1].close()
-        if resident is None:
-            for target in self.config.targets:
-                self.fresh["judgments"] += combine_jury(self.ctx, target.label)
+        for judging in self.passes:
+            judging.finish(self)
 
     # -- the run -------------------------------------------------------------------------------
     def execute(self) -> Summary:
@@ -411,7 +405,7 @@ class Run:
                         opened.close()
             self._settle()
             if judge is not None:
-                self._jury(judge)  # the members served by the judge's own engine, while it is loaded
+                self._ride(judge)  # the seats served by the judge's own engine (jury members), while it is loaded
         finally:
             for judging in self.passes:
                 judging.close()
@@ -419,7 +413,7 @@ class Run:
                 attacker.close()
             if judge is not None:
                 judge.close()
-        self._jury(None)
+        self._seats()
         with atomic.outputs_together():  # results, summary and manifest change as one set
             return self._write_outputs()
 

@@ -5,12 +5,13 @@ read side has a table of its own for the same passes, in the runs package."""
 
 from __future__ import annotations
 
-from diagsafe_local.evaluation.passes.base import JUDGE, JudgingPass, Runner, Seat, alongside
+from diagsafe_local.evaluation.passes.base import JUDGE, JudgingPass, Runner, Seat, alongside, shares_engine
 from diagsafe_local.evaluation.passes.canary import CanaryPass
 from diagsafe_local.evaluation.passes.controls import ControlsPass
+from diagsafe_local.evaluation.passes.jury import JuryPass
 from diagsafe_local.evaluation.passes.sensitivity import SensitivityPass
 
 # In the order they run on an engine: the canary before any verdict is drawn under a schema.
-PASSES: tuple[type[JudgingPass], ...] = (CanaryPass, ControlsPass, SensitivityPass)
+PASSES: tuple[type[JudgingPass], ...] = (CanaryPass, ControlsPass, SensitivityPass, JuryPass)
 
-__all__ = ["JUDGE", "PASSES", "JudgingPass", "Runner", "Seat", "alongside"]
+__all__ = ["JUDGE", "PASSES", "JudgingPass", "Runner", "Seat", "alongside", "shares_engine"]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
 from diagsafe_local.engines.base import Engine
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.context import RunContext
 from diagsafe_local.judging.config import JudgeConfig
@@ -43,6 +44,13 @@ class Runner(Protocol):
 
 
 Poll = Callable[[], None]
+
+
+def shares_engine(config: JudgeConfig, other: JudgeConfig) -> bool:
+    """Whether a seat runs on another's engine (the same model served the same way: the judge's, or the seat's
+    before it): then it judges on that engine while it is loaded, and no model is loaded twice."""
+    fields = set(EngineConfig.model_fields) | {"structured_output_backend"}
+    return config.model_dump(include=fields) == other.model_dump(include=fields)
 
 
 class JudgingPass:
