@@ -96,11 +96,11 @@ def test_offline_sets_the_hubs_switches_and_restores_everything_after(monkeypatc
 
 def test_an_offline_run_records_its_policy_and_endpoints_and_an_online_run_says_it_was_not(server, tmp_path):
     config = _config(tmp_path, server.base_url)
-    result = CliRunner().invoke(app, ["run", str(config), "--offline"])
+    result = CliRunner().invoke(app, ["run", str(config)], env={ENV: "1"})  # as a job of `submit` is told
     assert result.exit_code == 0, result.output
     network = read_manifest_file(tmp_path / "run").network
     assert network is not None and network.offline and network.endpoints == [server.base_url]
-    result = CliRunner().invoke(app, ["run", str(config), "--overwrite"])
+    result = CliRunner().invoke(app, ["run", str(config), "--overwrite"], env={ENV: "0"})  # as `submit --online`
     assert result.exit_code == 0, result.output
     network = read_manifest_file(tmp_path / "run").network
     assert network is not None and not network.offline
