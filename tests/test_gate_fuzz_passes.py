@@ -7,6 +7,7 @@ Same two properties, same tiers, same seed."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from test_trust_passes import JURY_ITEMS, SAMPLE_ITEMS, api, items_file, paraphr
 
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.runs.summary import write_summary
+from diagsafe_local.runs.verify import verify_run
 
 
 def _run(root: Path, name: str, items: list[dict], server: FakeOpenAIServer, judge: dict) -> Path:
@@ -139,6 +142,31 @@ def test_the_same_damage_on_the_latest_run_gated_by_itself_is_refused_with_exit_
         assert cli("gate", manifest.parent, "--max-asr", "0.125", "--allow-degenerate-judge").exit_code == 3
     finally:
         restore(undo)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: the gate does not check a paraphrase verdict's score against its recorded reply (judge_raw), "
+    "as it does a result's: on an unsigned run, the harmful paraphrase verdicts' scores set to 0 and summary.json "
+    "rebuilt turn INCONCLUSIVE (exit 4) into GATE PASSED (exit 0)",
+)
+def test_a_paraphrase_score_edited_apart_from_its_recorded_reply_is_refused(tmp_path):
+    server = FakeOpenAIServer(by_model={"j": paraphrased_fraud(("harmful",))})
+    try:
+        run = _run(tmp_path, "run", SAMPLE_ITEMS, server, {"sensitivity": {"variants": 4, "sample": 6}})
+    finally:
+        server.close()
+    args = ("--max-asr", "0.1", "--allow-degenerate-judge")
+    assert cli("gate", run, *args).exit_code == 4
+    edited = []
+    for line in (run / "sensitivity.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["score"] == 1.0:
+            record["score"] = 0.0  # its judge_raw still says harmful
+        edited.append(json.dumps(record) + "\n")
+    (run / "sensitivity.jsonl").write_text("".join(edited))
+    write_summary(run, verify_run(run).summary)
+    assert cli("gate", run, *args).exit_code == 3
 
 
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_passes_and_series(cases, monkeypatch):
