@@ -4,8 +4,8 @@ sockets: a connection (or a name lookup) to a host that is neither loopback nor 
 endpoints is refused with `NetworkRefused`, naming the host and the setting.
 
 The guard wraps Python's `socket.getaddrinfo` and `socket.socket.connect` / `connect_ex` (what
-`socket.create_connection`, urllib, httpx, requests and asyncio connect through); Unix sockets and loopback addresses pass.
-It is a guard against our own and our libraries' slips, not a sandbox: the network namespace (`unshare -n`) or
+`socket.create_connection`, urllib, httpx, requests and asyncio connect through); Unix sockets and loopback
+addresses pass. It is a guard against our own and our libraries' slips, not a sandbox: the network namespace (`unshare -n`) or
 the node's firewall is that.
 """
 
@@ -42,14 +42,6 @@ class NetworkRefused(RunFailed, PermissionError):
     unreachable network."""
 
 
-_guards: list[Guard] = []  # the guards in force in this process (one, or none)
-
-
-def active() -> bool:
-    """Whether this process runs offline: its sockets guarded (within `offline`)."""
-    return bool(_guards)
-
-
 def endpoint_hosts(urls: Iterable[str]) -> frozenset[str]:
     """The host names of API endpoints' base URLs, lower-cased."""
     return frozenset(host.lower() for url in urls if (host := urlsplit(url).hostname))
@@ -67,14 +59,14 @@ class Guard:
         """Refuse looking up `host` unless it is loopback or an endpoint's."""
         if host is None:
             return
-        name = (host.decode() if isinstance(host, bytes) else str(host)).lower().rstrip(".")
+        name = _name(host)
         if name in LOOPBACK_NAMES or name in self.hosts or _loopback(name):
             return
         raise _refused(name)
 
     def resolved(self, host: Any, found: list[Any]) -> None:
         """Remember the addresses an endpoint's host resolved to, so that connecting to them passes."""
-        if host is not None and str(host).lower().rstrip(".") in self.hosts:
+        if host is not None and _name(host) in self.hosts:
             self.addresses.update(str(info[4][0]) for info in found)
 
     def check_address(self, family: int, address: Any) -> None:
@@ -85,6 +77,19 @@ class Guard:
         if host in self.addresses or _loopback(host):
             return
         self.check_host(host)  # a name rather than an address (a socket connects to it through getaddrinfo)
+
+
+_guards: list[Guard] = []  # the guards in force in this process (one, or none)
+
+
+def active() -> bool:
+    """Whether this process runs offline: its sockets guarded (within `offline`)."""
+    return bool(_guards)
+
+
+def _name(host: str | bytes) -> str:
+    """A host as looked up: lower case, no trailing dot."""
+    return (host.decode() if isinstance(host, bytes) else str(host)).lower().rstrip(".")
 
 
 def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
