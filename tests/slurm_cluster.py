@@ -16,6 +16,12 @@ import time
 from pathlib import Path
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _run(*cmd: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(list(cmd), capture_output=True, text=True, **kwargs)
 
@@ -50,6 +56,9 @@ class LocalSlurm:
                 [
                     "ClusterName=diagsafe-test",
                     f"SlurmctldHost={host}",
+                    # ports of its own: a second test cluster, or a site's SLURM, may hold the defaults (6817/6818)
+                    f"SlurmctldPort={_free_port()}",
+                    f"SlurmdPort={_free_port()}",
                     "SlurmUser=root",
                     "SlurmdUser=root",
                     "AuthType=auth/munge",
