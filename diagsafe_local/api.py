@@ -94,14 +94,16 @@ def gate(
     require_signature: bool = False,
     sensitivity: bool = False,
     checkpoint: str | None = None,
+    attest: str | Path | None = None,
     **limits: float | Mapping[str, float] | bool,
 ) -> GateDecision:
     """The gate on a run directory, as `diagsafe-local gate` decides it: `limits` are the limits and switches of
     the limits table by name (`max_asr=0.05`, `max_asr_category={"cyber": 0.1}`, `allow_degenerate_judge=True`);
     `sensitivity` refuses a run without a judge sensitivity sample (`--sensitivity`); of a series directory
     (`watch`), on its `checkpoint` ("latest" or a step), compared with the series' baseline unless `baseline` is
-    given. A switch that is not True or False is a `TypeError`; a run (or baseline) that does not verify raises
-    `RunFailed`."""
+    given; `attest` writes the decision there as a signed in-toto attestation (`gate --attest`). A switch that is
+    not True or False is a `TypeError`; a run (or baseline) that does not verify raises `RunFailed`."""
+    from diagsafe_local.runs import attestation
     from diagsafe_local.runs.gate import gate_run
     from diagsafe_local.runs.limits import LIMITS, SWITCHES
     from diagsafe_local.runs.series import gated_checkpoint
@@ -116,19 +118,25 @@ def gate(
     for name, value in {**flags, **{n: v for n, v in limits.items() if n in switches}}.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
+    keys = None
+    if attest is not None:  # the keys load before anything is decided; an older attestation never outlives it
+        keys = attestation.signing_keys()
+        Path(attest).unlink(missing_ok=True)
     if is_series(Path(run_dir)) or checkpoint is not None:
         _, run_dir, series_baseline, _ = gated_checkpoint(Path(run_dir), checkpoint, require_signature)
         baseline = baseline or series_baseline
     command_line: dict[str, Any] = {name: limits.get(name) for name in known}
     command_line["baseline_run"] = str(baseline) if baseline is not None else None
     command_line["baseline_target"] = baseline_target
-    _, decision = gate_run(
+    run, decision = gate_run(
         Path(run_dir),
         command_line,
         targets=list(targets) if targets else None,
         require_signature=require_signature,
         require_sensitivity=sensitivity,
     )
+    if attest is not None and keys is not None:
+        attestation.write(Path(attest), run, decision, list(targets) if targets else None, keys)
     return decision
 
 

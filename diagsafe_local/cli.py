@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "run"),
     "report": ("report", "report"),
     "gate": ("gate", "gate"),
+    "verify-attestation": ("attest", "verify_attestation"),
     "merge": ("runs", "merge"),
     "compare": ("runs", "compare"),
     "plan": ("plan", "plan"),

@@ -113,7 +113,7 @@ if [[ $engine == gpu ]]; then
   fi
 fi
 
-extras=${DIAGSAFE_EXTRAS:-$engine,embed,api,hf,train,models,inspect,trackers,docs,dev}
+extras=${DIAGSAFE_EXTRAS:-$engine,embed,api,hf,train,models,inspect,trackers,docs,attest,dev}
 [[ -x $VENV/bin/python ]] || run "$PYTHON" -m venv "$VENV"
 stamp="$VENV/.diagsafe-installed"
 want="$(sha256sum pyproject.toml | cut -c1-16) $extras${cuda:+ $cuda}"

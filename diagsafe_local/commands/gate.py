@@ -103,6 +103,15 @@ def gate(
         ),
     ] = None,
     hook: Hooks = None,
+    attest: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write the decision, pass or fail, as an in-toto Statement in a DSSE envelope to FILE, signed with "
+            "DIAGSAFE_ATTEST_KEY (an Ed25519 private key, PEM) and/or DIAGSAFE_SIGNING_KEY; a run that does not "
+            "verify gets none (an older FILE is removed first). `verify-attestation` checks it.",
+            metavar="FILE",
+        ),
+    ] = None,
     *,
     command_line: dict[str, Any],
 ) -> None:
@@ -115,6 +124,12 @@ def gate(
     from diagsafe_local.runs.gate import gate_run
     from diagsafe_local.runs.series_state import is_series
 
+    keys = None
+    if attest is not None:
+        from diagsafe_local.runs import attestation
+
+        keys = attestation.signing_keys()
+        attest.unlink(missing_ok=True)  # an attestation of an earlier decision must not outlive this one
     if is_series(run_dir) or checkpoint is not None:
         from diagsafe_local.runs.series import gated_checkpoint
 
@@ -144,6 +159,9 @@ def gate(
         typer.echo(f"NOTE  {note}")
     for line in decision.lines:
         typer.echo(line)
+    if attest is not None and keys is not None:
+        attestation.write(attest, run, decision, target, keys)
+        typer.echo(f"NOTE  attestation written: {attest}")
     fire_hooks("on_gate", hook, lambda: _gate_event(run, decision))
     if decision.outcome == "inconclusive":
         typer.echo("GATE INCONCLUSIVE: the decision depends on the judge's wording (FLIP lines above)")

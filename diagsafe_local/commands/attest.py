@@ -1,0 +1,60 @@
+"""`diagsafe-local verify-attestation FILE --key PUB.pem`: check the signature of an attestation that
+`gate --attest` wrote and print its decision; exit 0 when it verifies, 3 when it does not (one line naming what
+failed), 2 for bad input (no key asked for, a key that does not load)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from diagsafe_local.commands.common import user_errors
+
+
+@user_errors
+def verify_attestation(
+    file: Annotated[Path, typer.Argument(help="The attestation (a DSSE envelope) that `gate --attest` wrote.")],
+    key: Annotated[Path | None, typer.Option(help="The Ed25519 public key (PEM) whose signature must verify.")] = None,
+    hmac: Annotated[
+        bool,
+        typer.Option(
+            "--hmac",
+            help="Also (or only) check the HMAC signature with the run's key in DIAGSAFE_SIGNING_KEY.",
+        ),
+    ] = False,
+) -> None:
+    """Verify an attestation's signature (the DSSE envelope's PAE) and print the decision it states."""
+    from diagsafe_local.core import signing
+    from diagsafe_local.core.errors import DiagsafeError, RunFailed
+    from diagsafe_local.runs.attestation import public_key, verify_envelope
+
+    if key is None and not hmac:
+        raise DiagsafeError("verify-attestation needs a key to check: --key PUB.pem (Ed25519) or --hmac")
+    public = None if key is None else public_key(key)
+    secret = None
+    if hmac:
+        secret = signing.signing_key()
+        if secret is None:
+            raise DiagsafeError(f"--hmac needs the run's signing key in the environment variable {signing.KEY_ENV}")
+    try:
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise DiagsafeError(f"{file}: cannot read it ({exc.strerror})") from None
+    try:
+        made = verify_envelope(raw, public, secret)
+    except RunFailed as exc:
+        raise RunFailed(f"{file}: INVALID: {exc}") from None
+    predicate = made.predicate
+    decision = predicate.decision
+    by = " and ".join(part for part, on in (("the Ed25519 key", public), ("the HMAC key", secret)) if on is not None)
+    typer.echo(f"VALID  {file}: signed by {by}")
+    for subject in made.subject:
+        typer.echo(f"SUBJECT  {subject.name} {', '.join(f'{a}:{d}' for a, d in subject.digest.items())}")
+    typer.echo(f"RUN  {predicate.run.run_id} (signature: {predicate.run.signature})")
+    for claim in predicate.claims:
+        typer.echo(("PASS  " if claim.passed else "FAIL  ") + claim.line)
+    typer.echo(
+        f"DECISION  passed: {str(decision.passed).lower()}, outcome {decision.outcome}, exit code "
+        f"{decision.exit_code}, {decision.checks} checks"
+    )
