@@ -96,7 +96,7 @@ class RunDirectory:
     def _keep_signed(self, run_id: str) -> None:
         """With a signing key set, resume only from what was signed: a file whose signed part changed refuses the
         resume; what a killed writer added after the last signature is dropped (it is redone)."""
-        for name, length in signing.signed_lengths(self.root, run_id, files.SIGNED_FILES).items():
+        for name, length in signing.signed_lengths(self.root, run_id, passes.signed_files()).items():
             path = self.root / name
             if length is None:
                 path.unlink(missing_ok=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,7 +33,8 @@ CHART = "figures/asr_by_category.png"
 ATTACK_CHART = "figures/attack_success_vs_queries.png"
 FLIPS = "flips.jsonl"
 REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART, ATTACK_CHART, FLIPS)
-# The run files a signature covers: everything a decision or a resume reads.
+# The run files a signature covers: everything a decision or a resume reads (`runs.passes.signed_files()` adds a
+# judging pass's file that is not named here).
 SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, CONTROLS, ATTACKS, SENSITIVITY, JURY, SUMMARY)
 # The first line of the config.yaml the tool writes (a user's own config there is never overwritten).
 CONFIG_HEADER = "# written by diagsafe-local: the resolved config of run"
@@ -108,7 +109,7 @@ class RunFiles:
         signed = self.read.get(name)
         return None if signed is None else signed.sha256
 
-    def signature(self, run_id: str, required: bool) -> tuple[list[str], str]:
-        """(problems, note) of the directory's signature, checked against the files as read here (the ones not
-        read are hashed by `signing`): call it once every file a decision rests on was read."""
-        return signing.check_signature(self.run_dir, run_id, SIGNED_FILES, required, self.read)
+    def signature(self, run_id: str, required: bool, names: Sequence[str]) -> tuple[list[str], str]:
+        """(problems, note) of the directory's signature over `names`, checked against the files as read here (the
+        ones not read are hashed by `signing`): call it once every file a decision rests on was read."""
+        return signing.check_signature(self.run_dir, run_id, names, required, self.read)

@@ -144,7 +144,7 @@ def merge_runs(
             ],
         )
         write_manifest(stage, merged)
-        signing.sign(stage, run_id, files.SIGNED_FILES)
+        signing.sign(stage, run_id, table.signed_files())
     return summary
 
 
@@ -157,7 +157,7 @@ def _staged(out: Path) -> Iterator[Path]:
     stage = Path(tempfile.mkdtemp(prefix=".merging.", dir=out))
     try:
         yield stage
-        names = [name for name in files.SIGNED_FILES if name != files.MANIFEST] + [files.MANIFEST, files.SIGNATURE]
+        names = [name for name in table.signed_files() if name != files.MANIFEST] + [files.MANIFEST, files.SIGNATURE]
         with atomic.outputs_together():
             (out / files.SIGNATURE).unlink(missing_ok=True)  # no signature over a mixture while the files move
             for name in names:
@@ -179,7 +179,7 @@ class _Attested:
 
     def __init__(self, run_dir: Path, run_id: str) -> None:
         self.run_dir = run_dir
-        self.signed = signing.signed_files(run_dir, run_id, files.SIGNED_FILES) if signing.signing_key() else None
+        self.signed = signing.signed_files(run_dir, run_id, table.signed_files()) if signing.signing_key() else None
 
     def check(self, name: str, sha256: str | None) -> None:
         """A file merged as read with this SHA-256 (None: absent), checked against its signature where a key is

@@ -139,6 +139,11 @@ class PassRead:
         self.row, self.check, self.records, self.sha256 = row, check, records, sha256
 
 
+def signed_files() -> tuple[str, ...]:
+    """The run files a signature covers: `files.SIGNED_FILES` and every pass's file."""
+    return files.SIGNED_FILES + tuple(row.file for row in PASSES if row.file not in files.SIGNED_FILES)
+
+
 def could_not_judge_lines(run: VerifiedRun, targets: Sequence[str]) -> list[str]:
     """The gate's line, per pass and per target among `targets` (and run-wide), of what it could not judge."""
     return [

@@ -209,7 +209,7 @@ def verify_run(
                 "verdicts changed after it); resume the run to rebuild it"
             )
     # the signature, checked against the bytes read above: never against the files read again
-    signature, sign_note = held.signature(manifest.run_id, require_signature)
+    signature, sign_note = held.signature(manifest.run_id, require_signature, table.signed_files())
     notes.insert(0, f"signature: {sign_note}")
     controls, sample = checks["controls"], checks["sensitivity"]
     assert isinstance(controls, ControlsCheck) and isinstance(sample, SampleCheck)
