@@ -180,3 +180,40 @@ def test_a_sampled_content_hash_is_named_as_what_it_is():
     assert _digest("sha256-sampled:ab12", "x") == {"diagsafe-sha256-sampled": "ab12"}  # not every byte: not sha256
     with pytest.raises(RunFailed, match="of no known kind"):
         _digest("md5:ab12", "x")
+
+
+def test_an_inconclusive_gate_attests_its_outcome(tmp_path, keys):
+    """A judge whose paraphrase flips the decision (judge sensitivity): exit 4, and the attestation says so."""
+    from fakes import ScriptedEngine, default_responder
+    from test_sensitivity import ITEMS, wording_dependent
+
+    from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.evaluation.pipeline import Run
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps(i) + "\n" for i in ITEMS))
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": str(items)},
+            "target": {"model": str(checkpoint), "name": "t"},
+            "judge": {"model": "j", "sensitivity": {"variants": 4, "sample": 6}},
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
+    Run(
+        config,
+        engine_factory=lambda engine, **_: ScriptedEngine(
+            wording_dependent if engine.model == "j" else default_responder, model=engine.model
+        ),
+    ).execute()
+    out = tmp_path / "decision.intoto.json"
+    gated = cli("gate", tmp_path / "run", "--max-asr", "0.1", "--allow-degenerate-judge", "--attest", out)
+    assert gated.exit_code == 4 and "GATE INCONCLUSIVE" in gated.text, gated.output
+    predicate = _statement(out)["predicate"]
+    assert predicate["decision"] == {"passed": False, "outcome": "inconclusive", "exitCode": 4, "checks": 3}
+    assert all(c["passed"] for c in predicate["claims"])  # every limit passed: a paraphrase decided otherwise
+    assert any(line.startswith("FLIP  t: overall: under paraphrase") for line in predicate["lines"])
+    assert cli("verify-attestation", out, "--key", keys).exit_code == 0 and _in_toto_verifies(out, keys)
