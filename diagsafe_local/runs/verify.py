@@ -82,9 +82,6 @@ class VerifiedRun(BaseModel):
     validation_problem: str | None = Field(
         None, description="Why the judge validation the run recorded did not verify."
     )
-    sensitivity: dict[str, TargetSensitivity] | None = Field(
-        None, description="Each target's sample under its judge and under each paraphrase (judge.sensitivity)."
-    )
     problems: list[str]
     notes: list[str]
     tallies: Summarizer | None = Field(None, exclude=True, description="What the summary was folded from.")
@@ -95,6 +92,13 @@ class VerifiedRun(BaseModel):
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def sensitivity(self) -> dict[str, TargetSensitivity] | None:
+        """Each target's sample under its judge and under each paraphrase (judge.sensitivity); None: none, or one
+        that did not verify."""
+        read = self.passes.get("sensitivity")
+        return read.check.figures() if read is not None and isinstance(read.check, SampleCheck) else None
 
     def results(self) -> Iterator[Line[ResultRecord]]:
         """The run's result records (with their place in the file), read again one at a time."""
@@ -211,8 +215,8 @@ def verify_run(
     # the signature, checked against the bytes read above: never against the files read again
     signature, sign_note = held.signature(manifest.run_id, require_signature, table.signed_files())
     notes.insert(0, f"signature: {sign_note}")
-    controls, sample = checks["controls"], checks["sensitivity"]
-    assert isinstance(controls, ControlsCheck) and isinstance(sample, SampleCheck)
+    controls = checks["controls"]  # the judge's health is folded from its controls
+    assert isinstance(controls, ControlsCheck)
     summarizer.controls = controls.records
     summary = summarizer.summary()
     summary = summary.model_copy(
@@ -240,7 +244,6 @@ def verify_run(
         attacks_sha256=held.sha256(files.ATTACKS),
         validation=validation,
         validation_problem=validation_notes[0] if validation_notes else None,
-        sensitivity=sample.figures(),
         problems=manifest_problems + signature + problems,
         notes=notes,
         tallies=summarizer,
