@@ -53,8 +53,8 @@ from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.judging.base import JUDGES
 from diagsafe_local.judging.cards import AUTO, auto_validation
 from diagsafe_local.judging.config import JudgeConfig
-from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import GrammarCanary, ValidationRef, write_manifest
+from diagsafe_local.runs.passes import signed_files
 from diagsafe_local.runs.records import AnswerKey
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, write_summary
@@ -487,4 +487,4 @@ class Run:
         )
         write_manifest(self.dir.root, manifest)
         # Signed at every save (where a key is set): a resumed run reuses only what was signed.
-        signing.sign(self.dir.root, self.run_id, files.SIGNED_FILES)
+        signing.sign(self.dir.root, self.run_id, signed_files())
