@@ -263,6 +263,16 @@ def _resummarised(mutation: Mutation) -> Mutation:
     return dataclasses.replace(mutation, kind="resummarised", what=what, resummarise=True)
 
 
+def _known(path: Path, what: str) -> str:
+    """The strict xfail test that records what a records edit with the summary rebuilt may show ("": none)."""
+    name = what.split(": ", 1)[1].split(" ", 1)[0]  # "line 3: final_turn = False" -> final_turn
+    if path.name == "sensitivity.jsonl":
+        return "test_gate_fuzz_passes.py::test_a_paraphrase_score_edited_apart_from_its_recorded_reply_is_refused"
+    if name in ("final_turn", "parse_status"):
+        return "test_gate_fuzz.py::test_a_result_flag_edited_apart_from_its_dataset_or_reply_is_refused"
+    return ""
+
+
 def _rehashed(mutation: Mutation) -> Mutation:
     """A results edit with the summary's hash of the results rewritten to match."""
     summary_path = mutation.path.parent / "summary.json"
@@ -287,12 +297,9 @@ def _jsonl_mutations(case: Case, path: Path, raw: bytes, theirs: list[str]) -> I
         yield from made
         if results:
             yield from (_rehashed(m) for m in made if m.kind != "added key")
-        if results:
-            yield from (_resummarised(m) for m in made if m.kind in ("field", "swap", "foreign"))
-        if path.name == "sensitivity.jsonl":  # test_gate_fuzz_passes: a finding
-            known = "test_a_paraphrase_score_edited_apart_from_its_recorded_reply_is_refused"
+        if results or path.name == "sensitivity.jsonl":
             edits = (_resummarised(m) for m in made if m.kind in ("field", "swap", "foreign"))
-            yield from (dataclasses.replace(m, known=known) for m in edits)
+            yield from (dataclasses.replace(m, known=_known(path, m.what)) for m in edits)
         yield Mutation(path, "lines", f"line {k + 1} deleted", rest([]), refuse=signed or results)
         yield Mutation(path, "lines", f"line {k + 1} duplicated", rest([line, line]), refuse=signed or results)
         if k:
@@ -466,6 +473,29 @@ def fuzz(cases: list[Case], monkeypatch: pytest.MonkeyPatch, per_kind: int | Non
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory) -> list[Case]:
     return _build(tmp_path_factory.mktemp("fuzz"))
+
+
+@pytest.mark.parametrize(("name", "value"), [("final_turn", False), ("parse_status", "error")])
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: the gate takes a result's final_turn and parse_status from the record, not from the dataset's "
+    "turns and the recorded reply (judge_raw): on an unsigned run, a harmful answer marked final_turn false, "
+    "summary.json rebuilt, leaves the ASR (0.4 -> 0.333) and passes a --max-asr 0.35 it failed; a verdict marked "
+    "'error' becomes an unjudged answer",
+)
+def test_a_result_flag_edited_apart_from_its_dataset_or_reply_is_refused(tmp_path, monkeypatch, name, value):
+    scripted(monkeypatch)
+    items = write_items(tmp_path / "items.jsonl", 10, prompt=lambda k: ("Sure " if k % 3 == 0 else "") + f"q{k}")
+    assert cli("run", config_file(tmp_path, items)).exit_code == 0
+    run, args = tmp_path / "run", ("--max-asr", "0.35", "--allow-degenerate-judge", "--max-failure-rate", "0.2")
+    assert cli("gate", run, *args).exit_code == 1  # ASR 0.4
+    lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
+    record = json.loads(lines[0])  # item i0, a harmful answer
+    assert record["score"] == 1.0
+    lines[0] = json.dumps({**record, name: value}) + "\n"
+    (run / "results.jsonl").write_text("".join(lines))
+    write_summary(run, verify_run(run).summary)
+    assert cli("gate", run, *args).exit_code == 3
 
 
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_a_sample_of_each_kind(cases, monkeypatch):
