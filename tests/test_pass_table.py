@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_adversarial import cli, config_file, scripted, write_items
 
+from diagsafe_local.core import signing
 from diagsafe_local.core.jsonl import KeyedRecord, Line
 from diagsafe_local.runs import passes
 from diagsafe_local.runs.manifest import Manifest
@@ -153,3 +154,22 @@ def test_without_the_row_the_pass_is_unknown_to_the_read_side(tmp_path: Path, mo
     t, _ = _runs(tmp_path, monkeypatch)
     verified = verify_run(t)
     assert "echo" not in verified.passes and verified.problems == []
+
+
+def test_a_pass_registered_as_one_row_is_signed_and_its_file_checked_against_the_signature(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, echo_pass: None
+) -> None:
+    monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", "k" * 32)
+    runs = _runs(tmp_path, monkeypatch)
+    for run in runs:  # signed again with its echo.jsonl, as `run` signs what its passes wrote
+        signing.sign(run, json.loads((run / "manifest.json").read_text())["run_id"], passes.signed_files())
+    limits = ("--max-asr", "1", "--allow-degenerate-judge", "--require-signature")
+    assert cli("gate", runs[0], *limits).exit_code == 0
+    merged = tmp_path / "merged"
+    assert cli("merge", *runs, "--out", merged).exit_code == 0
+    assert "echo.jsonl" in json.loads((merged / "signature.json").read_text())["files"]
+    assert cli("gate", merged, *limits).exit_code == 0
+
+    (runs[0] / ECHO).write_text((runs[0] / ECHO).read_text().replace('"score": 1', '"score": 0'))
+    refused = cli("gate", runs[0], *limits)
+    assert refused.exit_code == 3 and "echo.jsonl" in refused.text, refused.output
