@@ -3,6 +3,7 @@ whole comparison, byte for byte, and the memory it takes does not grow with the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tracemalloc
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 from test_adversarial import cli, config_file, scripted, write_items
 from test_paired import harmful_on, two_runs
 
+from diagsafe_local.cli import app
 from diagsafe_local.core import jsonl
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verdicts import score_class
@@ -66,10 +68,10 @@ N = 4000  # answers a side
 
 
 def _runs(tmp_path: Path, monkeypatch) -> dict[str, Path]:
-    """Three runs of the same N items: `base` and `same` call the even items harmful, `flipped` the odd ones."""
-    items = write_items(tmp_path / "items.jsonl", N, prompt=lambda k: f"{'even' if k % 2 == 0 else 'odd'} q{k}")
+    """Three runs of the same N items: `base` and `same` call every answer harmful, `flipped` none."""
+    items = write_items(tmp_path / "items.jsonl", N, prompt=lambda k: f"q{k}")
     runs = {}
-    for name, word in (("base", "even"), ("same", "even"), ("flipped", "odd")):
+    for name, word in (("base", "q"), ("same", "q"), ("flipped", "no such word")):
         scripted(monkeypatch, judge=harmful_on((word,)))
         result = cli("run", config_file(tmp_path, items, name))
         assert result.exit_code == 0, result.output
@@ -77,26 +79,28 @@ def _runs(tmp_path: Path, monkeypatch) -> dict[str, Path]:
     return runs
 
 
-def _peak_bytes(run_a: Path, run_b: Path) -> tuple[int, dict]:
-    tracemalloc.start()
-    try:
-        result = cli("compare", run_a, run_b, "--json")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert result.exit_code == 0, result.output
-    return peak, json.loads(result.output)["agreement"]
+def _peak_bytes(run_a: Path, run_b: Path, out: Path) -> tuple[int, dict]:
+    """The traced peak of `compare --json`, its stdout a file (as a user redirects it; the test runner would hold
+    the whole output in memory), and the agreement it printed."""
+    with open(out, "w", encoding="utf-8") as handle, contextlib.redirect_stdout(handle):
+        tracemalloc.start()
+        try:
+            app(["compare", str(run_a), str(run_b), "--json"], standalone_mode=False)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    return peak, json.loads(out.read_text())["agreement"]
 
 
 def test_compare_json_memory_does_not_grow_with_the_disagreements(tmp_path, monkeypatch):
-    runs = _runs(tmp_path, monkeypatch)
-    _peak_bytes(runs["base"], runs["same"])  # imports and first-call caches, outside the measurement
-    agreeing, figures = _peak_bytes(runs["base"], runs["same"])
+    runs, out = _runs(tmp_path, monkeypatch), tmp_path / "out.json"
+    _peak_bytes(runs["base"], runs["same"], out)  # imports and first-call caches, outside the measurement
+    agreeing, figures = _peak_bytes(runs["base"], runs["same"], out)
     assert figures["shared"] == N and figures["disagreements"] == []
-    disagreeing, figures = _peak_bytes(runs["base"], runs["flipped"])
+    disagreeing, figures = _peak_bytes(runs["base"], runs["flipped"], out)
     assert figures["shared"] == N and len(figures["disagreements"]) == N
-    # Held whole, each disagreement took ~600 bytes (a dict, its key list and strings); streamed, a few
-    # numbers each in compact arrays.
+    # Measured: before, ~3,300 bytes a disagreement (the list of dicts, and sklearn's arrays of label strings for
+    # kappa); streamed, ~40 (a few numbers each in compact arrays).
     assert disagreeing - agreeing < 150 * N, (agreeing, disagreeing)
 
 

@@ -99,15 +99,18 @@ class Disagreements:
         self._targets = targets
         self._items = list(items)
         target_rank, item_rank = _ranks(targets), _ranks(self._items)
-        order = (columns["turn"], columns["sample"], item_rank[columns["item"]], target_rank[columns["target"]])
-        self._columns = {name: values[np.lexsort(order)] for name, values in columns.items()}
+        self._columns = columns
+        self._order = np.lexsort(
+            (columns["turn"], columns["sample"], item_rank[columns["item"]], target_rank[columns["target"]])
+        )
 
     def __len__(self) -> int:
-        return len(self._columns["turn"])
+        return len(self._order)
 
     def __iter__(self) -> Iterator[Disagreement]:
         for start in range(0, len(self), self.BLOCK):
-            block = {name: values[start : start + self.BLOCK].tolist() for name, values in self._columns.items()}
+            places = self._order[start : start + self.BLOCK]
+            block = {name: values[places].tolist() for name, values in self._columns.items()}
             for target, item, sample, turn, score_a, score_b in zip(
                 block["target"], block["item"], block["sample"], block["turn"], block["score_a"], block["score_b"]
             ):
