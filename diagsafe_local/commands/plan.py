@@ -46,7 +46,7 @@ def plan(
         raise DiagsafeError("give a run config (or --baseline-asr and --margin to size a comparison)")
     from diagsafe_local.engines.gpu_plan import GIB
     from diagsafe_local.evaluation.config import load_config
-    from diagsafe_local.evaluation.planning import REQUESTS_PER_CLIENT, api_only, api_requests, plan_run
+    from diagsafe_local.evaluation.planning import REQUESTS_PER_CLIENT, api_only, api_requests, pass_costs, plan_run
 
     cfg = load_config(config, set_ or [])
     memory = [int(gpu_memory * GIB)] * gpus if gpus else None
@@ -61,22 +61,8 @@ def plan(
             f"requests (one per {REQUESTS_PER_CLIENT:,}, at most one per CPU), each with its share of every "
             "endpoint's concurrency"
         )
-    settings = cfg.judge.sensitivity
-    if settings is not None:
-        arms = 2 if settings.over_refusal else 1
-        extra = settings.variants * settings.sample * arms
-        typer.echo(
-            f"judge sensitivity: {settings.variants} paraphrases x {settings.sample} answers"
-            + (" of harmful items and as many of benign ones (over-refusal)" if settings.over_refusal else "")
-            + f" = up to {extra} more verdicts per target ({extra * len(cfg.targets)} in all), one process"
-        )
-    if cfg.judge.jury is not None:
-        members = cfg.judge.jury.members
-        typer.echo(
-            f"judge jury: {len(members)} members ({', '.join(m.label for m in members)}) = {len(members)} verdicts per "
-            "answer to a harmful item instead of 1; each member's model loads alone, one after another, once the "
-            "answers are in"
-        )
+    for line in pass_costs(cfg):
+        typer.echo(line)
     if not chosen.gpus:
         typer.echo("no GPUs visible: one process on the CPU (plan for a GPU node with --gpus N --gpu-memory GIB)")
         return

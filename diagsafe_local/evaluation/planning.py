@@ -12,6 +12,7 @@ from diagsafe_local.engines.gpu_plan import plan_gpus, visible_gpu_memory
 from diagsafe_local.engines.gpus import cuda_available
 from diagsafe_local.engines.kinds import capabilities
 from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.passes import PASSES
 from diagsafe_local.judging.config import JuryMember
 from diagsafe_local.runs.manifest import GpuPlan
 
@@ -61,6 +62,12 @@ def client_processes(config: RunConfig, n_items: int | None) -> int:
     in_flight = min((m.concurrency for m in _models(config) if capabilities(m.kind).remote), default=1)
     wanted = api_requests(config, n_items) // REQUESTS_PER_CLIENT
     return max(1, min(len(os.sched_getaffinity(0)), in_flight, wanted))
+
+
+def pass_costs(config: RunConfig) -> list[str]:
+    """What each judging pass adds to a run of `config`, one line per pass that adds something (from the passes'
+    declarations)."""
+    return [line for judging in PASSES if (line := judging.cost(config)) is not None]
 
 
 def plan_run(

@@ -64,6 +64,11 @@ class JudgingPass:
 
     name: ClassVar[str]
 
+    @classmethod
+    def cost(cls, config: RunConfig) -> str | None:
+        """What the pass adds to a run of `config`, as `plan` prints it (None: nothing)."""
+        return None
+
     def needs_judge(self, run: Runner) -> bool:
         """Whether work is left that needs the judge's engine loaded."""
         return False

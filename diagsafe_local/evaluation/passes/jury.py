@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from diagsafe_local.engines.base import Engine
+from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.judge_step import JudgeTask, judge_tasks
 from diagsafe_local.evaluation.jury_step import JurorStep, combine_jury, pending_votes
 from diagsafe_local.evaluation.passes.base import JudgingPass, Runner, Seat
@@ -25,6 +26,17 @@ class JuryPass(JudgingPass):
     """A seat per member, in the jury's order; its work: the answers it has no current verdict on."""
 
     name = "jury"
+
+    @classmethod
+    def cost(cls, config: RunConfig) -> str | None:
+        jury = config.judge.jury
+        if jury is None:
+            return None
+        n = len(jury.members)
+        return (
+            f"judge jury: {n} members ({', '.join(m.label for m in jury.members)}) = {n} verdicts per answer to a "
+            "harmful item instead of 1; each member's model loads alone, one after another, once the answers are in"
+        )
 
     def seats(self, run: Runner) -> Sequence[Seat]:
         jury = run.config.judge.jury
