@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 Section = tuple[str, list[str], list[list[str]], list[str]]
 # How `merge` carries a pass's file: `union` writes every source's records, one per key, sorted by key (a file
 # any source has); `in_results` merges nothing of it (its verdicts are in results.jsonl, merged with them, and
-# its file is the run's resume store).
+# its file is the run's resume store, which no reader but the signature reads).
 MergeRule = Literal["union", "in_results"]
 
 
@@ -96,7 +96,7 @@ PASSES: tuple[JudgingPass, ...] = (
         check=controls.ControlsCheck,
         section=controls.section,
         merge="union",
-        unjudged="counted here; judge health is decided on the rest, and a judge that could judge none is degenerate",
+        unjudged="judge health is decided on the rest; a judge that could judge none of them is degenerate",
         unit="control answers",
     ),
     JudgingPass(
@@ -117,8 +117,8 @@ PASSES: tuple[JudgingPass, ...] = (
         check=jury.VotesCheck,
         section=jury.section,
         merge="in_results",
-        unjudged="a member's missing vote counts harmful, and these answers are held to max_failure_rate",
-        unit="answers (some member gave no verdict)",
+        unjudged="some member gave no verdict: that vote counts harmful, and these answers are held to max_failure_rate",
+        unit="answers",
         tally=jury.JuryTally,
     ),
 )
