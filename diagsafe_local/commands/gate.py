@@ -70,7 +70,13 @@ def limit_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @user_errors
 @limit_options
 def gate(
-    run_dir: Annotated[Path, typer.Argument(help="A finished run directory.")],
+    run_dirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="A finished run directory; with --policy, the runs its entries name, as NAME=DIR.",
+            metavar="RUN_DIR...",
+        ),
+    ],
     target: Annotated[list[str] | None, typer.Option(help="Check only these targets (repeatable).")] = None,
     baseline: Annotated[
         Path | None,
@@ -112,6 +118,15 @@ def gate(
             metavar="FILE",
         ),
     ] = None,
+    policy: Annotated[
+        Path | None,
+        typer.Option(
+            help="A release policy (YAML): one decision over the runs given as NAME=DIR, each entry decided by the "
+            "gate with its own limits and tier; GO 0, NO-GO 1 (3 when a critical run is missing or does not "
+            "verify), INCONCLUSIVE 4. See docs/gate.md.",
+            metavar="FILE",
+        ),
+    ] = None,
     *,
     command_line: dict[str, Any],
 ) -> None:
@@ -124,6 +139,14 @@ def gate(
     from diagsafe_local.runs.gate import gate_run
     from diagsafe_local.runs.series_state import is_series
 
+    if policy is not None:
+        given = {"--target": target, "--baseline": baseline, "--baseline-target": baseline_target}
+        given |= {"--checkpoint": checkpoint, "--attest": attest}
+        given |= {"--" + name.replace("_", "-"): value for name, value in command_line.items()}
+        _gate_policy(policy, run_dirs, require_signature, sensitivity, [k for k, v in given.items() if v])
+    if len(run_dirs) != 1:
+        raise DiagsafeError(f"gate takes one RUN_DIR, got {len(run_dirs)}: several runs are decided with --policy FILE")
+    run_dir = run_dirs[0]
     keys = None
     if attest is not None:
         from diagsafe_local.runs import attestation
@@ -168,6 +191,28 @@ def gate(
         raise typer.Exit(4)
     typer.echo("GATE PASSED" if decision.outcome == "pass" else "GATE FAILED")
     raise typer.Exit(0 if decision.outcome == "pass" else 1)
+
+
+def _gate_policy(policy: Path, runs: list[Path], signed: bool, sensitivity: bool, conflicting: list[str]) -> None:
+    """`gate --policy FILE NAME=DIR...`: the table, each entry's lines, the verdict and its exit code."""
+    from diagsafe_local.core.errors import DiagsafeError
+    from diagsafe_local.runs.policy import decide_policy, load_policy, named_runs
+
+    if conflicting:
+        raise DiagsafeError(f"--policy: {', '.join(conflicting)} cannot be given with it: each entry sets its own")
+    decision = decide_policy(
+        load_policy(policy),
+        named_runs([str(run) for run in runs]),
+        require_signature=signed,
+        require_sensitivity=sensitivity,
+    )
+    for outcome in decision.outcomes:
+        typer.echo(f"== {outcome.entry.name} ({outcome.entry.tier}, run {outcome.entry.run}): {outcome.status}")
+        for line in outcome.lines:
+            typer.echo(line)
+    for line in [*decision.table(), *decision.summary()]:
+        typer.echo(line)
+    raise typer.Exit(decision.exit_code)
 
 
 def _gate_event(run: Any, decision: Any) -> Any:
