@@ -103,6 +103,9 @@ def test_a_critical_run_absent_or_not_verifying_is_missing_and_cannot_verify(tmp
     absent = gate_policy(policy, runs, "safe")
     assert absent.exit_code == 3, absent.output
     assert row(absent.output, "xstest")[3] == "MISSING" and "not given on the command line" in absent.text
+    gone = cli("gate", "--policy", policy, f"safe={runs['safe']}", f"xstest={tmp_path / 'nowhere'}")
+    assert gone.exit_code == 3 and row(gone.output, "xstest")[3] == "MISSING", gone.output
+    assert "no such run directory" in gone.text
     assert "POLICY NO-GO" in absent.text
     summary = json.loads((runs["xstest"] / "summary.json").read_text())
     summary["targets"]["t"]["n_answers"] += 1

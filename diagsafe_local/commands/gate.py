@@ -134,7 +134,9 @@ def gate(
     when every limit passed but a paraphrase of the judge's prompt decides otherwise (judge sensitivity). The run is verified
     first (complete, whole, its own, every figure recomputed from its records, its judge validation and
     signature checked): one that does not verify is refused with exit 3, as is anything unexpected; bad input
-    exits 2. Limits on the command line are the authority; the run's config can only add stricter ones."""
+    exits 2. Limits on the command line are the authority; the run's config can only add stricter ones. With
+    --policy FILE, one release decision over several runs given as NAME=DIR: GO 0, NO-GO 1 (3 when a critical
+    run is missing or does not verify), INCONCLUSIVE 4."""
     from diagsafe_local.core.errors import DiagsafeError, Interrupted, RunFailed
     from diagsafe_local.runs.gate import gate_run
     from diagsafe_local.runs.series_state import is_series

@@ -203,6 +203,9 @@ def _decide_entry(entry: Entry, runs: dict[str, Path], require_signature: bool, 
     absent = [name for name in (entry.run, entry.baseline) if name is not None and name not in runs]
     if absent:
         return Outcome(entry=entry, status="MISSING", figure=f"run {absent[0]} not given on the command line")
+    gone = [name for name in (entry.run, entry.baseline) if name is not None and not runs[name].is_dir()]
+    if gone:
+        return Outcome(entry=entry, status="MISSING", figure=f"run {gone[0]}: no such run directory {runs[gone[0]]}")
     command_line: dict[str, Any] = entry.limits.model_dump(exclude_unset=True)
     if entry.baseline is not None:
         command_line |= {"baseline_run": str(runs[entry.baseline]), "baseline_source": "the release policy"}
