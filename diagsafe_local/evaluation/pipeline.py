@@ -2,8 +2,11 @@
 
 This module orchestrates; each job it hands out has a module of its own: the run directory (`run_directory`:
 lock, resume or overwrite, stores), where the engines go (`engines.host`: sequential, colocate, sleep; the GPU
-plan in `planning`), the answers (`generation`), the verdicts (`judge_step`), the control verdicts
-(`controls`), the summary (`summary`), the manifest (`manifest`). Placement: `sequential` generates with each
+plan in `planning`), the answers (`generation`), the verdicts (`judge_step`), the judging passes that ask a
+judge something more (`passes`: the grammar canary, the controls, judge sensitivity, the jury), the summary
+(`summary`), the manifest (`manifest`). For the passes `Run` is a scheduler: for each engine it loads, it
+drains every pass that needs that engine (their hooks, in the table's order), then loads each pass's own
+models after the judge, one at a time. Placement: `sequential` generates with each
 target, frees it, then loads the judge once; `colocate` keeps the judge resident beside each target in turn;
 `sleep` does the same with vLLM sleep mode (the idle engine's weights offloaded; CUDA only, else it falls back
 to sequential). The judge is loaded once for all targets of a sweep. Re-running the same config on the same
@@ -30,7 +33,6 @@ from diagsafe_local.engines.identity import EngineIdentity, engine_identity
 from diagsafe_local.evaluation.attack.step import AttackStep, attacked_items
 from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.context import run_context
-from diagsafe_local.evaluation.controls import keep_current
 from diagsafe_local.evaluation.generation import Answer, generate_streams, generation_done
 from diagsafe_local.evaluation.items import Item
 from diagsafe_local.evaluation.judge_step import (
@@ -45,7 +47,7 @@ from diagsafe_local.evaluation.judge_step import (
 )
 from diagsafe_local.evaluation.manifest import build_manifest, dataset_ref, judge_ref, target_refs
 from diagsafe_local.evaluation.passes import JUDGE, PASSES, JudgingPass, Seat, alongside, shares_engine
-from diagsafe_local.evaluation.passes.base import Poll
+from diagsafe_local.evaluation.passes.base import Answers, Poll
 from diagsafe_local.evaluation.planning import plan_run
 from diagsafe_local.evaluation.prompt_sets import load_configured
 from diagsafe_local.evaluation.run_directory import RunDirectory
@@ -431,18 +433,20 @@ class Run:
         def wanted(k: AnswerKey) -> bool:  # of a target and an item the run has, a sample it draws
             return k[0] in targets and k[1] in order and 0 <= k[2] < samples[k[0]]
 
+        def kept(k: AnswerKey) -> bool:  # an answer the run judges
+            return wanted(k) and k[3] in judged[k[1]]
+
         # Records of items no longer in the dataset (or of turns no longer judged) leave the run.
         self.dir.generations.keep(lambda k: wanted(k) and 1 <= k[3] <= turns[k[1]])
-        self.dir.results.keep(lambda k: wanted(k) and k[3] in judged[k[1]])
+        self.dir.results.keep(kept)
         self.dir.generations.compact(key)
         self.dir.results.compact(key)
-        if self.config.judge.jury is not None:
-            self.dir.jury.keep(lambda k: wanted(k[:4]) and k[3] in judged[k[1]])
-            self.dir.jury.compact(lambda k: (*key(k[:4]), k[4]))
         if self.config.attack is not None:
             self.dir.attacks.keep(lambda k: k[0] in targets and k[1] in goals)
             self.dir.attacks.compact(key)
-        keep_current(self.ctx)
+        answers = Answers(kept, key)
+        for judging in self.passes:
+            judging.tidy(self, answers)
         reused = {
             "generations": len(self.dir.generations) - self.fresh["generations"],
             "judgments": len(self.dir.results) - self.fresh["judgments"],

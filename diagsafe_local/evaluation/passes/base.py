@@ -14,6 +14,7 @@ from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.context import RunContext
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs.manifest import DatasetRef, GrammarCanary
+from diagsafe_local.runs.records import AnswerKey
 
 JUDGE = "judge"  # the role of the run's judge engine, resident while the targets are judged
 
@@ -26,6 +27,15 @@ class Seat:
     role: str
     label: str
     config: JudgeConfig
+
+
+@dataclass(frozen=True)
+class Answers:
+    """The answers a complete run keeps verdicts of (`kept`: of its targets, items, samples and judged turns) and
+    their canonical order, for a pass whose records are keyed by answer."""
+
+    kept: Callable[[AnswerKey], bool]
+    order: Callable[[AnswerKey], tuple[int, int, int, int]]
 
 
 class Runner(Protocol):
@@ -60,7 +70,7 @@ class JudgingPass:
     `target_judged` once a target's verdicts are in, `settle` before the engine is parked and before its
     residency ends; then, for each of the pass's `seats` with work `pending`, it loads the seat's engine (or keeps
     the resident one serving it), calls every pass's `start` for the seat and this pass's `drain`; `finish` once
-    every engine is closed."""
+    every engine is closed; `tidy` once the run is complete."""
 
     name: ClassVar[str]
 
@@ -97,6 +107,10 @@ class JudgingPass:
 
     def finish(self, run: Runner) -> None:
         """Every engine is closed: write what is made of the pass's verdicts."""
+
+    def tidy(self, run: Runner, answers: Answers) -> None:
+        """The run is complete: drop the pass's records the run no longer has (items removed, turns no longer
+        judged, another judge) and put the rest in canonical order."""
 
     def close(self) -> None:
         """Give back what `start` opened (the run ends, or failed)."""

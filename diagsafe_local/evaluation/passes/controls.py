@@ -4,8 +4,8 @@ beside the run's verdicts, finished before the engine sleeps or its residency en
 from __future__ import annotations
 
 from diagsafe_local.engines.base import Engine
-from diagsafe_local.evaluation.controls import ControlJudging, pending_controls
-from diagsafe_local.evaluation.passes.base import JUDGE, JudgingPass, Poll, Runner, Seat
+from diagsafe_local.evaluation.controls import ControlJudging, keep_current, pending_controls
+from diagsafe_local.evaluation.passes.base import JUDGE, Answers, JudgingPass, Poll, Runner, Seat
 
 
 class ControlsPass(JudgingPass):
@@ -28,6 +28,9 @@ class ControlsPass(JudgingPass):
     def settle(self) -> None:
         if self.stream is not None:
             self.stream.finish()
+
+    def tidy(self, run: Runner, answers: Answers) -> None:
+        keep_current(run.ctx)
 
     def close(self) -> None:
         if self.stream is not None:

@@ -12,7 +12,7 @@ from diagsafe_local.engines.base import Engine
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.judge_step import JudgeTask, judge_tasks
 from diagsafe_local.evaluation.jury_step import JurorStep, combine_jury, pending_votes
-from diagsafe_local.evaluation.passes.base import JudgingPass, Runner, Seat
+from diagsafe_local.evaluation.passes.base import Answers, JudgingPass, Runner, Seat
 from diagsafe_local.judging.config import JuryMember
 
 
@@ -63,3 +63,9 @@ class JuryPass(JudgingPass):
         if run.config.judge.jury is not None:
             for target in run.config.targets:
                 run.fresh["judgments"] += combine_jury(run.ctx, target.label)
+
+    def tidy(self, run: Runner, answers: Answers) -> None:
+        if run.config.judge.jury is not None:
+            store = run.ctx.directory.jury
+            store.keep(lambda k: answers.kept(k[:4]))
+            store.compact(lambda k: (*answers.order(k[:4]), k[4]))
