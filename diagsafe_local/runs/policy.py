@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, create_model, model_validator
 
-from diagsafe_local.core.errors import DiagsafeError, Interrupted, RunFailed
+from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.runs.gate import Check, GateDecision, gate_run
 from diagsafe_local.runs.limits import LIMITS, SWITCHES
@@ -221,7 +221,7 @@ def _decide_entry(entry: Entry, runs: dict[str, Path], require_signature: bool, 
     except RunFailed as exc:
         first = str(exc).splitlines()[0]
         return Outcome(entry=entry, status="MISSING", figure=first, lines=str(exc).splitlines())
-    except (DiagsafeError, Interrupted):
+    except DiagsafeError:  # a usage error of the entry's: decide_policy names the entry
         raise
     except Exception as exc:  # fail closed: nothing unexpected passes an entry
         return Outcome(entry=entry, status="MISSING", figure=f"the gate stopped on an unexpected {type(exc).__name__}")
