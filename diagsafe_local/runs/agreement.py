@@ -108,15 +108,23 @@ class Disagreements:
         return len(self._order)
 
     def __iter__(self) -> Iterator[Disagreement]:
+        return (Disagreement.model_validate(row) for row in self.rows())
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Each disagreement as the document lists it (a `Disagreement`'s fields, its key a list)."""
         for start in range(0, len(self), self.BLOCK):
             places = self._order[start : start + self.BLOCK]
             block = {name: values[places].tolist() for name, values in self._columns.items()}
             for target, item, sample, turn, score_a, score_b in zip(
                 block["target"], block["item"], block["sample"], block["turn"], block["score_a"], block["score_b"]
             ):
-                key = (self._targets[target], self._items[item], sample, turn)
-                a, b = score_class(score_a), score_class(score_b)
-                yield Disagreement(key=key, a=a, b=b, score_a=score_a, score_b=score_b)
+                yield {
+                    "key": [self._targets[target], self._items[item], sample, turn],
+                    "a": score_class(score_a),
+                    "b": score_class(score_b),
+                    "score_a": score_a,
+                    "score_b": score_b,
+                }
 
 
 @dataclass(frozen=True)
@@ -128,8 +136,7 @@ class Agreement:
 
     def as_dict(self) -> dict[str, Any]:
         """The figures and every disagreement, whole (for a few answers: `compare` streams them)."""
-        listed = [d.model_dump(mode="json") for d in self.disagreements]
-        return {**self.figures.model_dump(), "disagreements": listed}
+        return {**self.figures.model_dump(), "disagreements": list(self.disagreements.rows())}
 
 
 def agreement(a: Column, b: Column) -> Agreement:
@@ -245,8 +252,9 @@ def _write_list(handle: TextIO, disagreements: Disagreements, outer: str) -> Non
         return
     inner = "\n" + outer + "  "
     separator = "[" + inner
-    for d in disagreements:
-        handle.write(separator + json.dumps(d.model_dump(mode="json"), indent=2).replace("\n", inner))
+    encode = json.JSONEncoder(indent=2).encode  # what json.dumps(row, indent=2) makes
+    for row in disagreements.rows():
+        handle.write(separator + encode(row).replace("\n", inner))
         separator = "," + inner
     handle.write("\n" + outer + "]")
 
