@@ -170,8 +170,8 @@ class Keys(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    ed25519_pem: bytes | None
-    hmac: bytes | None
+    ed25519_pem: bytes | None = Field(repr=False)
+    hmac: bytes | None = Field(repr=False)
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:
