@@ -33,9 +33,9 @@ CHART = "figures/asr_by_category.png"
 ATTACK_CHART = "figures/attack_success_vs_queries.png"
 FLIPS = "flips.jsonl"
 REPORT_FILES = (REPORT_MD, REPORT_HTML, CHART, ATTACK_CHART, FLIPS)
-# The run files a signature covers: everything a decision or a resume reads (`runs.passes.signed_files()` adds a
-# judging pass's file that is not named here).
-SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, CONTROLS, ATTACKS, SENSITIVITY, JURY, SUMMARY)
+# The run's own files a signature covers: everything a decision or a resume reads but the judging passes' files,
+# which `runs.passes.signed_files()` adds from the pass table.
+SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, ATTACKS, SUMMARY)
 # The first line of the config.yaml the tool writes (a user's own config there is never overwritten).
 CONFIG_HEADER = "# written by diagsafe-local: the resolved config of run"
 

@@ -140,8 +140,8 @@ class PassRead:
 
 
 def signed_files() -> tuple[str, ...]:
-    """The run files a signature covers: `files.SIGNED_FILES` and every pass's file."""
-    return files.SIGNED_FILES + tuple(row.file for row in PASSES if row.file not in files.SIGNED_FILES)
+    """The run files a signature covers: the run's own (`files.SIGNED_FILES`) and every pass's file."""
+    return files.SIGNED_FILES + tuple(row.file for row in PASSES)
 
 
 def could_not_judge_lines(run: VerifiedRun, targets: Sequence[str]) -> list[str]:
