@@ -17,9 +17,10 @@ The gate (and, as a banner, the report) decides only on a run that verifies:
   each judged turn's prompt, hashed); summary.json names this run and its results file;
 - attacked, where the config has an attack: every harmful item attacked to its end (broken, its query budget
   spent, or every chain ended), by this run;
-- checked by its controls, where its judge is a model: the judge graded its control answers;
-- decoded under its schema, where it said so: a recorded grammar canary is decided from its recorded reply
-  (`runs.grammar.canary_held`), whatever flag the manifest carries;
+- checked by each judging pass, as its row in `runs.passes` declares: the pass's check sees every result and
+  reads the pass's own file (the judge's controls and its grammar canary, decided from its recorded reply
+  whatever flag the manifest carries: `runs.controls`; the sensitivity sample: `runs.sensitivity`; each
+  jury verdict as its rule makes it of the members' votes: `runs.jury`), and says what it could not judge;
 - recomputed: every figure is recomputed from results.jsonl, attacks.jsonl and judge_controls.jsonl;
   summary.json is a cache, and one that disagrees with the recomputation, or whose SHA-256 of results.jsonl or
   sensitivity.jsonl is not theirs, is refused;
