@@ -21,6 +21,8 @@ _EXPORTS = {
     "evaluate": "diagsafe_local.api",
     "gate": "diagsafe_local.api",
     "RunResult": "diagsafe_local.api",
+    "gate_policy": "diagsafe_local.api",
+    "PolicyDecision": "diagsafe_local.runs.policy",
     "series_report": "diagsafe_local.api",
     "SeriesFigures": "diagsafe_local.runs.series",
     "SafetyEvalCallback": "diagsafe_local.integrations.transformers",

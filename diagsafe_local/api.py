@@ -31,6 +31,7 @@ from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.summary import Summary
 
 if TYPE_CHECKING:
+    from diagsafe_local.runs.policy import PolicyDecision
     from diagsafe_local.runs.series import SeriesFigures
 
 
@@ -138,6 +139,30 @@ def gate(
     if attest is not None and keys is not None:
         attestation.write(Path(attest), run, decision, list(targets) if targets else None, keys)
     return decision
+
+
+def gate_policy(
+    policy: str | Path,
+    runs: Mapping[str, str | Path],
+    *,
+    require_signature: bool = False,
+    sensitivity: bool = False,
+) -> PolicyDecision:
+    """One release decision over several runs, as `diagsafe-local gate --policy FILE NAME=DIR...` decides it:
+    `runs` maps each name the policy's entries use to its run directory; the decision's `exit_code` is the
+    command's (GO 0, NO-GO 1, cannot verify 3, INCONCLUSIVE 4). A flag that is not True or False is a
+    `TypeError`; an invalid policy file raises `DiagsafeError`."""
+    from diagsafe_local.runs.policy import decide_policy, load_policy
+
+    for name, value in {"require_signature": require_signature, "sensitivity": sensitivity}.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    return decide_policy(
+        load_policy(Path(policy)),
+        {name: Path(run) for name, run in runs.items()},
+        require_signature=require_signature,
+        require_sensitivity=sensitivity,
+    )
 
 
 def series_report(series_dir: str | Path, *, margin: float = 0.02, baseline: str | Path | None = None) -> SeriesFigures:

@@ -80,6 +80,17 @@ def test_a_critical_breach_is_no_go(tmp_path, runs):
     assert "POLICY NO-GO" in result.text
 
 
+def test_the_python_api_decides_a_policy_as_the_command_does(tmp_path, runs):
+    import diagsafe_local as ds
+
+    policy = policy_file(tmp_path, entry("harm", "safe", max_asr=0.5), entry("risky-asr", "risky", max_asr=0.1))
+    decision = ds.gate_policy(policy, {"safe": runs["safe"], "risky": runs["risky"]}, require_signature=True)
+    assert decision.exit_code == gate_policy(policy, runs, "safe", "risky").exit_code == 1
+    assert [o.status for o in decision.outcomes] == ["PASS", "BREACH"]
+    with pytest.raises(TypeError, match="require_signature"):
+        ds.gate_policy(policy, {"safe": runs["safe"]}, require_signature="yes")  # type: ignore[arg-type]
+
+
 def test_too_few_items_for_the_interval_to_decide_is_inconclusive_with_the_n_needed(tmp_path, runs):
     """ASR 0 of 6 passes the plain gate at 0.2, but its 95% upper bound (0.39) is above the limit: 16 answers
     at this rate would bring it under (Wilson: z^2 / (n + z^2) <= 0.2). ASR 0.5 of 6 fails the gate at 0.3, but

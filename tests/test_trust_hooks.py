@@ -254,9 +254,11 @@ def test_the_python_api_takes_every_option_of_the_gate_command():
     from diagsafe_local.runs.limits import LIMITS, SWITCHES
 
     gate = get_command(app).commands["gate"]  # type: ignore[attr-defined]
-    options = {p.name for p in gate.params} - {"hook", "target"} | {"targets"}
+    options = {p.name for p in gate.params} - {"hook", "target", "run_dirs", "policy"} | {"targets", "run_dir"}
     taken = set(inspect.signature(ds.gate).parameters) | {x.name for x in [*LIMITS, *SWITCHES]}
     assert options <= taken, options - taken  # was: sensitivity
+    # --policy FILE NAME=DIR... is its own function, with the switches the command takes beside it
+    assert {"policy", "runs", "require_signature", "sensitivity"} <= set(inspect.signature(ds.gate_policy).parameters)
 
 
 # -- 16. client processes keep an endpoint's concurrency in flight, not more -----------------------------------
