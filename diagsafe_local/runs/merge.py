@@ -367,20 +367,23 @@ def _setting(value: Any) -> str:
 def _same_judge_and_targets(
     run_dirs: Sequence[Path], manifests: Sequence[Manifest], allowed: bool
 ) -> dict[str, TargetRef]:
-    """The merged run's targets; runs judged differently, or one target name for two models, are refused."""
+    """The merged run's targets; one target name for two models is refused, runs judged differently unless allowed."""
+    targets: dict[str, TargetRef] = {}
+    owner: dict[str, Path] = {}
+    others = []
+    for run_dir, manifest in zip(run_dirs, manifests):
+        for label, target in manifest.targets.items():
+            if label in targets and targets[label] != target:
+                others.append(f"target '{label}' is another model in {owner[label]} and {run_dir}")
+            targets.setdefault(label, target)
+            owner.setdefault(label, run_dir)
+    if others:  # no flag waives it: one target's answers would come from two checkpoints
+        raise DiagsafeError("the runs answered with different models, so they cannot be merged: " + "; ".join(others))
     problems = []
     first = manifests[0]
     for run_dir, manifest in zip(run_dirs[1:], manifests[1:]):
         if first.judge is not None and manifest.judge is not None:
             problems += [f"judge {d} ({run_dirs[0]} vs {run_dir})" for d in first.judge.differences(manifest.judge)]
-    targets: dict[str, TargetRef] = {}
-    owner: dict[str, Path] = {}
-    for run_dir, manifest in zip(run_dirs, manifests):
-        for label, target in manifest.targets.items():
-            if label in targets and targets[label] != target:
-                problems.append(f"target '{label}' is another model in {owner[label]} and {run_dir}")
-            targets.setdefault(label, target)
-            owner.setdefault(label, run_dir)
     if problems and not allowed:
         raise DiagsafeError(
             "the runs were not judged alike, so their verdicts do not mean the same: "
