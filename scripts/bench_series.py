@@ -1,24 +1,28 @@
 """Benchmark the series report and the training callback.
 
-    python scripts/bench_series.py [--checkpoints 100] [--items 1000] [--json]
+    python scripts/bench_series.py [--checkpoints 100] [--items 1000] [--work DIR] [--json]
 
 Makes a series of N checkpoints of M items each through `watch --local` with bench_scale's scripted in-process
 engine (the run directories as `run` writes them), then times, in child processes, `report SERIES_DIR` (every
 run verified, each compared with the previous one, series.json, Markdown, HTML and figures) against the bare
 minimum of reading the same files (`json.loads` of every line of every results file and a SHA-256 of each),
-and prints its seconds, its ratio to that minimum and its own peak memory. It also times the training
-callback's `on_save` (recording a checkpoint in the series; `submit=False`, so no `sbatch` is in the figure).
+and prints its seconds, its ratio to that minimum and its own peak memory, and the same ratio in CPU seconds (on a
+loaded machine the wall ratio follows the share of the CPU each child got; the CPU ratio does not). It also
+times the training callback's `on_save` (recording a checkpoint in the series; `submit=False`, so no `sbatch` is
+in the figure). `--work DIR` keeps the series in DIR and reuses one already made there.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +89,15 @@ def make_series(work: Path, checkpoints: int, items: int) -> tuple[Path, Path, P
     return train, series, config
 
 
+def cpu_child(command: list[str], log: Path) -> dict[str, Any]:
+    """`child`, with the CPU seconds (user and system) the child and its own children used."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = child(command, log)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {**done, "cpu_seconds": round(cpu, 2)}
+
+
 def callback_seconds(train: Path, config: Path, work: Path, saves: int = 50) -> list[float]:
     """The callback's on_save, timed over `saves` new checkpoints (recorded only)."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -112,18 +125,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoints", type=int, default=100)
     parser.add_argument("--items", type=int, default=1000)
+    parser.add_argument("--work", type=Path, help="keep the series here, and reuse one already made here")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench_series_"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench_series_"))
     start = time.perf_counter()
-    train, series, config = make_series(work, args.checkpoints, args.items)
+    if (work / "series").is_dir():
+        train, series, config = work / "train", work / "series", work / "run.yaml"
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        train, series, config = make_series(work, args.checkpoints, args.items)
     made_seconds = time.perf_counter() - start
     log = work / "commands.log"
-    report = child(me("cli", "report", str(series)), log)
+    report = cpu_child(me("cli", "report", str(series)), log)
     if report["exit"] != 0:
         raise SystemExit(f"report failed: see {log}")
     results = sorted(series.glob("runs/*/results.jsonl"))
-    minimum = child(me("bare", *map(str, results)), log)
+    minimum = cpu_child(me("bare", *map(str, results)), log)
     saves = callback_seconds(train, config, work)
     figures = {
         "checkpoints": args.checkpoints,
@@ -133,6 +151,10 @@ def main() -> None:
             **report,
             "bare_seconds": minimum["seconds"],
             "ratio_to_bare": round(report["seconds"] / minimum["seconds"], 2) if minimum["seconds"] else None,
+            "bare_cpu_seconds": minimum["cpu_seconds"],
+            "cpu_ratio_to_bare": (
+                round(report["cpu_seconds"] / minimum["cpu_seconds"], 2) if minimum["cpu_seconds"] else None
+            ),
             "bound_seconds": BOUND_SECONDS,
             "over_bound": round(report["seconds"] / BOUND_SECONDS, 3),
         },

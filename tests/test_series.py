@@ -420,3 +420,23 @@ def test_a_signed_series_state_changed_since_is_refused_and_an_unsigned_one_is_w
     unsigned = CliRunner().invoke(app, [*gate, "--require-signature"])
     assert unsigned.exit_code == 3 and "was not signed" in unsigned.output, unsigned.output
     assert CliRunner().invoke(app, gate).exit_code == 0  # unsigned is allowed unless a signature is required
+
+
+def test_a_run_still_being_written_shows_its_status_and_a_damaged_complete_one_is_unverified(tmp_path, scripted):
+    train, spec = recorded_series(tmp_path)
+    assert watch(tmp_path).exit_code == 0
+    runs = spec.series_dir / "runs"
+    manifest = json.loads((runs / "checkpoint-20" / "manifest.json").read_text())
+    (runs / "checkpoint-20" / "manifest.json").write_text(json.dumps({**manifest, "status": "running"}))
+    with open(runs / "checkpoint-20" / "results.jsonl", "a") as handle:
+        handle.write('{"schema_version": 1, "run_')  # its next record, half written
+    with open(runs / "checkpoint-10" / "results.jsonl", "a") as handle:
+        handle.write("{not json\n")  # a complete run's results damaged
+    result = CliRunner().invoke(app, ["report", str(spec.series_dir)])
+    assert result.exit_code == 0, result.output
+    points = {p["name"]: p for p in json.loads((spec.series_dir / "series.json").read_text())["points"]}
+    assert points["checkpoint-20"]["status"] == "finished" and points["checkpoint-20"]["asr"] is None
+    assert not points["checkpoint-20"]["problems"] and points["checkpoint-20"]["vs_previous"] is None
+    assert (
+        points["checkpoint-10"]["status"] == "unverified" and "results.jsonl" in points["checkpoint-10"]["problems"][0]
+    )

@@ -73,12 +73,14 @@ def _add_side(column: Column, line: Line[ResultRecord], digest: bytes = b"") -> 
 
 class RunColumns:
     """What `compare` needs of one run, gathered line by line (`add`) in the pass that verifies it: every target's
-    side (see `sides`) and every answer (see `runs.agreement`)."""
+    side (see `sides`) and every answer (see `runs.agreement`); with `answers=False` the answers column stays
+    empty (a paired comparison alone, as the series report makes, never reads it)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, answers: bool = True) -> None:
         self.path = path
         self.sides: dict[str, Column] = {}
         self.answers = Column(path, ("target",), answers=True)
+        self._with_answers = answers
 
     def add(self, line: Line[ResultRecord]) -> None:
         target = line.record.target
@@ -87,7 +89,8 @@ class RunColumns:
             side = self.sides[target] = Column(self.path, BREAKDOWNS)
         digest = line_digest(line.raw)  # once for both columns
         _add_side(side, line, digest)
-        add_answer(self.answers, line, digest)
+        if self._with_answers:
+            add_answer(self.answers, line, digest)
 
 
 class Difference(BaseModel):

@@ -125,24 +125,34 @@ def _compare(
 
 
 def _verified(run_dir: Path) -> tuple[VerifiedRun, RunColumns]:
-    columns = RunColumns(run_dir / files.RESULTS)
+    columns = RunColumns(run_dir / files.RESULTS, answers=False)
     return verify_run(run_dir, observe=columns.add), columns
+
+
+def _complete(run_dir: Path) -> bool:
+    """Whether a run whose verification failed says it is complete (a manifest that does not read is taken as
+    complete: its verification says what is wrong)."""
+    try:
+        return read_manifest_file(run_dir).status == "complete"
+    except DiagsafeError:
+        return True
 
 
 def _point(
     series_dir: Path, state: SeriesState, entry: CheckpointEntry
 ) -> tuple[SeriesPoint, tuple[VerifiedRun, RunColumns] | None]:
     point = SeriesPoint(name=entry.name, step=entry.step, status=entry.status, run_dir=entry.run_dir)
+    run_dir = Path(entry.run_dir)
+    if not (run_dir / files.MANIFEST).exists():
+        return point, None  # not evaluated yet: its status says so
     try:
-        if read_manifest_file(Path(entry.run_dir)).status != "complete":
-            return point, None  # not evaluated yet, or still running: its status says which
-    except DiagsafeError:
-        if not (Path(entry.run_dir) / files.MANIFEST).exists():
-            return point, None
-    try:
-        run = _verified(Path(entry.run_dir))
+        run = _verified(run_dir)  # its manifest read once, by the verification
     except DiagsafeError as exc:
+        if not _complete(run_dir):
+            return point, None  # still running: its status says so
         return point.model_copy(update={"status": "unverified", "problems": [str(exc)]}), None
+    if run[0].manifest.status != "complete":
+        return point, None
     problems = run[0].problems or run_problems(series_dir, state, entry, run[0].manifest)
     if problems:
         return point.model_copy(update={"status": "unverified", "problems": problems[:5]}), None
