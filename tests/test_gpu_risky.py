@@ -117,30 +117,47 @@ def tiny_classifier(tmp_path_factory):
 
 class FakeCudaCache:
     """torch.cuda's caching allocator as documented: a dropped tensor's blocks stay reserved by this process (NVML
-    counts them used) until `empty_cache()`, which frees only the blocks no live tensor holds. The CUDA context
-    (0.5 GiB) stays until the process ends."""
+    counts them used) until `empty_cache()`, which frees only the blocks no live tensor holds. cuBLAS's workspaces
+    (32 MiB here) are such blocks until `torch._C._cuda_clearCublasWorkspaces()` drops them (torch's own leak check
+    clears them before emptying the cache: torch/testing/_internal/common_utils.py, CudaMemoryLeakCheck). The CUDA
+    context (0.5 GiB) stays until the process ends."""
+
+    WORKSPACES = 32 / 1024
 
     def __init__(self) -> None:
         self.model: weakref.ref | None = None
-        self.reserved = 0.0
+        self.blocks = 0.0  # the model's
+        self.workspaces = 0.0
+        self.workspaces_held = False
         self.emptied: list[bool] = []  # at each empty_cache: whether the model was already gone
 
     def to(self, module: torch.nn.Module, *args, **kwargs) -> torch.nn.Module:
         if args and args[0] == "cuda":
-            self.model, self.reserved = weakref.ref(module), 3.0
+            self.model, self.blocks = weakref.ref(module), 3.0
+            self.workspaces, self.workspaces_held = self.WORKSPACES, True
         return module
+
+    def clear_workspaces(self) -> None:
+        self.workspaces_held = False
 
     def empty_cache(self) -> None:
         gone = self.model is not None and self.model() is None
         self.emptied.append(gone)
         if gone:
-            self.reserved = 0.0
+            self.blocks = 0.0
+        if not self.workspaces_held:
+            self.workspaces = 0.0
+
+    @property
+    def reserved(self) -> float:
+        """GiB reserved by torch's allocator in this process."""
+        return self.blocks + self.workspaces
 
     def free(self) -> int:
         return int((24 - 0.5 - self.reserved) * GIB)
 
 
-def test_closing_the_classifier_drops_its_model_then_empties_the_cuda_cache(
+def test_closing_the_classifier_drops_its_model_and_cublas_workspaces_then_empties_the_cuda_cache(
     gpu_node,  # noqa: F811
     monkeypatch,
     tiny_classifier,
@@ -151,6 +168,7 @@ def test_closing_the_classifier_drops_its_model_then_empties_the_cuda_cache(
     gpu_node(fake_gpu(0, total_gib=24, free_gib=cache.free))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", cache.empty_cache)
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", cache.clear_workspaces, raising=False)  # CUDA builds
     monkeypatch.setattr(torch.nn.Module, "to", lambda module, *args, **kwargs: cache.to(module, *args, **kwargs))
     monkeypatch.setattr(gpus.time, "sleep", lambda seconds: None)
     monkeypatch.setattr(host, "MEMORY_WAIT_SECONDS", 3)
@@ -160,6 +178,7 @@ def test_closing_the_classifier_drops_its_model_then_empties_the_cuda_cache(
     assert cache.model is not None and cache.model() is not None  # on the GPU, in this process
     classifier.close()
     assert cache.emptied == [True]  # the model was released before the cache was emptied
+    assert cache.reserved == 0  # cuBLAS's workspaces too: cleared before the cache was emptied
     # a vLLM juror opened next (vLLM's 0.92 of 24 GiB: 22.1 GiB) finds the classifier's memory free
     opened = []
     host.Host("sequential", 0.45, 0.45, lambda config, **options: opened.append(config) or ScriptedEngine()).open_juror(
@@ -189,6 +208,26 @@ def test_the_host_waits_for_memory_before_opening_a_classifier_on_cuda(gpu_node,
     placed = host.Host("sequential", 0.45, 0.45, lambda config, **options: opened.append(config) or ScriptedEngine())
     placed.open_judge(EngineConfig(kind="classifier", model="c"), "xgrammar")
     assert opened and next(reads, None) is None  # it opened on the read that found 79 GiB free
+
+
+def test_the_host_waits_for_no_memory_before_opening_an_engine_that_loads_on_the_cpu(gpu_node, monkeypatch):  # noqa: F811
+    """The transformers engine loads its model on the CPU (transformers_engine.py): a full GPU is no reason to wait
+    for it; an engine kind that says it allocates on CUDA (a plugin's, by default) still waits."""
+    from diagsafe_local.engines.kinds import ENGINES, Capabilities, EngineKind
+
+    gpu_node(fake_gpu(0, free_gib=1))  # another job holds the GPU
+    monkeypatch.setattr(host, "cuda_available", lambda: True)
+    monkeypatch.setattr(gpus.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(host, "MEMORY_WAIT_SECONDS", 0)
+    monkeypatch.setitem(
+        ENGINES._entries, "acme-gpu", EngineKind("acme-gpu", "a plugin's", ScriptedEngine, Capabilities())
+    )
+    opened = []
+    placed = host.Host("sequential", 0.45, 0.45, lambda config, **options: opened.append(config) or ScriptedEngine())
+    placed.open_judge(EngineConfig(kind="transformers", model="t"), "xgrammar")
+    assert [config.kind for config in opened] == ["transformers"]
+    with pytest.raises(RunFailed):
+        placed.open_judge(EngineConfig(kind="acme-gpu", model="p"), "xgrammar")
 
 
 # -- item 7: how SLURM jobs ask for GPUs: --gpus=N, --gres=gpu:N, or nothing for a job that needs none -----------

@@ -214,13 +214,20 @@ def local_model_path(model: str) -> None:
 def release_memory(on_cuda: bool) -> None:
     """After an in-process engine dropped its model: collect it (modules hold reference cycles) and, on CUDA,
     give the caching allocator's now unused blocks back to the driver, so NVML, and the next engine's wait for
-    memory and vLLM's start-up check, see them free (the CUDA context stays until the process ends)."""
+    memory and vLLM's start-up check, see them free (the CUDA context stays until the process ends). cuBLAS's
+    workspaces (one per handle and stream, from the caching allocator) stay reserved through `empty_cache()`
+    until dropped: torch's own leak check drops them first (torch/testing/_internal/common_utils.py,
+    CudaMemoryLeakCheck: `torch._C._cuda_clearCublasWorkspaces()` then `torch.cuda.empty_cache()`). That function
+    is private and absent from CPU builds: called where present."""
     import gc
 
     gc.collect()
     if on_cuda:
         import torch
 
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
         torch.cuda.empty_cache()
 
 

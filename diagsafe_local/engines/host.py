@@ -75,7 +75,7 @@ class Host:
         if capabilities(config.kind).tensor_parallel and planned > config.tensor_parallel_size:
             config = config.model_copy(update={"tensor_parallel_size": planned})
         need: Need | None = None
-        if capabilities(config.kind).local and cuda_available():
+        if capabilities(config.kind).local and capabilities(config.kind).on_cuda and cuda_available():
             need = (
                 config.gpu_memory_utilization or options.get("memory_share") or ALONE_SHARE,
                 config.tensor_parallel_size * config.pipeline_stages,

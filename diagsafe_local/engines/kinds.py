@@ -2,8 +2,9 @@
 
 A kind is a name (`kind:` in an engine config), a loader (the engine's module is imported only when one is
 made) and what it can do: run on this node (`local`: GPU planning, memory shares and local model paths apply)
-or behind an endpoint (`remote`), stream requests itself, give log-probabilities, continue an assistant prefix,
-shard a model over GPUs (`tensor_parallel`), and offload its weights while idle (`sleeps`). Plugins add kinds
+or behind an endpoint (`remote`), allocate on the GPU where CUDA is usable (`on_cuda`: the host waits for its
+memory first), stream requests itself, give log-probabilities, continue an assistant prefix, shard a model over
+GPUs (`tensor_parallel`), and offload its weights while idle (`sleeps`). Plugins add kinds
 through the `diagsafe_local.engines` entry-point group, as an `EngineKind`.
 """
 
@@ -26,6 +27,7 @@ class Capabilities(BaseModel):
 
     local: bool = True
     remote: bool = False
+    on_cuda: bool = True  # a local engine's model goes on the GPU where CUDA is usable (unless declared otherwise)
     streams: bool = False
     logprobs: bool = False
     continues_prefix: bool = False
@@ -82,7 +84,7 @@ ENGINES.add(
         "transformers",
         "Hugging Face transformers + outlines on this node (no vLLM needed)",
         _lazy("diagsafe_local.engines.transformers_engine", "TransformersEngine"),
-        Capabilities(logprobs=True, continues_prefix=True),
+        Capabilities(on_cuda=False, logprobs=True, continues_prefix=True),  # loads its model on the CPU
     )
 )
 ENGINES.add(
