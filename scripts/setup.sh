@@ -130,7 +130,9 @@ if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
         "above). They come from $VLLM_INDEX and $TORCH_INDEX besides PyPI: where this node cannot reach them," \
         "set DIAGSAFE_VLLM_INDEX and DIAGSAFE_TORCH_INDEX to mirrors of both, or PIP_FIND_LINKS to a folder" \
         "of the wheels fetched where they can be reached; or update the NVIDIA driver to $CUDA13_DRIVER or" \
-        "later and run this again (the default CUDA 13 build, from PyPI)" >&2
+        "later and run this again (the default CUDA 13 build, from PyPI). The wheels need glibc 2.28 or later" \
+        "(torch's are manylinux_2_28: 'ldd --version' says this node's) and run on NVIDIA driver 525 or later" \
+        "(CUDA 12's minimum under NVIDIA's minor version compatibility; this node has $driver)" >&2
       exit 3
     fi
   else

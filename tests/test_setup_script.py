@@ -192,3 +192,20 @@ def test_the_refusal_on_an_old_driver_names_the_commands_setup_runs_there(gpu_no
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "other-venv"))
     with pytest.raises(RunFailed, match=re.escape(f"`DIAGSAFE_VENV={tmp_path / 'other-venv'} bash {SETUP}`")):
         gpus.cuda_available()
+
+
+def test_when_pip_finds_no_cuda_12_9_build_setup_names_the_mirrors_glibc_and_the_driver(tmp_path):
+    """pip failing on the cu129 resolve (run for real against a virtualenv whose python fails that one install):
+    exit 3, and the reasons a node gets no wheel: the indexes unreachable (mirrors), a glibc older than the wheels'
+    manylinux_2_28, a driver older than CUDA 12's 525 (NVIDIA's minor version compatibility)."""
+    venv = tmp_path / "fake-venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text('#!/bin/sh\ncase "$*" in *vllm==*) echo "ERROR: No matching distribution" >&2; exit 1;; esac\n')
+    python.chmod(0o755)
+    setup = dry_run(tmp_path, smi="535.104.05", DIAGSAFE_SETUP_DRY_RUN="0", DIAGSAFE_VENV=str(venv))
+    assert setup.code == 3, setup.out
+    assert "DIAGSAFE_VLLM_INDEX and DIAGSAFE_TORCH_INDEX to mirrors" in setup.out
+    assert "glibc 2.28 or later" in setup.out and "manylinux_2_28" in setup.out
+    assert "driver 525 or later" in setup.out
+    assert not (venv / ".diagsafe-installed").exists()
