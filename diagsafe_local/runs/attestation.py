@@ -34,6 +34,7 @@ from pydantic.alias_generators import to_camel
 
 from diagsafe_local.core import atomic, signing
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.core.fingerprint import model_fingerprint
 from diagsafe_local.runs.gate import Check, GateDecision
 from diagsafe_local.runs.limits import LIMITS
 from diagsafe_local.runs.manifest import JudgeRef
@@ -242,7 +243,9 @@ def _digest(content_hash: str, where: str) -> dict[str, str]:
 
 
 def _subjects(run: VerifiedRun, targets: list[str]) -> list[Subject]:
-    """Each gated target's weights by content (and its LoRA adapter's, if it has one)."""
+    """Each gated target's weights by content (and its LoRA adapter's, if it has one). The manifest's model_hash is
+    taken as is only when the run's signature verified; on a run not signed (or not checked) it is any bytes its
+    writer chose, so the checkpoint is hashed again here and must match, or nothing is attested."""
     subjects = []
     for label in targets:
         target = run.manifest.targets.get(label)
@@ -251,6 +254,19 @@ def _subjects(run: VerifiedRun, targets: list[str]) -> list[Subject]:
                 f"{run.run_dir}: no attestation: target {label} has no weights by content (an API model, or an older "
                 "run): an in-toto subject needs a digest"
             )
+        if not run.signature_verified:
+            on_disk = model_fingerprint(target.model)
+            if on_disk != target.model_hash:
+                found = "is not on this machine" if on_disk is None else f"hashes to {on_disk}"
+                raise RunFailed(
+                    f"{run.run_dir}: no attestation: the run's signature did not verify, so target {label}'s "
+                    f"model_hash {target.model_hash} is checked against {target.model}, which {found}"
+                )
+            if target.lora_hash is not None:
+                raise RunFailed(
+                    f"{run.run_dir}: no attestation: the run's signature did not verify, and target {label}'s adapter "
+                    "hash is not checked here: sign the run (DIAGSAFE_SIGNING_KEY) to attest an adapter"
+                )
         subjects.append(Subject(name=target.model, digest=_digest(target.model_hash, f"target {label}")))
         if target.lora_hash is not None:
             adapter = _digest(target.lora_hash, f"target {label}'s adapter")

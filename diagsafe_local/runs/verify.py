@@ -85,6 +85,7 @@ class VerifiedRun(BaseModel):
     )
     problems: list[str]
     notes: list[str]
+    signature_verified: bool = Field(False, description="Its signature verified with the key set here.")
     tallies: Summarizer | None = Field(None, exclude=True, description="What the summary was folded from.")
     passes: dict[str, table.PassRead] = Field(
         default_factory=dict, exclude=True, description="Each judging pass as read (`runs.passes`), by name."
@@ -247,6 +248,7 @@ def verify_run(
         validation_problem=validation_notes[0] if validation_notes else None,
         problems=manifest_problems + signature + problems,
         notes=notes,
+        signature_verified=sign_note == "signature verified",
         tallies=summarizer,
         passes=read,
     )
@@ -295,6 +297,30 @@ def _record(manifest: Manifest) -> list[str]:
         problems.append(
             f"the manifest's config is not the config of run {manifest.run_id} (it hashes to {fingerprint}): the "
             "manifest was edited"
+        )
+    return problems + _targets_of_config(manifest)
+
+
+def _targets_of_config(manifest: Manifest) -> list[str]:
+    """The manifest's targets must be the config's (the config is bound to the run id, the targets are not): a
+    target's model or adapter edited in the manifest would name weights the run never answered with. A merged run
+    may hold targets of the other runs' configs too."""
+    configured = {}
+    for target in manifest.config.get("targets") or []:
+        model, lora = target.get("model"), target.get("lora")
+        label = target.get("name") or Path(str(lora or model).rstrip("/")).name  # as TargetConfig.label
+        configured[label] = (model, lora is not None)
+    problems = [
+        f"target '{label}' in the manifest is {ref.model!r}{' with' if ref.lora_hash else ' without'} an adapter, "
+        f"the run's config says {configured[label][0]!r}{' with' if configured[label][1] else ' without'} one "
+        "(the manifest was edited)"
+        for label, ref in manifest.targets.items()
+        if label in configured and (ref.model, ref.lora_hash is not None) != configured[label]
+    ]
+    if not manifest.sources and set(configured) != set(manifest.targets):
+        problems.append(
+            f"the manifest's targets ({', '.join(sorted(manifest.targets))}) are not the config's "
+            f"({', '.join(sorted(configured))}): the manifest was edited"
         )
     return problems
 
