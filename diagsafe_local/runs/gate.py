@@ -399,6 +399,21 @@ def _increase_line(row: Difference | None, margin: float, corrected: bool) -> tu
     )
 
 
+def _not_itself(run: VerifiedRun, baseline: VerifiedRun) -> None:
+    """A baseline elsewhere that is the candidate run itself (a copy: its run id or its results) is refused (exit
+    2, the options name the wrong run): the increase would be the run against itself, zero by construction. The
+    candidate's own directory is a sweep's baseline (its targets against its baseline target)."""
+    if baseline.run_dir.resolve() == run.run_dir.resolve():
+        return
+    if baseline.manifest.run_id == run.manifest.run_id or (
+        run.results_sha256 is not None and baseline.results_sha256 == run.results_sha256
+    ):
+        raise DiagsafeError(
+            f"the baseline {baseline.run_dir} is the candidate run itself (a copy of {run.run_dir}: the same run id "
+            "or results); name the production run as the baseline"
+        )
+
+
 def gate_run(
     run_dir: Path,
     command_line: dict[str, Any],
@@ -422,12 +437,10 @@ def gate_run(
     comparisons = None
     if limits.increases:
         assert limits.baseline_run is not None
+        baseline = verified(Path(limits.baseline_run), "the baseline run", require_signature)
+        _not_itself(run, baseline)
         try:
-            comparisons = compare_with_baseline(
-                run,
-                verified(Path(limits.baseline_run), "the baseline run", require_signature),
-                baseline_target=limits.baseline_target,
-            )
+            comparisons = compare_with_baseline(run, baseline, baseline_target=limits.baseline_target)
         except Incomparable as exc:  # nothing is decided on a comparison whose two sides do not mean the same
             raise RunFailed(f"refused: {exc}") from None
     return run, decide(run, limits, targets, comparisons)
