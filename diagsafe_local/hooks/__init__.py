@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 _STEP = re.compile(r"step-(\d+)")
 TIMEOUT_VARIABLE = "DIAGSAFE_HOOK_TIMEOUT"
 DEFAULT_TIMEOUT = 30.0
+MAX_TIMEOUT = 86400.0  # a day: poll() overflows on far larger values
 
 
 class Hook(Protocol):
@@ -150,7 +151,7 @@ class SeriesEvent:
 
 def hook_timeout() -> float:
     """Seconds each hook call may take: `DIAGSAFE_HOOK_TIMEOUT`, or 30 (a value that is not a positive number is
-    a warning, and the default)."""
+    a warning, and the default; one over a day is a warning, and a day)."""
     text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_TIMEOUT
@@ -161,6 +162,9 @@ def hook_timeout() -> float:
     if not 0 < seconds < float("inf"):
         log.warning("%s=%r is not a number of seconds; hooks run with %g s", TIMEOUT_VARIABLE, text, DEFAULT_TIMEOUT)
         return DEFAULT_TIMEOUT
+    if seconds > MAX_TIMEOUT:
+        log.warning("%s=%r is over a day; hooks run with %g s", TIMEOUT_VARIABLE, text, MAX_TIMEOUT)
+        return MAX_TIMEOUT
     return seconds
 
 
@@ -174,7 +178,10 @@ def fire(method: str, event: Callable[[], Any], names: Iterable[str]) -> None:
         return
     timeout = hook_timeout()
     for name in names:
-        problem = _call(name, method, made, timeout)
+        try:
+            problem = _call(name, method, made, timeout)
+        except Exception as exc:  # a hook never changes what a command decided, nor its exit code
+            problem = f"could not be run: {type(exc).__name__}: {exc}"
         if problem is not None:
             log.warning("hook %s: %s %s", name, method, problem)
 
