@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, create_model
+from pydantic import BaseModel, BeforeValidator, Field, create_model
 
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.settings import StrictModel
@@ -226,11 +226,22 @@ SWITCHES: tuple[Switch, ...] = (
 )
 
 
+def _a_number(value: Any) -> Any:
+    """A limit is a number as written: a boolean or a text is a mistake (`yes` is not 1, "0.05" is not 0.05)."""
+    if isinstance(value, bool | str):
+        raise ValueError(f"a limit must be a number in [0, 1], got {value!r}")
+    return value
+
+
+LimitValue = Annotated[float, BeforeValidator(_a_number), Field(ge=0.0, le=1.0)]
+"""A limit's value in a settings file (a config's `gate:` section, a release policy), per category or not."""
+
+
 def _limit_field(limit: Limit) -> Any:
-    """A limit as a field of the config's `gate:` section (its values in [0, 1])."""
+    """A limit as a field of the config's `gate:` section."""
     if limit.per_category:
-        return (dict[str, Annotated[float, Field(ge=0.0, le=1.0)]], Field(default_factory=dict, description=limit.help))
-    return (float | None, Field(limit.default, ge=0.0, le=1.0, description=limit.help))
+        return (dict[str, LimitValue], Field(default_factory=dict, description=limit.help))
+    return (LimitValue | None, Field(limit.default, description=limit.help))
 
 
 GateConfig: type[StrictModel] = create_model(  # type: ignore[call-overload]

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model, model_validator
 
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.runs.gate import Check, GateDecision, gate_run
-from diagsafe_local.runs.limits import LIMITS, SWITCHES
+from diagsafe_local.runs.limits import LIMITS, SWITCHES, LimitValue
 from diagsafe_local.stats import wilson
 
 Tier = Literal["critical", "supporting", "advisory"]
@@ -39,8 +39,8 @@ INCREASES = frozenset(limit.name for limit in LIMITS if limit.scope in ("increas
 
 def _limit_field(per_category: bool, help: str) -> Any:
     if per_category:
-        return (dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] | None, Field(None, description=help))
-    return (float | None, Field(None, ge=0.0, le=1.0, description=help))
+        return (dict[str, LimitValue] | None, Field(None, description=help))
+    return (LimitValue | None, Field(None, description=help))
 
 
 PolicyLimits: type[StrictModel] = create_model(  # type: ignore[call-overload]
