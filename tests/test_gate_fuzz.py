@@ -11,7 +11,7 @@ hash, a truncated or deleted decision file, a decision file that is now another 
 to it), and on a signed run gated with --require-signature any change to a signed byte. Every other mutation is
 refused, or reaches exactly the decision of the untouched run (exit code and every PASS/FAIL/FLIP line). The fast
 tier runs a sample of each kind of mutation, rotated by a seed (DIAGSAFE_FUZZ_SEED, else today's date; printed);
-the slow tier runs all of them.
+the slow tier a wider sample (DIAGSAFE_FUZZ_PER_KIND=all runs every one, by hand).
 """
 
 from __future__ import annotations
@@ -129,9 +129,9 @@ def _cases(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
     for name in ("signed", "signed_twin"):
         assert cli("run", config_file(root, items, name, judge=judge)).exit_code == 0
     mp.delenv("DIAGSAFE_SIGNING_KEY")
-    # a sweep against a production run
-    sweep = {"targets": [{"model": "t", "name": "t"}, {"model": "t", "name": "u", "system_prompt": "be brief"}]}
-    for name in ("prod", "sweep"):
+    # a sweep against a production run (another model's: a baseline that is the candidate's own run is refused)
+    for name, model in (("prod", "production"), ("sweep", "t")):
+        sweep = {"targets": [{"model": model, "name": "t"}, {"model": model, "name": "u", "system_prompt": "be brief"}]}
         assert cli("run", config_file(root, items, name, **sweep)).exit_code == 0
     signed, prod = root / "signed", root / "prod"
     args = ("--max-asr", "0.5", "--max-asr-category", "c=0.6", "--allow-degenerate-judge", "--corrected")
@@ -404,6 +404,13 @@ def restore(undo: list[tuple[Path, bytes | None]]) -> None:
 # -- the fuzz -----------------------------------------------------------------------------------------------------
 
 
+def slow_per_kind() -> int | None:
+    """The slow tier's sample: DIAGSAFE_FUZZ_PER_KIND mutations of each kind (default 25), or `all` of them (about
+    90,000 gate calls over both fuzz files: hours on 2 cores, so a run by hand, never CI's)."""
+    given = os.environ.get("DIAGSAFE_FUZZ_PER_KIND", "25")
+    return None if given == "all" else int(given)
+
+
 def fuzz_seed() -> int:
     """The fast tier's seed: DIAGSAFE_FUZZ_SEED, else today's date (so the sample rotates daily)."""
     return int(os.environ.get("DIAGSAFE_FUZZ_SEED") or datetime.date.today().strftime("%Y%m%d"))
@@ -504,6 +511,6 @@ def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_a_sampl
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(5400)  # every mutation: tens of thousands of gate calls, past the suite's 900 s per test
-def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_every_tamper(cases, monkeypatch):
-    assert fuzz(cases, monkeypatch, per_kind=None).tried > 2000
+@pytest.mark.timeout(5400)  # a wide sample (or, by hand, every mutation): past the suite's 900 s per test
+def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_a_wide_sample(cases, monkeypatch):
+    assert fuzz(cases, monkeypatch, per_kind=slow_per_kind()).tried > 700
