@@ -112,9 +112,17 @@ def test_doctor_tries_vllm_on_tiny_models_and_its_canary_catches_an_engine_that_
 class GpuVLLM(ScriptedEngine):
     """vLLM on a GPU node as far as doctor's checks reach it: the LoRA kernels refuse a float32 model at start (vLLM's
     `_lora_shrink` asserts fp16/bf16, and the profile run exercises LoRA), answers follow the prompt, seed and
-    adapter, sleep and wake work; and reading P(Yes) raises (the one check that fails)."""
+    adapter, sleep and wake work; and reading P(Yes) raises (the one check that fails). bfloat16 on a GPU below
+    compute capability 8.0 raises at start (vllm/platforms/cuda.py, CudaPlatform.check_if_supports_dtype)."""
+
+    capability = (9, 0)
 
     def __init__(self, config, *, memory_share=None, structured_backend=None, enable_sleep=False):
+        if config.dtype == "bfloat16" and self.capability < (8, 0):
+            raise RunFailed(
+                f"vLLM could not load '{config.model}': ValueError: Bfloat16 is only supported on GPUs with compute "
+                "capability of at least 8.0. Your Tesla T4 GPU has compute capability 7.5."
+            )
         if config.lora and config.dtype not in ("float16", "bfloat16"):
             raise RunFailed(
                 f"vLLM could not load '{config.model}': RuntimeError: Engine core initialization failed "
@@ -167,11 +175,19 @@ def CLASSIFIER_ON_A_GPU(model: str) -> ClassifierProbe:
     return ClassifierProbe(device="cuda", answered=True, held=3 * 2**20, reserved=0)
 
 
-def test_doctor_on_a_gpu_runs_bf16_tiny_models_and_one_failing_check_is_one_fail_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("capability", "dtype"), [((9, 0), "bfloat16"), ((7, 5), "float16")])
+def test_doctor_on_a_gpu_runs_half_precision_tiny_models_and_one_failing_check_is_one_fail_line(
+    tmp_path, monkeypatch, capability, dtype
+):
+    """bfloat16 from compute capability 8.0, float16 below it (a T4, an RTX 20xx: vLLM refuses bfloat16 there)."""
     from diagsafe_local.engines import vllm_engine
+    from diagsafe_local.engines.gpus import Gpu, NodeGpus
     from diagsafe_local.selftest import doctor
 
     OPENED.clear()
+    gpu = Gpu(device="0", name="a GPU", total=16 * GIB, free=15 * GIB, capability=capability)
+    monkeypatch.setattr(doctor, "node_gpus", lambda: NodeGpus(driver="535.104.05", cuda="12.2", gpus=[gpu]))
+    monkeypatch.setattr(GpuVLLM, "capability", capability)
     monkeypatch.setattr(vllm_engine, "VLLMEngine", GpuVLLM)
     monkeypatch.setattr(doctor, "cuda_available", lambda: True)
     monkeypatch.setattr(doctor, "probe_in_child", CLASSIFIER_ON_A_GPU)
@@ -187,8 +203,8 @@ def test_doctor_on_a_gpu_runs_bf16_tiny_models_and_one_failing_check_is_one_fail
     for name in ("engine", "greedy in any batch", "seeded sampling", "grammar canary", "lora rank 8"):
         assert table[name].startswith("ok"), (name, result.output)
     assert table["sleep and wake"].startswith("ok") and table["three engines colocated"].startswith("ok")
-    assert "(bfloat16); model runner v2" in table["engine"]
-    assert {config.dtype for config in OPENED} == {"bfloat16"} and len(OPENED) == 6
+    assert f"({dtype}); model runner v2" in table["engine"]
+    assert {config.dtype for config in OPENED} == {dtype} and len(OPENED) == 8  # 6, and 2 measuring overheads
     assert "Traceback" not in result.output and "NOT READY" in result.output
     assert "CUDA error: an illegal memory access" in (tmp_path / "engines.log").read_text()  # the traceback
 
@@ -422,3 +438,102 @@ def test_the_classifier_probe_runs_in_a_child_process_as_on_a_gpu(tmp_path):
     assert (found.held is None and found.reserved is None) != ON_A_GPU_NODE, found  # measured on a GPU only
     with pytest.raises(RuntimeError, match="the classifier's process ended with 1: .*"):
         probe_in_child(str(tmp_path / "missing"))
+
+
+class LabelEngine:
+    """vLLM as doctor's P(Yes) check meets it: `generate` answers the label words' log-probabilities read from
+    `logprobs` at the ids `read` (the label words' own, or others), and the request through vLLM's LLM returns the
+    ids `returned` with the sampled token first (vllm/v1/sample/sampler.py, gather_specific_token_logprobs)."""
+
+    def __init__(self, logprobs: torch.Tensor, label_ids: dict, read: dict, returned: list[int]) -> None:
+        self.logprobs, self.ids, self.read, self.returned = logprobs, label_ids, read, returned
+        self._llm = SimpleNamespace(generate=self._raw)
+
+    def _label_ids(self, words):
+        return self.ids
+
+    def _sampling(self, request):
+        return request
+
+    def generate(self, requests):
+        labels = {w: float(torch.logsumexp(self.logprobs[ids], dim=0)) for w, ids in self.read.items()}
+        return [Completion(text="", finish_reason="length", label_logprobs=labels)]
+
+    def _raw(self, prompts, params, use_tqdm):
+        first = {i: SimpleNamespace(logprob=float(self.logprobs[i])) for i in self.returned}
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=self.returned[:1], logprobs=[first])])]
+
+
+def test_doctors_p_yes_check_fails_on_the_wrong_token_ids_or_a_wrong_value(tmp_path):
+    """The tiny model's P(Yes) is ~0.003 and no token's probability reaches 0.01: a gap in probability held for any
+    token ids; in log space, and with the ids vLLM returned checked, it does not."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from diagsafe_local.engines.base import label_token_ids
+    from diagsafe_local.selftest.doctor import P_YES_GAP, _ask, _p_yes
+    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
+
+    model = build_tiny_chat_model(tmp_path / "model", seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    request = _ask("Is this harmful? Answer Yes or No.", max_tokens=1)
+    with torch.no_grad():
+        logits = AutoModelForCausalLM.from_pretrained(str(model))(
+            tokenizer(request.prompt, return_tensors="pt").input_ids
+        )
+    logprobs = torch.log_softmax(logits.logits[0, -1].double(), dim=-1)
+    ids = label_token_ids(tokenizer, ("Yes", "No"))
+    everyone = sorted({i for v in ids.values() for i in v})
+    sampled = int(logprobs.argmax())
+    # the farthest other ids from the label words' values: "logprobs of the wrong token ids"
+    others = {w: [int((logprobs - float(logprobs[v[0]])).abs().argmax())] for w, v in ids.items()}
+
+    def check(read, returned, tolerance=P_YES_GAP["bfloat16"]):
+        return _p_yes(LabelEngine(logprobs, ids, read, returned), model, request, tolerance)
+
+    right = check(ids, [sampled, *everyone])
+    assert right.status == "ok", right
+    wrong_values = check(others, [sampled, *everyone])
+    assert wrong_values.status == "fail" and "differs from the model's own log-probabilities" in wrong_values.detail
+    wrong_ids = check(ids, [sampled, *(i + 1 for i in everyone)])
+    assert wrong_ids.status == "fail" and "not the label words'" in wrong_ids.detail
+    off = LabelEngine(logprobs + 0.01, ids, ids, [sampled, *everyone])  # within bfloat16's gap, not float32's
+    assert _p_yes(off, model, request, P_YES_GAP["float32"]).status == "fail"
+    assert _p_yes(off, model, request, P_YES_GAP["bfloat16"]).status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("reserved", "status"),
+    [(0, "ok"), (32 * 2**20, "ok"), (64 * 2**20, "ok"), (64 * 2**20 + 1, "warn"), (200 * 2**20, "warn")],
+)
+def test_doctors_classifier_warns_only_when_torch_holds_more_than_cublas_workspaces_after_close(
+    tmp_path, monkeypatch, reserved, status
+):
+    """On a GPU, torch's cache after close may hold cuBLAS's and cuBLASLt's workspaces (32 MiB each here, as torch
+    reports their sizes) where torch cannot drop them: only more than that is the classifier's."""
+    from diagsafe_local.selftest import doctor
+
+    def probe(model: str) -> ClassifierProbe:
+        return ClassifierProbe(device="cuda", answered=True, held=reserved, reserved=reserved, workspaces=64 * 2**20)
+
+    monkeypatch.setattr(doctor, "probe_in_child", probe)
+    found = doctor._classifier(tmp_path, cuda=True)
+    assert found.status == status, found
+    assert f"torch's cache {reserved / 2**20:.0f} MiB" in found.detail
+
+
+def test_doctor_asks_torch_for_the_memory_of_nvmls_first_gpu(monkeypatch):
+    """CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID (NVML's order; vLLM warns of mixed GPUs
+    without it: vllm/platforms/cuda.py, NvmlCudaPlatform.log_warnings): the child compares the same GPU."""
+    from diagsafe_local.selftest import doctor
+
+    seen: list[dict] = []
+
+    def run(command, **options):
+        seen.append(options.get("env") or {})
+        return SimpleNamespace(stdout="1 2\n", returncode=0)
+
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    monkeypatch.setattr(doctor.subprocess, "run", run)
+    assert doctor.cuda_memory() == (1, 2)
+    assert seen[0]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and seen[0]["CUDA_VISIBLE_DEVICES"] == "1,0"

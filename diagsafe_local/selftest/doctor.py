@@ -5,8 +5,8 @@ that do not depend on what else is in the batch, seeded sampling that repeats, P
 `logprob_token_ids` equal to the model's own probabilities, a grammar canary (constraints really applied), a
 LoRA adapter of rank 8, and on GPUs sleep and wake (its requests finished first, as runs finish the judge's
 before parking it; then with requests in flight, which vLLM aborts) and three engines colocated; and the
-classifier engine, which needs no vLLM. The tiny models run in bfloat16 on GPUs (vLLM's GPU LoRA kernels take no
-float32), float32 on CPUs. Each check runs in its own guard: one that raises is one FAIL line (its traceback in
+classifier engine, which needs no vLLM. The tiny models run in bfloat16 on GPUs (float16 below compute
+capability 8.0; vLLM's GPU LoRA kernels take no float32), float32 on CPUs. Each check runs in its own guard: one that raises is one FAIL line (its traceback in
 vLLM's log), and the others still run. What does not apply here is said to be skipped.
 
 On a GPU node doctor is also the instrument no CI has: it measures what the planner only estimates (each engine
@@ -50,12 +50,19 @@ MIN_CACHE_FREE = 20 * GIB  # a 7B judge and a checkpoint or two
 # CudaPlatform.get_punica_wrapper), whose Triton kernels take float16/bfloat16 only: `_lora_shrink`
 # (vllm/lora/ops/triton_ops/lora_shrink_op.py) asserts `inputs.dtype in [torch.float16, torch.bfloat16]` and the
 # same of the LoRA weights, `_lora_expand` (lora_expand_op.py) of the weights; LoRAConfig.verify_with_model_config
-# (vllm/config/lora.py) gives the adapter the model's dtype. The CPU's PunicaWrapperCPU (vllm/platforms/cpu.py)
-# takes float32, which compares P(Yes) most closely.
-TINY_DTYPE = {True: "bfloat16", False: "float32"}
-# The largest gap allowed between P(Yes) through vLLM and the model's own float32 softmax: float32 agrees to
-# rounding; bfloat16 keeps 8 bits of mantissa (each rounding ~0.4 %), through the tiny model's two layers.
-P_YES_GAP = {"float32": 1e-3, "bfloat16": 1e-2}
+# (vllm/config/lora.py) gives the adapter the model's dtype. bfloat16 only from compute capability 8.0: below it
+# the worker's start raises (vllm/platforms/cuda.py, CudaPlatform.check_if_supports_dtype, called from
+# vllm/v1/worker/gpu_worker.py, Worker.init_device), so `tiny_dtype` picks as CudaPlatform.supported_dtypes orders
+# them (bfloat16 from 8.0, else float16: what "auto" resolves a float32 model to, vllm/config/model.py,
+# _resolve_auto_dtype). The CPU's PunicaWrapperCPU (vllm/platforms/cpu.py) takes float32, which compares P(Yes)
+# most closely.
+BF16_CAPABILITY = (8, 0)
+# The largest gap allowed between log P(Yes) (and log P(No)) through vLLM and the model's own float32 log-softmax,
+# in nats (log space: the tiny model's label probabilities are ~0.002-0.004 and its largest ~0.007, so a gap in
+# probability of 1e-2 held for any token). Measured on the tiny model (transformers, CPU): float32 0, float16 5e-4,
+# bfloat16 4e-3 at most over the whole vocabulary; vLLM's float32 on CPU agrees to ~1e-6. Its GPU kernels round
+# differently, so 0.05 (over 10x the bfloat16 figure) for the half-precision types, 1e-3 for float32.
+P_YES_GAP = {"float32": 1e-3, "bfloat16": 0.05, "float16": 0.05}
 ENGINE_CHECKS = ("greedy in any batch", "seeded sampling", "P(Yes) via logprob_token_ids", "grammar canary")
 GPU_CHECKS = ("sleep and wake", "three engines colocated", "overheads outside a share")  # CUDA only
 VLLM_CHECKS = ("engine", *ENGINE_CHECKS, "lora rank 8", *GPU_CHECKS)
@@ -222,11 +229,16 @@ def _vllm_check() -> Check:
 
 def cuda_memory() -> tuple[int, int] | None:
     """`torch.cuda.mem_get_info()` of the first GPU this process may use, (free, total) in bytes, asked in a child
-    process: a CUDA context in this one would hold memory on the GPU and make vLLM spawn its engines. None where
-    the child cannot tell."""
+    process: a CUDA context in this one would hold memory on the GPU and make vLLM spawn its engines. The child
+    numbers GPUs as NVML does (CUDA_DEVICE_ORDER=PCI_BUS_ID; CUDA's default puts the fastest first, and vLLM warns
+    of mixed GPUs without it: vllm/platforms/cuda.py, NvmlCudaPlatform.log_warnings), so its first GPU is the one
+    NVML lists first. None where the child cannot tell."""
     code = "import torch; print(*torch.cuda.mem_get_info())"
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True, env=env
+        )
         free, total = (int(value) for value in done.stdout.split())
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
@@ -305,6 +317,16 @@ def _ask(prompt: str, **options: Any) -> GenerationRequest:
     return GenerationRequest(prompt=prompt, max_tokens=options.pop("max_tokens", 24), **options)
 
 
+def tiny_dtype(cuda: bool) -> str:
+    """The tiny models' dtype (see BF16_CAPABILITY): float32 on CPU; on CUDA bfloat16 where every GPU NVML lists
+    has compute capability 8.0 or more, float16 otherwise (and where NVML cannot tell)."""
+    if not cuda:
+        return "float32"
+    gpus = node_gpus()
+    capabilities = [gpu.capability for gpu in gpus.gpus] if gpus else []
+    return "bfloat16" if capabilities and min(capabilities) >= BF16_CAPABILITY else "float16"
+
+
 def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) -> list[Check]:
     """vLLM on tiny models built under `work`: each behaviour the pipeline relies on, tried once, each in its own
     guard."""
@@ -320,7 +342,7 @@ def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) ->
     if checks:
         return checks
     cuda = cuda_available()
-    tiny: dict[str, Any] = {"model": str(model), "dtype": TINY_DTYPE[cuda], "max_model_len": 1024}
+    tiny: dict[str, Any] = {"model": str(model), "dtype": tiny_dtype(cuda), "max_model_len": 1024}
     if not cuda:
         tiny["enforce_eager"] = True
     say(f"doctor: starting vLLM on the tiny model ({tiny['dtype']})")
@@ -368,12 +390,15 @@ def engine_checks(work: Path, say: Callable[[str], None] = lambda line: None) ->
 class ClassifierProbe(BaseModel):
     """What the classifier engine (transformers, in the process that runs it) did on a tiny classifier: where it
     ran, whether it answered, and on CUDA what its process still holds after `close()` beyond its CUDA context
-    (free memory before loading less after closing, by `torch.cuda.mem_get_info`) and torch's reserved cache."""
+    (free memory before loading less after closing, by `torch.cuda.mem_get_info`), torch's reserved cache, and
+    the size of cuBLAS's and cuBLASLt's workspaces (which a torch without `_cuda_clearCublasWorkspaces` cannot
+    drop: engines/base.py, release_memory)."""
 
     device: str
     answered: bool
     held: int | None = None
     reserved: int | None = None
+    workspaces: int = 0
 
 
 def classifier_probe(model: str) -> ClassifierProbe:
@@ -396,6 +421,10 @@ def classifier_probe(model: str) -> ClassifierProbe:
         answered=answer.error is None,
         held=before - torch.cuda.mem_get_info()[0],
         reserved=torch.cuda.memory_reserved(),
+        workspaces=sum(
+            getattr(torch.backends.cuda, size, lambda: 0)()
+            for size in ("cublas_workspace_size", "cublaslt_workspace_size")
+        ),
     )
 
 
@@ -438,7 +467,7 @@ def _classifier(work: Path, cuda: bool) -> Check:
         f"classifies on {found.device}; after close its process still holds {found.held / 2**20:.0f} MiB beyond its "
         f"CUDA context (torch's cache {found.reserved / 2**20:.0f} MiB)"
     )
-    return Check(name="classifier", status="warn" if found.reserved else "ok", detail=detail)
+    return Check(name="classifier", status="warn" if found.reserved > found.workspaces else "ok", detail=detail)
 
 
 def _greedy(engine: Engine, alone: str) -> Check:
@@ -482,29 +511,54 @@ def _canary(engine: Engine) -> Check:
 
 
 def _p_yes(engine: Any, model: Path, request: GenerationRequest, tolerance: float) -> Check:
-    """P(Yes) as the judge reads it (vLLM's `logprob_token_ids`) against the model's own softmax (transformers)."""
+    """P(Yes) as the judge reads it (vLLM's `logprob_token_ids`) against the model's own float32 log-softmax
+    (transformers), and the token ids vLLM returned for the same request against the label words' ids."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     words = ("Yes", "No")
-    got = engine.generate([request.model_copy(update={"label_words": words})])[0].label_logprobs or {}
+    asked = request.model_copy(update={"label_words": words})
+    got = engine.generate([asked])[0].label_logprobs or {}
+    label_ids: dict[str, list[int]] = engine._label_ids(words)
+    raw = engine._llm.generate([asked.raw_prompt()], engine._sampling(asked), use_tqdm=False)[0].outputs[0]
     tokenizer = AutoTokenizer.from_pretrained(str(model))
-    reference = AutoModelForCausalLM.from_pretrained(str(model), torch_dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
     ids = tokenizer(request.prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         logprobs = torch.log_softmax(reference(ids).logits[0, -1].double(), dim=-1)
-    expected = {}
-    for word, candidates in engine._label_ids(words).items():
-        expected[word] = float(torch.logsumexp(logprobs[candidates], dim=0))
-    gap = max((abs(math.exp(got[w]) - math.exp(expected[w])) for w in words if w in got), default=math.inf)
-    ok = set(got) == set(words) and gap < tolerance
+    expected = {word: float(torch.logsumexp(logprobs[candidates], dim=0)) for word, candidates in label_ids.items()}
+    return p_yes_check(got, set(raw.logprobs[0]), raw.token_ids[0], label_ids, expected, tolerance)
+
+
+def p_yes_check(
+    got: dict[str, float],
+    returned: set[int],
+    sampled: int,
+    label_ids: dict[str, list[int]],
+    expected: dict[str, float],
+    tolerance: float,
+) -> Check:
+    """The P(Yes) line: vLLM must have returned the logprobs of exactly the label words' ids and the sampled token
+    (vllm/v1/sample/sampler.py, Sampler.gather_specific_token_logprobs: the sampled token first, then the asked
+    ids), and each word's log-probability `got` must be within `tolerance` nats of `expected`."""
+    name = "P(Yes) via logprob_token_ids"
+    wanted = {i for candidates in label_ids.values() for i in candidates} | {sampled}
+    if returned != wanted:
+        return Check(
+            name=name,
+            status="fail",
+            detail=f"vLLM returned the logprobs of token ids {sorted(returned)}, not the label words' "
+            f"{sorted(wanted - {sampled})} and the sampled {sampled}",
+        )
+    gap = max((abs(got[w] - expected[w]) for w in expected if w in got), default=math.inf)
+    ok = set(got) == set(expected) and gap <= tolerance
     return Check(
-        name="P(Yes) via logprob_token_ids",
+        name=name,
         status="ok" if ok else "fail",
-        detail=f"equal to the model's own probabilities (largest gap {gap:.1e}, within {tolerance:.0e})"
+        detail=f"equal to the model's own log-probabilities (largest gap {gap:.1e} nats, within {tolerance:.0e})"
         if ok
-        else f"differs from the model's own probabilities (largest gap {gap:.1e}, above {tolerance:.0e}; got "
-        f"{sorted(got)})",
+        else f"differs from the model's own log-probabilities (largest gap {gap:.1e} nats, above {tolerance:.0e}; "
+        f"got {sorted(got)})",
     )
 
 
