@@ -98,7 +98,7 @@ def cpu_child(command: list[str], log: Path) -> dict[str, Any]:
     return {**done, "cpu_seconds": round(cpu, 2)}
 
 
-def callback_seconds(train: Path, config: Path, work: Path, saves: int = 50) -> list[float]:
+def callback_seconds(config: Path, work: Path, saves: int = 50) -> list[float]:
     """The callback's on_save, timed over `saves` new checkpoints (recorded only)."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
@@ -106,7 +106,8 @@ def callback_seconds(train: Path, config: Path, work: Path, saves: int = 50) -> 
     from diagsafe_local.integrations.transformers import SafetyEvalCallback
 
     ENGINES.add(bench_engine_kind())  # the series' config names it
-    callback = SafetyEvalCallback(config, work / "callback-series", submit=False)
+    train = Path(tempfile.mkdtemp(prefix="callback-", dir=work))  # fresh each time (--work reuses the series)
+    callback = SafetyEvalCallback(config, train / "series", submit=False)
     args = TrainingArguments(output_dir=str(train), report_to=[], use_cpu=True)
     state, control = TrainerState(), TrainerControl()
     callback.on_train_begin(args, state, control)
@@ -142,7 +143,7 @@ def main() -> None:
         raise SystemExit(f"report failed: see {log}")
     results = sorted(series.glob("runs/*/results.jsonl"))
     minimum = cpu_child(me("bare", *map(str, results)), log)
-    saves = callback_seconds(train, config, work)
+    saves = callback_seconds(config, work)
     figures = {
         "checkpoints": args.checkpoints,
         "items": args.items,
