@@ -113,3 +113,21 @@ def test_a_config_gate_limit_is_a_number_never_a_boolean_or_text(gate):
     with pytest.raises(ValidationError):
         GateConfig.model_validate(gate)
     assert GateConfig.model_validate({"max_asr": 0, "max_asr_category": {"cyber": 1}}).max_asr == 0
+
+
+def test_auto_validation_of_a_lone_judge_is_not_taken_for_a_panel_of_it(tmp_path, monkeypatch):
+    from helpers import ACME_POLICY
+    from test_judge_cards import _run, _validate
+
+    from diagsafe_local.judging.cards import judge_identity
+    from diagsafe_local.judging.config import JudgeConfig
+
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "cache" / "judges"))
+    _validate(tmp_path, "harmjudge")
+    acme = tmp_path / "acme.yaml"
+    acme.write_text(ACME_POLICY)
+    panel = {"rule": "any", "members": ["harmjudge", str(acme)]}
+    lone = JudgeConfig.model_validate({"model": "j", "kind": "vllm"})
+    assert judge_identity(lone) != judge_identity(JudgeConfig.model_validate({**lone.model_dump(), "panel": panel}))
+    summary = _run(tmp_path, "panel", {"model": "j", "validation": "auto", "panel": panel})
+    assert summary.get("judge_validation") is None, "a panel took the lone harmjudge's validation"

@@ -77,7 +77,8 @@ def judge_validation(judge: JudgeConfig, identity: EngineIdentity) -> tuple[Judg
     if judge.jury is not None:  # the jury is the judge of harmful items, validated as one
         rubric, key, scoring = judge.jury.label(), judge.jury.identity(), "sampled"
     else:
-        rubric, key, scoring = judge.rubric_name, identity.key(), judge.scoring
+        rubric = judge.panel.label() if judge.panel else judge.rubric_name  # a panel is validated as one
+        key, scoring = identity.key(), judge.scoring
     rates = validated_rates(directory, rubric, key, scoring)
     return rates, ValidationRef(
         directory=str(directory), sha256=file_sha256(directory / VALIDATION_FILE), rubric=rubric

@@ -205,7 +205,8 @@ def definition_hash(judge: Judge) -> str:
 
 
 def judge_identity(spec: JudgeConfig) -> str:
-    """The whole judge of harmful items a spec describes (a jury: each member's), as the cache keys it."""
+    """The whole judge of harmful items a spec describes (a panel: its rule and each member's definition too; a
+    jury: each member's), as the cache keys it."""
     if spec.jury is not None:
         return jury_identity(spec.jury)
     judge = spec.harm_judge
@@ -219,7 +220,14 @@ def judge_identity(spec: JudgeConfig) -> str:
             model["lora"] = None
         model["structured_output_backend"] = spec.structured_output_backend
     decoding = spec.decoding().model_dump() | {"scoring": spec.scoring}
-    return content_key(definition_hash(judge), model, decoding)
+    from diagsafe_local.judging import JUDGES
+
+    panel = (
+        []
+        if spec.panel is None
+        else [("panel", spec.panel.rule, [definition_hash(JUDGES.get(n)) for n in spec.panel.names()])]
+    )
+    return content_key(definition_hash(judge), model, decoding, *panel)  # a lone judge's key is as it was
 
 
 def jury_identity(jury: JuryConfig) -> str:
