@@ -131,3 +131,11 @@ def test_auto_validation_of_a_lone_judge_is_not_taken_for_a_panel_of_it(tmp_path
     assert judge_identity(lone) != judge_identity(JudgeConfig.model_validate({**lone.model_dump(), "panel": panel}))
     summary = _run(tmp_path, "panel", {"model": "j", "validation": "auto", "panel": panel})
     assert summary.get("judge_validation") is None, "a panel took the lone harmjudge's validation"
+
+
+def test_a_hook_beside_a_policy_is_refused_not_ignored(tmp_path, monkeypatch):
+    run_dir = finished_run(tmp_path, monkeypatch)
+    policy = tmp_path / "release.yaml"
+    policy.write_text("entries:\n  - name: a\n    tier: critical\n    run: safe\n    limits: {max_asr: 0.9}\n")
+    r = cli("gate", "--policy", policy, f"safe={run_dir}", "--hook", "mlflow")
+    assert r.exit_code == 2 and "--hook" in r.text, r.output

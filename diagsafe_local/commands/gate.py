@@ -143,7 +143,7 @@ def gate(
 
     if policy is not None:
         given = {"--target": target, "--baseline": baseline, "--baseline-target": baseline_target}
-        given |= {"--checkpoint": checkpoint, "--attest": attest}
+        given |= {"--checkpoint": checkpoint, "--attest": attest, "--hook": hook}  # a hook gets one run's decision
         given |= {"--" + name.replace("_", "-"): value for name, value in command_line.items()}
         _gate_policy(policy, run_dirs, require_signature, sensitivity, [k for k, v in given.items() if v])
     if len(run_dirs) != 1:
