@@ -23,6 +23,12 @@ os.environ.pop("DIAGSAFE_PROGRESS_SECONDS", None)
 # `validate` stores each validation by the judge's identity; the suite keeps those in a folder of its own, never in
 # the user's cache, where a later run with `judge.validation: auto` would find them.
 os.environ["DIAGSAFE_JUDGE_CACHE"] = tempfile.mkdtemp(prefix="diagsafe-judge-cache-")
+# A test that fires the built-in hooks without choosing their stores writes them here, never into the working
+# directory (MLflow's default is ./mlruns and ./mlflow.db; W&B's ./wandb); tests that read a store set their own.
+_STORES = tempfile.mkdtemp(prefix="diagsafe-hook-stores-")
+os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_STORES}/mlflow.db")
+os.environ.setdefault("WANDB_DIR", _STORES)
+os.environ.setdefault("WANDB_MODE", "offline")
 # Property tests draw the same examples on every run: a failure in CI is a failure anyone can reproduce. No
 # deadline: a property is about what the code returns, and a loaded machine (2 cores, several test runs) made a
 # 200 ms deadline fail on examples that pass in milliseconds alone.
