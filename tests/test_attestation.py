@@ -131,7 +131,8 @@ def test_a_failing_gate_attests_passed_false(tmp_path, monkeypatch, keys):
     asr = next(c for c in predicate["claims"] if c["limit"] == "max_asr")
     assert asr["passed"] is False and asr["threshold"] == "0.2" and asr["value"] == 0.5
     ours = cli("verify-attestation", out, "--key", keys)
-    assert ours.exit_code == 0 and "passed: false, outcome fail, exit code 1" in ours.text, ours.text
+    assert ours.exit_code == 1 and "passed: false, outcome fail, exit code 1" in ours.text, ours.text
+    assert cli("verify-attestation", out, "--key", keys, "--signature-only").exit_code == 0
     assert _in_toto_verifies(out, keys)
 
 
@@ -169,7 +170,7 @@ def test_the_python_api_attests_as_the_command_does(tmp_path, monkeypatch, keys)
     decision = ds.gate(run_dir, max_asr=0.2, allow_degenerate_judge=True, attest=out)
     assert decision.outcome == "fail"
     assert _statement(out)["predicate"]["decision"]["passed"] is False
-    assert _in_toto_verifies(out, keys) and cli("verify-attestation", out, "--key", keys).exit_code == 0
+    assert _in_toto_verifies(out, keys) and cli("verify-attestation", out, "--key", keys).exit_code == 1
 
 
 def test_a_sampled_content_hash_is_named_as_what_it_is():
@@ -216,4 +217,4 @@ def test_an_inconclusive_gate_attests_its_outcome(tmp_path, keys):
     assert predicate["decision"] == {"passed": False, "outcome": "inconclusive", "exitCode": 4, "checks": 3}
     assert all(c["passed"] for c in predicate["claims"])  # every limit passed: a paraphrase decided otherwise
     assert any(line.startswith("FLIP  t: overall: under paraphrase") for line in predicate["lines"])
-    assert cli("verify-attestation", out, "--key", keys).exit_code == 0 and _in_toto_verifies(out, keys)
+    assert cli("verify-attestation", out, "--key", keys).exit_code == 4 and _in_toto_verifies(out, keys)

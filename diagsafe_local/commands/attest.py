@@ -1,6 +1,8 @@
 """`diagsafe-local verify-attestation FILE --key PUB.pem`: check the signature of an attestation that
-`gate --attest` wrote and print its decision; exit 0 when it verifies, 3 when it does not (one line naming what
-failed), 2 for bad input (no key asked for, a key that does not load)."""
+`gate --attest` wrote and print its decision. Its exit code follows the decision, so `verify-attestation F &&
+deploy` ships only a passed checkpoint: 0 valid and passed, 1 valid and failed, 4 valid and inconclusive, 3 when
+it does not verify (one line naming what failed), 2 for bad input (no key asked for, a key that does not load);
+`--signature-only`: 0 whenever it verifies, whatever it decided."""
 
 from __future__ import annotations
 
@@ -23,8 +25,17 @@ def verify_attestation(
             help="Also (or only) check the HMAC signature with the run's key in DIAGSAFE_SIGNING_KEY.",
         ),
     ] = False,
+    signature_only: Annotated[
+        bool,
+        typer.Option(
+            "--signature-only",
+            help="Exit 0 when the signature verifies, whatever the decision (default: 0 only for a passed gate, 1 "
+            "failed, 4 inconclusive).",
+        ),
+    ] = False,
 ) -> None:
-    """Verify an attestation's signature (the DSSE envelope's PAE) and print the decision it states."""
+    """Verify an attestation's signature (the DSSE envelope's PAE), print the decision it states, and exit with
+    it: 0 passed, 1 failed, 4 inconclusive (--signature-only: 0), 3 invalid."""
     from diagsafe_local.core import signing
     from diagsafe_local.core.errors import DiagsafeError, RunFailed
     from diagsafe_local.runs.attestation import public_key, verify_envelope
@@ -58,3 +69,5 @@ def verify_attestation(
         f"DECISION  passed: {str(decision.passed).lower()}, outcome {decision.outcome}, exit code "
         f"{decision.exit_code}, {decision.checks} checks"
     )
+    if not signature_only:  # the outcome, not its recorded exit code: both are signed, the outcome is the decision
+        raise typer.Exit({"pass": 0, "inconclusive": 4}.get(decision.outcome, 1))
