@@ -403,3 +403,54 @@ def test_a_jury_members_model_is_planned_alone_and_opened_with_its_tensor_parall
          "judge": {"model": "j", **served, "jury": jury}}
     )  # fmt: skip
     assert not api_only(remote)  # a member's local model needs the node's GPUs
+
+
+# Qwen2.5-72B-Instruct-AWQ's config.json as published on the hub (its fields that decide the split): Qwen padded
+# the intermediate size from 29568 to 29696 in its AWQ/GPTQ releases so that each GPU's share of down_proj's input
+# is a multiple of the 128-wide quantisation groups.
+QWEN_72B_AWQ = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 8192,
+    "intermediate_size": 29696,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 152064,
+    "quantization_config": {"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm", "zero_point": True},
+}
+
+
+def test_a_quantised_models_groups_must_align_with_each_gpus_share_of_a_row_parallel_input(tmp_path):
+    """vLLM's AWQ/GPTQ/Marlin kernels refuse a row-parallel layer whose input per GPU is not a multiple of the group
+    size (quantization/auto_awq.py BaseAWQLinearMethod.create_weights, utils/marlin_utils.py
+    verify_marlin_supports_shape)."""
+    from diagsafe_local.engines.gpu_plan import expert_parallel, model_shape
+
+    def shape(name: str, **changes):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps({**QWEN_72B_AWQ, **changes}))
+        found = model_shape(str(path))
+        assert found is not None
+        return found
+
+    published = shape("published")
+    assert [published.refusal(tp) for tp in (1, 2, 4, 8)] == [None] * 4
+    unpadded = shape("unpadded", intermediate_size=29568)  # the bf16 model's width, quantised as is
+    assert unpadded.refusal(1) is None
+    assert (
+        unpadded.refusal(2)
+        == "its down_proj input per GPU (29568 / 2 = 14784) is not a multiple of its 128-wide quantisation groups"
+    )
+    assert unpadded.refusal(8) is not None
+    channelwise = shape("channelwise", intermediate_size=29568, quantization_config={"group_size": -1})
+    assert channelwise.refusal(8) is None
+    # o_proj's input is the attention width (heads x head_dim): 64 x 128 over 8 GPUs is 1024, over 16 would be 512
+    narrow = shape("narrow", head_dim=12, quantization_config={"group_size": 128})  # 64 x 12 = 768: 96 per GPU at 8
+    assert "o_proj input per GPU (768 / 8 = 96)" in (narrow.refusal(8) or "")
+    # experts: their width is split over the GPUs, but not under expert parallelism (fused_moe/config.py)
+    moe = shape("moe", moe_intermediate_size=1408, quantization_config={"group_size": 128})
+    assert "moe_intermediate_size" in (moe.refusal(2) or "")  # 704 per GPU
+    assert moe.refusal(2, expert_parallel=True) is None
+    assert expert_parallel(engine("m", engine_kwargs={"enable_expert_parallel": True})) and not expert_parallel(
+        engine("m")
+    )

@@ -74,8 +74,10 @@ class ModelShape(BaseModel):
     kv_heads: int
     vocab: int | None
     widths: dict[str, int]  # the MLP widths by config field (dense, experts', shared experts')
+    attention: int | None = None  # heads x head_dim: o_proj's input
+    group_size: int | None = None  # a quantised checkpoint's quantization_config.group_size (None: none, or -1)
 
-    def refusal(self, tensor_parallel: int) -> str | None:
+    def refusal(self, tensor_parallel: int, expert_parallel: bool = False) -> str | None:
         """Why vLLM 0.32 cannot build this model with `tensor_parallel` GPUs, or None where it can. Each rule is
         vLLM's, read in its source (paths under vllm/); tests/test_gpu_plan_shapes.py checks them against vLLM
         building published models."""
@@ -97,7 +99,34 @@ class ModelShape(BaseModel):
         for field, width in self.widths.items():
             if width % tp:
                 return f"its {field} {width} does not divide by {tp}"
+        return self._group_refusal(tp, expert_parallel)
+
+    def _group_refusal(self, tp: int, expert_parallel: bool) -> str | None:
+        """A quantised row-parallel layer's input per GPU must hold whole quantisation groups:
+        model_executor/layers/quantization/auto_awq.py, BaseAWQLinearMethod.create_weights ("The input size is not
+        aligned with the quantized weight shape"), utils/marlin_utils.py verify_marlin_supports_shape (AWQ/GPTQ
+        Marlin), compressed_tensors/schemes/compressed_tensors_wNa4.py and wNa8.py create_weights (an assert).
+        Row-parallel inputs: o_proj's (the attention width) and down_proj's (each MLP width); the experts' is not
+        split under expert parallelism (fused_moe/config.py, FusedMoEParallelConfig.make: tp_size 1 with EP)."""
+        if self.group_size is None or tp == 1:
+            return None
+        inputs = {"o_proj input": self.attention} | {
+            "down_proj input" if field == "intermediate_size" else field: width
+            for field, width in self.widths.items()
+            if not (expert_parallel and field == "moe_intermediate_size")
+        }
+        for name, width in inputs.items():
+            if width is not None and width // tp % self.group_size:
+                return (
+                    f"its {name} per GPU ({width} / {tp} = {width // tp}) is not a multiple of its "
+                    f"{self.group_size}-wide quantisation groups"
+                )
         return None
+
+
+def expert_parallel(config: EngineConfig) -> bool:
+    """Whether `config` asks vLLM for expert parallelism (its `enable_expert_parallel`, through engine_kwargs)."""
+    return bool(config.engine_kwargs.get("enable_expert_parallel"))
 
 
 def model_shape(model: str) -> ModelShape | None:
@@ -112,11 +141,16 @@ def model_shape(model: str) -> ModelShape | None:
     kv = next((config[f] for f in KV_HEAD_FIELDS if f in config), heads)
     vocab = config.get("vocab_size")
     widths = {f: config[f] for f in MLP_WIDTHS if isinstance(config.get(f), int) and config[f] > 0}
+    head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // heads
+    quantisation = found[0].get("quantization_config") or config.get("quantization_config") or {}
+    group = quantisation.get("group_size") if isinstance(quantisation, dict) else None
     return ModelShape(
         heads=heads,
         kv_heads=kv if isinstance(kv, int) and kv > 0 else heads,
         vocab=vocab if isinstance(vocab, int) and vocab > 0 else None,
         widths=widths,
+        attention=heads * head_dim if isinstance(head_dim, int) and head_dim > 0 else None,
+        group_size=group if isinstance(group, int) and group > 0 else None,
     )
 
 
@@ -155,7 +189,12 @@ def visible_gpu_memory() -> list[int]:
 
 
 def _tensor_parallel(
-    weights: int | None, usable: float, configured: int, stages: int, shape: ModelShape | None
+    weights: int | None,
+    usable: float,
+    configured: int,
+    stages: int,
+    shape: ModelShape | None,
+    expert_parallel: bool = False,
 ) -> tuple[int, int | None, list[str]]:
     """The GPUs the weights need (at least the configured tensor parallel size; times the pipeline stages, they
     hold the weights), the smallest tensor parallel size from there that vLLM can build the model with (a power
@@ -168,7 +207,7 @@ def _tensor_parallel(
         return need, max(configured, 1 << (need - 1).bit_length()), []
     passed: list[str] = []
     for tp in (d for d in range(need, shape.heads + 1) if shape.heads % d == 0):
-        reason = shape.refusal(tp)
+        reason = shape.refusal(tp, expert_parallel)
         if reason is None:
             return need, tp, passed
         passed.append(f"{tp}: {reason}")
@@ -257,7 +296,7 @@ def plan_gpus(
         share = config.gpu_memory_utilization or placed_share or ALONE_SHARE
         stages = config.pipeline_stages
         shape = model_shape(config.model)
-        refused = shape.refusal(config.tensor_parallel_size) if shape else None
+        refused = shape.refusal(config.tensor_parallel_size, expert_parallel(config)) if shape else None
         if refused:
             raise DiagsafeError(
                 f"{config.model}: vLLM cannot load it with tensor_parallel_size {config.tensor_parallel_size}: "
@@ -274,7 +313,9 @@ def plan_gpus(
             elif source != "weight files":
                 notes.append(f"{config.model}: size from the {source}")
         need, tp, passed = (
-            _tensor_parallel(weights, share * memory, config.tensor_parallel_size, stages, shape)
+            _tensor_parallel(
+                weights, share * memory, config.tensor_parallel_size, stages, shape, expert_parallel(config)
+            )
             if gpus
             else (1, 1, [])
         )
