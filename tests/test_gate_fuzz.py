@@ -268,7 +268,7 @@ def _known(path: Path, what: str) -> str:
     name = what.split(": ", 1)[1].split(" ", 1)[0]  # "line 3: final_turn = False" -> final_turn
     if path.name == "sensitivity.jsonl":
         return "test_gate_fuzz_passes.py::test_a_paraphrase_score_edited_apart_from_its_recorded_reply_is_refused"
-    if name in ("final_turn", "parse_status", "benign", "category") or name.startswith("verdict."):
+    if name in ("final_turn", "parse_status", "benign", "category", "score") or name.startswith("verdict."):
         return "test_gate_fuzz.py::test_a_result_flag_edited_apart_from_its_dataset_or_reply_is_refused"
     return ""
 
@@ -488,7 +488,9 @@ def cases(tmp_path_factory) -> list[Case]:
     reason="finding: the gate takes a result's final_turn and parse_status from the record, not from the dataset's "
     "turns and the recorded reply (judge_raw): on an unsigned run, a harmful answer marked final_turn false, "
     "summary.json rebuilt, leaves the ASR (0.4 -> 0.333) and passes a --max-asr 0.35 it failed; a verdict marked "
-    "'error' becomes an unjudged answer (the slow tier saw the same of benign, category and verdict fields)",
+    "'error' becomes an unjudged answer (the slow tier saw the same of benign, category, score and verdict fields: "
+    "the read side does not parse the recorded reply again, so on an unsigned run these are the consistent "
+    "rewrite README names; a signed run refuses them)",
 )
 def test_a_result_flag_edited_apart_from_its_dataset_or_reply_is_refused(tmp_path, monkeypatch, name, value):
     scripted(monkeypatch)
