@@ -106,6 +106,24 @@ def test_an_offline_run_records_its_policy_and_endpoints_and_an_online_run_says_
     assert network is not None and not network.offline
 
 
+def test_a_merge_is_offline_only_where_every_shard_ran_offline(server, tmp_path):
+    config = _config(tmp_path, server.base_url)
+    for shard, offline_flag in (("0/2", "1"), ("1/2", "1")):
+        result = CliRunner().invoke(app, ["run", str(config), "--shard", shard], env={ENV: offline_flag})
+        assert result.exit_code == 0, result.output
+    shards = sorted((tmp_path / "run" / "shards").iterdir())
+    merged = tmp_path / "merged"
+    assert CliRunner().invoke(app, ["merge", *map(str, shards), "--out", str(merged)]).exit_code == 0
+    network = read_manifest_file(merged).network
+    assert network is not None and network.offline and network.endpoints == [server.base_url]
+    result = CliRunner().invoke(app, ["run", str(config), "--shard", "1/2", "--overwrite"], env={ENV: "0"})
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, ["merge", *map(str, shards), "--out", str(tmp_path / "merged-online")])
+    assert result.exit_code == 0, result.output
+    network = read_manifest_file(tmp_path / "merged-online").network
+    assert network is not None and not network.offline
+
+
 def test_an_offline_run_whose_model_is_not_on_disk_nor_in_the_hub_cache_stops_before_loading(tmp_path, monkeypatch):
     monkeypatch.delenv(ENV, raising=False)
     config = _config(tmp_path, "http://127.0.0.1:9/v1", kind="vllm", model="diagsafe-test/never-downloaded")

@@ -23,6 +23,7 @@ from diagsafe_local.runs import passes as table
 from diagsafe_local.runs.manifest import (
     AttackRef,
     Manifest,
+    NetworkPolicy,
     SourceRun,
     TargetRef,
     read_manifest_file,
@@ -139,6 +140,7 @@ def merge_runs(
             validation=validation_ref,
             # every source verified, its canary included: the merge's holds where all of theirs did
             grammar=first.grammar if all(m.grammar and m.grammar.enforced for m in manifests) else None,
+            network=_network(manifests),
             sources=[
                 SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)
             ],
@@ -146,6 +148,18 @@ def merge_runs(
         write_manifest(stage, merged)
         signing.sign(stage, run_id, table.signed_files())
     return summary
+
+
+def _network(manifests: list[Manifest]) -> NetworkPolicy | None:
+    """The merged run's network: offline only where every source ran offline, and every endpoint any of them used
+    (None where a source recorded none: an older run says nothing of its network)."""
+    policies = [m.network for m in manifests]
+    if any(p is None for p in policies):
+        return None
+    return NetworkPolicy(
+        offline=all(p.offline for p in policies if p is not None),
+        endpoints=sorted({e for p in policies if p is not None for e in p.endpoints}),
+    )
 
 
 @contextmanager
