@@ -23,8 +23,9 @@ os.environ.pop("DIAGSAFE_PROGRESS_SECONDS", None)
 # `validate` stores each validation by the judge's identity; the suite keeps those in a folder of its own, never in
 # the user's cache, where a later run with `judge.validation: auto` would find them.
 os.environ["DIAGSAFE_JUDGE_CACHE"] = tempfile.mkdtemp(prefix="diagsafe-judge-cache-")
-# A test that fires the built-in hooks without choosing their stores writes them here, never into the working
-# directory (MLflow's default is ./mlruns and ./mlflow.db; W&B's ./wandb); tests that read a store set their own.
+# A test that fires the built-in hooks without choosing their stores writes W&B and MLflow's database here, not
+# into the working directory (an MLflow sqlite store still puts artifacts in MLflow's default ./mlruns, which
+# .gitignore names); tests that read a store set their own.
 _STORES = tempfile.mkdtemp(prefix="diagsafe-hook-stores-")
 os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_STORES}/mlflow.db")
 os.environ.setdefault("WANDB_DIR", _STORES)
