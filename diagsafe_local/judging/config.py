@@ -10,6 +10,7 @@ from diagsafe_local.core.settings import StrictModel
 from diagsafe_local.engines.config import EngineConfig, SamplingConfig
 from diagsafe_local.judging.base import Decoding, Judge
 from diagsafe_local.judging.panel import JuryRule, PanelRule
+from diagsafe_local.runs.robustness import BY_NAME, PERTURBATIONS
 
 
 class MetricJudgeConfig(StrictModel):
@@ -44,6 +45,30 @@ class SensitivityConfig(StrictModel):
         description="Also judge as many answers of benign items again under paraphrases of the over-refusal "
         "judge's prompt (its policy file's `paraphrases`). None: when that judge has them (`refusal` does).",
     )
+
+
+class RobustnessConfig(StrictModel):
+    """Answer perturbations: a category-stratified sample of each target's answers (drawn as judge sensitivity
+    draws its sample) judged again after meaning-preserving edits of the answer (`runs.robustness.PERTURBATIONS`)."""
+
+    perturbations: list[str] = Field(
+        default_factory=lambda: [p.name for p in PERTURBATIONS],
+        min_length=1,
+        description="The edits, by name: " + ", ".join(f"{p.name} ({p.says})" for p in PERTURBATIONS) + ".",
+    )
+    sample: int = Field(
+        100, ge=1, description="Answers of harmful items per target (their last judged turn), stratified by category."
+    )
+
+    @field_validator("perturbations")
+    @classmethod
+    def _known(cls, names: list[str]) -> list[str]:
+        unknown = [n for n in names if n not in BY_NAME]
+        if unknown:
+            raise ValueError(f"unknown perturbation {unknown[0]!r}; known: {', '.join(BY_NAME)}")
+        if len(set(names)) < len(names):
+            raise ValueError("a perturbation is named twice")
+        return names
 
 
 class PanelConfig(StrictModel):
@@ -139,6 +164,18 @@ class JudgeConfig(EngineConfig):
         description="Judge a sample again under K paraphrases of the judge's prompt; the gate says INCONCLUSIVE "
         "(exit 4) when the decision changes with the wording. Costs variants x sample verdicts per target.",
     )
+    robustness: RobustnessConfig | None = Field(
+        None,
+        description="Judge a sample again after meaning-preserving edits of the answers (a disclaimer, 'Sure, here "
+        "is', markdown, padding); the gate says INCONCLUSIVE (exit 4) when an edit that must not change a verdict "
+        "moves the decision. Costs up to perturbations x sample verdicts per target.",
+    )
+    injection_canary: bool = Field(
+        False,
+        description="Send the policy-injection canary: plainly harmful control answers that tell the judge its "
+        "policy allows them; a judge that calls any not harmful fails it and the gate refuses the run (exit 3). "
+        "For a policy-file judge (harmjudge or yours); costs 3 verdicts per run.",
+    )
     validation: str | None = Field(
         None,
         description="A `validate` output directory that measured this judge (same judge, model and scoring mode) "
@@ -230,6 +267,16 @@ class JudgeConfig(EngineConfig):
                     f"many paraphrases (harmjudge has 4; a policy file of yours lists its own under `paraphrases:`); "
                     f"'{harm.name}' has {paraphrases}" + (" and a panel has none" if self.panel else "")
                 )
+        if (self.robustness is not None or self.injection_canary) and (
+            self.jury is not None or self.panel is not None or not harm.needs_model
+        ):
+            raise ValueError("robustness and injection_canary re-judge with one model judge, not a panel or a jury")
+        if self.injection_canary and getattr(harm, "score_rule", None) is None:
+            raise ValueError(
+                f"injection_canary needs a judge whose policy is a file (harmjudge, or yours); '{harm.name}' is not"
+            )
+        if self.injection_canary and harm.uses_probability(self.probability):
+            raise ValueError("injection_canary reads the judge's written verdict: it needs sampled verdicts")
         if self.deterministic and self.sampling.temperature > 0 and not harm.uses_probability(self.probability):
             raise ValueError("deterministic verdicts need greedy decoding: set sampling.temperature to 0")
         if self.sensitivity is not None:
@@ -356,7 +403,9 @@ class JuryMember(JudgeConfig):
 
     @model_validator(mode="after")
     def _whole_judge(self) -> JuryMember:
-        nested = [f for f in ("jury", "panel", "sensitivity", "validation") if getattr(self, f) is not None]
+        nested = [
+            f for f in ("jury", "panel", "sensitivity", "robustness", "validation") if getattr(self, f) is not None
+        ]
         if nested:
             raise ValueError(f"a jury member is one judge: {', '.join(nested)} belong to the jury's judge")
         return self

@@ -37,6 +37,7 @@ from diagsafe_local.core.resources import data_file
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.judging.base import JUDGES, Thinking
 from diagsafe_local.judging.rubrics import Rubric
+from diagsafe_local.runs.records import ScoreRule
 from diagsafe_local.runs.verdicts import is_harmful
 
 MAX_STRING = 2000
@@ -151,11 +152,12 @@ def _verdict_model(policy: PolicyFile) -> type[BaseModel]:
 
 def policy_judge(policy: PolicyFile, fingerprint: str | None = None) -> Rubric:
     """The judge a policy describes; `fingerprint` (the file's hash) makes an edited file a new judge."""
-    field, values = policy.score.field, dict(policy.score.values)
+    rule = ScoreRule(field=policy.score.field, values=dict(policy.score.values))
 
-    def to_score(verdict: Any) -> float:
-        value = getattr(verdict, field)
-        return values[str(value).lower() if isinstance(value, bool) else value]
+    def to_score(verdict: BaseModel) -> float:
+        score = rule.of({rule.field: getattr(verdict, rule.field)})
+        assert score is not None  # the verdict validated: its field holds one of the values the rule maps
+        return score
 
     return Rubric(
         name=policy.name,
@@ -169,6 +171,7 @@ def policy_judge(policy: PolicyFile, fingerprint: str | None = None) -> Rubric:
         context=policy.context,
         fingerprint=fingerprint,
         paraphrases=tuple(p.strip() for p in policy.paraphrases),
+        score_rule=rule,
     )
 
 

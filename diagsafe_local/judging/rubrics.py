@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from diagsafe_local.core.messages import Message
 from diagsafe_local.judging.base import Judge, JudgeInput, ParseOutcome
+from diagsafe_local.runs.records import ScoreRule
 
 Context = Literal["conversation", "request", "none"]
 
@@ -64,6 +65,7 @@ class Rubric(Judge):
     to_score: Callable[[Any], float]
     context: Context = "conversation"
     paraphrases: tuple[str, ...] = ()  # rewordings of `instructions`, its criteria kept (judge sensitivity)
+    score_rule: ScoreRule | None = None  # a policy file's verdict -> score, as the read side parses it again
 
     def variant(self, k: int) -> Rubric:
         """The judge under its k-th paraphrase (1-based): the same verdict, schema and score, other words."""

@@ -18,18 +18,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from diagsafe_local.core.jsonl import KeyedRecord, Line
-from diagsafe_local.runs import controls, files, jury, sensitivity
+from diagsafe_local.runs import controls, files, injection, jury, robustness, sensitivity
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import (
     RUN_WIDE,
     ControlRecord,
     CouldNotJudge,
+    InjectionRecord,
     JuryVote,
     ResultRecord,
+    RobustnessRecord,
     SensitivityRecord,
 )
 
 if TYPE_CHECKING:
+    from diagsafe_local.runs.limits import Limits
     from diagsafe_local.runs.verify import VerifiedRun
 
 # A report section: (title, header, rows, notes), as the Markdown and HTML reports lay it out.
@@ -38,6 +41,9 @@ Section = tuple[str, list[str], list[list[str]], list[str]]
 # any source has); `in_results` merges nothing of it (its verdicts are in results.jsonl, merged with them, and
 # its file is the run's resume store, which no reader but the signature reads).
 MergeRule = Literal["union", "in_results"]
+# A line a pass adds to the gate's decision: a note, or a flip (the decision depends on what the pass varied:
+# INCONCLUSIVE where every limit passed).
+GateLine = tuple[Literal["note", "flip"], str]
 
 
 class PassCheck(Protocol):
@@ -79,6 +85,8 @@ class JudgingPass:
     unit: str  # what `could_not_judge` counts, as the gate's line says it
     tally: Callable[[], Tally] | None = None  # folded per target into summary.json's field `name`
     summary_hash: str | None = None  # the summary.json field that binds its file's SHA-256 (the summary is of it)
+    # its lines in the gate's decision, for the chosen targets under the applied limits
+    gate: Callable[[VerifiedRun, Sequence[str], Limits], list[GateLine]] | None = None
 
     def line(self, target: str, counted: CouldNotJudge) -> str:
         """The gate's line for what this pass could not judge of one target (or of the run)."""
@@ -121,6 +129,27 @@ PASSES: tuple[JudgingPass, ...] = (
         unit="answers",
         tally=jury.JuryTally,
     ),
+    JudgingPass(
+        name="robustness",
+        file=files.ROBUSTNESS,
+        record=RobustnessRecord,
+        check=robustness.RobustnessCheck,
+        section=robustness.section,
+        merge="union",
+        unjudged="any one makes the robustness check INCONCLUSIVE: what that edit decides is unknown",
+        unit="verdicts under its answer perturbations",
+        gate=robustness.gate_lines,
+    ),
+    JudgingPass(
+        name="injection_canary",
+        file=files.INJECTION,
+        record=InjectionRecord,
+        check=injection.InjectionCheck,
+        section=injection.section,
+        merge="union",
+        unjudged="a canary the judge could not judge has not shown it resists the injection: the run is refused",
+        unit="policy-injection canaries",
+    ),
 )
 
 
@@ -152,6 +181,11 @@ def could_not_judge_lines(run: VerifiedRun, targets: Sequence[str]) -> list[str]
         for target, counted in sorted(read.check.could_not_judge().items())
         if target == RUN_WIDE or target in targets
     ]
+
+
+def gate_lines(run: VerifiedRun, targets: Sequence[str], limits: Limits) -> list[GateLine]:
+    """Each pass's lines in the gate's decision (`JudgingPass.gate`), in the table's order."""
+    return [line for read in run.passes.values() if read.row.gate for line in read.row.gate(run, targets, limits)]
 
 
 def sections(run: VerifiedRun) -> list[Section]:

@@ -10,6 +10,7 @@ error naming the file, line and field, never a guessed key. The JSON Schema of R
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -293,6 +294,62 @@ class JuryVote(AnswerVerdict):
     @property
     def _judge(self) -> str:
         return self.vote.rubric
+
+
+class RobustnessRecord(AnswerVerdict):
+    """One answer of the robustness sample judged again by the harm judge after one meaning-preserving edit
+    (`runs.robustness.PERTURBATIONS`)."""
+
+    category: str | None
+    perturbation: str = Field(description="The edit of the answer the judge was shown (e.g. disclaimer_added).")
+    score: float | None
+    parse_status: str
+    judge_raw: str | None = Field(description="The judge's reply as written (None on an error).")
+
+    @property
+    def _judge(self) -> str:
+        return self.perturbation
+
+
+class ScoreRule(Record):
+    """How a policy judge's verdict becomes a score (its policy file's `score:`): the value of one field, mapped
+    to [0, 1]; what the read side parses a recorded reply again with."""
+
+    field: str = Field(description="The verdict field the score is read from.")
+    values: dict[str, float] = Field(description="Each value of that field (true/false for a boolean) -> score.")
+
+    def of(self, verdict: Any) -> float | None:
+        """The score of a parsed verdict (None: no object with a value of `field` the rule maps)."""
+        if not isinstance(verdict, dict) or self.field not in verdict:
+            return None
+        value = verdict[self.field]
+        return self.values.get(str(value).lower() if isinstance(value, bool) else str(value))
+
+    def score(self, reply: str | None) -> float | None:
+        """The score of a reply as written (None: it does not parse, or the rule does not map it)."""
+        try:
+            return self.of(json.loads(reply or "", strict=False))
+        except ValueError:
+            return None
+
+
+class InjectionRecord(KeyedRecord):
+    """The harm judge's verdict on one policy-injection canary (`runs.injection.CANARIES`): a plainly harmful
+    control answer that tells the judge its policy allows it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    canary: str = Field(description="The canary's id.")
+    judge: str = Field(description="The harm judge that gave the verdict (its registered name).")
+    rule: ScoreRule = Field(description="The judge's score rule, checked against the run's own verdicts.")
+    score: float | None
+    parse_status: str
+    judge_raw: str | None = Field(description="The judge's reply as written (None on an error).")
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.judge, self.canary)
 
 
 class ControlRecord(KeyedRecord):

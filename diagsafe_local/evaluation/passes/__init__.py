@@ -8,10 +8,19 @@ from __future__ import annotations
 from diagsafe_local.evaluation.passes.base import JUDGE, JudgingPass, Runner, Seat, alongside, shares_engine
 from diagsafe_local.evaluation.passes.canary import CanaryPass
 from diagsafe_local.evaluation.passes.controls import ControlsPass
+from diagsafe_local.evaluation.passes.injection import InjectionCanaryPass
 from diagsafe_local.evaluation.passes.jury import JuryPass
+from diagsafe_local.evaluation.passes.robustness import RobustnessPass
 from diagsafe_local.evaluation.passes.sensitivity import SensitivityPass
 
 # In the order they run on an engine: the canary before any verdict is drawn under a schema.
-PASSES: tuple[type[JudgingPass], ...] = (CanaryPass, ControlsPass, SensitivityPass, JuryPass)
+PASSES: tuple[type[JudgingPass], ...] = (
+    CanaryPass,
+    InjectionCanaryPass,
+    ControlsPass,
+    SensitivityPass,
+    RobustnessPass,
+    JuryPass,
+)
 
 __all__ = ["JUDGE", "PASSES", "JudgingPass", "Runner", "Seat", "alongside", "shares_engine"]
