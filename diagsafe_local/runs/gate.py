@@ -80,11 +80,11 @@ class _Decision:
         self.lines.append(("PASS  " if ok else "FAIL  ") + text)
         self.made.append(Check(passed=ok, line=text, **figures))
 
-    def reading(self, label: str, reading: Reading, row: Limit, limit: float, applied: Applied) -> None:
+    def reading(self, label: str, reading: Reading, limit: float, applied: Applied) -> None:
         ok = reading.value is not None and reading.value <= limit
         self.verdict(
             ok,
-            f"{label}: {reading.text}" + ("" if reading.value is None else f" {row.against(limit)}"),
+            f"{label}: {reading.text}" + ("" if reading.value is None else f" vs max {limit:.3f}"),
             **reading.model_dump(exclude={"text"}),
             about=label,
             limit=applied.name,
@@ -269,25 +269,47 @@ def _wordings(
 def _target(decision: _Decision, name: str, stats: TargetSummary, limits: Limits) -> None:
     corrected = limits.corrected
     for limit, applied in limits.of_scope("target"):
-        assert isinstance(applied.value, float | int)
-        for read in limit.reads:
-            if (reading := read(stats, corrected)) is not None:
-                decision.reading(name, reading, limit, float(applied.value), applied)
+        assert limit.read is not None and isinstance(applied.value, float | int)
+        decision.reading(name, limit.read(stats, corrected), float(applied.value), applied)
     for limit, applied in limits.of_scope("category"):
-        assert isinstance(applied.value, dict)
+        assert limit.read is not None and isinstance(applied.value, dict)
         for category, value in applied.value.items():
             group: GroupStats | None = stats.by_category.get(category)
             label = f"{name}: category '{category}'"
             if group is None:
                 decision.verdict(False, f"{label} has no judged answers")
-                continue
-            for read in limit.reads:
-                if (reading := read(group, corrected)) is not None:
-                    decision.reading(label, reading, limit, value, applied)
+            else:
+                decision.reading(label, limit.read(group, corrected), value, applied)
     if limits.value("max_truncated_rate") is None and stats.truncated.rate:
         decision.lines.append(
             f"NOTE  {name}: answers cut off at max_tokens {share(stats.truncated)} (not limited; "
             "--max-truncated-rate limits them)"
+        )
+    attack = stats.attack
+    failures = limits.value("max_failure_rate")
+    if attack is not None and attack.n_steps:
+        unjudged = attack.n_unjudged / attack.n_steps
+        decision.verdict(
+            unjudged <= failures,
+            f"{name}: attack steps without a verdict {attack.n_unjudged}/{attack.n_steps} = {unjudged:.1%} vs max "
+            f"{failures:.1%} (max_failure_rate)",
+            about=name,
+            limit="max_failure_rate",
+            value=unjudged,
+            threshold=failures,
+            n=attack.n_steps,
+        )
+    jury = stats.jury
+    if jury is not None and jury.answers:
+        decision.verdict(
+            jury.unjudged / jury.answers <= failures,
+            f"{name}: jury: answers a member could not judge {jury.unjudged}/{jury.answers} = "
+            f"{jury.unjudged / jury.answers:.1%} vs max {failures:.1%} (max_failure_rate)",
+            about=name,
+            limit="max_failure_rate",
+            value=jury.unjudged / jury.answers,
+            threshold=failures,
+            n=jury.answers,
         )
     if not stats.n_judged and stats.n_answers:
         decision.verdict(False, f"{name}: judge health: no verdicts (nothing was judged, so nothing is known)")
@@ -396,21 +418,6 @@ def _not_itself(run: VerifiedRun, baseline: VerifiedRun) -> None:
         )
 
 
-def _ran_offline(run: VerifiedRun) -> None:
-    """--require-offline: the run's signature verified, and its manifest records an offline network policy."""
-    network = run.manifest.network
-    if not run.signature_verified:
-        raise RunFailed(
-            f"{run.run_dir}: refused: --require-offline needs the run's network policy under a verified signature, "
-            "and the run has no verified signature (sign runs with DIAGSAFE_SIGNING_KEY; the gate needs the same key)"
-        )
-    if network is None or not network.offline:
-        raise RunFailed(
-            f"{run.run_dir}: refused: --require-offline: its signed manifest records no offline network policy (it "
-            "ran online); run it with --offline or --pack (the default of `submit`'s jobs)"
-        )
-
-
 def gate_run(
     run_dir: Path,
     command_line: dict[str, Any],
@@ -431,8 +438,6 @@ def gate_run(
             "judge.sensitivity in its config)"
         )
     limits = resolve(command_line, run.manifest.gate_settings)
-    if limits.switches.get("require_offline"):
-        _ran_offline(run)
     comparisons = None
     if limits.increases:
         assert limits.baseline_run is not None
