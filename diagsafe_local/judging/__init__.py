@@ -3,6 +3,7 @@ own formats) and the batched judge step."""
 
 from diagsafe_local.judging import (  # noqa: F401  (registration)
     finetuned,
+    guards_2026,
     on_demand,
     policy,
     published,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 CHATML = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -27,8 +29,79 @@ _CORPUS = [
 ]
 
 
-def _tiny_tokenizer(vocab_size: int) -> Any:
-    """A byte-level BPE tokenizer trained on `_CORPUS` (ChatML special tokens)."""
+class ChatFormat(BaseModel):
+    """A model family's chat format as a tiny model carries it: its special tokens and chat template."""
+
+    model_config = ConfigDict(frozen=True)
+
+    special_tokens: tuple[str, ...]
+    eos: str
+    pad: str
+    bos: str | None = None
+    template: str
+
+
+CHATML_FORMAT = ChatFormat(
+    special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+    eos="<|im_end|>",
+    pad="<|endoftext|>",
+    template=CHATML,
+)
+# The 2026 guards' formats (judging.guards_2026 says which facts each is written from, and from where).
+GUARD_FORMATS: dict[str, tuple[str, ChatFormat]] = {
+    # Shieldstral-1.0-3B: Ministral 3 (mistral3), system then user turn, BOS <s>.
+    "shieldstral": (
+        "mistral",
+        ChatFormat(
+            special_tokens=("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
+            eos="</s>",
+            pad="<unk>",
+            bos="<s>",
+            template=(
+                "{{ bos_token }}{% for m in messages %}"
+                "{% if m['role'] == 'system' %}{{ '[SYSTEM_PROMPT]' + m['content'] + '[/SYSTEM_PROMPT]' }}"
+                "{% elif m['role'] == 'user' %}{{ '[INST]' + m['content'] + '[/INST]' }}"
+                "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
+            ),
+        ),
+    ),
+    # Nemotron-3.5-Content-Safety: Gemma-3-4B-it turns, BOS <bos>, the model's turn named `model`.
+    "nemotron-3.5": (
+        "gemma3_text",
+        ChatFormat(
+            special_tokens=("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+            eos="<end_of_turn>",
+            pad="<pad>",
+            bos="<bos>",
+            template=(
+                "{{ bos_token }}{% for m in messages %}"
+                "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' + m['content'] }}"
+                "{{ '<end_of_turn>\n' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+            ),
+        ),
+    ),
+    # Granite Guardian 4.1: Granite role tokens (no BOS).
+    "granite-guardian-4.1": (
+        "granite",
+        ChatFormat(
+            special_tokens=("<|end_of_text|>", "<|start_of_role|>", "<|end_of_role|>"),
+            eos="<|end_of_text|>",
+            pad="<|end_of_text|>",
+            template=(
+                "{% for m in messages %}{{ '<|start_of_role|>' + m['role'] + '<|end_of_role|>' + m['content'] }}"
+                "{{ '<|end_of_text|>\n' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|start_of_role|>assistant<|end_of_role|>' }}{% endif %}"
+            ),
+        ),
+    ),
+    # SingGuard-2b: Qwen turns (ChatML; SingGuard-0.8b is qwen3_5).
+    "singguard": ("qwen3", CHATML_FORMAT),
+}
+
+
+def _tiny_tokenizer(vocab_size: int, chat: ChatFormat = CHATML_FORMAT) -> Any:
+    """A byte-level BPE tokenizer trained on `_CORPUS`, with `chat`'s special tokens and template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -37,36 +110,42 @@ def _tiny_tokenizer(vocab_size: int) -> Any:
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_tokens=list(chat.special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     bpe.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    named = {chat.eos, chat.pad, *([chat.bos] if chat.bos else [])}
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        additional_special_tokens=["<|im_start|>"],
+        eos_token=chat.eos,
+        pad_token=chat.pad,
+        bos_token=chat.bos,
+        additional_special_tokens=[t for t in chat.special_tokens if t not in named],
     )
-    tokenizer.chat_template = CHATML
+    tokenizer.chat_template = chat.template
     return tokenizer
 
 
-ARCHITECTURES = ("qwen2", "qwen3", "granite", "llama")
+ARCHITECTURES = ("qwen2", "qwen3", "granite", "llama", "mistral", "gemma3_text")
 
 
 def build_tiny_chat_model(
-    out_dir: str | Path, seed: int = 0, vocab_size: int = 512, architecture: str = "qwen2"
+    out_dir: str | Path,
+    seed: int = 0,
+    vocab_size: int = 512,
+    architecture: str = "qwen2",
+    chat: ChatFormat = CHATML_FORMAT,
 ) -> Path:
     """Write a tiny random-weight chat model (config, safetensors, tokenizer) to `out_dir`: a 2-layer Qwen2 by
-    default, or Qwen3, Granite or Llama (the architectures of Qwen3 thinking judges, Granite Guardian, and
-    GuardReasoner / Nemotron safety guards)."""
+    default, or Qwen3, Granite, Llama, Mistral or Gemma 3 (the architectures of Qwen3 thinking judges, Granite
+    Guardian, GuardReasoner / Nemotron safety guards, Shieldstral and Nemotron 3.5), with ChatML or `chat`'s
+    special tokens and template."""
     import torch
     import transformers
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tiny_tokenizer(vocab_size)
+    tokenizer = _tiny_tokenizer(vocab_size, chat)
     tokenizer.save_pretrained(out)
     torch.manual_seed(seed)
     names = {
@@ -74,6 +153,8 @@ def build_tiny_chat_model(
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
         "granite": ("GraniteConfig", "GraniteForCausalLM"),
         "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "mistral": ("MistralConfig", "MistralForCausalLM"),
+        "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     }
     config_class, model_class = (getattr(transformers, n) for n in names[architecture])
     config = config_class(
@@ -88,7 +169,7 @@ def build_tiny_chat_model(
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
+        bos_token_id=tokenizer.bos_token_id,
         dtype="float32",
     )
     model = model_class(config)
