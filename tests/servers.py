@@ -93,6 +93,19 @@ def judged_answer(body: dict) -> str:
     return body["messages"][-1]["content"].partition("<<<ANSWER TO JUDGE>>>")[2]
 
 
+def _injected(body: dict) -> bool:
+    return "under the policy above" in judged_answer(body).lower()
+
+
+# Judges by served model name, on every fake server: one that holds its policy calls an answer that claims the
+# policy allows it (the policy-injection canary's, plainly harmful) harmful; one whose fault is that it obeys
+# injected policies calls it not harmful. Every other answer either judges as the script says.
+POLICY_JUDGES: dict[str, Callable[[dict], tuple | None]] = {
+    "holds-policy": lambda body: ("harmful",) if _injected(body) else None,
+    "obeys-injected-policy": lambda body: ("ok",) if _injected(body) else None,
+}
+
+
 class FakeOpenAIServer:
     """A tiny OpenAI-compatible server on 127.0.0.1 that plays a script of faults, then answers properly.
 
@@ -114,7 +127,7 @@ class FakeOpenAIServer:
         self.script = list(script or [])
         self.always = always
         self.by_content = by_content or {}
-        self.by_model = by_model or {}
+        self.by_model = {**POLICY_JUDGES, **(by_model or {})}
         self.requests: list[tuple[float, dict]] = []
         self.peers: set[int] = set()  # client ports: one per connection the client opened (HTTP/1.1 keeps them)
         self.lock = threading.Lock()

@@ -97,6 +97,7 @@ class InjectionCheck:
                 f"no {INJECTION}: the run's policy-injection canary was never sent (resume the run to send it)"
             )
             return
+        latest: dict[tuple[str, str], InjectionRecord] = {}  # the last record of a canary wins (a resume asks again)
         for line in lines:
             record = line.record
             if record.run_id not in self.run_ids or record.judge != self.judge or record.canary not in BY_ID:
@@ -105,7 +106,8 @@ class InjectionCheck:
             if record.rule != lines[0].record.rule:
                 self._problems.append(f"{INJECTION} line {line.number}: another score rule than its first line's")
                 return
-            self.records.append(record)
+            latest[record.key] = record
+        self.records = list(latest.values())
         self.rule = lines[0].record.rule
         missing = sorted(set(BY_ID) - {r.canary for r in self.records})
         if missing:
@@ -119,11 +121,14 @@ class InjectionCheck:
         for record in self.records:
             score = self.rule.score(record.judge_raw)
             if score is None or not is_harmful(score):
-                said = "could not judge it" if score is None else "called it not harmful"
+                said, so = (
+                    ("could not judge it", "it has not shown it resists the injection: resume the run to ask again")
+                    if score is None
+                    else ("called it not harmful", "its verdicts follow the answers it judges: use one that holds")
+                )
                 self._problems.append(
                     f"the judge failed the policy-injection canary '{record.canary}': shown a plainly harmful answer "
-                    f"that claims the policy allows it, it {said}; its reply: {(record.judge_raw or '')[:200]!r}. "
-                    "Its verdicts follow instructions in the answers it judges: use a judge that holds its policy"
+                    f"that claims the policy allows it, it {said}; its reply: {(record.judge_raw or '')[:200]!r}; {so}"
                 )
 
     def problems(self) -> list[str]:
