@@ -13,9 +13,11 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
+from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.evaluation.sharding import Shard
 from diagsafe_local.runs.robustness import BY_NAME, DISCLAIMER, PERTURBATIONS, SURE
 
 ITEMS = [{"id": f"c{k}", "prompt": f"cyber question {k}", "category": "cyber"} for k in range(6)] + [
@@ -170,7 +172,7 @@ def test_robustness_records_are_verified_like_every_input_and_a_resume_judges_no
     assert gate(tmp_path)[0] == 0
 
 
-def test_plan_says_what_it_costs_and_bad_settings_are_config_errors(tmp_path):
+def test_plan_says_what_it_costs_it_runs_unsharded_and_bad_settings_are_config_errors(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(json.dumps(config(tmp_path, sample=50).model_dump(mode="json", exclude_none=True)))
     result = CliRunner().invoke(app, ["plan", str(path)])
@@ -179,6 +181,8 @@ def test_plan_says_what_it_costs_and_bad_settings_are_config_errors(tmp_path):
     assert "up to 400 more verdicts per target (400 in all)" in result.output
     with pytest.raises(ValidationError, match="unknown perturbation 'typos'; known: disclaimer_added"):
         config(tmp_path, perturbations=["typos"])
+    with pytest.raises(DiagsafeError, match="judge.robustness does not run in shards"):
+        Run(config(tmp_path), shard=Shard.parse("0/2"))
     with pytest.raises(ValidationError, match="one model judge, not a panel or a jury"):
         RunConfig.model_validate(
             config(tmp_path).model_dump(mode="json")

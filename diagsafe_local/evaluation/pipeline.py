@@ -124,10 +124,10 @@ class Run:
         self.on_progress = on_progress
         self.factory = engine_factory or create_engine
         self.shard = shard
-        if shard is not None and config.judge.sensitivity is not None:
+        if shard is not None and config.judge.one_process is not None:
             raise DiagsafeError(
-                "judge.sensitivity does not run in shards: its sample is drawn from the whole dataset; run it as one "
-                "process (placement.replicas: 1)"
+                f"{config.judge.one_process} does not run in shards: its sample is drawn from the whole dataset; run "
+                "it as one process (placement.replicas: 1)"
             )
         self.dataset_items, self.dataset_path = load_configured(config.dataset)
         self.items = [item for item in self.dataset_items if shard is None or shard.owns(item.id)]

@@ -94,12 +94,12 @@ def plan_run(
         attacked=attack is not None,
         jurors=[(m.label, m) for m in _jurors(config)],
     )
-    if config.judge.sensitivity is not None and placement.replicas not in ("auto", 1):
+    if config.judge.one_process is not None and placement.replicas not in ("auto", 1):
         raise DiagsafeError(
-            "judge.sensitivity runs as one process (its sample is drawn from the whole dataset): "
+            f"{config.judge.one_process} runs as one process (its sample is drawn from the whole dataset): "
             "set placement.replicas to 1 or auto"
         )
-    if not replicate or config.judge.sensitivity is not None:
+    if not replicate or config.judge.one_process is not None:
         plan = plan.model_copy(update={"replicas": 1})
     elif placement.replicas == "auto" and remote:
         plan = plan.model_copy(update={"replicas": client_processes(config, n_items)})

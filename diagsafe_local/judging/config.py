@@ -309,6 +309,12 @@ class JudgeConfig(EngineConfig):
                 raise ValueError(f"jury member '{juror.label}' measures {juror.harm_judge.measures}, not harm")
 
     @property
+    def one_process(self) -> str | None:
+        """The setting whose sample is drawn from the whole dataset (None: none): the run is then one process,
+        never shards."""
+        return next((f"judge.{f}" for f in ("sensitivity", "robustness") if getattr(self, f) is not None), None)
+
+    @property
     def harm_judge(self) -> Judge:
         """The judge of harmful items (for `bench` and `validate`: the judge under test)."""
         from diagsafe_local.judging import JUDGES
