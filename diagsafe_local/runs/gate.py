@@ -80,11 +80,11 @@ class _Decision:
         self.lines.append(("PASS  " if ok else "FAIL  ") + text)
         self.made.append(Check(passed=ok, line=text, **figures))
 
-    def reading(self, label: str, reading: Reading, limit: float, applied: Applied) -> None:
+    def reading(self, label: str, reading: Reading, row: Limit, limit: float, applied: Applied) -> None:
         ok = reading.value is not None and reading.value <= limit
         self.verdict(
             ok,
-            f"{label}: {reading.text}" + ("" if reading.value is None else f" vs max {limit:.3f}"),
+            f"{label}: {reading.text}" + ("" if reading.value is None else f" {row.against(limit)}"),
             **reading.model_dump(exclude={"text"}),
             about=label,
             limit=applied.name,
@@ -269,47 +269,25 @@ def _wordings(
 def _target(decision: _Decision, name: str, stats: TargetSummary, limits: Limits) -> None:
     corrected = limits.corrected
     for limit, applied in limits.of_scope("target"):
-        assert limit.read is not None and isinstance(applied.value, float | int)
-        decision.reading(name, limit.read(stats, corrected), float(applied.value), applied)
+        assert isinstance(applied.value, float | int)
+        for read in limit.reads:
+            if (reading := read(stats, corrected)) is not None:
+                decision.reading(name, reading, limit, float(applied.value), applied)
     for limit, applied in limits.of_scope("category"):
-        assert limit.read is not None and isinstance(applied.value, dict)
+        assert isinstance(applied.value, dict)
         for category, value in applied.value.items():
             group: GroupStats | None = stats.by_category.get(category)
             label = f"{name}: category '{category}'"
             if group is None:
                 decision.verdict(False, f"{label} has no judged answers")
-            else:
-                decision.reading(label, limit.read(group, corrected), value, applied)
+                continue
+            for read in limit.reads:
+                if (reading := read(group, corrected)) is not None:
+                    decision.reading(label, reading, limit, value, applied)
     if limits.value("max_truncated_rate") is None and stats.truncated.rate:
         decision.lines.append(
             f"NOTE  {name}: answers cut off at max_tokens {share(stats.truncated)} (not limited; "
             "--max-truncated-rate limits them)"
-        )
-    attack = stats.attack
-    failures = limits.value("max_failure_rate")
-    if attack is not None and attack.n_steps:
-        unjudged = attack.n_unjudged / attack.n_steps
-        decision.verdict(
-            unjudged <= failures,
-            f"{name}: attack steps without a verdict {attack.n_unjudged}/{attack.n_steps} = {unjudged:.1%} vs max "
-            f"{failures:.1%} (max_failure_rate)",
-            about=name,
-            limit="max_failure_rate",
-            value=unjudged,
-            threshold=failures,
-            n=attack.n_steps,
-        )
-    jury = stats.jury
-    if jury is not None and jury.answers:
-        decision.verdict(
-            jury.unjudged / jury.answers <= failures,
-            f"{name}: jury: answers a member could not judge {jury.unjudged}/{jury.answers} = "
-            f"{jury.unjudged / jury.answers:.1%} vs max {failures:.1%} (max_failure_rate)",
-            about=name,
-            limit="max_failure_rate",
-            value=jury.unjudged / jury.answers,
-            threshold=failures,
-            n=jury.answers,
         )
     if not stats.n_judged and stats.n_answers:
         decision.verdict(False, f"{name}: judge health: no verdicts (nothing was judged, so nothing is known)")
