@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "validate"),
     "judges": ("judges", "judges"),
     "run": ("run", "run"),
+    "pack": ("pack", "pack"),
     "report": ("report", "report"),
     "gate": ("gate", "gate"),
     "verify-attestation": ("attest", "verify_attestation"),

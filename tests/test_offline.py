@@ -106,6 +106,27 @@ def test_an_offline_run_records_its_policy_and_endpoints_and_an_online_run_says_
     assert network is not None and not network.offline
 
 
+def test_gate_require_offline_passes_only_a_signed_run_that_recorded_an_offline_policy(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", "k" * 32)
+    config = _config(tmp_path, server.base_url)
+    gate = ["gate", str(tmp_path / "run"), "--max-asr", "1", "--allow-degenerate-judge", "--require-signature"]
+    for offline_flag, passes in (("1", True), ("0", False)):
+        ran = CliRunner().invoke(app, ["run", str(config), "--overwrite"], env={ENV: offline_flag})
+        assert ran.exit_code == 0, ran.output
+        result = CliRunner().invoke(app, [*gate, "--require-offline"])
+        assert result.exit_code == (0 if passes else 3), result.output
+    plain = CliRunner().invoke(app, gate)
+    assert plain.exit_code == 0, plain.output  # the online run passes without the switch
+    assert "refused: --require-offline: its signed manifest records no offline network policy" in " ".join(
+        result.output.split()
+    )
+    monkeypatch.delenv("DIAGSAFE_SIGNING_KEY")  # an offline run whose record no signature vouches for
+    ran = CliRunner().invoke(app, ["run", str(config), "--overwrite"], env={ENV: "1"})
+    assert ran.exit_code == 0, ran.output
+    result = CliRunner().invoke(app, [*gate[:-1], "--require-offline"])
+    assert result.exit_code == 3 and "no verified signature" in " ".join(result.output.split()), result.output
+
+
 def test_a_merge_is_offline_only_where_every_shard_ran_offline(server, tmp_path):
     config = _config(tmp_path, server.base_url)
     for shard, offline_flag in (("0/2", "1"), ("1/2", "1")):
@@ -164,6 +185,19 @@ def test_submit_and_watch_submit_run_their_jobs_offline_unless_asked_not_to(tmp_
     watch.submit(spec, [entry], Resources(gpus_per_task=0))
     (args,) = sent
     assert [a for a in args if a.startswith("--export=")] == [f"--export=ALL,DIAGSAFE_VENV={sys.prefix},{ENV}=1"]
+    from test_series import checkpoint
+
+    checkpoint(tmp_path / "train", "checkpoint-10")
+    for option, value in (("--online", "0"), ("--offline", "1")):
+        sent.clear()
+        watched = CliRunner().invoke(
+            app, ["watch", str(tmp_path / "train"), "--config", str(config), "--submit", "--once", option,
+                  "--out", str(tmp_path / f"series{option}"), "--gpus-per-task", "0"],
+        )  # fmt: skip
+        assert watched.exit_code == 0, watched.output
+        assert [a for args in sent for a in args if a.startswith("--export=")] == [
+            f"--export=ALL,DIAGSAFE_VENV={sys.prefix},{ENV}={value}"
+        ]
 
 
 # -- the proof: a whole run in a network namespace of its own ----------------------------------------------------

@@ -344,6 +344,14 @@ CpusPerTask = Annotated[int, typer.Option(help="CPUs per job.", min=1)]
 Mem = Annotated[str, typer.Option(help="Memory per job, e.g. 64G.")]
 TimeLimit = Annotated[str, typer.Option("--time", help="Time limit per job, e.g. 04:00:00.")]
 SbatchArgs = Annotated[list[str] | None, typer.Option(help="Extra sbatch argument (repeatable), e.g. --account=x.")]
+JobsOffline = Annotated[
+    bool,
+    typer.Option(
+        "--offline/--online",
+        help="Jobs run offline (`run --offline`: local files only, no connection but loopback and the config's API "
+        "endpoints) or not; the manifest of each run records which.",
+    ),
+]
 Overrides = Annotated[list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")]
 Hooks = Annotated[
     list[str] | None,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -10,6 +12,7 @@ import typer
 
 from diagsafe_local.commands.common import Hooks, user_errors
 from diagsafe_local.core import offline
+from diagsafe_local.core import pack as packs
 from diagsafe_local.runs import files
 from diagsafe_local.runs.summary import Summary
 
@@ -50,6 +53,17 @@ def run(
             "anything loads). The default of the jobs `submit` starts.",
         ),
     ] = False,
+    pack: Annotated[
+        Path | None,
+        typer.Option(
+            "--pack",
+            envvar=packs.ENV,
+            metavar="DIR",
+            help="Read every model, adapter, prompt set and data file from this pack (`diagsafe-local pack`), each "
+            "file checked against its pack.lock before anything loads; anything it does not hold is refused. The "
+            "run is offline. Default: the config's offline.pack.",
+        ),
+    ] = None,
     hook: Hooks = None,
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
@@ -64,7 +78,7 @@ def run(
     set_ = [*(set_ or []), *([] if store_reasoning else ["judge.store_reasoning=false"])]
     cfg = load_config(config, set_)
     part = Shard.parse(shard) if shard else None
-    with _network(cfg, offline_):
+    with _network(cfg, offline_, pack or (Path(cfg.offline.pack) if cfg.offline.pack else None)) as cfg:
         if part is None and not overwrite and not unsharded_run(cfg):
             plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
             if plan.replicas > 1:
@@ -79,10 +93,25 @@ def run(
         _finish(summary, run.dir.root, hook)
 
 
-def _network(cfg: RunConfig, offline_: bool) -> AbstractContextManager[None]:
-    """Offline (`core.offline`) once every model the run loads is on disk or in the hub cache; else as it is."""
-    if not offline_:
-        return nullcontext()
+@contextmanager
+def _network(cfg: RunConfig, offline_: bool, pack: Path | None) -> Iterator[RunConfig]:
+    """The config as the run reads it, within its network policy: from a verified pack (`evaluation.pack`) and
+    offline; offline (`core.offline`) once every model the run loads is on disk or in the hub cache; or as it is.
+    A pack's path and the policy reach every process the run starts through their variables."""
+    if pack is not None:
+        from diagsafe_local.evaluation.pack import packed
+
+        cfg, opened = packed(cfg, pack)
+        with packs.using(opened), _variable(packs.ENV, str(pack.resolve())), _offline(cfg):
+            yield cfg
+    elif offline_:
+        with _offline(cfg):
+            yield cfg
+    else:
+        yield cfg
+
+
+def _offline(cfg: RunConfig) -> AbstractContextManager[None]:
     from diagsafe_local.evaluation.planning import api_endpoints, local_models
 
     for model in local_models(cfg):
@@ -90,6 +119,19 @@ def _network(cfg: RunConfig, offline_: bool) -> AbstractContextManager[None]:
         if model.lora:
             offline.require_local(model.lora, None, "LoRA adapter")
     return offline.offline(api_endpoints(cfg))
+
+
+@contextmanager
+def _variable(name: str, value: str) -> Iterator[None]:
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _finish(summary: Summary, root: Path, hooks: list[str] | None) -> None:

@@ -15,6 +15,7 @@ from diagsafe_local.commands.common import (
     GpuMemory,
     GpuRequest,
     GpusPerTask,
+    JobsOffline,
     Mem,
     Partition,
     SbatchArgs,
@@ -36,14 +37,7 @@ def submit(
     time_limit: TimeLimit = "04:00:00",
     sbatch_arg: SbatchArgs = None,
     set_: Annotated[list[str] | None, typer.Option("--set", help="Config override, passed on to every job.")] = None,
-    offline: Annotated[
-        bool,
-        typer.Option(
-            "--offline/--online",
-            help="Jobs run offline (`run --offline`: local files only, no connection but loopback and the config's "
-            "API endpoints) or not.",
-        ),
-    ] = True,
+    offline: JobsOffline = True,
     dry_run: Annotated[bool, typer.Option(help="Print the sbatch commands and scripts; submit nothing.")] = False,
 ) -> None:
     """Submit the sharded evaluation and its merge job to SLURM; print job ids and how to watch them."""

@@ -13,6 +13,7 @@ from diagsafe_local.commands.common import (
     GpuRequest,
     GpusPerTask,
     Hooks,
+    JobsOffline,
     Mem,
     Overrides,
     Partition,
@@ -59,6 +60,7 @@ def watch(
     mem: Mem = "64G",
     time_limit: TimeLimit = "04:00:00",
     sbatch_arg: SbatchArgs = None,
+    offline: JobsOffline = True,
     hook: Hooks = None,
 ) -> None:
     """Find the checkpoints a training run saves, evaluate each complete one (--submit: SLURM array jobs; --local:
@@ -86,6 +88,7 @@ def watch(
             time=time_limit,
             sbatch_args=sbatch_arg or [],
             gpu_request=gpu_request_form(gpu_request),
+            offline=offline,
         )
 
     def updated(directory: Path) -> None:

@@ -106,6 +106,16 @@ class PlacementConfig(StrictModel):
         return data
 
 
+class OfflineConfig(StrictModel):
+    """How the run stays off the network (`run --offline`, `run --pack`)."""
+
+    pack: str | None = Field(
+        None,
+        description="A pack (`diagsafe-local pack`) to read every model, adapter, prompt set and data file from, each "
+        "checked against its pack.lock first; the run is then offline. None: read them where the config names them.",
+    )
+
+
 class RunConfig(StrictModel):
     """A whole evaluation run."""
 
@@ -116,6 +126,7 @@ class RunConfig(StrictModel):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     output_dir: str = Field(..., description="Run directory (created; resumed if it exists with the same config).")
     gate: GateConfig = Field(default_factory=GateConfig)
+    offline: OfflineConfig = Field(default_factory=OfflineConfig)
     attack: SerializeAsAny[AttackConfig] | None = Field(
         None,
         description="An adaptive attack on every harmful item, after its direct answers: a strategy (pair, crescendo "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from diagsafe_local import __version__
-from diagsafe_local.core import offline
+from diagsafe_local.core import offline, pack
 from diagsafe_local.engines.gpus import node_gpus
 from diagsafe_local.engines.identity import EngineIdentity, engine_identity, package_versions
 from diagsafe_local.evaluation.config import RunConfig
@@ -124,8 +124,12 @@ def target_refs(config: RunConfig, identities: Mapping[str, EngineIdentity]) -> 
 
 
 def network_policy(config: RunConfig) -> NetworkPolicy:
-    """The network this process runs under: offline or not (`core.offline`), and the API endpoints it calls."""
-    return NetworkPolicy(offline=offline.active(), endpoints=api_endpoints(config))
+    """The network this process runs under: offline or not (`core.offline`), the API endpoints it calls, and the
+    pack it reads its files from (`core.pack`)."""
+    packed = pack.current()
+    return NetworkPolicy(
+        offline=offline.active(), endpoints=api_endpoints(config), pack=packed.lock_sha256 if packed else None
+    )
 
 
 def host_info() -> dict[str, Any]:

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from diagsafe_local.core import pack
 from diagsafe_local.core.cache import cache_dir
 from diagsafe_local.core.errors import DiagsafeError
 
@@ -64,21 +65,36 @@ def prepare_debian_wordnet(target_root: Path, source: Path = DEBIAN_WORDNET) -> 
     return target_root
 
 
+def wordnet_directory() -> Path:
+    """Where METEOR's WordNet lies (ROOT/corpora/wordnet): the pack's under `run --pack` (`core.pack`), else
+    NLTK's data (a folder, or NLTK's zip of it), else Debian's database prepared into the cache."""
+    packed = pack.part("wordnet", "wordnet")
+    if packed is not None:
+        return packed
+    import nltk
+    from nltk.data import ZipFilePathPointer
+
+    for resource in ("corpora/wordnet", "corpora/wordnet.zip"):
+        try:
+            found = nltk.data.find(resource)
+        except LookupError:
+            continue
+        return Path(found.zipfile.filename if isinstance(found, ZipFilePathPointer) else str(found))
+    return prepare_debian_wordnet(cache_dir() / "nltk_data") / "corpora" / "wordnet"
+
+
 @lru_cache(maxsize=1)
 def load_wordnet() -> Any:
-    """A loaded NLTK WordNet reader: NLTK's data if present, else Debian's database prepared offline."""
+    """A loaded NLTK WordNet reader over `wordnet_directory`."""
     import nltk
     from nltk.corpus.reader.wordnet import WordNetCorpusReader
+    from nltk.data import ZipFilePathPointer
 
-    try:
-        root = nltk.data.find("corpora/wordnet")
-    except LookupError:
-        try:
-            root = nltk.data.find("corpora/wordnet.zip")
-        except LookupError:
-            # NLTK only reads corpora below one of its data roots, so ours joins the search path.
-            nltk.data.path.append(str(prepare_debian_wordnet(cache_dir() / "nltk_data")))
-            root = nltk.data.find("corpora/wordnet")
+    where = wordnet_directory()
+    data_root = str(where.parent.parent)  # NLTK reads a corpus only below a data root, as ROOT/corpora/wordnet
+    if data_root not in nltk.data.path:
+        nltk.data.path.insert(0, data_root)  # first: a pack's is the one read
+    root = ZipFilePathPointer(str(where), "wordnet/") if where.suffix == ".zip" else str(where)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "multilingual functions are not available": we need English only
         reader = WordNetCorpusReader(root, None)

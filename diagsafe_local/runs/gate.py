@@ -396,6 +396,21 @@ def _not_itself(run: VerifiedRun, baseline: VerifiedRun) -> None:
         )
 
 
+def _ran_offline(run: VerifiedRun) -> None:
+    """--require-offline: the run's signature verified, and its manifest records an offline network policy."""
+    network = run.manifest.network
+    if not run.signature_verified:
+        raise RunFailed(
+            f"{run.run_dir}: refused: --require-offline needs the run's network policy under a verified signature, "
+            "and the run has no verified signature (sign runs with DIAGSAFE_SIGNING_KEY; the gate needs the same key)"
+        )
+    if network is None or not network.offline:
+        raise RunFailed(
+            f"{run.run_dir}: refused: --require-offline: its signed manifest records no offline network policy (it "
+            "ran online); run it with --offline or --pack (the default of `submit`'s jobs)"
+        )
+
+
 def gate_run(
     run_dir: Path,
     command_line: dict[str, Any],
@@ -416,6 +431,8 @@ def gate_run(
             "judge.sensitivity in its config)"
         )
     limits = resolve(command_line, run.manifest.gate_settings)
+    if limits.switches.get("require_offline"):
+        _ran_offline(run)
     comparisons = None
     if limits.increases:
         assert limits.baseline_run is not None

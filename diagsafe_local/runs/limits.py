@@ -197,10 +197,12 @@ class Limit:
 
 @dataclass(frozen=True)
 class Switch:
-    """A switch that relaxes the gate: taken from the command line only."""
+    """A switch of the gate: one that relaxes it is taken from the command line only; one that tightens it from
+    the run's config too."""
 
     name: str
     help: str
+    relaxes: bool = True
 
     @property
     def option(self) -> str:
@@ -267,6 +269,12 @@ SWITCHES: tuple[Switch, ...] = (
         "Decide ASR limits on the upper 95% bound of the ASR corrected for the judge's validated FPR/FNR (needs "
         "judge.validation). A judge with a high FPR makes the corrected ASR lower than the observed one, so this "
         "relaxes the gate and is taken from the command line only.",
+    ),
+    Switch(
+        "require_offline",
+        "Refuse (exit 3) a run whose signature does not verify or whose manifest does not record an offline "
+        "network policy (`run --offline` or `run --pack`; the default of `submit`'s jobs).",
+        relaxes=False,
     ),
 )
 
@@ -406,7 +414,9 @@ def resolve(command_line: dict[str, Any], config: dict[str, Any] | None) -> Limi
                 applied.append(Applied(name=limit.name, value=limit.default, source="default"))
     switches = {}
     for switch in SWITCHES:
-        switches[switch.name] = bool(command_line.get(switch.name))
+        switches[switch.name] = bool(command_line.get(switch.name)) or (
+            not switch.relaxes and bool(stored.get(switch.name))
+        )
         if stored.get(switch.name) and not switches[switch.name]:
             notes.append(
                 f"the run's config sets {switch.name}: true; not applied: only the command line relaxes the gate "

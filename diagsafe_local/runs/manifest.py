@@ -25,8 +25,9 @@ from diagsafe_local.runs.files import CONFIG, CONFIG_HEADER, MANIFEST
 from diagsafe_local.runs.records import SCHEMA_VERSION, AnswerKey, Record
 
 # The run config's sections that do not decide an answer or a verdict: where the run goes, how the engines are
-# placed, what the gate limits and which target the report compares against.
-NOT_FINGERPRINTED = ("output_dir", "gate", "baseline", "placement")
+# placed, what the gate limits, which target the report compares against, and where its files are read from (a
+# pack's paths replace the models' own, so a run from a pack has its own id all the same).
+NOT_FINGERPRINTED = ("output_dir", "gate", "baseline", "placement", "offline")
 
 
 def config_fingerprint(config: dict[str, Any]) -> str:
@@ -222,6 +223,9 @@ class NetworkPolicy(Record):
 
     offline: bool = Field(description="The run ran offline: hubs' offline variables set, other connections refused.")
     endpoints: list[str] = Field(description="The API endpoints (base URLs) the run's models are called at.")
+    pack: str | None = Field(
+        None, description="SHA-256 of the pack.lock every file was read from (`run --pack`; None: no pack)."
+    )
 
 
 class SourceRun(Record):

@@ -151,14 +151,17 @@ def merge_runs(
 
 
 def _network(manifests: list[Manifest]) -> NetworkPolicy | None:
-    """The merged run's network: offline only where every source ran offline, and every endpoint any of them used
-    (None where a source recorded none: an older run says nothing of its network)."""
+    """The merged run's network: offline only where every source ran offline, every endpoint any of them used, and
+    their pack where all read the same one (None where a source recorded none: an older run says nothing of its
+    network)."""
     policies = [m.network for m in manifests]
     if any(p is None for p in policies):
         return None
+    packs = {p.pack for p in policies if p is not None}
     return NetworkPolicy(
         offline=all(p.offline for p in policies if p is not None),
         endpoints=sorted({e for p in policies if p is not None for e in p.endpoints}),
+        pack=packs.pop() if len(packs) == 1 else None,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from diagsafe_local.core.pack import PackLock
 from diagsafe_local.runs import passes
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import ResultRecord
@@ -21,6 +22,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "result": ResultRecord,
     "summary": Summary,
     "manifest": Manifest,
+    "pack": PackLock,
     **{row.name: row.record for row in passes.PASSES},
 }
 SCHEMA_DIR = Path(__file__).resolve().parents[1] / "schemas"

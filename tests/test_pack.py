@@ -1,0 +1,201 @@
+"""`pack CONFIG --out DIR` and `run --pack DIR` (issue 47, item 1): every part a config needs copied once with its
+hash, a run that reads only from the pack, and the refusals before anything loads: a part the pack lacks, a
+file whose bytes changed, a pack whose packing was cut short. The real engine's run from a pack inside a closed
+network namespace is in test_offline.py (one real run)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from test_series import checkpoint, scripted  # noqa: F401  (a fixture: every engine the pipeline makes is scripted)
+from typer.testing import CliRunner
+
+from diagsafe_local.cli import app
+from diagsafe_local.core.pack import LOCK, PackLock, open_pack
+from diagsafe_local.runs.manifest import read_manifest_file
+
+HUB_ID = "acme/tiny-chat"
+
+
+def _hub_cache(root: Path, source: Path) -> Path:
+    """A Hugging Face hub cache holding `source` as HUB_ID's snapshot at one commit (as `hf download` leaves it)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / f"models--{HUB_ID.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for file in source.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
+        blob.parent.mkdir(exist_ok=True)
+        blob.write_bytes(file.read_bytes())
+        (snapshot / file.name).symlink_to(blob)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return root
+
+
+@pytest.fixture
+def packable(tmp_path, monkeypatch):
+    """A config whose target is a hub id found only in the hub cache (no network: HF_HUB_OFFLINE), with a LoRA
+    adapter and a chat template in local folders, and whose judge is a local model directory."""
+    import huggingface_hub.constants as hub
+
+    models = tmp_path / "models"
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(_hub_cache(tmp_path / "hub", checkpoint(models, "base"))))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    adapter = models / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": HUB_ID, "r": 8}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora weights")
+    template = tmp_path / "chatml.jinja"
+    template.write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": f"i{k}", "prompt": f"question {k}"}) + "\n" for k in range(3)))
+    config = {
+        "dataset": {"path": str(items)},
+        "target": {"name": "tiny", "model": HUB_ID, "lora": str(adapter), "chat_template": str(template)},
+        "judge": {"model": str(checkpoint(models, "judge"))},
+        "output_dir": str(tmp_path / "run"),
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _pack(config: Path, out: Path) -> PackLock:
+    result = CliRunner().invoke(app, ["pack", str(config), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return PackLock.model_validate_json((out / LOCK).read_text())
+
+
+def test_pack_copies_every_part_with_its_hash_and_a_run_from_it_reads_only_the_pack(packable, tmp_path, scripted):  # noqa: F811
+    out = tmp_path / "pack"
+    lock = _pack(packable, out)
+    kinds = {(part.kind, part.reference) for part in lock.parts}
+    config = yaml.safe_load(packable.read_text())
+    assert kinds == {
+        ("model", HUB_ID), ("adapter", config["target"]["lora"]), ("chat_template", config["target"]["chat_template"]),
+        ("model", config["judge"]["model"]), ("dataset", config["dataset"]["path"]),
+    }  # fmt: skip
+    assert (
+        next(p.origin for p in lock.parts if p.reference == HUB_ID) == f"hub:{HUB_ID}@{'0123456789abcdef' * 2}01234567"
+    )
+    for packed in lock.files:  # each file as listed: its bytes, its size, where it came from
+        data = (out / packed.path).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == packed.sha256 and len(data) == packed.size
+        assert Path(packed.source).read_bytes() == data
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out)])
+    assert result.exit_code == 0, result.output
+    assert scripted and all(Path(model).is_relative_to(out.resolve()) for model in scripted)  # target and judge
+    manifest = read_manifest_file(tmp_path / "run")
+    network = manifest.network
+    assert network is not None and network.offline
+    assert network.pack == hashlib.sha256((out / LOCK).read_bytes()).hexdigest()
+    assert list(manifest.targets) == ["tiny"]  # the config's label, not the pack folder's name
+    target = manifest.config["targets"][0]
+    assert all(Path(target[key]).is_relative_to(out.resolve()) for key in ("model", "lora", "chat_template"))
+
+
+def test_the_configs_offline_pack_key_runs_from_the_pack_too(packable, tmp_path, scripted):  # noqa: F811
+    out = tmp_path / "pack"
+    _pack(packable, out)
+    result = CliRunner().invoke(app, ["run", str(packable), "--set", f"offline.pack={out}"])
+    assert result.exit_code == 0, result.output
+    network = read_manifest_file(tmp_path / "run").network
+    assert network is not None and network.offline and network.pack is not None
+    assert all(Path(model).is_relative_to(out.resolve()) for model in scripted)
+
+
+def test_a_config_needing_a_part_the_pack_lacks_is_refused_before_anything_loads(packable, tmp_path):
+    out = tmp_path / "pack"
+    _pack(packable, out)
+    other = tmp_path / "other-judge"
+    other.mkdir()
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out), "--set", f"judge.model={other}"])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output  # no traceback
+    message = " ".join(result.output.split())
+    assert f"has no model '{other}'" in message and f"diagsafe-local pack CONFIG --out {out}" in message
+    assert not (tmp_path / "run").exists()  # before the run directory, before any engine
+
+
+def test_a_one_byte_change_of_a_packed_file_is_refused_naming_it(packable, tmp_path, scripted):  # noqa: F811
+    out = tmp_path / "pack"
+    lock = _pack(packable, out)
+    weights = next(f for f in lock.files if f.path.endswith("model.safetensors"))
+    data = bytearray((out / weights.path).read_bytes())
+    data[-1] ^= 1
+    (out / weights.path).write_bytes(bytes(data))
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out)])
+    assert result.exit_code == 3, result.output
+    assert f"{out / weights.path}: its bytes are not the ones packed" in " ".join(result.output.split())
+    assert not scripted and not (tmp_path / "run").exists()
+    (out / weights.path).unlink()
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out)])
+    assert result.exit_code == 2 and f"{out / weights.path}: missing from the pack" in " ".join(result.output.split())
+
+
+def test_an_interrupted_pack_leaves_the_older_pack_or_none_never_a_lock_naming_absent_files(
+    packable, tmp_path, monkeypatch
+):
+    from diagsafe_local.evaluation import pack
+
+    copy, copied = pack._copy, []
+
+    def cut_short(*args):
+        if copied:
+            raise KeyboardInterrupt
+        copied.append(args)
+        return copy(*args)
+
+    monkeypatch.setattr(pack, "_copy", cut_short)
+    fresh = tmp_path / "fresh"
+    result = CliRunner().invoke(app, ["pack", str(packable), "--out", str(fresh)])
+    assert result.exit_code != 0 and not fresh.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind
+    monkeypatch.setattr(pack, "_copy", copy)
+    older = _pack(packable, tmp_path / "pack")
+    copied.clear()
+    monkeypatch.setattr(pack, "_copy", cut_short)
+    result = CliRunner().invoke(app, ["pack", str(packable), "--out", str(tmp_path / "pack")])
+    assert result.exit_code != 0
+    assert open_pack(tmp_path / "pack").lock == older  # the older pack, whole and verified
+
+
+def test_pack_refuses_a_folder_that_is_not_a_pack_and_a_model_it_cannot_find(packable, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["pack", str(packable), "--out", str(taken)])
+    assert result.exit_code == 2 and "a folder that is not a pack" in result.output
+    assert (taken / "notes.txt").read_text() == "mine"
+    result = CliRunner().invoke(
+        app, ["pack", str(packable), "--out", str(tmp_path / "p"), "--set", "target.model=acme/not-cached"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "model 'acme/not-cached' is neither a local directory nor in the Hugging Face cache" in " ".join(
+        result.output.split()
+    )
+
+
+@pytest.mark.slow
+def test_a_metric_judges_data_is_packed_and_read_from_the_pack(packable, tmp_path):
+    """METEOR's WordNet and the embedding model's files go into the pack, and with the pack in force the metrics
+    find them there (and nowhere else)."""
+    from diagsafe_local.core.pack import using
+    from diagsafe_local.metrics.embedding import model_directory
+    from diagsafe_local.metrics.wordnet import wordnet_directory
+
+    meteor, embedding = {"metric": "meteor", "threshold": 0.3}, {"metric": "embedding_cosine", "threshold": 0.5}
+    panel = f"judge={json.dumps({**meteor, 'panel': {'rule': 'any', 'members': [meteor, embedding]}})}"
+    out = tmp_path / "pack"
+    result = CliRunner().invoke(app, ["pack", str(packable), "--out", str(out), "--set", panel])
+    assert result.exit_code == 0, result.output
+    with using(open_pack(out)) as pack:
+        found = {part.kind: pack.root / part.path for part in pack.lock.parts}
+        assert wordnet_directory() == found["wordnet"] and (found["wordnet"] / "data.noun").is_file()
+        assert model_directory() == found["embedding"] and (found["embedding"] / "config.json").is_file()
+        assert found["wordnet"].parts[-2:] == ("corpora", "wordnet")  # NLTK reads it below a data root
+    assert wordnet_directory() != found["wordnet"]  # outside the pack: where it was packed from
