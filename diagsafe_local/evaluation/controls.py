@@ -38,7 +38,7 @@ def pending_controls(ctx: RunContext) -> list[tuple[Item, str, tuple[Message, ..
     pending = []
     for item, kind, conversation, answer in control_cases(ctx.items):
         key = judge_key(ctx.judge_identity.key(), rubric, conversation, answer, item.references)
-        stored = ctx.directory.controls.get((rubric, item.id, kind))
+        stored = ctx.directory.store(ControlRecord).get((rubric, item.id, kind))
         if stored is None or stored.judge_key != key or stored.parse_status == "error":
             pending.append((item, kind, conversation, answer, key))
     return pending
@@ -55,7 +55,7 @@ class ControlJudging:
     ) -> None:
         judge = ctx.config.judge
         self.cases = list(cases)
-        self.store = ctx.directory.controls
+        self.store = ctx.directory.store(ControlRecord)
         self.verdicts: VerdictStream | None = None
         if not self.cases:
             return
@@ -100,6 +100,6 @@ class ControlJudging:
 
 def keep_current(ctx: RunContext) -> None:
     """Drop the verdicts of controls the run no longer has (items removed, another judge), in canonical order."""
-    rubric, store = ctx.config.judge.rubric_name, ctx.directory.controls
+    rubric, store = ctx.config.judge.rubric_name, ctx.directory.store(ControlRecord)
     store.keep({(rubric, item.id, kind) for item, kind, *_ in control_cases(ctx.items)}.__contains__)
     store.compact()

@@ -34,7 +34,7 @@ def juror_key(ctx: RunContext, member: JuryMember, task: JudgeTask) -> str:
 
 def _stored(ctx: RunContext, member: JuryMember, task: JudgeTask) -> JuryVote | None:
     """The member's current verdict on a task, if stored (an error is asked again)."""
-    vote = ctx.directory.jury.get((task.target, task.item.id, task.sample, task.turn, member.label))
+    vote = ctx.directory.store(JuryVote).get((task.target, task.item.id, task.sample, task.turn, member.label))
     if vote is None or vote.vote.parse_status == "error" or vote.judge_key != juror_key(ctx, member, task):
         return None
     return vote
@@ -91,7 +91,7 @@ class JurorStep:
                 )
             )
         if votes:
-            self.ctx.directory.jury.append(votes)
+            self.ctx.directory.store(JuryVote).append(votes)
             self.done += len(votes)
         return len(votes)
 
@@ -114,7 +114,10 @@ def combine_jury(ctx: RunContext, target: str) -> int:
     for task in pending_tasks(ctx, ctx.targets[target]):
         if not for_jury(ctx.config.judge, task):
             continue
-        stored = [ctx.directory.jury.get((target, task.item.id, task.sample, task.turn, m.label)) for m in jury.members]
+        stored = [
+            ctx.directory.store(JuryVote).get((target, task.item.id, task.sample, task.turn, m.label))
+            for m in jury.members
+        ]
         current = [
             v
             for v, m in zip(stored, jury.members, strict=True)

@@ -57,7 +57,7 @@ from diagsafe_local.judging.cards import AUTO, auto_validation
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs.manifest import GrammarCanary, ValidationRef, write_manifest
 from diagsafe_local.runs.passes import signed_files
-from diagsafe_local.runs.records import AnswerKey
+from diagsafe_local.runs.records import AnswerKey, ControlRecord
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, write_summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
@@ -468,7 +468,7 @@ class Run:
             summarizer.add(record)
         for step in self.dir.attacks.values():
             summarizer.add_attack_step(step)
-        summarizer.controls = list(self.dir.controls.values())
+        summarizer.controls = list(self.dir.store(ControlRecord).values())
         summary = summarizer.summary()
         summary = write_summary(self.dir.root, summary.model_copy(update={"run_id": self.run_id, "reused": reused}))
         self.save_manifest("complete")

@@ -9,38 +9,40 @@ removed); a `config.yaml` the tool did not write is refused always (a user's own
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from diagsafe_local.core import atomic, signing
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.core.jsonl import JsonlStore
+from diagsafe_local.core.jsonl import JsonlStore, KeyedRecord
 from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.runs import files, passes
 from diagsafe_local.runs.manifest import Manifest, read_manifest_file, write_config
-from diagsafe_local.runs.records import ControlRecord, GenerationRecord, JuryVote, ResultRecord, SensitivityRecord
+from diagsafe_local.runs.records import GenerationRecord, ResultRecord
 
-# Every file a run writes; each judging pass's from its row (`runs.passes`).
-RUN_FILES = (
-    files.MANIFEST,
-    files.CONFIG,
-    files.GENERATIONS,
-    files.RESULTS,
-    files.SUMMARY,
-    files.ATTACKS,
-    *(row.file for row in passes.PASSES),
-    files.SIGNATURE,
-)
+R = TypeVar("R", bound=KeyedRecord)
+
+
+def run_files() -> tuple[str, ...]:
+    """Every file a run writes; each judging pass's from its row (`runs.passes`)."""
+    return (
+        files.MANIFEST,
+        files.CONFIG,
+        files.GENERATIONS,
+        files.RESULTS,
+        files.SUMMARY,
+        files.ATTACKS,
+        *(row.file for row in passes.PASSES),
+        files.SIGNATURE,
+    )
 
 
 class RunDirectory:
-    """The files of one run (opened with `open()`)."""
+    """The files of one run (opened with `open()`): the run's own stores, and each judging pass's (`store`)."""
 
     generations: JsonlStore[GenerationRecord]
     results: JsonlStore[ResultRecord]
-    controls: JsonlStore[ControlRecord]
     attacks: JsonlStore[ResultRecord]
-    sensitivity: JsonlStore[SensitivityRecord]
-    jury: JsonlStore[JuryVote]
 
     def __init__(self, config: RunConfig, root: Path, overwrite: bool = False) -> None:
         self.root = root
@@ -48,6 +50,7 @@ class RunDirectory:
         self.overwrite = overwrite
         self.previous: Manifest | None = None
         self.lock: DirectoryLock | None = None
+        self._passes: dict[type[KeyedRecord], JsonlStore[Any]] = {}
 
     def open(self) -> RunDirectory:
         """Lock the directory, resume or replace what is there, and open the record stores."""
@@ -79,7 +82,7 @@ class RunDirectory:
                 self._wipe()
             elif signing.signing_key() is not None:
                 self._keep_signed(run_id)
-        elif self.root.exists() and any((self.root / name).exists() for name in RUN_FILES[2:]):
+        elif self.root.exists() and any((self.root / name).exists() for name in run_files()[2:]):
             if not self.overwrite:
                 raise DiagsafeError(f"{self.root} holds run files without a manifest; use --overwrite to replace them.")
             self._wipe()
@@ -88,10 +91,12 @@ class RunDirectory:
         self.root.mkdir(parents=True, exist_ok=True)
         self.generations = JsonlStore(self.root / files.GENERATIONS, GenerationRecord)
         self.results = JsonlStore(self.root / files.RESULTS, ResultRecord)
-        self.controls = JsonlStore(self.root / files.CONTROLS, ControlRecord)
         self.attacks = JsonlStore(self.root / files.ATTACKS, ResultRecord)
-        self.sensitivity = JsonlStore(self.root / files.SENSITIVITY, SensitivityRecord)
-        self.jury = JsonlStore(self.root / files.JURY, JuryVote)
+        self._passes = {row.record: JsonlStore(self.root / row.file, row.record) for row in passes.PASSES}
+
+    def store(self, record: type[R]) -> JsonlStore[R]:
+        """The store of the judging pass whose records are `record`s: its row's file (`runs.passes.PASSES`)."""
+        return cast(JsonlStore[R], self._passes[record])
 
     def _keep_signed(self, run_id: str) -> None:
         """With a signing key set, resume only from what was signed: a file whose signed part changed refuses the
@@ -107,7 +112,7 @@ class RunDirectory:
 
     def _wipe(self) -> None:
         # Only what the tool writes: a user's own files in the directory (or in figures/) stay.
-        for name in RUN_FILES + files.REPORT_FILES:
+        for name in run_files() + files.REPORT_FILES:
             (self.root / name).unlink(missing_ok=True)
         if (self.root / "figures").is_dir() and not any((self.root / "figures").iterdir()):
             (self.root / "figures").rmdir()

@@ -37,7 +37,7 @@ def pending_sensitivity(ctx: RunContext, target: str, samples: int, items: list[
         return []
 
     def judged(key: tuple) -> bool:
-        stored = ctx.directory.sensitivity.get(key)
+        stored = ctx.directory.store(SensitivityRecord).get(key)
         return stored is not None and stored.parse_status != "error"
 
     return [
@@ -67,7 +67,7 @@ def judge_sensitivity(engine: Engine, ctx: RunContext, target: str, pending: lis
             seed_key = (target, item_id, sample, turn, variant.name)
             stream.submit((item_id, sample, turn, variant.name, result.category), variant, judged, seed_key)
         while stream.pending:
-            ctx.directory.sensitivity.append(
+            ctx.directory.store(SensitivityRecord).append(
                 SensitivityRecord(
                     run_id=ctx.run_id,
                     target=target,

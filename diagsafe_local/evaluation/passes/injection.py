@@ -12,7 +12,6 @@ from diagsafe_local.evaluation.passes.base import JUDGE, JudgingPass, Poll, Runn
 from diagsafe_local.judging.base import JUDGES, JudgeInput
 from diagsafe_local.judging.rubrics import Rubric
 from diagsafe_local.judging.verdicts import VerdictStream
-from diagsafe_local.runs import files
 from diagsafe_local.runs.injection import CANARIES, Canary
 from diagsafe_local.runs.records import InjectionRecord
 
@@ -29,7 +28,7 @@ class InjectionCanaryPass(JudgingPass):
         return f"policy-injection canary: {len(CANARIES)} more verdicts per run (the judge's, once)"
 
     def _pending(self, run: Runner) -> tuple[JsonlStore[InjectionRecord], list[Canary]]:
-        store = JsonlStore(run.ctx.directory.root / files.INJECTION, InjectionRecord)
+        store = run.ctx.directory.store(InjectionRecord)
         if not run.config.judge.injection_canary:
             return store, []
         name = run.config.judge.rubric_name

@@ -14,6 +14,7 @@ from diagsafe_local.evaluation.judge_step import JudgeTask, judge_tasks
 from diagsafe_local.evaluation.jury_step import JurorStep, combine_jury, pending_votes
 from diagsafe_local.evaluation.passes.base import Answers, JudgingPass, Runner, Seat
 from diagsafe_local.judging.config import JuryMember
+from diagsafe_local.runs.records import JuryVote
 
 
 def _member(run: Runner, seat: Seat) -> JuryMember:
@@ -66,6 +67,6 @@ class JuryPass(JudgingPass):
 
     def tidy(self, run: Runner, answers: Answers) -> None:
         if run.config.judge.jury is not None:
-            store = run.ctx.directory.jury
+            store = run.ctx.directory.store(JuryVote)
             store.keep(lambda k: answers.kept(k[:4]))
             store.compact(lambda k: (*answers.order(k[:4]), k[4]))

@@ -10,7 +10,6 @@ from diagsafe_local.evaluation.config import RunConfig, TargetConfig
 from diagsafe_local.evaluation.passes.base import JudgingPass, Runner
 from diagsafe_local.judging.base import JUDGES, JudgeInput
 from diagsafe_local.judging.verdicts import VerdictStream
-from diagsafe_local.runs import files
 from diagsafe_local.runs.records import ResultRecord, RobustnessRecord
 from diagsafe_local.runs.robustness import BY_NAME, Perturbation
 from diagsafe_local.runs.sensitivity import sensitivity_sample
@@ -22,9 +21,6 @@ class RobustnessPass(JudgingPass):
     """The perturbed verdicts not yet judged (or errored), target by target."""
 
     name = "answer robustness"
-
-    def __init__(self) -> None:
-        self.store: JsonlStore[RobustnessRecord] | None = None
 
     @classmethod
     def cost(cls, config: RunConfig) -> str | None:
@@ -39,9 +35,7 @@ class RobustnessPass(JudgingPass):
         )
 
     def _store(self, run: Runner) -> JsonlStore[RobustnessRecord]:
-        if self.store is None:
-            self.store = JsonlStore(run.ctx.directory.root / files.ROBUSTNESS, RobustnessRecord)
-        return self.store
+        return run.ctx.directory.store(RobustnessRecord)
 
     def _pending(self, run: Runner, target: TargetConfig) -> list[Pending]:
         settings = run.config.judge.robustness
