@@ -57,25 +57,51 @@ def label(
     n: Annotated[
         int, typer.Option(help="Answers in the sample (drawn once; every annotator gets the same).", min=1)
     ] = 200,
-    seed: Annotated[int, typer.Option(help="Seed of the sample.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the sample (or of --next's order).")] = 0,
+    next_: Annotated[
+        bool,
+        typer.Option(
+            "--next",
+            help="Every answer, in the order in which a label narrows the corrected ASR's interval around "
+            "--max-asr most (the likeliest-wrong verdicts first: jury splits, P(harmful) near 0.5, the judge's "
+            "validated error rates), saying after each label whether the decision is settled; --n is not used.",
+        ),
+    ] = False,
+    max_asr: Annotated[
+        float | None, typer.Option(help="With --next: the gate's ASR limit the labels are to settle.", min=0, max=1)
+    ] = None,
     port: Port = 0,
     no_browser: NoBrowser = False,
 ) -> None:
-    """Label a stratified sample of the run's answers, one at a time, by keyboard (h harmful, n not harmful,
-    u unsure, arrows to move); the judge's verdict shows only after your label. Each label is saved the moment
-    it is given; restarting resumes. Then: validate --gold RUN_DIR --format run."""
+    """Label a stratified sample of the run's answers (or, with --next, the answers where a label moves the
+    gate), one at a time, by keyboard (h harmful, n not harmful, u unsure, arrows to move); the judge's verdict
+    shows only after your label. Each label is saved the moment it is given; restarting resumes. Then: validate
+    --gold RUN_DIR --format run."""
+    from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.review.index import RunIndex
     from diagsafe_local.review.labels import LabelStore, check_annotator, sample_for
+    from diagsafe_local.review.next_label import as_sample, order_for, standing
     from diagsafe_local.review.server import LabelSession, Review
     from diagsafe_local.runs.baseline import verified
 
     check_annotator(annotator)
+    if next_ != (max_asr is not None):
+        raise DiagsafeError("--next and --max-asr go together: the order is towards settling that limit")
     run = verified(run_dir, "the run")  # an unfinished or changed run: its answers may still move
-    sample = sample_for(run_dir, (line.record for line in run.results()), run.manifest.run_id, n, seed)
+    records = (line.record for line in run.results())
+    store = LabelStore(run_dir, annotator, run.manifest.run_id)
     index = RunIndex([run_dir])
-    session = LabelSession(index, sample, LabelStore(run_dir, annotator, run.manifest.run_id))
-    done = sum(session.store.current(e) is not None for e in sample.entries)
-    typer.echo(f"{len(sample.entries)} answers to label ({done} done) in {len(sample.strata)} strata")
+    if max_asr is not None:
+        order = order_for(run_dir, records, run.manifest.run_id, run.summary.judge_validation, seed)
+        session = LabelSession(
+            index, as_sample(order), store, lambda labels: standing(order, labels, max_asr), typer.echo
+        )
+        typer.echo(f"{len(order.entries)} answers in the order of what a label tells; {session.line()}")
+    else:
+        sample = sample_for(run_dir, records, run.manifest.run_id, n, seed)
+        session = LabelSession(index, sample, store)
+        done = sum(session.store.current(e) is not None for e in sample.entries)
+        typer.echo(f"{len(sample.entries)} answers to label ({done} done) in {len(sample.strata)} strata")
     _serve(Review(index, session), port, no_browser, "labelling")
 
 

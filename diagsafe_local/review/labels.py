@@ -42,6 +42,9 @@ from diagsafe_local.runs.verdicts import is_harmful
 LABELS_DIR = "labels"
 SAMPLE_FILE = "sample.json"
 LabelWord = Literal["harmful", "not_harmful", "unsure"]
+# How the answer came to be labelled: the stratified sample, or `label --next`'s order (`review.next_label`), whose
+# inclusion probabilities `validate` works out again from the order and the labels given.
+Design = Literal["stratified", "next"]
 LABEL_WORDS: tuple[str, ...] = ("harmful", "not_harmful", "unsure")
 _ANNOTATOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # A sample draws at most one answer in a billion: a smaller probability is no sample's (its weight would drown
@@ -63,6 +66,7 @@ class LabelRecord(AnswerRecord):
     inclusion_probability: float = Field(gt=MIN_PROBABILITY, le=1.0)
     run_id: str | None = None
     answer_sha256: str | None = Field(None, description="The answer labelled (None: a file of another tool).")
+    design: Design = Field("stratified", description="The sample the answer was labelled from.")
 
 
 class SampleEntry(AnswerRecord):
@@ -71,6 +75,7 @@ class SampleEntry(AnswerRecord):
     stratum: str
     inclusion_probability: float = Field(gt=0.0, le=1.0)
     answer_sha256: str = Field(description="The answer drawn: a sample of answers that changed is drawn again.")
+    design: Design = "stratified"
 
 
 class LabelSample(BaseModel):
@@ -259,6 +264,7 @@ class LabelStore:
             inclusion_probability=entry.inclusion_probability,
             run_id=self.run_id,
             answer_sha256=entry.answer_sha256,
+            design=entry.design,
         )
         with self._threads, file_lock(self.lock_path):
             labels = self._read()

@@ -68,6 +68,7 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
     )
     if not by_annotator:
         raise DataError(path / LABELS_DIR, None, None, "no label is of this run's current answers: " + " ".join(notes))
+    by_annotator, notes = _as_they_came(path, by_annotator, notes)
     annotators = sorted(by_annotator)
     keys = sorted({k for labels in by_annotator.values() for k in labels})
     items = []
@@ -109,6 +110,45 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
         weighted=True,
         notes=notes,
     )
+
+
+def _as_they_came(
+    path: Path, by_annotator: dict[str, dict[AnswerKey, LabelRecord]], notes: tuple[str, ...]
+) -> tuple[dict[str, dict[AnswerKey, LabelRecord]], tuple[str, ...]]:
+    """Labels given under `label --next` with the inclusion probabilities of the labels as they are now (the
+    labelled prefix of the order, `review.next_label.inclusion`); a label past an answer left unlabelled waits.
+    Labels of the stratified sample are as written; the two designs are two draws, never one estimate."""
+    designs = {label.design for labels in by_annotator.values() for label in labels.values()}
+    if "next" not in designs:
+        return by_annotator, notes
+    if len(designs) > 1:
+        raise DataError(
+            path / LABELS_DIR, None, "design",
+            "labels of both the stratified sample and `label --next`'s order: two draws with different inclusion "
+            "probabilities make no one estimate; validate one of them (move the other annotators' files away)",
+        )  # fmt: skip
+    from diagsafe_local.core.jsonfile import read_model
+    from diagsafe_local.review.next_label import NEXT_FILE, NextOrder, inclusion
+
+    order = read_model(path / LABELS_DIR / NEXT_FILE, NextOrder, "label order")
+    probability = inclusion(order, {key for labels in by_annotator.values() for key in labels})
+    kept = {
+        annotator: {
+            key: label.model_copy(update={"inclusion_probability": probability[key]})
+            for key, label in labels.items()
+            if key in probability
+        }  # fmt: skip
+        for annotator, labels in by_annotator.items()
+    }
+    waiting = sum(len(labels) for labels in by_annotator.values()) - sum(len(labels) for labels in kept.values())
+    if waiting:
+        notes += (
+            f"{waiting} labels given past an answer left unlabelled in `label --next`'s order wait until the gap is "
+            "labelled (the labels counted are a prefix of the order, which is what makes their weights unbiased)",
+        )
+    if not probability:
+        raise DataError(path / LABELS_DIR, None, None, "no label counts yet: " + " ".join(notes))
+    return {a: labels for a, labels in kept.items() if labels}, notes
 
 
 # Registered through this package's own entry point (diagsafe_local.gold_formats: run), like any plugin's: the

@@ -8,7 +8,8 @@ header; others get 403); the server listens on loopback only and writes nothing 
 
 Endpoints: `GET /` (the page), `GET /static/{app.js,app.css}`, `GET /api/meta`, `GET /api/rows?filters`,
 `GET /api/row/N`; in labelling mode `GET /api/sample`, `GET /api/sample/K` (the answer, its verdict only once
-this annotator labelled it: no anchoring) and `POST /api/label {"index": K, "label": WORD}`.
+this annotator labelled it: no anchoring) and `POST /api/label {"index": K, "label": WORD}` (under `label
+--next`, the state and each label's reply say where the decision stands: `standing`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import secrets
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,7 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.review.index import RunIndex
 from diagsafe_local.review.labels import LabelSample, LabelStore, SampleEntry, answer_sha256
-from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.records import AnswerKey, ResultRecord
+
+if TYPE_CHECKING:
+    from diagsafe_local.review.next_label import Standing
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -43,12 +48,22 @@ STATIC = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; char
 
 
 class LabelSession:
-    """Labelling mode: one annotator, the run's sample, the label file written at every label."""
+    """Labelling mode: one annotator, the run's sample, the label file written at every label. Under `label
+    --next`, `standing` says where the decision stands after this annotator's labels (`review.next_label`): the
+    state and every label's reply carry its line, and `announce` prints it at each label."""
 
-    def __init__(self, index: RunIndex, sample: LabelSample, store: LabelStore) -> None:
+    def __init__(
+        self,
+        index: RunIndex,
+        sample: LabelSample,
+        store: LabelStore,
+        standing: Callable[[dict[AnswerKey, str]], Standing] | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
         self.index = index
         self.sample = sample
         self.store = store
+        self.standing, self.announce = standing, announce
         missing = [e for e in sample.entries if index.find(e.key) is None]
         if missing:
             raise DiagsafeError(f"labels/sample.json names answers this run does not have (e.g. {missing[0].key})")
@@ -60,7 +75,14 @@ class LabelSession:
             labelled = self.store.current(e)
             entries.append({"index": k, "labelled": labelled.label if labelled else None})
         first_open = next((e["index"] for e in entries if e["labelled"] is None), len(entries))
-        return {"annotator": self.store.annotator, "entries": entries, "next": first_open}
+        return {"annotator": self.store.annotator, "entries": entries, "next": first_open, "standing": self.line()}
+
+    def line(self) -> str | None:
+        """Where the decision stands on this annotator's current labels (None: not `label --next`)."""
+        if self.standing is None:
+            return None
+        current = ((e.key, self.store.current(e)) for e in self.sample.entries)
+        return self.standing({key: label.label for key, label in current if label is not None}).line()
 
     def _entry(self, k: int) -> SampleEntry:
         if not 0 <= k < len(self.sample.entries):
@@ -85,7 +107,10 @@ class LabelSession:
     def give(self, k: int, label: str) -> dict[str, Any]:
         self.entry(k)  # the answer shown is still the one sampled
         self.store.give(self._entry(k), label)
-        return self.entry(k)
+        line = self.line()
+        if line is not None and self.announce is not None:
+            self.announce(line)
+        return {**self.entry(k), "standing": line}
 
 
 class LabelPost(BaseModel):

@@ -192,17 +192,26 @@ def confusion_counts(y: np.ndarray, pred: np.ndarray) -> tuple[int, int, int, in
 
 
 def effective_counts(y: np.ndarray, pred: np.ndarray, w: np.ndarray | None) -> tuple[float, float, float, float]:
-    """(tn, fp, fn, tp) as counts of a sample of the same size that had the weighted rates: each class's
-    weighted confusion shares times its number of items (what the judge-error correction draws from)."""
+    """(tn, fp, fn, tp) as counts of a simple random sample as informative as the weighted one (what the
+    judge-error correction draws from): each class's weighted confusion share times its effective size, the
+    share's binomial variance over its design variance, s(1 - s) / V with V = sum w^2 (z - s)^2 / (sum w)^2 (Korn
+    and Graubard 1998; equal weights give the number of items). A share of 0 or 1 has no design variance to
+    measure: its effective size is then the class's number of items."""
     if w is None:
         return tuple(float(v) for v in confusion_counts(y, pred))  # type: ignore[return-value]
     out = []
     for label in (0, 1):
         members = y == label
-        total = w[members].sum()
+        weights, called = w[members], (pred[members] == 1).astype(float)
+        total = weights.sum()
+        share = float((weights * called).sum() / total) if total else 0.0
+        variance = float((weights**2 * (called - share) ** 2).sum() / total**2) if total else 0.0
+        if 0.0 < share < 1.0 and variance > 0.0:
+            size = share * (1 - share) / variance
+        else:
+            size = float(members.sum())
         for predicted in (0, 1):
-            share = w[members & (pred == predicted)].sum() / total if total else 0.0
-            out.append(float(share * members.sum()))
+            out.append((share if predicted else 1 - share) * size)
     tn, fp, fn, tp = out
     return tn, fp, fn, tp
 

@@ -161,9 +161,18 @@ async function showEntry(position) {
   if (entry.label) reveal.append(el("h3", `your label: ${entry.label} · the judge said:`), verdict(entry));
 }
 
+// Under `label --next`: whether the decision is settled, after the labels given so far (null: not --next).
+function showStanding(line) {
+  const standing = document.getElementById("standing");
+  standing.hidden = !line;
+  standing.textContent = line || "";
+  standing.classList.toggle("settled", Boolean(line && line.startsWith("SETTLED")));
+}
+
 async function give(label) {
   const entry = await api("/api/label", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ index: state.position, label }) });
   state.sample.entries[state.position].labelled = entry.label;
+  showStanding(entry.standing);
   await showEntry(state.position + 1 < state.sample.entries.length ? state.position + 1 : state.position);
 }
 
@@ -178,6 +187,7 @@ async function startLabelling() {
   document.getElementById("labelling").hidden = false;
   state.sample = await api("/api/sample");
   document.getElementById("subtitle").textContent = `labelling as ${state.sample.annotator}`;
+  showStanding(state.sample.standing);
   for (const button of document.querySelectorAll("#choice button")) {
     button.addEventListener("click", () => act(() => give(button.dataset.label)));
   }
