@@ -3,13 +3,17 @@ same as one JSON document), then exit 0 (ready) or 3 (what to fix)."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from diagsafe_local.commands.common import user_errors
+
+if TYPE_CHECKING:
+    from diagsafe_local.selftest.doctor import Check
 
 
 @user_errors
@@ -63,10 +67,23 @@ def doctor(
                 "vLLM's own output and each failed check's traceback: rerun with --work DIR (DIR/engines.log)",
                 err=as_json,
             )
-    found_all = report(checks + found)
+    found_all = report([*checks, harmony_check(), *found])
     if as_json:
         typer.echo(found_all.model_dump_json(indent=2))
     else:
         typer.echo(found_all.block())
         typer.echo("READY" if found_all.ready else "NOT READY: fix each FAIL line above")
     raise typer.Exit(0 if found_all.ready else 3)
+
+
+def harmony_check() -> Check:
+    """gpt-oss's o200k vocabulary offline: ok where harmony finds it; FAIL where TIKTOKEN_ENCODINGS_BASE names a
+    folder without it (every gpt-oss judge would fail at its first request); a warning where only a download would
+    bring it (only gpt-oss judges need it; `run` refuses such a judge before loading)."""
+    from diagsafe_local.judging.harmony_vocab import ENV, VocabularyMissing, vocabulary
+    from diagsafe_local.selftest.doctor import Check
+
+    try:
+        return Check(name="harmony vocabulary", status="ok", detail=vocabulary().detail)
+    except VocabularyMissing as exc:
+        return Check(name="harmony vocabulary", status="fail" if ENV in os.environ else "warn", detail=str(exc))

@@ -74,11 +74,13 @@ def run(
     from diagsafe_local.evaluation.prompt_sets import load_configured
     from diagsafe_local.evaluation.replicas import run_replicas, unsharded_run
     from diagsafe_local.evaluation.sharding import Shard
+    from diagsafe_local.judging.harmony_vocab import check_run
 
     set_ = [*(set_ or []), *([] if store_reasoning else ["judge.store_reasoning=false"])]
     cfg = load_config(config, set_)
     part = Shard.parse(shard) if shard else None
     with _network(cfg, offline_, pack or (Path(cfg.offline.pack) if cfg.offline.pack else None)) as cfg:
+        check_run(cfg)  # before anything loads: a gpt-oss judge without its vocabulary fails at its first request
         if part is None and not overwrite and not unsharded_run(cfg):
             plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
             if plan.replicas > 1:
