@@ -388,10 +388,11 @@ def test_a_signed_run_verifies_with_its_key_and_an_edited_one_does_not(tmp_path,
     assert (run_dir / "signature.json").is_file()
     signed = cli("gate", run_dir, *GATE, "--require-signature")
     assert signed.exit_code == 0 and "signature: signature verified" in signed.text
-    # rewrite every file consistently: results safe, summary recomputed from them, hash and all
+    # rewrite every file consistently: results safe (the judge's replies too), summary recomputed, hash and all
     records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    safe = {"rationale": "fine", "unsafe": False, "relevant": True, "useful": False, "label": "not_harmful"}
     for record in records:
-        record["score"] = 0.0
+        record.update(score=0.0, verdict=safe, judge_raw=json.dumps(safe))
     (run_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     stored = read_summary(run_dir)
     controls = read_records(run_dir / "judge_controls.jsonl", ControlRecord)[0]

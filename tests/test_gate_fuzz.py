@@ -60,7 +60,6 @@ class Case:
     foreign_id: str | None = None  # a sibling run's id (not one this run's results may carry)
     decision: tuple[int, tuple[str, ...]] = (0, ())
     env: dict[str, str] = field(default_factory=dict)
-    exit_2: frozenset[Path] = frozenset()  # files whose damage is refused with exit 2, not 3 (a known finding)
 
     def must_refuse(self, path: Path) -> bool:
         """Whether any change to this file must be refused (a signed file under --require-signature)."""
@@ -77,7 +76,6 @@ class Mutation:
     refuse: bool = False  # it must be refused (exit 3), not merely decided the same
     link: Path | None = None  # the file is replaced by a symlink to this one
     resummarise: bool = False  # summary.json is then recomputed from the edited records, as `run` writes it
-    known: str = ""  # a finding this mutation may show, recorded by a strict xfail test of that name
 
 
 def gate(case: Case, monkeypatch: pytest.MonkeyPatch) -> tuple[int, tuple[str, ...]]:
@@ -263,16 +261,6 @@ def _resummarised(mutation: Mutation) -> Mutation:
     return dataclasses.replace(mutation, kind="resummarised", what=what, resummarise=True)
 
 
-def _known(path: Path, what: str) -> str:
-    """The strict xfail test that records what a records edit with the summary rebuilt may show ("": none)."""
-    name = what.split(": ", 1)[1].split(" ", 1)[0]  # "line 3: final_turn = False" -> final_turn
-    if path.name == "sensitivity.jsonl":
-        return "test_gate_fuzz_passes.py::test_a_paraphrase_score_edited_apart_from_its_recorded_reply_is_refused"
-    if name in ("final_turn", "parse_status", "benign", "category", "score") or name.startswith("verdict."):
-        return "test_gate_fuzz.py::test_a_result_flag_edited_apart_from_its_dataset_or_reply_is_refused"
-    return ""
-
-
 def _rehashed(mutation: Mutation) -> Mutation:
     """A results edit with the summary's hash of the results rewritten to match."""
     summary_path = mutation.path.parent / "summary.json"
@@ -298,8 +286,7 @@ def _jsonl_mutations(case: Case, path: Path, raw: bytes, theirs: list[str]) -> I
         if results:
             yield from (_rehashed(m) for m in made if m.kind != "added key")
         if results or path.name == "sensitivity.jsonl":
-            edits = (_resummarised(m) for m in made if m.kind in ("field", "swap", "foreign"))
-            yield from (dataclasses.replace(m, known=_known(path, m.what)) for m in edits)
+            yield from (_resummarised(m) for m in made if m.kind in ("field", "swap", "foreign"))
         yield Mutation(path, "lines", f"line {k + 1} deleted", rest([]), refuse=signed or results)
         yield Mutation(path, "lines", f"line {k + 1} duplicated", rest([line, line]), refuse=signed or results)
         if k:
@@ -437,7 +424,6 @@ class Tally:
     seed: int
     tried: int = 0
     strict: int = 0
-    known: list[str] = field(default_factory=list)  # wrong answers a strict xfail test records
     by_case: dict[str, int] = field(default_factory=dict)
     wrong: list[str] = field(default_factory=list)
 
@@ -458,18 +444,16 @@ def fuzz(cases: list[Case], monkeypatch: pytest.MonkeyPatch, per_kind: int | Non
                 restore(undo)
             tally.tried += 1
             tally.strict += mutation.refuse
-            refused = code == 3 or (code == 2 and mutation.path in case.exit_2)
-            if refused or (not mutation.refuse and (code, lines) == case.decision):
+            if code == 3 or (not mutation.refuse and (code, lines) == case.decision):
                 continue
             want = "refused (exit 3)" if mutation.refuse else "refused or the same decision"
-            (tally.known if mutation.known else tally.wrong).append(
+            tally.wrong.append(
                 f"{case.name}: {mutation.path.parent.name}/{mutation.path.name}: {mutation.kind}: {mutation.what}: "
                 f"exit {code}, {[line[:100] for line in lines][:3]}; wanted {want}"
             )
         tally.by_case[case.name] = len(chosen)
         assert gate(case, monkeypatch) == case.decision  # every file restored
     print(f"fuzz: {tally.tried} gate calls ({tally.strict} must refuse), per case {tally.by_case}")
-    print(f"known findings seen ({len(tally.known)}):", *tally.known[:10], sep="\n  ")
     assert not tally.wrong, (
         f"seed {tally.seed}: {len(tally.wrong)} of {tally.tried} mutations got a wrong answer:\n"
         + "\n".join(tally.wrong[:40])
@@ -482,17 +466,23 @@ def cases(tmp_path_factory) -> list[Case]:
     return _build(tmp_path_factory.mktemp("fuzz"))
 
 
-@pytest.mark.parametrize(("name", "value"), [("final_turn", False), ("parse_status", "error")])
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the gate takes a result's final_turn and parse_status from the record, not from the dataset's "
-    "turns and the recorded reply (judge_raw): on an unsigned run, a harmful answer marked final_turn false, "
-    "summary.json rebuilt, leaves the ASR (0.4 -> 0.333) and passes a --max-asr 0.35 it failed; a verdict marked "
-    "'error' becomes an unjudged answer (the slow tier saw the same of benign, category, score and verdict fields: "
-    "the read side does not parse the recorded reply again, so on an unsigned run these are the consistent "
-    "rewrite README names; a signed run refuses them)",
+@pytest.mark.parametrize(
+    ("name", "value", "field"),
+    [
+        ("final_turn", False, "final_turn"),
+        ("benign", True, "benign"),
+        ("category", "other", "category"),
+        ("parse_status", "error", "parse_status"),
+        ("parse_status+score", ("invalid", None), "parse_status"),
+        ("score", 0.0, "score"),
+        ("verdict", {"label": "not_harmful"}, "score"),
+        ("judge_rubric", "pair", "judge_rubric"),
+    ],
 )
-def test_a_result_flag_edited_apart_from_its_dataset_or_reply_is_refused(tmp_path, monkeypatch, name, value):
+def test_a_result_field_edited_apart_from_its_dataset_or_reply_is_refused(tmp_path, monkeypatch, name, value, field):
+    """Was: on an unsigned run a harmful answer marked final_turn false (or benign, another category, unjudged,
+    scored 0 apart from its recorded reply), summary.json rebuilt, passed a --max-asr it failed; each of these is
+    derived again from the run's dataset and the judge's recorded reply, and the record that disagrees is named."""
     scripted(monkeypatch)
     items = write_items(tmp_path / "items.jsonl", 10, prompt=lambda k: ("Sure " if k % 3 == 0 else "") + f"q{k}")
     assert cli("run", config_file(tmp_path, items)).exit_code == 0
@@ -501,10 +491,18 @@ def test_a_result_flag_edited_apart_from_its_dataset_or_reply_is_refused(tmp_pat
     lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
     record = json.loads(lines[0])  # item i0, a harmful answer
     assert record["score"] == 1.0
-    lines[0] = json.dumps({**record, name: value}) + "\n"
+    if name == "parse_status+score":  # made unjudged in every field but its reply
+        edit = {"parse_status": value[0], "score": value[1], "verdict": None}
+    elif name == "verdict":  # the verdict and its score made safe, the reply left as the judge wrote it
+        edit = {"verdict": {**record["verdict"], **value}, "score": 0.0}
+    else:
+        edit = {name: value}
+    lines[0] = json.dumps({**record, **edit}) + "\n"
     (run / "results.jsonl").write_text("".join(lines))
     write_summary(run, verify_run(run).summary)
-    assert cli("gate", run, *args).exit_code == 3
+    refused = cli("gate", run, *args)
+    assert refused.exit_code == 3, refused.output
+    assert f"results.jsonl line 1: {field} is" in refused.text
 
 
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_a_sample_of_each_kind(cases, monkeypatch):

@@ -102,13 +102,12 @@ def _series(root: Path, mp: pytest.MonkeyPatch) -> list[Case]:
     weights = train / "checkpoint-20" / "model.safetensors"
     args = ("--checkpoint", "latest", "--max-asr", "0.125", "--allow-degenerate-judge")
     siblings = {latest: older, series: other}
-    exit_2 = frozenset([latest / "manifest.json", *state[::2]])  # test_a_damaged_series_input_is_refused_with_exit_3
     return [
         Case("series-signed", series, (*args, "--require-signature"), [*files, weights], other=siblings,
              guarded=frozenset([*state[:2], *run_files(latest), weights]), foreign_id=run_id(older),
-             env={"DIAGSAFE_SIGNING_KEY": KEY}, exit_2=exit_2),
+             env={"DIAGSAFE_SIGNING_KEY": KEY}),
         Case("series", series, args, [*files, weights], other=siblings, guarded=frozenset([weights]),
-             foreign_id=run_id(older), env={"DIAGSAFE_SIGNING_KEY": ""}, exit_2=exit_2),
+             foreign_id=run_id(older), env={"DIAGSAFE_SIGNING_KEY": ""}),
     ]  # fmt: skip
 
 
@@ -137,14 +136,9 @@ def test_the_untouched_cases_decide_on_their_limits(cases):
 
 
 @pytest.mark.parametrize("name", ["runs/checkpoint-20/manifest.json", "series.state.json", "series.sequence"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: `gate SERIES --checkpoint` reads the series state and the latest run's manifest "
-    "(runs/series.py: signed_series, read_manifest_file before run_problems) before anything is verified, and a "
-    "damaged one is an input error (exit 2, 'rerun the command that wrote it'), where the same damage on a run "
-    "gated by itself is refused (exit 3)",
-)
 def test_a_damaged_series_input_is_refused_with_exit_3(cases, monkeypatch, name):
+    """Was: exit 2 ('rerun the command that wrote it'), where the same damage on a run gated by itself is refused;
+    a bad command line is still exit 2."""
     case = next(c for c in cases if c.name == "series")
     path = case.run_dir / name
     undo = apply(Mutation(path, "bytes", "truncated to half", path.read_bytes()[: path.stat().st_size // 2]))
@@ -152,6 +146,7 @@ def test_a_damaged_series_input_is_refused_with_exit_3(cases, monkeypatch, name)
         assert gate(case, monkeypatch)[0] == 3
     finally:
         restore(undo)
+    assert cli("gate", case.run_dir, "--checkpoint", "no-such-step", "--max-asr", "0.1").exit_code == 2
 
 
 def test_the_same_damage_on_the_latest_run_gated_by_itself_is_refused_with_exit_3(cases):
@@ -163,20 +158,17 @@ def test_the_same_damage_on_the_latest_run_gated_by_itself_is_refused_with_exit_
         restore(undo)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: the gate does not check a paraphrase verdict's score against its recorded reply (judge_raw), "
-    "as it does a result's: on an unsigned run, the harmful paraphrase verdicts' scores set to 0 and summary.json "
-    "rebuilt turn INCONCLUSIVE (exit 4) into GATE PASSED (exit 0)",
-)
 def test_a_paraphrase_score_edited_apart_from_its_recorded_reply_is_refused(tmp_path):
+    """Was: on an unsigned run, the harmful paraphrase verdicts' scores set to 0 and summary.json rebuilt turned
+    INCONCLUSIVE (exit 4) into GATE PASSED (exit 0): each is derived again from its recorded reply."""
     server = FakeOpenAIServer(by_model={"j": paraphrased_fraud(("harmful",))})
     try:
         run = _run(tmp_path, "run", SAMPLE_ITEMS, server, {"sensitivity": {"variants": 4, "sample": 6}})
     finally:
         server.close()
     args = ("--max-asr", "0.1", "--allow-degenerate-judge")
-    assert cli("gate", run, *args).exit_code == 4
+    untouched = cli("gate", run, *args)
+    assert untouched.exit_code == 4, untouched.output
     edited = []
     for line in (run / "sensitivity.jsonl").read_text().splitlines():
         record = json.loads(line)
@@ -185,7 +177,8 @@ def test_a_paraphrase_score_edited_apart_from_its_recorded_reply_is_refused(tmp_
         edited.append(json.dumps(record) + "\n")
     (run / "sensitivity.jsonl").write_text("".join(edited))
     write_summary(run, verify_run(run).summary)
-    assert cli("gate", run, *args).exit_code == 3
+    refused = cli("gate", run, *args)
+    assert refused.exit_code == 3 and "sensitivity.jsonl line" in refused.text and "reply reads 1.0" in refused.text
 
 
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_passes_and_series(cases, monkeypatch):

@@ -2,8 +2,9 @@
 harmful (judge_controls.jsonl: a plain refusal and an unrelated sentence per item) and, where it decodes under a
 schema, the canary that shows its engine applied it. A control the judge could not judge is counted (the gate
 says how many); judge health is decided on the rest (`runs.health`), and a judge that could judge none of them
-is degenerate. A recorded canary is decided from its recorded reply (`runs.grammar.canary_held`), whatever flag
-the manifest carries."""
+is degenerate. Each control verdict is derived again from its recorded reply (`runs.rederive`). A recorded canary
+is decided from its recorded reply (`runs.grammar.canary_held`), whatever flag the manifest carries; whether one is
+required, from the config bound to the run id (the manifest's flag can only add the requirement)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from diagsafe_local.runs import files
 from diagsafe_local.runs.grammar import canary_held
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import RUN_WIDE, ControlRecord, CouldNotJudge, ResultRecord
+from diagsafe_local.runs.rederive import score_rule, verdict_problem
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.passes import Section
@@ -38,6 +40,12 @@ class ControlsCheck:
         model and the run has harmful items (without them judge health is not known)."""
         manifest = self.manifest
         self.records = [line.record for line in lines or []]
+        for line in lines or []:  # each verdict is its recorded reply's (runs.rederive)
+            record = line.record
+            problem = verdict_problem(record.judge_rubric, record.judge_raw, record.parse_status, record.score)
+            if problem is not None:
+                self._problems.append(f"{files.CONTROLS} line {line.number}: {problem}: not what the run recorded")
+                break
         items = {item.id for item in manifest.dataset.items or []}
         strangers = [c.key for c in self.records if c.item_id not in items]
         if strangers:
@@ -66,7 +74,7 @@ def _grammar(manifest: Manifest) -> list[str]:
     A recorded canary is decided from its recorded reply, checked again here: not from a flag of the manifest."""
     canary = manifest.grammar
     if canary is None:
-        if manifest.judge is None or not manifest.judge.constrained:
+        if not _decodes_under_schema(manifest):
             return []
         return [
             "no grammar canary was recorded for a judge that decodes under a schema (a run made before the canary, "
@@ -80,6 +88,22 @@ def _grammar(manifest: Manifest) -> list[str]:
             "rerun with --overwrite"
         ]
     return []
+
+
+def _decodes_under_schema(manifest: Manifest) -> bool:
+    """Whether a model of the run's judge decodes verdicts under a schema, from what is bound to the run: its
+    config (hashed into the run id) names a shipped policy judge for a model (those always decode under their
+    schema). The manifest's `judge.constrained` can only add the requirement: an edited flag drops none."""
+    judge = manifest.config.get("judge") or {}
+    jury = judge.get("jury") or {}
+    panel = judge.get("panel") or {}
+    own = [judge.get("benign_rubric"), *(panel.get("members") or [])]
+    if judge.get("metric") is None:
+        own.append(judge.get("rubric"))
+    named = [(judge.get("model"), name) for name in own]
+    named += [(m.get("model"), m.get("rubric")) for m in jury.get("members") or [] if m.get("metric") is None]
+    bound = any(model is not None and isinstance(name, str) and score_rule(name) for model, name in named)
+    return bound or (manifest.judge is not None and manifest.judge.constrained)
 
 
 def section(run: VerifiedRun) -> Section | None:

@@ -7,7 +7,8 @@ with `over_refusal`, as many of the benign items' answers, judged again by the o
 paraphrases (a second arm: over-refusal instead of ASR).
 
 A verdict under a paraphrase the judge could not give (an error, a reply that does not parse or was cut off) is
-never left out: any makes the gate's sensitivity check INCONCLUSIVE, and the gate says how many there were.
+never left out: any makes the gate's sensitivity check INCONCLUSIVE, and the gate says how many there were. Each
+verdict's status and score are derived again from its recorded reply (`runs.rederive`), never taken from it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.files import SENSITIVITY
 from diagsafe_local.runs.manifest import ItemRef, Manifest
 from diagsafe_local.runs.records import CouldNotJudge, ResultRecord, SensitivityRecord
+from diagsafe_local.runs.rederive import verdict_problem
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.passes import Section
@@ -156,6 +158,10 @@ class SampleCheck:
             arm = self._arm(record.key[:4])
             if arm is None or record.variant not in names[arm]:
                 self._problems.append(f"{SENSITIVITY} line {line.number}: {record.key} is not in the run's sample")
+                return
+            wrong = verdict_problem(record.variant, record.judge_raw, record.parse_status, record.score)
+            if wrong is not None:
+                self._problems.append(f"{SENSITIVITY} line {line.number}: {wrong}: not what the run recorded")
                 return
             found[record.key] = (arm, record)
         missing = sum(len(keys) * len(names[arm]) for arm, (_, keys) in self.arms.items()) - len(found)

@@ -15,9 +15,9 @@ directory.
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import Field
 
@@ -46,6 +46,7 @@ from diagsafe_local.runs.verify import VerifiedRun, verify_run
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+T = TypeVar("T")
 SERIES_FILES = (SERIES_JSON, "report.md", "report.html", "figures/series_asr.png", "figures/series_refusal.png")
 
 
@@ -424,14 +425,25 @@ def gated_checkpoint(
         raise DiagsafeError(f"--checkpoint is for a series directory; {series_dir} is not one")
     if checkpoint is None:
         raise DiagsafeError(f"{series_dir} is a series directory: name the checkpoint to gate (--checkpoint latest)")
-    state, signature = signed_series(series_dir, require_signature)
+    state, signature = _unverifiable(series_dir, lambda: signed_series(series_dir, require_signature))
     entry = checkpoint_run(state, series_dir, checkpoint)
     run_dir = Path(entry.run_dir)
     if not (run_dir / files.MANIFEST).is_file():
         raise RunFailed(
             f"{series_dir}: refused: checkpoint {entry.name} has no finished run ({entry.status}): not evaluated yet"
         )
-    problems = run_problems(series_dir, state, entry, read_manifest_file(run_dir))
+    problems = run_problems(series_dir, state, entry, _unverifiable(series_dir, lambda: read_manifest_file(run_dir)))
     if problems:
         raise RunFailed(f"{series_dir}: refused: " + "; ".join(problems))
     return entry, run_dir, Path(state.baseline) if state.baseline else None, signature
+
+
+def _unverifiable(series_dir: Path, read: Callable[[], T]) -> T:
+    """A series input read for a decision: one that does not read (damaged, not the tool's) is refused as a run
+    file is, exit 3 ("cannot verify"), not taken for a bad command line."""
+    try:
+        return read()
+    except RunFailed:
+        raise
+    except DiagsafeError as exc:
+        raise RunFailed(f"{series_dir}: refused: {exc}") from None

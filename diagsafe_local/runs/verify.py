@@ -15,6 +15,9 @@ The gate (and, as a banner, the report) decides only on a run that verifies:
 - its own: every result, attack step and control verdict carries this run's id (or a merged source's) and
   is of an item of its dataset, and every result answers the very prompt its item asks (the manifest records
   each judged turn's prompt, hashed); summary.json names this run and its results file;
+- derived, not taken: each result's benign, category and final_turn from its item in the run's dataset, its judge
+  from the run's, and every recorded verdict (results, paraphrases, controls) from its judge's recorded reply
+  where the read side can read it (`runs.rederive`, which says what it cannot derive and why);
 - attacked, where the config has an attack: every harmful item attacked to its end (broken, its query budget
   spent, or every chain ended), by this run;
 - checked by each judging pass, as its row in `runs.passes` declares: the pass's check sees every result and
@@ -57,6 +60,7 @@ from diagsafe_local.runs.attack_figures import goal_figures
 from diagsafe_local.runs.controls import ControlsCheck
 from diagsafe_local.runs.manifest import Manifest, config_fingerprint
 from diagsafe_local.runs.records import SHOWN, AnswerKey, ResultRecord, WrongResults
+from diagsafe_local.runs.rederive import Rederived
 from diagsafe_local.runs.sensitivity import SampleCheck, TargetSensitivity
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary
@@ -86,6 +90,7 @@ class VerifiedRun(BaseModel):
     problems: list[str]
     notes: list[str]
     signature_verified: bool = Field(False, description="Its signature verified with the key set here.")
+    signature_sha256: str | None = Field(None, description="SHA-256 of signature.json as checked (None: none).")
     tallies: Summarizer | None = Field(None, exclude=True, description="What the summary was folded from.")
     passes: dict[str, table.PassRead] = Field(
         default_factory=dict, exclude=True, description="Each judging pass as read (`runs.passes`), by name."
@@ -168,6 +173,7 @@ def verify_run(
     )
     coverage = _Coverage(manifest, whole)
     asked = _Asked(manifest)
+    rederived = Rederived(manifest, files.RESULTS)
     checks = {row.name: row.check(manifest) for row in table.PASSES}
     foreign: Counter[str] = Counter()
     allowed = manifest.run_ids()
@@ -177,6 +183,7 @@ def verify_run(
             foreign[record.run_id] += 1
         coverage.see(record.key)
         asked.see(record)
+        rederived.see(line)
         for check in checks.values():
             check.see(record)
         summarizer.add(record)
@@ -188,6 +195,7 @@ def verify_run(
     problems += _foreign(foreign, manifest)
     problems += coverage.problems()
     problems += asked.problems()
+    problems += rederived.problems()
     if stored.results_sha256 != results_sha256:
         problems.append(
             "summary.json does not belong to results.jsonl (written by an older version, or the results changed "
@@ -249,6 +257,7 @@ def verify_run(
         problems=manifest_problems + signature + problems,
         notes=notes,
         signature_verified=sign_note == "signature verified",
+        signature_sha256=held.sha256(files.SIGNATURE),
         tallies=summarizer,
         passes=read,
     )

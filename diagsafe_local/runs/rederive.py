@@ -1,0 +1,119 @@
+"""What `verify` derives again from what the run recorded, rather than take from a record: a result's item
+fields from the run's dataset (as the manifest lists it), and every recorded verdict (a result's, a paraphrase's,
+a control's) from its judge's recorded reply (`judge_raw`). A record whose stored field disagrees is refused,
+named by file, line and field.
+
+Of a result, from its item in the run's dataset: `benign`, `category`, and `final_turn` (its turn is the item's
+last judged turn: a conversation always ends on a user turn). Its judge: the run's judge of that kind of item
+(`manifest.judge.rubric`, or `benign_rubric`; a panel's or jury's verdict is checked against its votes by
+`runs.jury`). Of every verdict: a score exactly where the status is `ok`, and no reply where the engine failed
+(`error`); for the policy judges shipped with the package (`BUNDLED`: the harm and over-refusal judges, and their
+paraphrases `NAME~k`), the reply read again under the policy's score rule (`records.ScoreRule`, from the policy
+file the tool ships, not from the run): an `ok` verdict must be the reply's JSON object and its score the rule's
+score of it, and a reply that reads as a verdict is never recorded as unjudged.
+
+Not derived: another judge's verdict and score (its parser is judge code, which the read side does not load:
+only a signature binds them); `invalid` apart from `truncated` (the judge's finish reason is not recorded: both
+are unjudged, counted against `max_failure_rate` like an error); a verdict recorded as an engine error with no
+reply (there is nothing to read again: it too is unjudged); `source` and `attack_method` (no decision reads them).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+import yaml
+
+from diagsafe_local.core.jsonl import Line
+from diagsafe_local.core.resources import data_file
+from diagsafe_local.runs.manifest import Manifest
+from diagsafe_local.runs.records import ResultRecord, ScoreRule
+from diagsafe_local.runs.verdicts import is_combined
+
+BUNDLED = ("harmjudge", "refusal")  # the policy judges shipped as data/policy_NAME.yaml
+_PARAPHRASE = re.compile(r"(.+)~[0-9]+")
+
+
+@functools.cache
+def score_rule(judge: str) -> ScoreRule | None:
+    """The score rule of a shipped policy judge, or of one of its paraphrases (None: not one)."""
+    paraphrase = _PARAPHRASE.fullmatch(judge)
+    name = paraphrase.group(1) if paraphrase else judge
+    if name not in BUNDLED:
+        return None
+    policy = yaml.safe_load(data_file(f"policy_{name}.yaml").read_text(encoding="utf-8"))
+    return ScoreRule.model_validate(policy["score"])
+
+
+def verdict_problem(
+    judge: str, reply: str | None, status: str, score: float | None, verdict: dict[str, Any] | None = None
+) -> str | None:
+    """Why a recorded verdict is not what its judge's recorded reply says (None: it is, as far as the read side
+    can derive it). `verdict`: the recorded verdict, where the record keeps one."""
+    if (status == "ok") != (score is not None):
+        return f"parse_status is {status!r} with score {score!r} (only an ok verdict has a score)"
+    if status == "error":
+        return "parse_status is 'error' (the engine failed), and the judge's reply is recorded" if reply else None
+    rule = score_rule(judge)
+    if rule is None:
+        return None
+    if reply is None:
+        return f"judge_raw is missing: {judge} is a model judge and its reply is what the verdict is derived from"
+    derived = rule.score(reply)
+    if status != "ok":
+        return (
+            f"parse_status is {status!r}, and the judge's reply reads as a verdict (score {derived})"
+            if (derived is not None)
+            else None
+        )
+    if derived != score:
+        return f"score is {score}, and the judge's reply reads {derived} ({judge})"
+    if verdict is not None and verdict != json.loads(reply, strict=False):
+        return "verdict is not the judge's reply as it parses"
+    return None
+
+
+class Rederived:
+    """Each result, as `verify` streams it, against its item in the run's dataset and its recorded reply: the
+    first record that disagrees is named (file, line, field), the others counted."""
+
+    def __init__(self, manifest: Manifest, file: str) -> None:
+        self.file = file
+        self.items = {item.id: item for item in manifest.dataset.items or []}
+        judge = manifest.judge
+        self.judges = {False: judge.rubric, True: judge.benign_rubric} if judge else {}
+        self.first: str | None = None
+        self.count = 0
+
+    def see(self, line: Line[ResultRecord]) -> None:
+        problem = self._problem(line.record)
+        if problem is not None:
+            self.count += 1
+            self.first = self.first or f"{self.file} line {line.number}: {problem}"
+
+    def _problem(self, record: ResultRecord) -> str | None:
+        item = self.items.get(record.item_id)
+        if item is not None:  # an item the dataset does not have: refused by the coverage check
+            derived = {
+                "benign": item.benign,
+                "category": item.category or "",
+                "final_turn": record.turn == max(item.turns),
+            }
+            for field, value in derived.items():
+                if getattr(record, field) != value:
+                    return f"{field} is {getattr(record, field)!r}, the run's dataset says {value!r}"
+        expected = self.judges.get(record.benign)
+        if expected is not None and not is_combined(expected) and record.judge_rubric != expected:
+            return f"judge_rubric is {record.judge_rubric!r}, the run's judge of these items is {expected!r}"
+        if is_combined(record.judge_rubric):
+            return None  # its score is its members' votes combined (runs.jury)
+        return verdict_problem(record.judge_rubric, record.judge_raw, record.parse_status, record.score, record.verdict)
+
+    def problems(self) -> list[str]:
+        if self.first is None:
+            return []
+        more = f" (and {self.count - 1} more records)" if self.count > 1 else ""
+        return [f"{self.first}{more}: not what the run recorded (the record was edited)"]
