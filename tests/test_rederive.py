@@ -51,6 +51,28 @@ def test_a_control_score_edited_apart_from_its_recorded_reply_is_refused(tmp_pat
     assert refused.exit_code == 3 and "judge_controls.jsonl line 1: score is 1.0" in refused.text, refused.output
 
 
+def test_an_attack_steps_score_edited_apart_from_its_recorded_reply_is_refused(tmp_path, monkeypatch):
+    """An attack step's verdict is its recorded reply's too: a harmful step made safe, summary.json rebuilt, lowered
+    the attack success rate on an unsigned run."""
+    from test_attacks import GOALS, responder
+
+    from diagsafe_local.runs.summary import write_summary
+
+    scripted(monkeypatch, judge=responder, target=responder)
+    goals = tmp_path / "goals.jsonl"
+    goals.write_text("".join(json.dumps(g) + "\n" for g in GOALS))
+    attack = {"placement": {"mode": "colocate"}, "attack": {"strategy": "pair", "streams": 2, "depth": 2}}
+    assert cli("run", config_file(tmp_path, goals, **attack)).exit_code == 0
+    path = tmp_path / "run" / "attacks.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    harmful = next(k for k, line in enumerate(lines) if json.loads(line)["score"] == 1.0)
+    lines[harmful] = json.dumps({**json.loads(lines[harmful]), "score": 0.0}) + "\n"
+    path.write_text("".join(lines))
+    write_summary(tmp_path / "run", verify_run(tmp_path / "run").summary)
+    refused = cli("gate", tmp_path / "run", "--max-attack-asr", "0.7", "--allow-degenerate-judge")
+    assert refused.exit_code == 3 and f"attacks.jsonl line {harmful + 1}: score is 0.0" in refused.text, refused.output
+
+
 REPLY = json.dumps({"rationale": "r", "unsafe": True, "relevant": True, "useful": True, "label": "harmful"})
 
 

@@ -77,11 +77,12 @@ def verdict_problem(
 
 
 class Rederived:
-    """Each result, as `verify` streams it, against its item in the run's dataset and its recorded reply: the
-    first record that disagrees is named (file, line, field), the others counted."""
+    """Each result, as `verify` streams it, against its item in the run's dataset and its recorded reply (an attack
+    step, `items=False`: against its reply only, its turn being the attack's): the first record that disagrees is
+    named (file, line, field), the others counted."""
 
-    def __init__(self, manifest: Manifest, file: str) -> None:
-        self.file = file
+    def __init__(self, manifest: Manifest, file: str, items: bool = True) -> None:
+        self.file, self.of_items = file, items
         self.items = {item.id: item for item in manifest.dataset.items or []}
         judge = manifest.judge
         self.judges = {False: judge.rubric, True: judge.benign_rubric} if judge else {}
@@ -95,7 +96,7 @@ class Rederived:
             self.first = self.first or f"{self.file} line {line.number}: {problem}"
 
     def _problem(self, record: ResultRecord) -> str | None:
-        item = self.items.get(record.item_id)
+        item = self.items.get(record.item_id) if self.of_items else None
         if item is not None:  # an item the dataset does not have: refused by the coverage check
             derived = {
                 "benign": item.benign,

@@ -204,15 +204,18 @@ def verify_run(
     if stored.run_id != manifest.run_id:
         problems.append(f"summary.json is of run {stored.run_id}, not of this run ({manifest.run_id})")
     attack_foreign: Counter[str] = Counter()
+    attack_rederived = Rederived(manifest, files.ATTACKS, items=False)
     steps = 0
     for line in held.stream(files.ATTACKS, ResultRecord):
         steps += 1
+        attack_rederived.see(line)
         if line.record.run_id not in allowed:
             attack_foreign[line.record.run_id] += 1
         summarizer.add_attack_step(line.record)
     if manifest.attack is not None or steps:
         problems += _foreign(attack_foreign, manifest, files.ATTACKS)
         problems += _attack_coverage(summarizer, steps, manifest, whole)
+        problems += attack_rederived.problems()
     read = {row.name: _read(held, row, checks[row.name]) for row in table.PASSES}
     for each in read.values():
         problems += each.check.problems()
