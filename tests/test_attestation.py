@@ -218,3 +218,20 @@ def test_an_inconclusive_gate_attests_its_outcome(tmp_path, keys):
     assert all(c["passed"] for c in predicate["claims"])  # every limit passed: a paraphrase decided otherwise
     assert any(line.startswith("FLIP  t: overall: under paraphrase") for line in predicate["lines"])
     assert cli("verify-attestation", out, "--key", keys).exit_code == 4 and _in_toto_verifies(out, keys)
+
+
+def test_the_signature_attested_is_the_one_verify_read(tmp_path, monkeypatch, keys):
+    """One read (issue 43, design point 3): the attestation states the SHA-256 of the signature.json bytes the
+    run's verification checked, never of the file read again after it (here swapped in between)."""
+    import hashlib
+
+    from diagsafe_local.runs.attestation import statement
+    from diagsafe_local.runs.gate import gate_run
+
+    run_dir, _ = _checkpoint_run(tmp_path, monkeypatch)
+    checked = (run_dir / "signature.json").read_bytes()
+    run, decision = gate_run(run_dir, {"max_asr": 0.9, "allow_degenerate_judge": True}, require_signature=True)
+    assert run.signature_verified and run.signature_sha256 == hashlib.sha256(checked).hexdigest()
+    (run_dir / "signature.json").write_bytes(checked.replace(b'"hmac"', b'"hmac" ', 1))  # swapped after the read
+    attested = statement(run, decision, None).predicate.run
+    assert attested.signature_sha256 == hashlib.sha256(checked).hexdigest()

@@ -99,11 +99,14 @@ def sign(directory: Path, run_id: str, names: Sequence[str]) -> bool:
     return True
 
 
-def _read(directory: Path, key: bytes, run_id: str, names: Sequence[str]) -> tuple[Signature | None, list[str]]:
-    """The signature, if its HMAC verifies with `key`, covers exactly `names` and is of `run_id`."""
+def _read(
+    directory: Path, key: bytes, run_id: str, names: Sequence[str], raw: bytes | None = None
+) -> tuple[Signature | None, list[str]]:
+    """The signature, if its HMAC verifies with `key`, covers exactly `names` and is of `run_id` (`raw`: the
+    signature file's bytes as the caller read them; None: read here)."""
     path = directory / SIGNATURE
     try:
-        signature = Signature.model_validate_json(path.read_bytes())
+        signature = Signature.model_validate_json(path.read_bytes() if raw is None else raw)
     except ValueError:
         return None, [f"{path}: corrupt signature file"]
     expected = _digest(key, signature.run_id, signature.files)
@@ -122,27 +125,32 @@ def digest_of(raw: bytes) -> Signed:
 
 
 def check_signature(
-    directory: Path, run_id: str, names: Sequence[str], required: bool, read: Mapping[str, Signed | None] | None = None
+    directory: Path,
+    run_id: str,
+    names: Sequence[str],
+    required: bool,
+    read: Mapping[str, Signed | None],
+    signature: bytes | None,
 ) -> tuple[list[str], str]:
     """(problems, note) of a directory's signature: verified when a key is set and a signature exists; with
     `required`, a missing key is a usage error and a missing signature a problem. Every signed file must be
     exactly as signed, and a file signed as absent must still be absent. `read`: the files the caller read and
     decides on, as it read them (None: absent); they are checked as read, never read again here (the others are
-    hashed here)."""
+    hashed here). `signature`: signature.json's bytes as the caller read them (None: there is none), so what
+    is checked is what the caller holds (and may state: an attestation gives its SHA-256)."""
     key = signing_key(required)
-    if not (directory / SIGNATURE).is_file():
+    if signature is None:
         problems = [f"{directory}: no {SIGNATURE}: it was not signed (set {KEY_ENV} where it is written)"]
         return (problems if required else []), "not signed"
     if key is None:
         return [], f"signed, but not checked ({KEY_ENV} is not set)"
-    signature, problems = _read(directory, key, run_id, names)
-    if signature is None:
+    valid, problems = _read(directory, key, run_id, names, signature)
+    if valid is None:
         return problems, "signature invalid"
-    held = read or {}
     changed = [
         name
-        for name, signed in signature.files.items()
-        if (held[name] if name in held else _file(directory / name)) != signed
+        for name, signed in valid.files.items()
+        if (read[name] if name in read else _file(directory / name)) != signed
     ]
     if changed:
         return [f"{directory}: changed since it was signed: {', '.join(changed)}"], "signature does not match"

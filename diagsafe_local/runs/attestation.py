@@ -287,7 +287,6 @@ def statement(run: VerifiedRun, decision: GateDecision, targets: list[str] | Non
     from diagsafe_local import __version__
 
     names = targets or list(run.summary.targets)
-    signature_file = run.run_dir / signing.SIGNATURE
     manifest = run.manifest
     predicate = EvalResult(
         verifier={"id": VERIFIER_ID},
@@ -307,9 +306,7 @@ def statement(run: VerifiedRun, decision: GateDecision, targets: list[str] | Non
             run_id=manifest.run_id,
             results_sha256=run.results_sha256,
             signature=next((n.removeprefix("signature: ") for n in run.notes if n.startswith("signature: ")), "none"),
-            signature_sha256=(
-                hashlib.sha256(signature_file.read_bytes()).hexdigest() if signature_file.is_file() else None
-            ),
+            signature_sha256=run.signature_sha256,
         ),
         judge=None if manifest.judge is None else _judge(manifest.judge),
         validation=None if run.validation is None else run.validation.model_dump(mode="json"),

@@ -26,6 +26,7 @@ SENSITIVITY = "sensitivity.jsonl"
 JURY = "jury.jsonl"
 ROBUSTNESS = "robustness.jsonl"
 INJECTION = "injection_canary.jsonl"
+CASCADE = "cascade.jsonl"
 SUMMARY = "summary.json"
 SIGNATURE = signing.SIGNATURE
 RUN_LOG = "run.log"
@@ -114,4 +115,5 @@ class RunFiles:
     def signature(self, run_id: str, required: bool, names: Sequence[str]) -> tuple[list[str], str]:
         """(problems, note) of the directory's signature over `names`, checked against the files as read here (the
         ones not read are hashed by `signing`): call it once every file a decision rests on was read."""
-        return signing.check_signature(self.run_dir, run_id, names, required, self.read)
+        raw = self.whole(signing.SIGNATURE)  # held: the bytes checked are the bytes an attestation states
+        return signing.check_signature(self.run_dir, run_id, names, required, self.read, raw)

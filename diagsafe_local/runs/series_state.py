@@ -221,8 +221,14 @@ def signed_series(series_dir: Path, require_signature: bool) -> tuple[SeriesStat
         state = read_series(series_dir, raw)
         assert raw is not None
         read = {STATE: signing.digest_of(raw)}  # the bytes parsed are the bytes checked
+        path = series_dir / signing.SIGNATURE
         signed, note = signing.check_signature(
-            series_dir, signed_as(series_dir, state), [STATE], require_signature, read
+            series_dir,
+            signed_as(series_dir, state),
+            [STATE],
+            require_signature,
+            read,
+            path.read_bytes() if path.is_file() else None,
         )
         problems = signed + _stale(series_dir, state) + _unlisted(series_dir, state)
         if problems:
