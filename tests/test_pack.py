@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,8 @@ def packable(tmp_path, monkeypatch):
     return path
 
 
-def _pack(config: Path, out: Path) -> PackLock:
-    result = CliRunner().invoke(app, ["pack", str(config), "--out", str(out)])
+def _pack(config: Path, out: Path, *options: str) -> PackLock:
+    result = CliRunner().invoke(app, ["pack", str(config), "--out", str(out), *options])
     assert result.exit_code == 0, result.output
     return PackLock.model_validate_json((out / LOCK).read_text())
 
@@ -199,3 +200,38 @@ def test_a_metric_judges_data_is_packed_and_read_from_the_pack(packable, tmp_pat
         assert model_directory() == found["embedding"] and (found["embedding"] / "config.json").is_file()
         assert found["wordnet"].parts[-2:] == ("corpora", "wordnet")  # NLTK reads it below a data root
     assert wordnet_directory() != found["wordnet"]  # outside the pack: where it was packed from
+
+
+def test_a_gpt_oss_model_gets_its_vocabulary_packed_and_the_run_reads_it_from_the_pack(packable, tmp_path, monkeypatch):
+    """A gpt-oss model served here needs the o200k vocabulary at its first request: `pack` copies the file
+    `judging.harmony_vocab` locates, and `run --pack` points harmony at the pack's copy (TIKTOKEN_ENCODINGS_BASE)
+    for the run and every engine process."""
+    from fakes import ScriptedEngine
+
+    from diagsafe_local.judging import harmony_vocab
+
+    vocabulary = tmp_path / "cache" / harmony_vocab.FILE
+    vocabulary.parent.mkdir()
+    vocabulary.write_bytes(harmony_vocab.tiktoken_file([b"!", b'"', b"#"]))
+    monkeypatch.setattr(harmony_vocab, "vocabulary_file", lambda: vocabulary)
+    monkeypatch.setattr(harmony_vocab, "SHA256", hashlib.sha256(vocabulary.read_bytes()).hexdigest())
+    monkeypatch.delenv(harmony_vocab.ENV, raising=False)
+    gpt_oss = checkpoint(tmp_path / "models", "gpt-oss")
+    (gpt_oss / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    seen: list[str | None] = []
+
+    def factory(config, **options):
+        seen.append(os.environ.get(harmony_vocab.ENV))
+        return ScriptedEngine(model=config.model)
+
+    monkeypatch.setattr("diagsafe_local.evaluation.pipeline.create_engine", factory)
+    out = tmp_path / "pack"
+    lock = _pack(packable, out, "--set", f"target.model={gpt_oss}", "--set", "target.lora=null")
+    (part,) = [p for p in lock.parts if p.kind == "vocabulary"]
+    assert (out / part.path).read_bytes() == vocabulary.read_bytes() and part.origin == str(vocabulary)
+    result = CliRunner().invoke(
+        app, ["run", str(packable), "--pack", str(out), "--set", f"target.model={gpt_oss}", "--set", "target.lora=null"]
+    )
+    assert result.exit_code == 0, result.output
+    assert seen and set(seen) == {str((out / part.path).parent)}
+    assert harmony_vocab.ENV not in os.environ  # restored after the run

@@ -101,10 +101,10 @@ def _network(cfg: RunConfig, offline_: bool, pack: Path | None) -> Iterator[RunC
     offline; offline (`core.offline`) once every model the run loads is on disk or in the hub cache; or as it is.
     A pack's path and the policy reach every process the run starts through their variables."""
     if pack is not None:
-        from diagsafe_local.evaluation.pack import packed
+        from diagsafe_local.evaluation.pack import packed, variables
 
         cfg, opened = packed(cfg, pack)
-        with packs.using(opened), _variable(packs.ENV, str(pack.resolve())), _offline(cfg):
+        with packs.using(opened), _variables(variables(opened)), _offline(cfg):
             yield cfg
     elif offline_:
         with _offline(cfg):
@@ -124,16 +124,18 @@ def _offline(cfg: RunConfig) -> AbstractContextManager[None]:
 
 
 @contextmanager
-def _variable(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
+def _variables(values: dict[str, str]) -> Iterator[None]:
+    """Within: `values` in the environment (every process started inherits them); restored on leaving."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _finish(summary: Summary, root: Path, hooks: list[str] | None) -> None:

@@ -25,19 +25,12 @@ from pydantic import BaseModel
 
 from diagsafe_local.core import atomic
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.pack import ENV as PACK_FOLDER
 from diagsafe_local.core.pack import LOCK, Pack, PackedFile, PackedPart, PackLock, PartKind, open_pack, refused
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.evaluation.config import DatasetConfig, RunConfig
 from diagsafe_local.evaluation.planning import local_models
-
-# The parts the judges' names call for beyond their models: the metric families that load data, and the judges
-# whose template needs a vocabulary of its own.
-METRIC_PARTS: dict[str, tuple[PartKind, str]] = {
-    "meteor": ("wordnet", "wordnet"),
-    "embedding": ("embedding", "all-MiniLM-L6-v2"),
-}
-VOCABULARY_JUDGES: dict[str, str] = {"gpt-oss-safeguard": "o200k_base"}
-INSIDE: dict[PartKind, str] = {"wordnet": "/corpora/wordnet"}  # NLTK reads a corpus only below a data root
+from diagsafe_local.judging import harmony_vocab
 
 
 @dataclass(frozen=True)
@@ -54,6 +47,15 @@ class Need:
         return f"{self.kind.replace('_', ' ')} '{self.reference}'{at}"
 
 
+# The parts the judges' names call for beyond their models: the metric families that load data.
+METRIC_PARTS: dict[str, tuple[PartKind, str]] = {
+    "meteor": ("wordnet", "wordnet"),
+    "embedding": ("embedding", "all-MiniLM-L6-v2"),
+}
+VOCABULARY = Need("vocabulary", "o200k_base")  # gpt-oss's, for harmony (`judging.harmony_vocab`)
+INSIDE: dict[PartKind, str] = {"wordnet": "/corpora/wordnet"}  # NLTK reads a corpus only below a data root
+
+
 def needs(config: RunConfig) -> list[Need]:
     """Every part `config` loads from files, each once: its local models with their adapters and chat templates,
     its prompts, and what its judges' names call for."""
@@ -66,6 +68,8 @@ def needs(config: RunConfig) -> list[Need]:
             found.append(Need("chat_template", model.chat_template))
     found.append(Need("dataset", _dataset_reference(config.dataset)))
     found += _judges_parts(config)
+    if harmony_vocab.serves_harmony(config):
+        found.append(VOCABULARY)
     return list(dict.fromkeys(found))
 
 
@@ -90,8 +94,6 @@ def _judges_parts(config: RunConfig) -> list[Need]:
         family = METRICS.get(metric[0]).family if metric else None
         if family in METRIC_PARTS:
             found.append(Need(*METRIC_PARTS[family]))
-        if name in VOCABULARY_JUDGES:
-            found.append(Need("vocabulary", VOCABULARY_JUDGES[name]))
     return found
 
 
@@ -161,10 +163,7 @@ def locate(need: Need) -> tuple[Path, str]:
         from diagsafe_local.metrics.embedding import model_directory
 
         return _local(model_directory(), need)
-    raise DiagsafeError(
-        f"{need}: packing it is not supported by this version (the gpt-oss judge's harmony vocabulary cannot be "
-        "located here); run this judge where its vocabulary can be fetched, or choose another judge"
-    )
+    return _local(harmony_vocab.vocabulary_file(), need)
 
 
 def _local(path: Path, need: Need) -> tuple[Path, str]:
@@ -261,6 +260,16 @@ def packed(config: RunConfig, root: Path) -> tuple[RunConfig, Pack]:
     rewritten = _rewrite(config, pack, local)
     assert isinstance(rewritten, RunConfig)
     return rewritten, pack
+
+
+def variables(pack: Pack) -> dict[str, str]:
+    """The variables that send the run's processes to the pack: its folder (a replica's `run --pack`), and the
+    folder of gpt-oss's vocabulary where it holds one (harmony reads it there)."""
+    found = {PACK_FOLDER: str(pack.root.resolve())}
+    vocabulary = pack.part(VOCABULARY.kind, VOCABULARY.reference)
+    if vocabulary is not None:
+        found[harmony_vocab.ENV] = str(vocabulary.parent.resolve())
+    return found
 
 
 def _rewrite(node: BaseModel, pack: Pack, local: list[int]) -> BaseModel:

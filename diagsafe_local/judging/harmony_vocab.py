@@ -115,9 +115,14 @@ def tiktoken_file(tokens: Iterable[bytes]) -> bytes:
 
 
 def check_run(config: RunConfig) -> Vocabulary | None:
-    """Before anything loads: the vocabulary, where the run serves a harmony-format judge here (a judge named in
-    HARMONY_JUDGES on a local engine, or a local model whose config.json says gpt-oss: vLLM serves it through
-    harmony whatever the prompt); None where it serves none; VocabularyMissing where it cannot start offline."""
+    """Before anything loads: the vocabulary, where the run serves the harmony format here (`serves_harmony`); None
+    where it serves none; VocabularyMissing where it cannot start offline."""
+    return vocabulary() if serves_harmony(config) else None
+
+
+def serves_harmony(config: RunConfig) -> bool:
+    """Whether the run serves the harmony format here: a judge named in HARMONY_JUDGES on a local engine, or a local
+    model whose config.json says gpt-oss (vLLM serves it through harmony whatever the prompt)."""
     from diagsafe_local.engines.kinds import capabilities
     from diagsafe_local.evaluation.planning import local_models
     from diagsafe_local.judging.config import judge_name
@@ -129,9 +134,7 @@ def check_run(config: RunConfig) -> Vocabulary | None:
         if judge.model is not None and capabilities(judge.kind).local
         for name in (judge.rubric_name, judge_name(judge.benign_rubric), *(judge.panel.names() if judge.panel else []))
     }
-    if HARMONY_JUDGES & names or any(_gpt_oss(Path(m.model)) for m in local_models(config)):
-        return vocabulary()
-    return None
+    return bool(HARMONY_JUDGES & names) or any(_gpt_oss(Path(m.model)) for m in local_models(config))
 
 
 def _gpt_oss(model: Path) -> bool:
