@@ -22,10 +22,11 @@ from diagsafe_local.runs.manifest import read_manifest_file
 HUB_ID = "acme/tiny-chat"
 
 
-def _hub_cache(root: Path, source: Path) -> Path:
-    """A Hugging Face hub cache holding `source` as HUB_ID's snapshot at one commit (as `hf download` leaves it)."""
+def _hub_cache(root: Path, source: Path, repo_id: str = HUB_ID) -> Path:
+    """A Hugging Face hub cache holding `source` as `repo_id`'s snapshot at one commit (as `hf download` leaves
+    it)."""
     commit = "0123456789abcdef0123456789abcdef01234567"
-    repo = root / f"models--{HUB_ID.replace('/', '--')}"
+    repo = root / f"models--{repo_id.replace('/', '--')}"
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True)
     for file in source.iterdir():
@@ -235,3 +236,28 @@ def test_a_gpt_oss_model_gets_its_vocabulary_packed_and_the_run_reads_it_from_th
     assert result.exit_code == 0, result.output
     assert seen and set(seen) == {str((out / part.path).parent)}
     assert harmony_vocab.ENV not in os.environ  # restored after the run
+
+
+def test_a_hub_adapter_given_as_the_model_runs_from_the_pack_on_a_node_whose_hub_cache_lacks_it(
+    packable,
+    tmp_path,
+    monkeypatch,
+    scripted,  # noqa: F811
+):
+    """`model: OWNER/ADAPTER` is served on the base its adapter_config.json names, which the config reads from the
+    hub cache; on the node that cache is absent, and the pack still knows the adapter and its base."""
+    import huggingface_hub.constants as hub
+
+    adapter = tmp_path / "hub-adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": HUB_ID, "r": 8}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora weights")
+    _hub_cache(Path(hub.HF_HUB_CACHE), adapter, "acme/tiny-adapter")
+    as_model = ["--set", "target.model=acme/tiny-adapter", "--set", "target.lora=null"]
+    lock = _pack(packable, tmp_path / "pack", *as_model)
+    assert {(p.kind, p.reference, p.base) for p in lock.parts} >= {("adapter", "acme/tiny-adapter", HUB_ID)}
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # the node's
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(tmp_path / "pack"), *as_model])
+    assert result.exit_code == 0, result.output
+    target = read_manifest_file(tmp_path / "run").config["targets"][0]
+    assert Path(target["model"]).name.startswith("tiny-chat-") and Path(target["lora"]).name.startswith("tiny-adapter-")

@@ -63,7 +63,7 @@ def needs(config: RunConfig) -> list[Need]:
     for model in local_models(config):
         found.append(Need("model", model.model, model.revision))
         if model.lora:
-            found.append(Need("adapter", model.lora, base=model.model))
+            found.append(Need("adapter", _hub_id(model.lora) or model.lora, base=model.model))
         if model.chat_template:
             found.append(Need("chat_template", model.chat_template))
     found.append(Need("dataset", _dataset_reference(config.dataset)))
@@ -71,6 +71,13 @@ def needs(config: RunConfig) -> list[Need]:
     if harmony_vocab.serves_harmony(config):
         found.append(VOCABULARY)
     return list(dict.fromkeys(found))
+
+
+def _hub_id(path: str) -> str | None:
+    """The hub id of a folder of the Hugging Face cache (.../models--OWNER--NAME/snapshots/COMMIT), if it is one:
+    an adapter given as the model (`EngineConfig`) is found there, and the config names it by that id."""
+    match = re.search(r"models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$", path)
+    return f"{match[1]}/{match[2]}" if match else None
 
 
 def _dataset_reference(dataset: DatasetConfig) -> str:
@@ -254,7 +261,7 @@ def packed(config: RunConfig, root: Path) -> tuple[RunConfig, Pack]:
     the pack does not hold is refused (exit 2) before anything loads."""
     pack = open_pack(root)
     for need in needs(config):
-        if pack.part(need.kind, need.reference, need.revision) is None:
+        if pack.part(need.kind, need.reference, need.revision) is None and _adapter_as_model(pack, need) is None:
             raise refused(root, str(need))
     local = [id(model) for model in local_models(config)]
     rewritten = _rewrite(config, pack, local)
@@ -291,10 +298,23 @@ def _rewrite(node: BaseModel, pack: Pack, local: list[int]) -> BaseModel:
     return node.model_copy(update=update) if update else node
 
 
+def _adapter_as_model(pack: Pack, need: Need) -> PackedPart | None:
+    """The packed adapter a model stands for, with its base packed too: an adapter given as the model, whose base
+    this node could not read from its own hub cache (`EngineConfig`), is served on the base the pack holds."""
+    adapter = pack.lock.find("adapter", need.reference) if need.kind == "model" else None
+    if adapter is None or adapter.base is None or pack.part("model", adapter.base) is None:
+        return None
+    return adapter
+
+
 def _engine_paths(engine: EngineConfig, pack: Pack) -> dict[str, Any]:
+    adapter = _adapter_as_model(pack, Need("model", engine.model)) if not engine.lora else None
+    if adapter is not None:
+        assert adapter.base is not None
+        engine = engine.model_copy(update={"model": adapter.base, "lora": engine.model, "revision": None})
     paths: dict[str, Any] = {"model": str(pack.part("model", engine.model, engine.revision)), "revision": None}
     if engine.lora:
-        paths["lora"] = str(pack.part("adapter", engine.lora))
+        paths["lora"] = str(pack.part("adapter", _hub_id(engine.lora) or engine.lora))
     if engine.chat_template:
         paths["chat_template"] = str(pack.part("chat_template", engine.chat_template))
     if "name" in type(engine).model_fields and getattr(engine, "name", None) is None:
