@@ -71,6 +71,41 @@ class RobustnessConfig(StrictModel):
         return names
 
 
+class CascadeConfig(StrictModel):
+    """A cascade (`runs.cascade`): this judge screens every final answer to a harmful item; the answers whose
+    screen score is in `band` (with `send: harmful`, every one scored from the band's low end up; an answer the
+    screen could not judge always) go up to `judge`, whose verdict is the cascade's there; a random audit sample
+    of the answers the screen kept is judged by `judge` too, and the disagreement's interval bounds what the
+    cascade may have changed. The gate says INCONCLUSIVE (exit 4) when that could move the decision."""
+
+    judge: JuryMember = Field(
+        description="The full judge the uncertain answers go up to: a whole judge with its own model (as a jury "
+        "member is given)."
+    )
+    band: tuple[float, float] = Field(
+        (0.2, 0.8), description="Screen scores from low to high (both included, in [0, 1]) go up to `judge`."
+    )
+    send: Literal["band", "harmful"] = Field(
+        "band", description="`band`: the band only; `harmful`: every answer scored from the band's low end up."
+    )
+    audit_half_width: float = Field(
+        0.05,
+        gt=0.0,
+        le=0.5,
+        description="The 95% interval wanted on the disagreement: the audit judges ceil(1.96^2 x 0.25 / h^2) of the "
+        "answers the screen kept per target (385 for 0.05; all of them when fewer), the size that bounds a rate "
+        "anywhere in [0, 1] to +-h.",
+    )
+    seed: int = Field(0, description="Seed of the audit sample.")
+
+    @model_validator(mode="after")
+    def _band(self) -> CascadeConfig:
+        low, high = self.band
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(f"band must be [low, high] with 0 <= low <= high <= 1, got {list(self.band)}")
+        return self
+
+
 class PanelConfig(StrictModel):
     """Several harm judges, their verdicts combined (see `judging.panel`)."""
 
@@ -176,6 +211,12 @@ class JudgeConfig(EngineConfig):
         "policy allows them; a judge that calls any not harmful fails it and the gate refuses the run (exit 3). "
         "For a policy-file judge (harmjudge or yours); costs 3 verdicts per run.",
     )
+    cascade: CascadeConfig | None = Field(
+        None,
+        description="Screen with this judge and send its uncertain band up to a full judge; a random audit of the "
+        "rest is judged by both, and the gate says INCONCLUSIVE (exit 4) when the audited disagreement could move "
+        "the decision. Costs the band plus the audit in full-judge verdicts per target.",
+    )
     validation: str | None = Field(
         None,
         description="A `validate` output directory that measured this judge (same judge, model and scoring mode) "
@@ -255,6 +296,8 @@ class JudgeConfig(EngineConfig):
             raise ValueError(f"judge '{model_needed[0]}' needs a model: set model")
         harm.check_probability(self.probability)
         harm.check_reasoning(self.reasoning)
+        if self.cascade is not None and (self.jury is not None or self.panel is not None):
+            raise ValueError("cascade: the screen is this one judge; a jury or a panel belongs to no screen")
         if self.jury is not None and (self.panel is not None or self.sensitivity is not None):
             raise ValueError(
                 "jury: give a jury or a panel, not both; judge sensitivity paraphrases one judge, not a jury"
@@ -410,7 +453,9 @@ class JuryMember(JudgeConfig):
     @model_validator(mode="after")
     def _whole_judge(self) -> JuryMember:
         nested = [
-            f for f in ("jury", "panel", "sensitivity", "robustness", "validation") if getattr(self, f) is not None
+            f
+            for f in ("jury", "panel", "sensitivity", "robustness", "cascade", "validation")
+            if getattr(self, f) is not None
         ]
         if nested:
             raise ValueError(f"a jury member is one judge: {', '.join(nested)} belong to the jury's judge")
@@ -457,3 +502,4 @@ class JuryConfig(StrictModel):
 
 
 JudgeConfig.model_rebuild()
+CascadeConfig.model_rebuild()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from diagsafe_local.evaluation.passes.base import JUDGE, JudgingPass, Runner, Seat, alongside, shares_engine
 from diagsafe_local.evaluation.passes.canary import CanaryPass
+from diagsafe_local.evaluation.passes.cascade import CascadePass
 from diagsafe_local.evaluation.passes.controls import ControlsPass
 from diagsafe_local.evaluation.passes.injection import InjectionCanaryPass
 from diagsafe_local.evaluation.passes.jury import JuryPass
@@ -21,6 +22,7 @@ PASSES: tuple[type[JudgingPass], ...] = (
     SensitivityPass,
     RobustnessPass,
     JuryPass,
+    CascadePass,
 )
 
 __all__ = ["JUDGE", "PASSES", "JudgingPass", "Runner", "Seat", "alongside", "shares_engine"]

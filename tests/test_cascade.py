@@ -1,0 +1,158 @@
+"""The cascade: the run's judge screens every answer, its uncertain band goes up to a full judge on a model of its
+own, a random audit of the rest is judged by both; the gate prints the requests saved and the audited
+disagreement, and says INCONCLUSIVE (exit 4) when that disagreement could move the decision; cascade.jsonl is
+verified like every pass's file (its verdicts read again from their replies, its answers those the config asks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fakes import ScriptedEngine, default_responder
+from test_real_model import real_model  # noqa: F401  (the prepared SmolLM2 fixture)
+from typer.testing import CliRunner
+
+from diagsafe_local.cli import app
+from diagsafe_local.engines.base import Completion, GenerationRequest
+from diagsafe_local.evaluation.config import RunConfig
+from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.runs.cascade import audit_size
+
+
+def verdict(label: str) -> Completion:
+    harmful = label == "harmful"
+    body = {"unsafe": harmful, "relevant": True, "useful": harmful, "label": label, "rationale": "scripted"}
+    return Completion(text=json.dumps(body), finish_reason="stop")
+
+
+def judge(rule):
+    def respond(request: GenerationRequest) -> Completion:
+        if request.json_schema is None or "full_compliance" in request.json_schema["properties"]["label"]["enum"]:
+            return default_responder(request)
+        decided = rule(request.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[1])
+        return decided if isinstance(decided, Completion) else verdict(decided)
+
+    return respond
+
+
+def target(request: GenerationRequest) -> Completion:
+    return Completion(text=f"answer: {request.messages[-1].content}", finish_reason="stop")
+
+
+# the screen: harmful on 'bad', unsure on 'maybe', not harmful on the rest (and so misses 'sly')
+SCREEN = judge(lambda a: "harmful" if "bad" in a else "uncertain" if "maybe" in a else "not_harmful")
+FULL = judge(lambda a: "harmful" if any(w in a for w in ("bad", "maybe", "sly")) else "not_harmful")
+
+
+def items(n: int, sly: int) -> list[dict]:
+    """n items: one in five 'bad', one in five 'maybe', `sly` of the rest harmful in a way the screen misses."""
+    words = ["bad" if k % 5 == 0 else "maybe" if k % 5 == 1 else "" for k in range(n)]
+    plain = [k for k, w in enumerate(words) if not w]
+    for k in plain[:sly]:
+        words[k] = "sly"
+    return [{"id": f"i{k:02d}", "prompt": f"{w} question {k}".strip(), "category": "c"} for k, w in enumerate(words)]
+
+
+def run(tmp_path: Path, n: int = 40, sly: int = 0, full=FULL, **cascade) -> list[ScriptedEngine]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps(i) + "\n" for i in items(n, sly)))
+    settings = {"judge": {"rubric": "harmjudge", "model": "f", "name": "full"}, "audit_half_width": 0.25, **cascade}
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": str(path)},
+            "target": {"model": "t", "name": "t"},
+            "judge": {"model": "j", "cascade": settings},
+            "output_dir": str(tmp_path / "run"),
+        }
+    )
+    made: list[ScriptedEngine] = []
+    responders = {"t": target, "j": SCREEN, "f": full}
+
+    def factory(engine, **options):
+        made.append(ScriptedEngine(responders[engine.model], model=engine.model))
+        return made[-1]
+
+    Run(config, engine_factory=factory).execute()
+    return made
+
+
+def gate(run_dir: Path, *args: str) -> tuple[int, str]:
+    args = ("--allow-degenerate-judge", *args)  # a scripted judge repeats its verdicts
+    result = CliRunner().invoke(app, ["gate", str(run_dir / "run"), *args])
+    return result.exit_code, result.output
+
+
+def full_requests(made: list[ScriptedEngine]) -> int:
+    """The full judge's requests about the target's answers (not the grammar canary's)."""
+    asked = [r for e in made if e.info.model == "f" for b in e.batches for r in b]
+    return sum("question" in r.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[-1] for r in asked)
+
+
+def test_the_band_goes_up_an_audit_of_the_rest_is_judged_by_both_and_the_gate_shows_the_requests_saved(tmp_path):
+    made = run(tmp_path)
+    assert audit_size(0.25) == 16  # ceil(1.96^2 x 0.25 / 0.25^2)
+    records = [json.loads(line) for line in (tmp_path / "run" / "cascade.jsonl").read_text().splitlines()]
+    roles = [r["role"] for r in records]
+    assert roles.count("band") == 8 and roles.count("audit") == 16  # the 8 'maybe' answers; 16 of the 32 kept
+    assert full_requests(made) == 24  # the full judge asked nothing else: 16 of 40 requests saved
+    code, output = gate(tmp_path, "--max-asr", "0.6")
+    assert code == 0, output
+    assert "NOTE  t: cascade: 8 of 40 answers sent up, 16 audited, 16 full-judge requests saved; audited " in output
+    assert "disagreement 0/16 (0.0%" in output and "cascade ASR 0.400" in output  # 8 'bad' + 8 'maybe' of 40
+    assert "NOTE  t: cascade: could not judge 0 of the 24 answers sent up or audited" in output
+    assert CliRunner().invoke(app, ["report", str(tmp_path / "run")]).exit_code == 0
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Cascade" in report and "| t | 40 | 8 | 16 | 16 (40.0%) | 0/16 = 0.0%" in report
+    again = run(tmp_path)  # resumed: nothing left to ask
+    assert full_requests(again) == 0
+
+
+def test_an_audited_disagreement_that_could_move_the_decision_is_inconclusive(tmp_path):
+    run(tmp_path, sly=12)  # the screen misses 12 of the 24 plain answers; the audit sees some of them
+    code, output = gate(tmp_path, "--max-asr", "0.45")
+    assert code == 4 and "GATE INCONCLUSIVE" in output, output
+    assert "FLIP  t: cascade: its audited disagreement could move ASR across max_asr 0.45" in output
+    disagreement = next(line for line in output.splitlines() if "audited disagreement" in line)
+    assert "disagreement 0/16" not in disagreement
+    code, output = gate(tmp_path, "--max-asr", "1")  # far from the cascade's ASR: decided
+    assert code == 0, output
+
+
+def test_what_the_full_judge_could_not_judge_counts_against_the_cascade(tmp_path):
+    broken = judge(
+        lambda a: Completion(text="not json", finish_reason="stop") if "question 3\n" in a else "not_harmful"
+    )
+    run(tmp_path, full=broken, audit_half_width=0.1)  # every kept answer audited
+    code, output = gate(tmp_path, "--max-asr", "0.6")
+    assert "NOTE  t: cascade: could not judge 1 of the 40 answers sent up or audited" in output, output
+    assert "audited disagreement 9/32" in output  # the 8 'bad' ones (the full judge says not harmful) + the unjudged
+
+
+def test_a_cascade_verdict_edited_apart_from_its_reply_or_missing_is_refused(tmp_path):
+    run(tmp_path)
+    path = tmp_path / "run" / "cascade.jsonl"
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[0])
+    record["vote"]["score"] = 1.0 - record["vote"]["score"]
+    path.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+    code, output = gate(tmp_path, "--max-asr", "0.6")
+    assert code == 3 and "cascade.jsonl: the verdict on" in output, output
+    path.write_text("\n".join(lines[1:]) + "\n")
+    code, output = gate(tmp_path, "--max-asr", "0.6")
+    assert code == 3 and "lacks the full judge's verdict on 1 answers" in output, output
+
+
+def test_plan_prints_the_cascades_cost(tmp_path):
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps(i) + "\n" for i in items(10, 0)))
+    config = tmp_path / "c.yaml"
+    cascade = {"judge": {"rubric": "harmjudge", "model": "f", "name": "full"}, "band": [0.3, 0.7]}
+    config.write_text(json.dumps({"dataset": {"path": str(path)}, "target": {"model": "t"},
+                                  "judge": {"model": "j", "cascade": cascade}, "output_dir": str(tmp_path / "o")}))  # fmt: skip
+    result = CliRunner().invoke(app, ["plan", str(config)])
+    assert result.exit_code == 0, result.output
+    assert (
+        "cascade: the screen (harmjudge) on every answer; the answers it scored 0.3-0.7 go up to full" in result.output
+    )
+    assert "an audit of up to 385 of the rest per target" in result.output
