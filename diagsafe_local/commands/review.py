@@ -80,7 +80,6 @@ def label(
     from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.review.index import RunIndex
     from diagsafe_local.review.labels import LabelStore, check_annotator, sample_for
-    from diagsafe_local.review.next_label import as_sample, order_for, standing
     from diagsafe_local.review.server import LabelSession, Review
     from diagsafe_local.runs.baseline import verified
 
@@ -92,6 +91,8 @@ def label(
     store = LabelStore(run_dir, annotator, run.manifest.run_id)
     index = RunIndex([run_dir])
     if max_asr is not None:
+        from diagsafe_local.review.next_label import as_sample, order_for, standing
+
         order = order_for(run_dir, records, run.manifest.run_id, run.summary.judge_validation, seed)
         session = LabelSession(
             index, as_sample(order), store, lambda labels: standing(order, labels, max_asr), typer.echo

@@ -41,7 +41,6 @@ from diagsafe_local.runs.records import AnswerKey, AnswerRecord, ResultRecord
 from diagsafe_local.runs.validation import JudgeErrorRates
 from diagsafe_local.runs.verdicts import is_harmful
 from diagsafe_local.stats import corrected_rate
-from diagsafe_local.validation.agreement import effective_counts
 
 NEXT_FILE = "next.json"
 FLOOR = 0.05  # every answer keeps a chance of being labelled (an inclusion probability of 0 biases the estimate)
@@ -205,6 +204,8 @@ def standing(order: NextOrder, labels: Mapping[AnswerKey, str], limit: float) ->
     w = np.array([1.0 / probability[k] for k in keys])
     value = low = high = None
     if len(keys):
+        from diagsafe_local.validation.agreement import effective_counts  # the counts `validate` writes
+
         tn, fp, fn, tp = effective_counts(y, pred, w)
         total = math.fsum(e.score for e in order.entries)
         value, low, high = corrected_rate(total, len(order.entries), _Counts(tp=tp, fp=fp, tn=tn, fn=fn))
