@@ -18,10 +18,11 @@ def pack(
         list[str] | None, typer.Option("--set", help="Override a setting: key.path=value (repeatable).")
     ] = None,
 ) -> None:
-    """Copy everything CONFIG needs on a node without network into one folder: its models and adapters with their
-    tokenizers, chat templates and generation configs, its prompt set, WordNet where METEOR judges, the embedding
-    model where it judges; pack.lock lists every file with its SHA-256, size and origin. Fetched from the hub
-    where it is reachable, else from local folders and the hub cache. Then: `run CONFIG --pack DIR` there."""
+    """Copy everything CONFIG needs into one folder, for a node without network. Its models and adapters with
+    their tokenizers, chat templates and generation configs, its prompt set, WordNet where METEOR judges, the
+    embedding model where it judges, gpt-oss's vocabulary where the harmony format is served; pack.lock lists every
+    file with its SHA-256, size and origin. Fetched from the hub where it is reachable, else from local folders
+    and the hub cache. Then, on the node: `run CONFIG --pack DIR`."""
     from diagsafe_local.evaluation.config import load_config
     from diagsafe_local.evaluation.pack import build
 
