@@ -14,7 +14,20 @@ import pytest
 from fakes import ScriptedEngine
 from servers import POLICY_JUDGES, FakeOpenAIServer, judged_answer
 from test_adversarial import cli
-from test_gate_fuzz import KEY, Case, Mutation, apply, decided, fuzz, gate, restore, run_files, run_id, slow_per_kind
+from test_gate_fuzz import (
+    DELETE,
+    KEY,
+    Case,
+    Mutation,
+    apply,
+    decided,
+    fuzz,
+    gate,
+    restore,
+    run_files,
+    run_id,
+    slow_per_kind,
+)
 from test_series import by_step, recorded_series, watch
 from test_trust_passes import JURY_ITEMS, SAMPLE_ITEMS, api, items_file, paraphrased_fraud, strict_but_500_on_harmful
 
@@ -135,13 +148,18 @@ def test_the_untouched_cases_decide_on_their_limits(cases):
                                      in perturbed[1])  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["runs/checkpoint-20/manifest.json", "series.state.json", "series.sequence"])
-def test_a_damaged_series_input_is_refused_with_exit_3(cases, monkeypatch, name):
+@pytest.mark.parametrize(
+    ("name", "deleted"),
+    [("runs/checkpoint-20/manifest.json", False), ("series.state.json", False), ("series.sequence", False),
+     ("series.state.json", True)],
+)  # fmt: skip
+def test_a_damaged_series_input_is_refused_with_exit_3(cases, monkeypatch, name, deleted):
     """Was: exit 2 ('rerun the command that wrote it'), where the same damage on a run gated by itself is refused;
     a bad command line is still exit 2."""
     case = next(c for c in cases if c.name == "series")
     path = case.run_dir / name
-    undo = apply(Mutation(path, "bytes", "truncated to half", path.read_bytes()[: path.stat().st_size // 2]))
+    damage = DELETE if deleted else path.read_bytes()[: path.stat().st_size // 2]
+    undo = apply(Mutation(path, "bytes", "deleted" if deleted else "truncated to half", damage))
     try:
         assert gate(case, monkeypatch)[0] == 3
     finally:

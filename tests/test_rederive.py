@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fakes import default_responder
+from fakes import ScriptedEngine, default_responder
 from test_adversarial import cli, config_file, scripted, write_items
 
 from diagsafe_local.engines.base import Completion
@@ -19,7 +19,6 @@ from diagsafe_local.runs.verify import verify_run
 def test_an_untouched_run_verifies_with_every_field_derived_again(tmp_path):
     """The derivation refuses nothing the tool wrote: a run of multi-turn items judged at every turn, with harmful,
     safe and unjudged answers (a judge reply cut off, a judge that errs), verifies."""
-    from fakes import ScriptedEngine
     from test_pipeline_unit import make_config
 
     from diagsafe_local.evaluation.pipeline import Run
@@ -111,13 +110,26 @@ def test_the_score_rules_are_the_shipped_policies_and_none_for_other_judges():
 # -- defect 11's gap: whether a canary is required is decided from the config bound to the run ----------------------
 
 
-def test_a_run_without_a_canary_cannot_drop_the_requirement_by_the_manifests_flag(tmp_path):
+@pytest.mark.parametrize("policy_file", [False, True], ids=["harmjudge", "a policy file"])
+def test_a_run_without_a_canary_cannot_drop_the_requirement_by_the_manifests_flag(tmp_path, policy_file):
+    from helpers import ACME_POLICY
     from test_grammar_canary import engines, gate
     from test_pipeline_unit import make_config
 
     from diagsafe_local.evaluation.pipeline import Run
 
-    Run(make_config(tmp_path), engine_factory=engines(ignores_schema=False)).execute()
+    def acme(request):  # the policy's own verdict, else the scripted defaults
+        if request.json_schema is None or "severity" not in request.json_schema["properties"]:
+            return default_responder(request)
+        verdict = {"rationale": "scripted", "violates": False, "severity": "none"}
+        return Completion(text=json.dumps(verdict), finish_reason="stop", prompt_tokens=9, completion_tokens=9)
+
+    judge, factory = {}, engines(ignores_schema=False)
+    if policy_file:
+        (tmp_path / "acme.yaml").write_text(ACME_POLICY)
+        judge = {"rubric": str(tmp_path / "acme.yaml"), "benign_rubric": "refusal-keywords"}
+        factory = lambda c, **_: ScriptedEngine(acme, model=c.model)  # noqa: E731
+    Run(make_config(tmp_path, judge=judge), engine_factory=factory).execute()
     path = tmp_path / "run" / "manifest.json"
     manifest = json.loads(path.read_text())
     manifest["grammar"], manifest["judge"]["constrained"] = None, False  # edited on an unsigned run

@@ -38,6 +38,7 @@ from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.judging.base import JUDGES, Thinking
 from diagsafe_local.judging.rubrics import Rubric
 from diagsafe_local.runs.records import ScoreRule
+from diagsafe_local.runs.rederive import looks_like_path  # noqa: F401 (judging's name for it)
 from diagsafe_local.runs.verdicts import is_harmful
 
 MAX_STRING = 2000
@@ -192,11 +193,6 @@ def load_policy(path: Path, bundled: bool = False) -> Rubric:
     if (digest, bundled) not in _LOADED:
         _LOADED[(digest, bundled)] = policy_judge(read_policy(path), None if bundled else f"sha256:{digest}")
     return _LOADED[(digest, bundled)]
-
-
-def looks_like_path(name: str) -> bool:
-    """Whether a judge name is a policy file's path rather than a registered name."""
-    return name.endswith((".yaml", ".yml")) or "/" in name
 
 
 HARMJUDGE = load_policy(data_file("policy_harmjudge.yaml"), bundled=True)

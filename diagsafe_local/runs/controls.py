@@ -16,7 +16,7 @@ from diagsafe_local.runs import files
 from diagsafe_local.runs.grammar import canary_held
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import RUN_WIDE, ControlRecord, CouldNotJudge, ResultRecord
-from diagsafe_local.runs.rederive import score_rule, verdict_problem
+from diagsafe_local.runs.rederive import is_policy_judge, verdict_problem
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.passes import Section
@@ -92,8 +92,9 @@ def _grammar(manifest: Manifest) -> list[str]:
 
 def _decodes_under_schema(manifest: Manifest) -> bool:
     """Whether a model of the run's judge decodes verdicts under a schema, from what is bound to the run: its
-    config (hashed into the run id) names a shipped policy judge for a model (those always decode under their
-    schema). The manifest's `judge.constrained` can only add the requirement: an edited flag drops none."""
+    config (hashed into the run id) names a policy judge (shipped, or a policy file) for a model: those always
+    decode under their schema. The manifest's `judge.constrained` can only add the requirement: an edited flag
+    drops none."""
     judge = manifest.config.get("judge") or {}
     jury = judge.get("jury") or {}
     panel = judge.get("panel") or {}
@@ -102,7 +103,7 @@ def _decodes_under_schema(manifest: Manifest) -> bool:
         own.append(judge.get("rubric"))
     named = [(judge.get("model"), name) for name in own]
     named += [(m.get("model"), m.get("rubric")) for m in jury.get("members") or [] if m.get("metric") is None]
-    bound = any(model is not None and isinstance(name, str) and score_rule(name) for model, name in named)
+    bound = any(model is not None and isinstance(name, str) and is_policy_judge(name) for model, name in named)
     return bound or (manifest.judge is not None and manifest.judge.constrained)
 
 

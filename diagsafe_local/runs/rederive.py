@@ -48,6 +48,17 @@ def score_rule(judge: str) -> ScoreRule | None:
     return ScoreRule.model_validate(policy["score"])
 
 
+def looks_like_path(name: str) -> bool:
+    """Whether a judge name is a policy file's path rather than a registered name."""
+    return name.endswith((".yaml", ".yml")) or "/" in name
+
+
+def is_policy_judge(name: str) -> bool:
+    """Whether a judge, as a config names it, is a policy judge (shipped, or a policy file): one that always decodes
+    its verdicts under their schema."""
+    return score_rule(name) is not None or looks_like_path(name)
+
+
 def verdict_problem(
     judge: str, reply: str | None, status: str, score: float | None, verdict: dict[str, Any] | None = None
 ) -> str | None:

@@ -32,7 +32,9 @@ from diagsafe_local.runs.paired import PairedComparison, RunColumns
 from diagsafe_local.runs.records import Record
 from diagsafe_local.runs.series_state import (
     RUNS,
+    SEQUENCE,
     SERIES_JSON,
+    STATE,
     CheckpointEntry,
     SeriesState,
     is_series,
@@ -422,6 +424,8 @@ def gated_checkpoint(
     baseline run, and what its signature check found (a state changed since it was signed, another series' or an
     older one is refused, exit 3: `signed_series`)."""
     if not is_series(series_dir):
+        if (series_dir / SEQUENCE).is_file():  # a series was written here: its state is gone, not misnamed
+            raise RunFailed(f"{series_dir}: refused: {STATE} is missing: the series cannot be verified")
         raise DiagsafeError(f"--checkpoint is for a series directory; {series_dir} is not one")
     if checkpoint is None:
         raise DiagsafeError(f"{series_dir} is a series directory: name the checkpoint to gate (--checkpoint latest)")
