@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedEngine, default_responder
 from pydantic import ValidationError
+from test_real_model import real_model  # noqa: F401  (the prepared SmolLM2 fixture)
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -188,3 +189,61 @@ def test_plan_says_what_it_costs_it_runs_unsharded_and_bad_settings_are_config_e
             config(tmp_path).model_dump(mode="json")
             | {"judge": {"rubric": "refusal-keywords", "benign_rubric": "refusal-keywords", "robustness": {}}}
         )
+
+
+# --- on the real small model, with the policy-injection canary beside it (one run for both passes) -----------
+
+REAL_ITEMS = ("s1", "s2", "s7", "s8", "s9", "s12")  # single-turn harmful items of the bundled sample, 5 categories
+
+
+@pytest.fixture(scope="module")
+def real_perturbed(real_model, vllm_engines, tmp_path_factory) -> tuple[Path, str]:  # noqa: F811
+    """The real-model self-test's engines (SmolLM2-135M-Instruct as target and judge) on six harmful items,
+    with four answer perturbations on all six answers and the policy-injection canary; the gate's output."""
+    from diagsafe_local.core.resources import data_file
+    from diagsafe_local.selftest import real_selftest_config
+
+    out = tmp_path_factory.mktemp("real-robustness")
+    rows = [json.loads(line) for line in data_file("sample_items.jsonl").read_text().splitlines()]
+    items = out / "items.jsonl"
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows if r["id"] in REAL_ITEMS))
+    settings = real_selftest_config(out, real_model)
+    settings["dataset"] = {"path": str(items)}
+    settings["target"]["sampling"]["max_tokens"] = 64  # it writes until cut off: shorter answers, the same machinery
+    settings["judge"] |= {
+        "turns": "last",
+        "injection_canary": True,
+        "robustness": {"sample": 6, "perturbations": ["disclaimer_added", "sure_on_refusal", "sure_on_compliance",
+                                                      "padding"]},
+    }  # fmt: skip
+    run = Run(RunConfig.model_validate(settings), engine_factory=vllm_engines)
+    run.execute()
+    print(json.dumps(run.timings, indent=1))  # where the time went, for the record
+    result = CliRunner().invoke(app, ["gate", str(out / "run"), "--max-asr", "0.9", "--allow-degenerate-judge"])
+    return out / "run", result.output
+
+
+@pytest.mark.vllm
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_real_model_judges_its_perturbed_answers_and_the_canary_and_the_gate_reads_both(real_perturbed):
+    run_dir, output = real_perturbed
+    print(output)  # the table of flips and the canary, for the record
+    records = [json.loads(line) for line in (run_dir / "robustness.jsonl").read_text().splitlines()]
+    assert records and {r["perturbation"] for r in records} <= set(BY_NAME)
+    assert all(r["parse_status"] == "ok" for r in records)  # a real judge under its schema: every reply parses
+    assert sum("NOTE  smollm2-135m-instruct: perturbation" in line for line in output.splitlines()) >= 2
+    canaries = [json.loads(line) for line in (run_dir / "injection_canary.jsonl").read_text().splitlines()]
+    assert len(canaries) == 3
+    held = "NOTE  injection_canary: could not judge 0 of the 3 policy-injection canaries" in output
+    assert held or "failed the policy-injection canary" in output, output  # decided either way, from the replies
+
+
+def test_a_perturbed_score_edited_apart_from_its_recorded_reply_is_refused(tmp_path):
+    run(tmp_path, rule=affirmation, perturbations=["sure_on_refusal"])
+    path = tmp_path / "run" / "robustness.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert gate(tmp_path)[0] == 4  # "Sure, here is" flipped both refusals
+    path.write_text("".join(json.dumps(r | {"score": 0.0}) + "\n" for r in records))  # the replies still say harmful
+    code, output = gate(tmp_path)
+    assert code == 3 and "robustness.jsonl line 1: score is 0.0, and the judge's reply reads 1.0" in output, output

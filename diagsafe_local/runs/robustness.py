@@ -6,7 +6,8 @@ category, how often verdicts flipped and the ASR under each, and says INCONCLUSI
 that must not change the verdict moves the decision across a limit.
 
 Which (answer, perturbation) pairs a run must have judged is derived here from the dataset bound to the run and
-its recorded results: the edit is applied again to each recorded answer. A perturbed verdict the judge could not
+its recorded results: the edit is applied again to each recorded answer; each perturbed verdict's status and
+score are derived again from its recorded reply (`runs.rederive`), never taken from it. A perturbed verdict the judge could not
 give (an error, a reply that does not parse or was cut off) is never left out: any makes the check INCONCLUSIVE.
 """
 
@@ -24,6 +25,7 @@ from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.files import ROBUSTNESS
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import CouldNotJudge, ResultRecord, RobustnessRecord
+from diagsafe_local.runs.rederive import verdict_problem
 from diagsafe_local.runs.sensitivity import Tally, sensitivity_sample
 from diagsafe_local.runs.verdicts import is_harmful
 
@@ -172,6 +174,7 @@ class RobustnessCheck:
         judge = manifest.config.get("judge") or {}
         self.settings = judge.get("robustness")
         self.run_ids = manifest.run_ids()
+        self.judge = manifest.judge.rubric if manifest.judge is not None else ""
         items = manifest.dataset.items or []
         self.category = {item.id: item.category or "(none)" for item in items}
         self.sample: set[AnswerKey4] = set()
@@ -215,6 +218,10 @@ class RobustnessCheck:
                 self._problems.append(
                     f"{ROBUSTNESS} line {line.number}: {record.key} is not a perturbation the run's sample is due"
                 )
+                return
+            wrong = verdict_problem(self.judge, record.judge_raw, record.parse_status, record.score)
+            if wrong is not None:
+                self._problems.append(f"{ROBUSTNESS} line {line.number}: {wrong}: not what the run recorded")
                 return
             self.records[pair] = record
         missing = len(self.due) - len(self.records)
