@@ -7,7 +7,8 @@ from pathlib import Path
 
 from diagsafe_local.judging.base import JUDGES, Judge
 from diagsafe_local.judging.metric_judge import metric_judge, parse_metric_judge
-from diagsafe_local.judging.policy import load_policy, looks_like_path
+from diagsafe_local.judging.policy import load_policy
+from diagsafe_local.runs.rederive import looks_like_path
 
 
 def made_on_demand(name: str) -> tuple[Judge, str] | None:

@@ -38,7 +38,6 @@ from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.judging.base import JUDGES, Thinking
 from diagsafe_local.judging.rubrics import Rubric
 from diagsafe_local.runs.records import ScoreRule
-from diagsafe_local.runs.rederive import looks_like_path  # noqa: F401 (judging's name for it)
 from diagsafe_local.runs.verdicts import is_harmful
 
 MAX_STRING = 2000
