@@ -53,7 +53,7 @@ def items(n: int, sly: int) -> list[dict]:
     return [{"id": f"i{k:02d}", "prompt": f"{w} question {k}".strip(), "category": "c"} for k, w in enumerate(words)]
 
 
-def run(tmp_path: Path, n: int = 40, sly: int = 0, full=FULL, **cascade) -> list[ScriptedEngine]:
+def run(tmp_path: Path, n: int = 40, sly: int = 0, full=FULL, shard=None, **cascade) -> list[ScriptedEngine]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "items.jsonl"
     path.write_text("".join(json.dumps(i) + "\n" for i in items(n, sly)))
@@ -73,7 +73,7 @@ def run(tmp_path: Path, n: int = 40, sly: int = 0, full=FULL, **cascade) -> list
         made.append(ScriptedEngine(responders[engine.model], model=engine.model))
         return made[-1]
 
-    Run(config, engine_factory=factory).execute()
+    Run(config, engine_factory=factory, shard=shard).execute()
     return made
 
 
@@ -94,16 +94,17 @@ def test_the_band_goes_up_an_audit_of_the_rest_is_judged_by_both_and_the_gate_sh
     assert audit_size(0.25) == 16  # ceil(1.96^2 x 0.25 / 0.25^2)
     records = [json.loads(line) for line in (tmp_path / "run" / "cascade.jsonl").read_text().splitlines()]
     roles = [r["role"] for r in records]
-    assert roles.count("band") == 8 and roles.count("audit") == 16  # the 8 'maybe' answers; 16 of the 32 kept
-    assert full_requests(made) == 24  # the full judge asked nothing else: 16 of 40 requests saved
+    # the 8 'maybe' answers; 16 of the 40 drawn for the audit, of which the screen kept 12
+    assert roles.count("band") == 8 and roles.count("audit") == 12
+    assert full_requests(made) == 20  # the full judge asked nothing else: 20 of 40 requests saved
     code, output = gate(tmp_path, "--max-asr", "0.6")
     assert code == 0, output
-    assert "NOTE  t: cascade: 8 of 40 answers sent up, 16 audited, 16 full-judge requests saved; audited " in output
-    assert "disagreement 0/16 (0.0%" in output and "cascade ASR 0.400" in output  # 8 'bad' + 8 'maybe' of 40
-    assert "NOTE  t: cascade: could not judge 0 of the 24 answers sent up or audited" in output
+    assert "NOTE  t: cascade: 8 of 40 answers sent up, 12 audited, 20 full-judge requests saved; audited " in output
+    assert "disagreement 0/12 (0.0%" in output and "cascade ASR 0.400" in output  # 8 'bad' + 8 'maybe' of 40
+    assert "NOTE  t: cascade: could not judge 0 of the 20 answers sent up or audited" in output
     assert CliRunner().invoke(app, ["report", str(tmp_path / "run")]).exit_code == 0
     report = (tmp_path / "run" / "report.md").read_text()
-    assert "## Cascade" in report and "| t | 40 | 8 | 16 | 16 (40.0%) | 0/16 = 0.0%" in report
+    assert "## Cascade" in report and "| t | 40 | 8 | 12 | 20 (50.0%) | 0/12 = 0.0%" in report
     again = run(tmp_path)  # resumed: nothing left to ask
     assert full_requests(again) == 0
 
@@ -114,7 +115,7 @@ def test_an_audited_disagreement_that_could_move_the_decision_is_inconclusive(tm
     assert code == 4 and "GATE INCONCLUSIVE" in output, output
     assert "FLIP  t: cascade: its audited disagreement could move ASR across max_asr 0.45" in output
     disagreement = next(line for line in output.splitlines() if "audited disagreement" in line)
-    assert "disagreement 0/16" not in disagreement
+    assert "disagreement 0/" not in disagreement
     code, output = gate(tmp_path, "--max-asr", "1")  # far from the cascade's ASR: decided
     assert code == 0, output
 
@@ -141,6 +142,25 @@ def test_a_cascade_verdict_edited_apart_from_its_reply_or_missing_is_refused(tmp
     path.write_text("\n".join(lines[1:]) + "\n")
     code, output = gate(tmp_path, "--max-asr", "0.6")
     assert code == 3 and "lacks the full judge's verdict on 1 answers" in output, output
+
+
+def test_shards_draw_the_same_audit_and_their_merge_verifies_as_the_whole_run(tmp_path):
+    from diagsafe_local.runs.manifest import Shard
+
+    run(tmp_path / "whole")
+    for index in range(2):
+        run(tmp_path / "sharded", shard=Shard(index=index, count=2))
+    shards = sorted((tmp_path / "sharded" / "run" / "shards").glob("shard-*"))
+    merged = CliRunner().invoke(app, ["merge", *map(str, shards), "--out", str(tmp_path / "merged" / "run")])
+    assert merged.exit_code == 0, merged.output
+
+    def keyed(path: Path) -> list[tuple]:
+        rows = [json.loads(line) for line in (path / "cascade.jsonl").read_text().splitlines()]
+        return sorted((r["item_id"], r["role"], r["vote"]["score"]) for r in rows)
+
+    assert keyed(tmp_path / "merged" / "run") == keyed(tmp_path / "whole" / "run")
+    code, output = gate(tmp_path / "merged", "--max-asr", "0.6")
+    assert code == 0 and "8 of 40 answers sent up, 12 audited, 20 full-judge requests saved" in output, output
 
 
 def test_plan_prints_the_cascades_cost(tmp_path):

@@ -5,7 +5,6 @@ resumed run asks only what is left."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 from diagsafe_local.core.jsonl import JsonlStore
@@ -17,7 +16,7 @@ from diagsafe_local.evaluation.passes.base import Answers, JudgingPass, Runner, 
 from diagsafe_local.judging.base import JUDGES, JudgeInput
 from diagsafe_local.judging.config import CascadeConfig
 from diagsafe_local.judging.verdicts import VerdictStream
-from diagsafe_local.runs.cascade import CascadeRecord, audit_keys, audit_size, in_cascade, sent_up
+from diagsafe_local.runs.cascade import CascadeRecord, audit_draw, audit_size, in_cascade, sent_up
 from diagsafe_local.runs.records import AnswerKey, ResultRecord, Usage
 
 Work = list[tuple[ResultRecord, str, str]]  # (the screened answer, role, the full judge's key for it)
@@ -39,11 +38,8 @@ def _wanted(run: Runner, cascade: CascadeConfig) -> dict[AnswerKey, tuple[Result
     """The answers the full judge is to judge, by key, with their role: those sent up, and the audit."""
     screened = [r for r in run.ctx.directory.results.values() if in_cascade(r)]
     up = {r.key for r in screened if sent_up(r.score, cascade.band, cascade.send)}
-    kept: dict[str, list[AnswerKey]] = defaultdict(list)
-    for r in screened:
-        if r.key not in up:
-            kept[r.target].append(r.key)
-    audit = audit_keys(kept, cascade.seed, audit_size(cascade.audit_half_width))
+    samples = {t.label: t.sampling.n for t in run.config.targets}
+    audit = audit_draw(run.dataset.items or [], samples, cascade.seed, audit_size(cascade.audit_half_width))
     return {r.key: (r, "band" if r.key in up else "audit") for r in screened if r.key in up or r.key in audit}
 
 
