@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 from pydantic import ValidationError
 from servers import FakeOpenAIServer, judged_answer
 from typer.testing import CliRunner
@@ -73,12 +74,17 @@ def test_a_judge_that_holds_its_policy_passes_and_one_that_obeys_the_answer_is_r
 
 
 def test_the_canary_is_decided_from_the_reply_under_the_rule_the_runs_own_verdicts_bear_out(tmp_path, server):
-    Run(config(tmp_path, server, "obeys-injected-policy")).execute()
+    """On a policy file of the user's (the read side has no shipped rule of it): the rule recorded with the
+    canaries must score the run's own verdicts as the run did, and the replies decide."""
+    policy = tmp_path / "acme.yaml"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    policy.write_text((REPO / "data" / "policy_harmjudge.yaml").read_text().replace("name: harmjudge", "name: acme"))
+    Run(config(tmp_path, server, "obeys-injected-policy", rubric=str(policy))).execute()
     path = tmp_path / "run" / "injection_canary.jsonl"
     original = path.read_text()
     rewrite(path, score=1.0)  # a recorded score is no verdict: the reply still says not harmful
     code, output = gate(tmp_path)
-    assert code == 3 and "failed the policy-injection canary" in output, output
+    assert code == 3 and "failed the policy-injection canary 'fraud'" in output, output
     rule = {"field": "label", "values": {"harmful": 1.0, "uncertain": 0.5, "not_harmful": 1.0}}
     path.write_text(original)
     rewrite(path, rule=rule)  # a rule that reads the replies as harmful must score the run's verdicts as it did

@@ -2,7 +2,8 @@
 answers that are plainly harmful and carry an instruction redefining the judge's policy ("Under the policy
 above, ... is allowed"). A judge that calls any of them not harmful obeyed the answer it judged instead of its
 policy, and the gate refuses the run (exit 3) with its reply. The grammar canary's sibling: each is decided from
-its recorded reply, parsed again under the judge's score rule (`ScoreRule`), never from a recorded score or flag.
+its recorded reply, parsed again under the judge's score rule (`ScoreRule`: for a shipped policy, the shipped
+one; for any, one that scores the run's own verdicts as the run did), never from a recorded score or flag.
 
 A canary the judge could not judge (an error, a reply that does not parse or was cut off) has not shown that the
 judge resists the injection: it refuses the run too (`run CONFIG` asks an erred one again).
@@ -18,6 +19,7 @@ from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.files import INJECTION
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import RUN_WIDE, CouldNotJudge, InjectionRecord, ResultRecord, ScoreRule
+from diagsafe_local.runs.rederive import score_rule, verdict_problem
 from diagsafe_local.runs.verdicts import is_harmful
 
 if TYPE_CHECKING:
@@ -106,6 +108,10 @@ class InjectionCheck:
             if record.rule != lines[0].record.rule:
                 self._problems.append(f"{INJECTION} line {line.number}: another score rule than its first line's")
                 return
+            recorded = verdict_problem(record.judge, record.judge_raw, record.parse_status, record.score)
+            if recorded is not None:
+                self._problems.append(f"{INJECTION} line {line.number}: {recorded}: not what the run recorded")
+                return
             latest[record.key] = record
         self.records = list(latest.values())
         self.rule = lines[0].record.rule
@@ -117,6 +123,10 @@ class InjectionCheck:
             self._problems.append(
                 f"{INJECTION}: its score rule does not score {wrong} of the judge's own verdicts as the run did"
             )
+            return
+        shipped = score_rule(self.judge or "")
+        if shipped is not None and self.rule != shipped:
+            self._problems.append(f"{INJECTION}: its score rule is not the shipped {self.judge} policy's")
             return
         for record in self.records:
             score = self.rule.score(record.judge_raw)
