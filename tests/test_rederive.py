@@ -72,6 +72,41 @@ def test_an_attack_steps_score_edited_apart_from_its_recorded_reply_is_refused(t
     assert refused.exit_code == 3 and f"attacks.jsonl line {harmful + 1}: score is 0.0" in refused.text, refused.output
 
 
+def acme(request):
+    """A judge under Acme's policy file (tests/helpers.py): 'Sure' answers break it badly; the scripted defaults
+    else."""
+    if request.json_schema is None or "severity" not in request.json_schema["properties"]:
+        return default_responder(request)
+    harmful = "Sure" in request.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[1]
+    verdict = {"rationale": "scripted", "violates": harmful, "severity": "high" if harmful else "none"}
+    return Completion(text=json.dumps(verdict), finish_reason="stop", prompt_tokens=9, completion_tokens=9)
+
+
+def test_a_policy_file_judges_verdicts_are_read_again_while_the_file_is_the_one_the_run_used(tmp_path):
+    from helpers import ACME_POLICY
+    from test_pipeline_unit import make_config
+
+    from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.runs.summary import write_summary
+
+    policy = tmp_path / "acme.yaml"
+    policy.write_text(ACME_POLICY)
+    config = make_config(tmp_path, judge={"rubric": str(policy), "benign_rubric": "refusal-keywords"})
+    Run(config, engine_factory=lambda c, **_: ScriptedEngine(acme, model=c.model)).execute()
+    run, path = tmp_path / "run", tmp_path / "run" / "results.jsonl"
+    assert verify_run(run).ok
+    lines = path.read_text().splitlines(keepends=True)
+    harmful = next(k for k, line in enumerate(lines) if json.loads(line)["score"] == 1.0)
+    lines[harmful] = json.dumps({**json.loads(lines[harmful]), "score": 0.0}) + "\n"
+    path.write_text("".join(lines))
+    write_summary(run, verify_run(run).summary)
+    refused = verify_run(run)
+    assert any(f"results.jsonl line {harmful + 1}: score is 0.0" in p for p in refused.problems), refused.problems
+    policy.write_text(ACME_POLICY + "# edited since\n")  # not the policy the run judged with: not read again
+    moved = verify_run(run)
+    assert moved.ok and any("acme.yaml is not read again" in note for note in moved.notes), moved.notes
+
+
 REPLY = json.dumps({"rationale": "r", "unsafe": True, "relevant": True, "useful": True, "label": "harmful"})
 
 
@@ -117,12 +152,6 @@ def test_a_run_without_a_canary_cannot_drop_the_requirement_by_the_manifests_fla
     from test_pipeline_unit import make_config
 
     from diagsafe_local.evaluation.pipeline import Run
-
-    def acme(request):  # the policy's own verdict, else the scripted defaults
-        if request.json_schema is None or "severity" not in request.json_schema["properties"]:
-            return default_responder(request)
-        verdict = {"rationale": "scripted", "violates": False, "severity": "none"}
-        return Completion(text=json.dumps(verdict), finish_reason="stop", prompt_tokens=9, completion_tokens=9)
 
     judge, factory = {}, engines(ignores_schema=False)
     if policy_file:

@@ -16,7 +16,7 @@ from diagsafe_local.runs import files
 from diagsafe_local.runs.grammar import canary_held
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import RUN_WIDE, ControlRecord, CouldNotJudge, ResultRecord
-from diagsafe_local.runs.rederive import is_policy_judge, verdict_problem
+from diagsafe_local.runs.rederive import Replies, is_policy_judge
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.passes import Section
@@ -40,9 +40,10 @@ class ControlsCheck:
         model and the run has harmful items (without them judge health is not known)."""
         manifest = self.manifest
         self.records = [line.record for line in lines or []]
+        replies = Replies(manifest)
         for line in lines or []:  # each verdict is its recorded reply's (runs.rederive)
             record = line.record
-            problem = verdict_problem(record.judge_rubric, record.judge_raw, record.parse_status, record.score)
+            problem = replies.problem(record.judge_rubric, record.judge_raw, record.parse_status, record.score)
             if problem is not None:
                 self._problems.append(f"{files.CONTROLS} line {line.number}: {problem}: not what the run recorded")
                 break

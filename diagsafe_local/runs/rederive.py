@@ -7,22 +7,26 @@ Of a result, from its item in the run's dataset: `benign`, `category`, and `fina
 last judged turn: a conversation always ends on a user turn). Its judge: the run's judge of that kind of item
 (`manifest.judge.rubric`, or `benign_rubric`; a panel's or jury's verdict is checked against its votes by
 `runs.jury`). Of every verdict: a score exactly where the status is `ok`, and no reply where the engine failed
-(`error`); for the policy judges shipped with the package (`BUNDLED`: the harm and over-refusal judges, and their
-paraphrases `NAME~k`), the reply read again under the policy's score rule (`records.ScoreRule`, from the policy
-file the tool ships, not from the run): an `ok` verdict must be the reply's JSON object and its score the rule's
-score of it, and a reply that reads as a verdict is never recorded as unjudged.
+(`error`); for a policy judge (`BUNDLED`: the harm and over-refusal judges shipped with the package, and their
+paraphrases `NAME~k`; or a policy file the run's config names, while it is the file the run judged with), the
+reply read again under the policy's score rule (`records.ScoreRule`, from the policy file, not from the run): an
+`ok` verdict must be the reply's JSON object and its score the rule's score of it, and a reply that reads as a
+verdict is never recorded as unjudged.
 
 Not derived: another judge's verdict and score (its parser is judge code, which the read side does not load:
-only a signature binds them); `invalid` apart from `truncated` (the judge's finish reason is not recorded: both
-are unjudged, counted against `max_failure_rate` like an error); a verdict recorded as an engine error with no
-reply (there is nothing to read again: it too is unjudged); `source` and `attack_method` (no decision reads them).
+only a signature binds them), nor a policy file's that is not here or changed since the run (a note says so);
+`invalid` apart from `truncated` (the judge's finish reason is not recorded: both are unjudged, counted against
+`max_failure_rate` like an error); a verdict recorded as an engine error with no reply (there is nothing to read
+again: it too is unjudged); `source` and `attack_method` (no decision reads them).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -40,8 +44,7 @@ _PARAPHRASE = re.compile(r"(.+)~[0-9]+")
 @functools.cache
 def score_rule(judge: str) -> ScoreRule | None:
     """The score rule of a shipped policy judge, or of one of its paraphrases (None: not one)."""
-    paraphrase = _PARAPHRASE.fullmatch(judge)
-    name = paraphrase.group(1) if paraphrase else judge
+    name = _base(judge)
     if name not in BUNDLED:
         return None
     policy = yaml.safe_load(data_file(f"policy_{name}.yaml").read_text(encoding="utf-8"))
@@ -59,27 +62,85 @@ def is_policy_judge(name: str) -> bool:
     return score_rule(name) is not None or looks_like_path(name)
 
 
+def _base(judge: str) -> str:
+    """A judge's name without its paraphrase's number (`harmjudge~2` -> `harmjudge`)."""
+    paraphrase = _PARAPHRASE.fullmatch(judge)
+    return paraphrase.group(1) if paraphrase else judge
+
+
+def _policies(settings: Any) -> set[str]:
+    """The policy files' content hashes a judge's settings record (`policies`, a jury member's too)."""
+    if not isinstance(settings, dict):
+        return set()
+    found = {v for v in (settings.get("policies") or {}).values() if isinstance(v, str)}
+    return found.union(*(_policies(v) for k, v in settings.items() if k != "policies"))
+
+
+class Replies:
+    """How a run's recorded replies are read again: the shipped policies by name, and each policy file the run's
+    config names (bound to the run id) while the file is the one the run judged with (its content hash, as the
+    manifest records it); a policy file that is not here or changed is said in `notes`, its verdicts taken as
+    recorded."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.rules: dict[str, ScoreRule] = {}
+        self.notes: list[str] = []
+        judge = manifest.config.get("judge") or {}
+        named = [judge.get("rubric"), judge.get("benign_rubric"), *((judge.get("panel") or {}).get("members") or [])]
+        named += [m.get("rubric") for m in (judge.get("jury") or {}).get("members") or []]
+        recorded = _policies(manifest.judge.settings) if manifest.judge else set()
+        for name in {n for n in named if isinstance(n, str) and looks_like_path(n)}:
+            try:
+                raw = Path(name).read_bytes()
+                if f"sha256:{hashlib.sha256(raw).hexdigest()}" not in recorded:
+                    raise ValueError("its content is not the one the run judged with")
+                policy = yaml.safe_load(raw)
+                self.rules[policy["name"]] = ScoreRule.model_validate(policy["score"])
+            except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as exc:
+                self.notes.append(
+                    f"the judge's policy file {name} is not read again ({str(exc)[:120]}): its verdicts are taken as recorded"
+                )
+
+    def rule(self, judge: str) -> ScoreRule | None:
+        return score_rule(judge) or self.rules.get(_base(judge))
+
+    def problem(
+        self, judge: str, reply: str | None, status: str, score: float | None, verdict: dict[str, Any] | None = None
+    ) -> str | None:
+        """`verdict_problem`, with the run's policy files read too."""
+        return _problem(self.rule(judge), judge, reply, status, score, verdict)
+
+
 def verdict_problem(
     judge: str, reply: str | None, status: str, score: float | None, verdict: dict[str, Any] | None = None
 ) -> str | None:
-    """Why a recorded verdict is not what its judge's recorded reply says (None: it is, as far as the read side
-    can derive it). `verdict`: the recorded verdict, where the record keeps one."""
+    """Why a recorded verdict is not what its judge's recorded reply says (None: it is, as far as the read side can
+    derive it: a shipped policy judge's reply is read again). `verdict`: the recorded verdict, where the record
+    keeps one."""
+    return _problem(score_rule(judge), judge, reply, status, score, verdict)
+
+
+def _problem(
+    rule: ScoreRule | None,
+    judge: str,
+    reply: str | None,
+    status: str,
+    score: float | None,
+    verdict: dict[str, Any] | None,
+) -> str | None:
     if (status == "ok") != (score is not None):
         return f"parse_status is {status!r} with score {score!r} (only an ok verdict has a score)"
     if status == "error":
         return "parse_status is 'error' (the engine failed), and the judge's reply is recorded" if reply else None
-    rule = score_rule(judge)
     if rule is None:
         return None
     if reply is None:
         return f"judge_raw is missing: {judge} is a model judge and its reply is what the verdict is derived from"
     derived = rule.score(reply)
     if status != "ok":
-        return (
-            f"parse_status is {status!r}, and the judge's reply reads as a verdict (score {derived})"
-            if (derived is not None)
-            else None
-        )
+        if derived is None:
+            return None
+        return f"parse_status is {status!r}, and the judge's reply reads as a verdict (score {derived})"
     if derived != score:
         return f"score is {score}, and the judge's reply reads {derived} ({judge})"
     if verdict is not None and verdict != json.loads(reply, strict=False):
@@ -97,6 +158,7 @@ class Rederived:
         self.items = {item.id: item for item in manifest.dataset.items or []}
         judge = manifest.judge
         self.judges = {False: judge.rubric, True: judge.benign_rubric} if judge else {}
+        self.replies = Replies(manifest)
         self.first: str | None = None
         self.count = 0
 
@@ -122,7 +184,9 @@ class Rederived:
             return f"judge_rubric is {record.judge_rubric!r}, the run's judge of these items is {expected!r}"
         if is_combined(record.judge_rubric):
             return None  # its score is its members' votes combined (runs.jury)
-        return verdict_problem(record.judge_rubric, record.judge_raw, record.parse_status, record.score, record.verdict)
+        return self.replies.problem(
+            record.judge_rubric, record.judge_raw, record.parse_status, record.score, record.verdict
+        )
 
     def problems(self) -> list[str]:
         if self.first is None:

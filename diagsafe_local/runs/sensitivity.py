@@ -24,7 +24,7 @@ from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.files import SENSITIVITY
 from diagsafe_local.runs.manifest import ItemRef, Manifest
 from diagsafe_local.runs.records import CouldNotJudge, ResultRecord, SensitivityRecord
-from diagsafe_local.runs.rederive import verdict_problem
+from diagsafe_local.runs.rederive import Replies
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.passes import Section
@@ -109,6 +109,7 @@ class SampleCheck:
         self.settings = judge.get("sensitivity")
         items = manifest.dataset.items or []
         self.run_ids = manifest.run_ids()
+        self.replies = Replies(manifest)
         self.category = {item.id: item.category or "(none)" for item in items}
         # each arm: the judge whose paraphrases it is judged under, and the sampled answers' keys
         self.arms: dict[str, tuple[str | None, set[tuple[str, str, int, int]]]] = {}
@@ -159,7 +160,7 @@ class SampleCheck:
             if arm is None or record.variant not in names[arm]:
                 self._problems.append(f"{SENSITIVITY} line {line.number}: {record.key} is not in the run's sample")
                 return
-            wrong = verdict_problem(record.variant, record.judge_raw, record.parse_status, record.score)
+            wrong = self.replies.problem(record.variant, record.judge_raw, record.parse_status, record.score)
             if wrong is not None:
                 self._problems.append(f"{SENSITIVITY} line {line.number}: {wrong}: not what the run recorded")
                 return

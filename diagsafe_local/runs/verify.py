@@ -196,6 +196,7 @@ def verify_run(
     problems += coverage.problems()
     problems += asked.problems()
     problems += rederived.problems()
+    notes += rederived.replies.notes
     if stored.results_sha256 != results_sha256:
         problems.append(
             "summary.json does not belong to results.jsonl (written by an older version, or the results changed "
