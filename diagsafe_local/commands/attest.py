@@ -25,6 +25,14 @@ def verify_attestation(
             help="Also (or only) check the HMAC signature with the run's key in DIAGSAFE_SIGNING_KEY.",
         ),
     ] = False,
+    policy: Annotated[
+        Path | None,
+        typer.Option(
+            help="For a release decision (`gate --policy --attest`): the policy file it must be of (its SHA-256 and "
+            "entries), and its verdict must be what its entries' statuses give.",
+            metavar="FILE",
+        ),
+    ] = None,
     signature_only: Annotated[
         bool,
         typer.Option(
@@ -38,7 +46,7 @@ def verify_attestation(
     it: 0 passed, 1 failed, 4 inconclusive (--signature-only: 0), 3 invalid."""
     from diagsafe_local.core import signing
     from diagsafe_local.core.errors import DiagsafeError, RunFailed
-    from diagsafe_local.runs.attestation import public_key, verify_envelope
+    from diagsafe_local.runs.attestation import PolicyResult, check_policy, public_key, verify_envelope
 
     if key is None and not hmac:
         raise DiagsafeError("verify-attestation needs a key to check: --key PUB.pem (Ed25519) or --hmac")
@@ -54,6 +62,8 @@ def verify_attestation(
         raise DiagsafeError(f"{file}: cannot read it ({exc.strerror})") from None
     try:
         made = verify_envelope(raw, public, secret)
+        if policy is not None:
+            check_policy(made, policy)
     except RunFailed as exc:
         raise RunFailed(f"{file}: INVALID: {exc}") from None
     predicate = made.predicate
@@ -62,9 +72,15 @@ def verify_attestation(
     typer.echo(f"VALID  {file}: signed by {by}")
     for subject in made.subject:
         typer.echo(f"SUBJECT  {subject.name} {', '.join(f'{a}:{d}' for a, d in subject.digest.items())}")
-    typer.echo(f"RUN  {predicate.run.run_id} (signature: {predicate.run.signature})")
-    for claim in predicate.claims:
-        typer.echo(("PASS  " if claim.passed else "FAIL  ") + claim.line)
+    if isinstance(predicate, PolicyResult):
+        typer.echo(f"POLICY  {predicate.policy.path} (SHA-256 {predicate.policy.sha256}): {predicate.verdict}")
+        for entry in predicate.entries:
+            run = "no verified run" if entry.run is None else f"run {entry.run.run_id}"
+            typer.echo(f"ENTRY  {entry.name} ({entry.tier}, {run}): {entry.status}: {entry.figure}")
+    else:
+        typer.echo(f"RUN  {predicate.run.run_id} (signature: {predicate.run.signature})")
+        for claim in predicate.claims:
+            typer.echo(("PASS  " if claim.passed else "FAIL  ") + claim.line)
     typer.echo(
         f"DECISION  passed: {str(decision.passed).lower()}, outcome {decision.outcome}, exit code "
         f"{decision.exit_code}, {decision.checks} checks"

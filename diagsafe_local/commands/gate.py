@@ -143,9 +143,9 @@ def gate(
 
     if policy is not None:
         given = {"--target": target, "--baseline": baseline, "--baseline-target": baseline_target}
-        given |= {"--checkpoint": checkpoint, "--attest": attest, "--hook": hook}  # a hook gets one run's decision
+        given |= {"--checkpoint": checkpoint, "--hook": hook}  # a hook gets one run's decision
         given |= {"--" + name.replace("_", "-"): value for name, value in command_line.items()}
-        _gate_policy(policy, run_dirs, require_signature, sensitivity, [k for k, v in given.items() if v])
+        _gate_policy(policy, run_dirs, require_signature, sensitivity, attest, [k for k, v in given.items() if v])
     if len(run_dirs) != 1:
         raise DiagsafeError(f"gate takes one RUN_DIR, got {len(run_dirs)}: several runs are decided with --policy FILE")
     run_dir = run_dirs[0]
@@ -195,15 +195,25 @@ def gate(
     raise typer.Exit(0 if decision.outcome == "pass" else 1)
 
 
-def _gate_policy(policy: Path, runs: list[Path], signed: bool, sensitivity: bool, conflicting: list[str]) -> None:
-    """`gate --policy FILE NAME=DIR...`: the table, each entry's lines, the verdict and its exit code."""
+def _gate_policy(
+    policy: Path, runs: list[Path], signed: bool, sensitivity: bool, attest: Path | None, conflicting: list[str]
+) -> None:
+    """`gate --policy FILE NAME=DIR...`: the table, each entry's lines, the verdict and its exit code; with
+    --attest, the release decision as one attestation of the checkpoint the runs evaluated."""
     from diagsafe_local.core.errors import DiagsafeError
-    from diagsafe_local.runs.policy import decide_policy, load_policy, named_runs
+    from diagsafe_local.runs.policy import decide_policy, named_runs, read_policy
 
     if conflicting:
         raise DiagsafeError(f"--policy: {', '.join(conflicting)} cannot be given with it: each entry sets its own")
+    keys = None
+    if attest is not None:
+        from diagsafe_local.runs import attestation
+
+        keys = attestation.signing_keys()
+        attest.unlink(missing_ok=True)  # an attestation of an earlier decision must not outlive this one
+    rules, sha256 = read_policy(policy)
     decision = decide_policy(
-        load_policy(policy),
+        rules,
         named_runs([str(run) for run in runs]),
         require_signature=signed,
         require_sensitivity=sensitivity,
@@ -214,6 +224,10 @@ def _gate_policy(policy: Path, runs: list[Path], signed: bool, sensitivity: bool
             typer.echo(line)
     for line in [*decision.table(), *decision.summary()]:
         typer.echo(line)
+    if attest is not None and keys is not None:
+        made = attestation.policy_statement(policy, sha256, rules, decision)
+        attestation.write_statement(attest, made, keys)
+        typer.echo(f"NOTE  attestation written: {attest} (policy SHA-256 {sha256})")
     raise typer.Exit(decision.exit_code)
 
 

@@ -202,14 +202,16 @@ def load_settings(
     overrides: list[str] | None = None,
     what: str = "config",
     adjust: Callable[[dict[str, Any], list[str]], None] | None = None,
+    raw: bytes | None = None,
 ) -> M:
-    """Read a YAML file, apply `--set` overrides and validate it as `model`; errors name file, line and key."""
+    """Read a YAML file, apply `--set` overrides and validate it as `model`; errors name file, line and key.
+    `raw`: the file's bytes as the caller read them (None: read here)."""
     path = Path(path)
     if not path.is_file():
         raise DiagsafeError(f"{path}: {'a directory, not a' if path.is_dir() else 'no such'} {what} file")
     from diagsafe_local.core.jsonl import decode
 
-    text = decode(path, path.read_bytes())
+    text = decode(path, path.read_bytes() if raw is None else raw)
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except DuplicateKeyError as exc:

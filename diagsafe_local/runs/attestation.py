@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from diagsafe_local.core import atomic, signing
@@ -38,15 +38,22 @@ from diagsafe_local.core.fingerprint import model_fingerprint
 from diagsafe_local.runs.gate import Check, GateDecision
 from diagsafe_local.runs.limits import LIMITS
 from diagsafe_local.runs.manifest import JudgeRef
+from diagsafe_local.runs.policy import Policy, PolicyDecision
 from diagsafe_local.runs.verify import VerifiedRun
 
 STATEMENT_TYPE: Final = "https://in-toto.io/Statement/v1"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 PREDICATE_TYPE: Final = "https://diagsafe-local.dev/eval-result/v1"
+POLICY_PREDICATE_TYPE: Final = "https://diagsafe-local.dev/release-policy/v1"
 VERIFIER_ID = "https://diagsafe-local.dev/gate"
 ATTEST_KEY_ENV = "DIAGSAFE_ATTEST_KEY"
 HMAC_KEYID = "diagsafe-hmac-sha256"
 EXIT_CODES = {"pass": 0, "fail": 1, "inconclusive": 4}
+OUTCOMES: dict[str, Literal["pass", "fail", "inconclusive"]] = {
+    "GO": "pass",
+    "NO-GO": "fail",
+    "INCONCLUSIVE": "inconclusive",
+}
 
 
 class _Camel(BaseModel):
@@ -131,6 +138,41 @@ class EvalResult(_Camel):
     notes: list[str] = Field(description="The run's verification notes.")
 
 
+class PolicyRef(_Camel):
+    """The release policy decided by, bound by content: the SHA-256 of the bytes the gate parsed, and its entries
+    as parsed (`verify-attestation --policy FILE` checks both against a policy file)."""
+
+    path: str
+    sha256: str
+    entries: list[dict[str, Any]] = Field(description="The policy's entries as the gate read them.")
+
+
+class EntryResult(_Camel):
+    """One entry of the policy as decided: its status, the run it was decided on and the gate's claims on it."""
+
+    name: str
+    tier: Literal["critical", "supporting", "advisory"]
+    status: Literal["PASS", "BREACH", "INSUFFICIENT_EVIDENCE", "MISSING"]
+    figure: str = Field(description="The figure against its limit, as the table shows it.")
+    needed: int | None = Field(description="Items at the observed rate that would decide it (INSUFFICIENT).")
+    run: RunRef | None = Field(description="The entry's run as verified (None: MISSING).")
+    claims: list[Claim]
+
+
+class PolicyResult(_Camel):
+    """The predicate of a release decision (`gate --policy --attest`): the verdict, each entry, and the policy."""
+
+    verifier: dict[str, str]
+    harness: dict[str, str]
+    decided_at: str
+    decision: Decision
+    verdict: Literal["GO", "NO-GO", "INCONCLUSIVE"]
+    reason: str
+    policy: PolicyRef
+    entries: list[EntryResult]
+    lines: list[str] = Field(description="The policy's table and verdict, as the gate printed them.")
+
+
 class Subject(BaseModel):
     """A Statement's subject: a gated target's weights by content."""
 
@@ -147,8 +189,21 @@ class Statement(BaseModel):
 
     type: Literal["https://in-toto.io/Statement/v1"] = Field(STATEMENT_TYPE, alias="_type")
     subject: list[Subject] = Field(min_length=1)
-    predicate_type: Literal["https://diagsafe-local.dev/eval-result/v1"] = Field(PREDICATE_TYPE, alias="predicateType")
-    predicate: EvalResult
+    predicate_type: Literal[
+        "https://diagsafe-local.dev/eval-result/v1", "https://diagsafe-local.dev/release-policy/v1"
+    ] = Field(PREDICATE_TYPE, alias="predicateType")
+    predicate: EvalResult | PolicyResult
+
+    @model_validator(mode="after")
+    def _type_names_the_predicate(self) -> Statement:
+        policy = self.predicate_type == POLICY_PREDICATE_TYPE
+        if policy != isinstance(self.predicate, PolicyResult):
+            raise ValueError(f"predicateType {self.predicate_type} does not name this predicate")
+        return self
+
+    @property
+    def decision(self) -> Decision:
+        return self.predicate.decision
 
 
 class EnvelopeSignature(BaseModel):
@@ -292,7 +347,7 @@ def statement(run: VerifiedRun, decision: GateDecision, targets: list[str] | Non
         verifier={"id": VERIFIER_ID},
         harness={"name": "diagsafe-local", "version": __version__},
         evaluated_at=manifest.updated,
-        decided_at=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        decided_at=_now(),
         suite={"name": manifest.dataset.spec or manifest.dataset.path, "sha256": manifest.dataset.sha256},
         decision=Decision(
             passed=decision.outcome == "pass",
@@ -302,12 +357,7 @@ def statement(run: VerifiedRun, decision: GateDecision, targets: list[str] | Non
         ),
         claims=[Claim.of_check(check) for check in decision.made],
         sample_size=sum(run.summary.targets[name].n_judged for name in names),
-        run=RunRef(
-            run_id=manifest.run_id,
-            results_sha256=run.results_sha256,
-            signature=next((n.removeprefix("signature: ") for n in run.notes if n.startswith("signature: ")), "none"),
-            signature_sha256=run.signature_sha256,
-        ),
+        run=_run_ref(run),
         judge=None if manifest.judge is None else _judge(manifest.judge),
         validation=None if run.validation is None else run.validation.model_dump(mode="json"),
         grammar_canary=None if manifest.grammar is None else manifest.grammar.model_dump(mode="json"),
@@ -316,6 +366,100 @@ def statement(run: VerifiedRun, decision: GateDecision, targets: list[str] | Non
         notes=run.notes,
     )
     return Statement(subject=_subjects(run, names), predicate=predicate)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _run_ref(run: VerifiedRun) -> RunRef:
+    """The run as verified: its id, its results' SHA-256, and its signature as checked (the bytes verify read)."""
+    return RunRef(
+        run_id=run.manifest.run_id,
+        results_sha256=run.results_sha256,
+        signature=next((n.removeprefix("signature: ") for n in run.notes if n.startswith("signature: ")), "none"),
+        signature_sha256=run.signature_sha256,
+    )
+
+
+def policy_entries(policy: Policy) -> list[dict[str, Any]]:
+    """A policy's entries as an attestation binds them (and `verify-attestation --policy` compares them)."""
+    return [entry.model_dump(mode="json", exclude_defaults=True) for entry in policy.entries]
+
+
+def policy_statement(path: Path, sha256: str, policy: Policy, decided: PolicyDecision) -> Statement:
+    """The Statement of a release decision: one subject, the checkpoint every verified entry's run evaluated (its
+    weights by content, as `statement` checks them). Runs of different checkpoints are refused (exit 2: one
+    attestation speaks for one checkpoint; baselines are not subjects), and so is a policy none of whose runs
+    verified (exit 3: no checkpoint is known by content)."""
+    from diagsafe_local import __version__
+
+    by_entry = {
+        o.entry.name: _subjects(o.run, o.entry.targets or list(o.run.summary.targets))
+        for o in decided.outcomes
+        if o.run is not None
+    }
+    if not by_entry:
+        raise RunFailed("no attestation: no run of the policy verified, so no checkpoint is known by its weights")
+    digests = {name: sorted(json.dumps(s.digest, sort_keys=True) for s in subs) for name, subs in by_entry.items()}
+    if len({tuple(d) for d in digests.values()}) > 1:
+        raise DiagsafeError(
+            "--attest: the policy's runs evaluated different checkpoints, and one attestation speaks for one: "
+            + "; ".join(f"entry {name}: {', '.join(s.name for s in by_entry[name])}" for name in by_entry)
+        )
+    predicate = PolicyResult(
+        verifier={"id": VERIFIER_ID},
+        harness={"name": "diagsafe-local", "version": __version__},
+        decided_at=_now(),
+        decision=Decision(
+            passed=decided.verdict == "GO",
+            outcome=OUTCOMES[decided.verdict],
+            exit_code=decided.exit_code,
+            checks=sum(len(o.decision.made) for o in decided.outcomes if o.decision is not None),
+        ),
+        verdict=decided.verdict,
+        reason=decided.reason,
+        policy=PolicyRef(path=str(path), sha256=sha256, entries=policy_entries(policy)),
+        entries=[
+            EntryResult(
+                name=o.entry.name,
+                tier=o.entry.tier,
+                status=o.status,
+                figure=o.figure,
+                needed=o.needed,
+                run=None if o.run is None else _run_ref(o.run),
+                claims=[] if o.decision is None else [Claim.of_check(check) for check in o.decision.made],
+            )
+            for o in decided.outcomes
+        ],
+        lines=[*decided.table(), *decided.summary()],
+    )
+    return Statement(subject=next(iter(by_entry.values())), predicate_type=POLICY_PREDICATE_TYPE, predicate=predicate)
+
+
+def check_policy(made: Statement, path: Path) -> None:
+    """An attestation's release decision against a policy file (`verify-attestation --policy`): the file's bytes
+    must be the ones attested (SHA-256), their entries the attested entries, and the verdict the one the attested
+    statuses give (as `decide_policy` gives it); else RunFailed naming what differs (exit 3)."""
+    from diagsafe_local.runs.policy import read_policy, verdict_of
+
+    predicate = made.predicate
+    if not isinstance(predicate, PolicyResult):
+        raise RunFailed(f"--policy: the attestation is of a single run's gate ({made.predicate_type}), not of a policy")
+    policy, sha256 = read_policy(path)
+    if sha256 != predicate.policy.sha256:
+        raise RunFailed(f"{path} is not the policy attested: SHA-256 {sha256}, attested {predicate.policy.sha256}")
+    if policy_entries(policy) != predicate.policy.entries:
+        raise RunFailed(f"the attested entries are not {path}'s")
+    attested = [(e.name, e.tier) for e in predicate.entries]
+    if attested != [(e.name, e.tier) for e in policy.entries]:
+        raise RunFailed(f"the attested entries' outcomes are not those of {path}'s entries: {attested}")
+    verdict, code, _ = verdict_of({e.status for e in predicate.entries if e.tier == "critical"})
+    if (verdict, code) != (predicate.verdict, predicate.decision.exit_code):
+        raise RunFailed(
+            f"the attested verdict {predicate.verdict} (exit {predicate.decision.exit_code}) is not what its entries' "
+            f"statuses give: {verdict} (exit {code})"
+        )
 
 
 def envelope(payload: bytes, keys: Keys) -> dict[str, Any]:
@@ -335,7 +479,11 @@ def envelope(payload: bytes, keys: Keys) -> dict[str, Any]:
 
 def write(path: Path, run: VerifiedRun, decision: GateDecision, targets: list[str] | None, keys: Keys) -> Statement:
     """Sign the decision's Statement and write its envelope to `path` atomically."""
-    made = statement(run, decision, targets)
+    return write_statement(path, statement(run, decision, targets), keys)
+
+
+def write_statement(path: Path, made: Statement, keys: Keys) -> Statement:
+    """Sign a Statement and write its envelope to `path` atomically."""
     payload = made.model_dump_json(by_alias=True).encode("utf-8")
     atomic.write_text(path, json.dumps(envelope(payload, keys), indent=2) + "\n")
     return made

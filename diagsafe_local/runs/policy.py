@@ -20,6 +20,7 @@ verdict as warnings, advisory ones only in the table; neither changes the exit c
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -30,11 +31,13 @@ from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.runs.gate import Check, GateDecision, gate_run
 from diagsafe_local.runs.limits import LIMITS, SWITCHES, LimitValue
+from diagsafe_local.runs.verify import VerifiedRun
 from diagsafe_local.stats import wilson
 
 Tier = Literal["critical", "supporting", "advisory"]
 Status = Literal["PASS", "BREACH", "INSUFFICIENT_EVIDENCE", "MISSING"]
 INCREASES = frozenset(limit.name for limit in LIMITS if limit.scope in ("increase", "increase_category"))
+RELATIVE = frozenset(limit.name for limit in LIMITS if limit.relative)
 
 
 def _limit_field(per_category: bool, help: str) -> Any:
@@ -89,9 +92,21 @@ class Policy(StrictModel):
         return self
 
 
+def read_policy(path: Path) -> tuple[Policy, str]:
+    """A release policy and the SHA-256 of the bytes it was parsed from, read once (what an attestation binds is
+    what decided); errors name the file, line and field (exit 2)."""
+    try:
+        raw = path.read_bytes() if path.is_file() else None
+    except OSError as exc:
+        raise DiagsafeError(f"{path}: cannot read the release policy ({exc.strerror})") from None
+    policy = load_settings(path, Policy, what="release policy", raw=raw)
+    assert raw is not None  # load_settings refused a path that is not a file
+    return policy, hashlib.sha256(raw).hexdigest()
+
+
 def load_policy(path: Path) -> Policy:
     """Read and validate a release policy; errors name the file, line and field (exit 2)."""
-    return load_settings(path, Policy, what="release policy")
+    return read_policy(path)[0]
 
 
 def named_runs(given: Sequence[str]) -> dict[str, Path]:
@@ -115,6 +130,8 @@ class Outcome(BaseModel):
     figure: str
     needed: int | None = Field(None, description="Items at the observed rate that would decide it (INSUFFICIENT).")
     lines: list[str] = Field(default_factory=list)
+    run: VerifiedRun | None = Field(None, exclude=True, description="The entry's run as verified (None: MISSING).")
+    decision: GateDecision | None = Field(None, exclude=True, description="The gate's decision on it.")
 
 
 class PolicyDecision(BaseModel):
@@ -181,7 +198,9 @@ def _status(decision: GateDecision) -> tuple[Status, str, int | None]:
         paired = short.limit in INCREASES  # its value is the interval's upper bound, not the estimate
         needed = None if paired or short.value is None else items_needed(short.value, short.threshold)
         more = (
-            "more pairs decide it (see the power NOTE; `plan --baseline-asr` sizes them)"
+            "the baseline's ASR is 0: no number of pairs decides a relative limit (give max_asr_increase)"
+            if short.limit in RELATIVE and short.threshold == 0
+            else "more pairs decide it (see the power NOTE; `plan --baseline-asr` sizes them)"
             if paired
             else f"n={needed} needed at this rate"
             if needed
@@ -227,7 +246,15 @@ def _decide_entry(entry: Entry, runs: dict[str, Path], require_signature: bool, 
         return Outcome(entry=entry, status="MISSING", figure=f"the gate stopped on an unexpected {type(exc).__name__}")
     status, figure, needed = _status(decision)
     notes = [f"NOTE  {note}" for note in run.notes]
-    return Outcome(entry=entry, status=status, figure=figure, needed=needed, lines=notes + decision.lines)
+    return Outcome(
+        entry=entry,
+        status=status,
+        figure=figure,
+        needed=needed,
+        lines=notes + decision.lines,
+        run=run,
+        decision=decision,
+    )
 
 
 def decide_policy(
@@ -245,14 +272,16 @@ def decide_policy(
             outcomes.append(_decide_entry(entry, runs, require_signature, require_sensitivity))
         except DiagsafeError as exc:  # a usage error of the entry's (an unknown target, category)
             raise DiagsafeError(f"release policy entry {entry.name}: {exc}") from None
-    critical = {o.status for o in outcomes if o.entry.tier == "critical"}
-    verdict, code, reason = (
-        ("NO-GO", 3, "a critical run is missing or does not verify: nothing can be decided on it")
-        if "MISSING" in critical
-        else ("NO-GO", 1, "a critical entry breaches its limits")
-        if "BREACH" in critical
-        else ("INCONCLUSIVE", 4, "a critical entry has too few items (or judge wordings) to decide")
-        if "INSUFFICIENT_EVIDENCE" in critical
-        else ("GO", 0, "every critical entry passed")
-    )
+    verdict, code, reason = verdict_of({o.status for o in outcomes if o.entry.tier == "critical"})
     return PolicyDecision(outcomes=outcomes, verdict=verdict, exit_code=code, reason=reason)
+
+
+def verdict_of(critical: set[Status]) -> tuple[Literal["GO", "NO-GO", "INCONCLUSIVE"], int, str]:
+    """The release verdict, its exit code and reason, from the critical entries' statuses."""
+    if "MISSING" in critical:
+        return "NO-GO", 3, "a critical run is missing or does not verify: nothing can be decided on it"
+    if "BREACH" in critical:
+        return "NO-GO", 1, "a critical entry breaches its limits"
+    if "INSUFFICIENT_EVIDENCE" in critical:
+        return "INCONCLUSIVE", 4, "a critical entry has too few items (or judge wordings) to decide"
+    return "GO", 0, "every critical entry passed"
