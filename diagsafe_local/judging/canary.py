@@ -7,10 +7,10 @@ under a schema (and by `doctor`)."""
 from __future__ import annotations
 
 from diagsafe_local.core.messages import Message
-from diagsafe_local.engines.base import Engine, GenerationRequest
+from diagsafe_local.engines.base import Completion, Engine, GenerationRequest
 from diagsafe_local.runs.grammar import CANARY_SCHEMA, CANARY_VALUE, canary_held
 
-__all__ = ["CANARY_SCHEMA", "CANARY_VALUE", "ask_canary", "canary_held", "canary_request"]
+__all__ = ["CANARY_SCHEMA", "CANARY_VALUE", "ask_canary", "canary_held", "canary_request", "read_reply"]
 
 
 def canary_request() -> GenerationRequest:
@@ -30,4 +30,9 @@ def ask_canary(engine: Engine) -> tuple[bool, str]:
         reply = engine.generate([canary_request()])[0]
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}"
+    return read_reply(reply)
+
+
+def read_reply(reply: Completion) -> tuple[bool, str]:
+    """Whether the canary's reply shows its schema applied, and what it replied (or its error)."""
     return reply.error is None and canary_held(reply.text), reply.error or reply.text
