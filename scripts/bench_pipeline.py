@@ -26,7 +26,7 @@ prefix_cache_hit (judge prompt tokens served from the prefix cache),
 judge_tokens_per_verdict, each way's runs, and the workload.
 
 Run: .venv/bin/python scripts/bench_pipeline.py [--n 64] [--workload mixed|capped] [--target-tokens 192]
-     [--model tiny|DIR] [--repeat 2] [--json]
+     [--model tiny|DIR] [--repeat 2] [--json] [--profile PATH]
 """
 
 from __future__ import annotations
@@ -86,6 +86,13 @@ def main() -> None:
     parser.add_argument("--target-tokens", type=int, default=192, help="target max_tokens")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="then profile one more pipeline run and bare run (cProfile): their top entries in the figures, "
+        "the stats in PATH.pipeline.prof and PATH.bare.prof",
+    )
     args = parser.parse_args()
 
     from diagsafe_local.core.console import engine_output
@@ -270,8 +277,33 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         "judge_tokens_per_verdict": round(judge_tokens / len(results), 1),
         "runs_s": {way: [round(t, 2) for t in values] for way, values in times.items()},
     }
+    if args.profile is not None:
+        ways = {"pipeline": lambda: pipeline(work / "profiled"), "bare": bare}
+        figures["profile"] = {way: profiled(run, args.profile.with_suffix(f".{way}.prof")) for way, run in ways.items()}
     engine.close()
     return figures
+
+
+def profiled(run: Callable[[], Any], out: Path, top: int = 15) -> dict[str, Any]:
+    """One run under cProfile: its seconds and the entries with the most time of their own (vLLM's engine core
+    runs in a process of its own: the time this process waits for it is under its output queue's `get`)."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    seconds = run()
+    profile.disable()
+    profile.dump_stats(out)
+    stats = pstats.Stats(profile)
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]  # type: ignore[attr-defined]
+    return {
+        "seconds": round(seconds, 2),
+        "top_own_seconds": [
+            {"function": f"{Path(file).name}:{line}({name})", "own_s": round(own, 3), "cumulative_s": round(cum, 3)}
+            for (file, line, name), (_, _, own, cum, _) in rows
+        ],
+    }
 
 
 def report(args: argparse.Namespace, figures: dict) -> None:
