@@ -178,3 +178,17 @@ def test_a_judge_that_decodes_under_no_schema_still_needs_no_canary(tmp_path):
     assert json.loads((tmp_path / "run" / "manifest.json").read_text())["grammar"] is None
     code, output = gate(tmp_path / "run")
     assert code in (0, 1) and "grammar canary" not in output, output
+
+
+@pytest.mark.slow  # two runs and a merge
+def test_a_merge_of_runs_judged_by_other_judges_is_refused_by_the_judge_of_its_verdicts(tmp_path, monkeypatch):
+    """merge --allow-different-judges holds another judge's verdicts under the first run's judge: the gate cannot
+    tell them from a record renamed to a judge whose replies it cannot read again, so it refuses, naming it."""
+    from test_adversarial import finished_run
+
+    a = finished_run(tmp_path, monkeypatch, name="a")
+    metric = {"metric": "gcg_keywords", "threshold": 0.5, "benign_rubric": "refusal-keywords"}
+    b = finished_run(tmp_path, monkeypatch, name="b", target={"model": "t", "name": "u"}, judge=metric)
+    assert cli("merge", a, b, "--out", tmp_path / "m", "--allow-different-judges").exit_code == 0
+    refused = cli("gate", tmp_path / "m", "--max-asr", "1", "--allow-degenerate-judge")
+    assert refused.exit_code == 3 and "judge_rubric is 'gcg_keywords>=0.5'" in refused.text, refused.output

@@ -181,6 +181,8 @@ class Rederived:
                     return f"{field} is {getattr(record, field)!r}, the run's dataset says {value!r}"
         expected = self.judges.get(record.benign)
         if expected is not None and not is_combined(expected) and record.judge_rubric != expected:
+            # a merge of runs of other judges (merge --allow-different-judges) is refused here too: which judge
+            # gave a verdict is what decides how it is read again
             return f"judge_rubric is {record.judge_rubric!r}, the run's judge of these items is {expected!r}"
         if is_combined(record.judge_rubric):
             return None  # its score is its members' votes combined (runs.jury)
