@@ -16,7 +16,7 @@ The gate (and, as a banner, the report) decides only on a run that verifies:
   is of an item of its dataset, and every result answers the very prompt its item asks (the manifest records
   each judged turn's prompt, hashed); summary.json names this run and its results file;
 - derived, not taken: each result's benign, category and final_turn from its item in the run's dataset, its judge
-  from the run's, and every recorded verdict (results, paraphrases, controls) from its judge's recorded reply
+  from the run's, and every recorded verdict (results, attack steps, paraphrases, controls) from its judge's recorded reply
   where the read side can read it (`runs.rederive`, which says what it cannot derive and why);
 - attacked, where the config has an attack: every harmful item attacked to its end (broken, its query budget
   spent, or every chain ended), by this run;
