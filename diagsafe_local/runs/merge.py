@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from array import array
@@ -18,6 +19,7 @@ import numpy as np
 from diagsafe_local.core import atomic, jsonl, signing
 from diagsafe_local.core.cache import file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
+from diagsafe_local.core.locking import DirectoryLock
 from diagsafe_local.runs import files
 from diagsafe_local.runs import passes as table
 from diagsafe_local.runs.manifest import (
@@ -40,6 +42,10 @@ from diagsafe_local.runs.records import (
 from diagsafe_local.runs.summarize import Summarizer
 from diagsafe_local.runs.summary import Summary, write_summary
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
+
+# A merge's private stage in its output directory: tempfile.mkdtemp's name (8 of [a-z0-9_]) after the prefix.
+STAGE_PREFIX = ".merging."
+STAGE = re.compile(re.escape(STAGE_PREFIX) + r"[a-z0-9_]{8}")
 
 
 def read_manifest(run_dir: Path) -> Manifest:
@@ -169,9 +175,19 @@ def _network(manifests: list[Manifest]) -> NetworkPolicy | None:
 def _staged(out: Path) -> Iterator[Path]:
     """A private directory inside `out` to write the merged run into; once every file is written they replace
     the merged run's files in `out` (the manifest, then the signature, last; a file the merged run does not have
-    is removed), so a merge refused half-way leaves `out` as it was, never half a run."""
-    out.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".merging.", dir=out))
+    is removed), so a merge refused half-way leaves `out` as it was, never half a run. It holds `out`'s lock
+    throughout (one writer: another merge, or a run writing there, is refused), and first removes the stages
+    that merges killed before they could (SIGKILL, node loss) left there: none of them can be live, as a live
+    merge would hold the lock."""
+    lock = DirectoryLock(out, "merge")
+    try:
+        for stale in out.iterdir():
+            if STAGE.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+        stage = Path(tempfile.mkdtemp(prefix=STAGE_PREFIX, dir=out))
+    except BaseException:
+        lock.release()
+        raise
     try:
         yield stage
         names = [name for name in table.signed_files() if name != files.MANIFEST] + [files.MANIFEST, files.SIGNATURE]
@@ -184,6 +200,7 @@ def _staged(out: Path) -> Iterator[Path]:
                     (out / name).unlink(missing_ok=True)
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+        lock.release()
 
 
 class _Attested:
