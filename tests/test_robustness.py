@@ -116,6 +116,7 @@ def test_a_robust_judge_passes_with_its_table_and_one_moved_by_sure_here_is_is_i
     assert code == 0, output
     assert "NOTE  t: perturbation sure_on_refusal, fraud: 0 of 2 verdicts flipped (0.0%); ASR 0.0% -> 0.0%" in output
     assert "perturbation first_paragraph, cyber: 0 of 4 verdicts flipped (0.0%); ASR 100.0% -> 100.0% (may" in output
+    assert "NOTE  t: perturbation disclaimer_removed: no answer of the sample is one it edits" in output
 
     run(tmp_path / "fragile", rule=affirmation)
     code, output = gate(tmp_path / "fragile")

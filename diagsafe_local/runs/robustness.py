@@ -295,6 +295,9 @@ def gate_lines(run: VerifiedRun, names: Sequence[str], limits: Limits) -> list[G
         own = broken(figure.original)
         for pname, f in figure.perturbations.items():
             p = BY_NAME[pname]
+            if not f.applied.n:
+                lines.append(("note", f"NOTE  {name}: perturbation {pname}: no answer of the sample is one it edits"))
+                continue
             rule = "must not change the verdict" if p.keeps else "may change it"
             for category in [None, *f.applied.by_category]:
                 n = f.applied.n if category is None else f.applied.by_category[category][1]
