@@ -5,6 +5,7 @@ fresh network namespace (`unshare -n`, loopback up) where any other connection f
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shlex
@@ -216,7 +217,7 @@ for engine in (config["target"], config["judge"]):
         engine["base_url"] = server.base_url
 with open(sys.argv[2], "w") as f:
     json.dump(config, f)
-run = subprocess.run([sys.executable, "-m", "diagsafe_local.cli", "run", sys.argv[2], "--offline"])
+run = subprocess.run([sys.executable, "-m", "diagsafe_local.cli", "run", sys.argv[2], *sys.argv[4:]])
 server.close()
 print(json.dumps({"outside": outside, "unreachable": errno.ENETUNREACH, "run": run.returncode}))
 """
@@ -237,13 +238,14 @@ NO_NAMESPACE = _namespace_reason()
 NAMESPACE = pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
 
 
-def _run_in_namespace(tmp_path: Path, config: dict) -> Manifest:
-    """`run --offline` on `config` inside a fresh network namespace with only loopback up (its API models served
-    by a scripted server there); asserts that nothing outside is reachable and that the run succeeded."""
+def _run_in_namespace(tmp_path: Path, config: dict, *how: str) -> Manifest:
+    """`run` (`--offline`, or `how`) on `config` inside a fresh network namespace with only loopback up (its API
+    models served by a scripted server there); asserts that nothing outside is reachable and that the run
+    succeeded."""
     script = tmp_path / "in_namespace.py"
     script.write_text(IN_NAMESPACE)
     inner = shlex.join([sys.executable, str(script), str(REPO / "tests"), str(tmp_path / "run.json"),
-                        json.dumps(config)])  # fmt: skip
+                        json.dumps(config), *(how or ["--offline"])])  # fmt: skip
     proc = subprocess.run(
         ["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
@@ -268,12 +270,31 @@ def test_a_whole_offline_run_passes_in_a_network_namespace_where_nothing_else_is
 @pytest.mark.slow
 @pytest.mark.vllm
 @NAMESPACE
-def test_an_offline_run_on_the_vllm_engine_loads_and_judges_in_a_closed_network_namespace(tmp_path, tiny_models):
-    """vLLM's engine processes too: the hubs' switches reach them, and nothing they need is outside loopback."""
+def test_a_run_from_a_pack_on_the_vllm_engine_loads_and_judges_in_a_closed_network_namespace(tmp_path, tiny_models):
+    """`pack` where the files are, then `run --pack` on real tiny models in a namespace where nothing but loopback
+    is reachable: vLLM's engine processes read every file from the pack (the hubs' switches reach them too)."""
     config = yaml.safe_load(_config(tmp_path, "unused").read_text())
     config["target"] = {**tiny_engine(tiny_models["target"]), "name": "tiny",
                         "sampling": {"temperature": 0.0, "max_tokens": 8, "seed": 0}}  # fmt: skip
     config["judge"] = {**tiny_engine(tiny_models["judge"]), "sampling": {"temperature": 0.0, "max_tokens": 200}}
-    manifest = _run_in_namespace(tmp_path, config)
+    (tmp_path / "packed.yaml").write_text(yaml.safe_dump(config))
+    pack = tmp_path / "pack"
+    packed = CliRunner().invoke(app, ["pack", str(tmp_path / "packed.yaml"), "--out", str(pack)])
+    assert packed.exit_code == 0, packed.output
+    manifest = _run_in_namespace(tmp_path, config, "--pack", str(pack))
     assert manifest.network is not None and manifest.network.endpoints == []
+    assert manifest.network.pack == hashlib.sha256((pack / "pack.lock").read_bytes()).hexdigest()
     assert set(manifest.engines) == {"target:tiny", "judge"}
+    assert all(Path(engine["model"]).is_relative_to(pack) for engine in manifest.engines.values()), manifest.engines
+    config["output_dir"] = str(tmp_path / "refused")
+    (tmp_path / "packed.yaml").write_text(yaml.safe_dump(config))
+    other = shutil.copytree(tiny_models["judge"], tmp_path / "another-judge")  # a model the pack does not hold
+    unpacked = ["--set", f"judge.model={other}"]
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "packed.yaml"), "--pack", str(pack), *unpacked])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output  # no traceback
+    assert f"has no model '{other}'" in " ".join(result.output.split())
+    weights = next(path for path in pack.rglob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:-1] + bytes([weights.read_bytes()[-1] ^ 1]))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "packed.yaml"), "--pack", str(pack)])
+    assert result.exit_code == 3 and f"{weights}: its bytes are not the ones packed" in " ".join(result.output.split())
+    assert not (tmp_path / "refused").exists()  # both before the run directory, before any engine

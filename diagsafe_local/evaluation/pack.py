@@ -68,7 +68,7 @@ def needs(config: RunConfig) -> list[Need]:
             found.append(Need("chat_template", model.chat_template))
     found.append(Need("dataset", _dataset_reference(config.dataset)))
     found += _judges_parts(config)
-    if harmony_vocab.serves_harmony(config):
+    if harmony_vocab.serves_harmony(config.judge, [m.model for m in local_models(config)]):
         found.append(VOCABULARY)
     return list(dict.fromkeys(found))
 
@@ -129,7 +129,7 @@ def build(config: RunConfig, config_path: Path, out: Path, say: Callable[[str], 
                     origin=origin,
                     path=where,
                     base=need.base,
-                )  # fmt: skip
+                )
             )
         lock = PackLock(
             created=datetime.now(UTC).isoformat(timespec="seconds"), config=str(config_path), parts=parts, files=files
