@@ -1,0 +1,34 @@
+"""What `verify` holds a run to, at the edges the mutation figure (docs/benchmarks-log.md) found untested: the
+missing answers it names are the ones missing, and a run's results read again after verification are refused
+once they changed. Runs are made by the CLI with scripted engines (`finished_run`: 6 items, i0..i5)."""
+
+from __future__ import annotations
+
+import pytest
+from test_adversarial import finished_run
+
+from diagsafe_local.core.errors import RunFailed
+from diagsafe_local.runs.verify import verify_run
+
+
+@pytest.mark.slow
+def test_a_missing_result_is_named(tmp_path, monkeypatch):
+    run_dir = finished_run(tmp_path, monkeypatch)
+    results = run_dir / "results.jsonl"
+    lines = results.read_bytes().splitlines(keepends=True)
+    dropped = next(line for line in lines if b'"item_id":"i3"' in line.replace(b" ", b""))
+    results.write_bytes(b"".join(line for line in lines if line is not dropped))
+    problems = verify_run(run_dir).problems
+    missing = next(p for p in problems if "judged answers are missing" in p)
+    assert missing.startswith("1 of 6 judged answers are missing: t 1; e.g. t/i3 sample 0 turn "), missing
+
+
+@pytest.mark.slow
+def test_results_read_again_after_verification_must_be_the_bytes_verified(tmp_path, monkeypatch):
+    run_dir = finished_run(tmp_path, monkeypatch)
+    run = verify_run(run_dir)
+    assert run.ok and len(list(run.results())) == 6
+    results = run_dir / "results.jsonl"
+    results.write_bytes(results.read_bytes().replace(b'"score":1.0', b'"score":0.0', 1))
+    with pytest.raises(RunFailed, match="changed after it was verified"):
+        list(run.results())
