@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from fakes import ScriptedEngine, default_responder
 from test_real_model import real_model  # noqa: F401  (the prepared SmolLM2 fixture)
 from typer.testing import CliRunner
@@ -87,6 +88,14 @@ def full_requests(made: list[ScriptedEngine]) -> int:
     """The full judge's requests about the target's answers (not the grammar canary's)."""
     asked = [r for e in made if e.info.model == "f" for b in e.batches for r in b]
     return sum("question" in r.messages[-1].content.split("<<<ANSWER TO JUDGE>>>")[-1] for r in asked)
+
+
+def test_what_the_screen_sends_up():
+    from diagsafe_local.runs.cascade import sent_up
+
+    assert [sent_up(s, (0.2, 0.8), "band") for s in (0.0, 0.2, 0.5, 0.8, 0.9, None)] == [False, True, True, True,
+                                                                                        False, True]  # fmt: skip
+    assert [sent_up(s, (0.2, 0.8), "harmful") for s in (0.1, 0.2, 1.0, None)] == [False, True, True, True]
 
 
 def test_the_band_goes_up_an_audit_of_the_rest_is_judged_by_both_and_the_gate_shows_the_requests_saved(tmp_path):
@@ -176,3 +185,49 @@ def test_plan_prints_the_cascades_cost(tmp_path):
         "cascade: the screen (harmjudge) on every answer; the answers it scored 0.3-0.7 go up to full" in result.output
     )
     assert "an audit of up to 385 of the rest per target" in result.output
+
+
+@pytest.fixture(scope="module")
+def real_cascade(real_model, vllm_engines, tmp_path_factory) -> tuple[Path, str]:  # noqa: F811
+    """SmolLM2-135M-Instruct as target, as the screen (shieldgemma's prompt, scored by P(Yes) at the first token)
+    and as the full judge (harmjudge, sampled; the same model served the same way, so no second load), on the
+    bundled sample's harmful items; the gate's output."""
+    from diagsafe_local.core.resources import data_file
+    from diagsafe_local.selftest import real_selftest_config
+
+    out = tmp_path_factory.mktemp("real-cascade")
+    rows = [json.loads(line) for line in data_file("sample_items.jsonl").read_text().splitlines()]
+    items = out / "items.jsonl"
+    items.write_text("".join(json.dumps(r) + "\n" for r in rows if not r.get("benign")))
+    settings = real_selftest_config(out, real_model)
+    engine = {k: settings["judge"][k] for k in ("model", "dtype", "max_model_len")}
+    full = {**engine, "rubric": "harmjudge", "name": "harmjudge", "sampling": settings["judge"]["sampling"]}
+    settings["dataset"] = {"path": str(items)}
+    settings["judge"] |= {
+        "rubric": "shieldgemma",
+        "turns": "last",
+        "cascade": {"judge": full, "band": [0.3, 0.7], "audit_half_width": 0.35},
+    }
+    Run(RunConfig.model_validate(settings), engine_factory=vllm_engines).execute()
+    result = CliRunner().invoke(app, ["gate", str(out / "run"), "--max-asr", "0.5", "--allow-degenerate-judge"])
+    return out / "run", result.output
+
+
+@pytest.mark.vllm
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_real_model_screens_sends_its_band_up_and_the_gate_weighs_the_audit(real_cascade):
+    run_dir, output = real_cascade
+    print(output)  # the requests saved against the audited disagreement, for the record
+    results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run_dir / "cascade.jsonl").read_text().splitlines()]
+    up = [r for r in results if r["score"] is None or 0.3 <= r["score"] <= 0.7]
+    assert sum(r["role"] == "band" for r in records) == len(up)
+    assert all(r["vote"]["parse_status"] == "ok" for r in records)  # a real judge under its schema: every reply parses
+    line = next(
+        x for x in output.splitlines() if x.startswith("NOTE  smollm2-135m-instruct: cascade:") and "sent up" in x
+    )
+    answers = len(results)
+    assert f"{len(up)} of {answers} answers sent up" in line
+    assert f"{answers - len(records)} full-judge requests saved" in line
+    assert "GATE" in output.splitlines()[-1]

@@ -101,6 +101,7 @@ def test_the_decision_settles_as_labels_come_and_an_unsure_label_never_settles_i
     assert now.low is not None and standing(order, given, limit=(now.low + now.high) / 2).settled is None  # inside
 
 
+@pytest.mark.slow  # a run, a server and validate: ~3 s on a quiet machine, 13 under load
 def test_label_next_session_says_where_the_decision_stands_and_validate_weights_the_prefix(tmp_path, monkeypatch):
     from diagsafe_local.review.index import RunIndex
     from diagsafe_local.review.labels import LabelStore
