@@ -33,7 +33,7 @@ from diagsafe_local.core.cache import cache_dir
 from diagsafe_local.core.errors import DiagsafeError
 
 if TYPE_CHECKING:
-    from diagsafe_local.evaluation.config import RunConfig
+    from diagsafe_local.judging.config import JudgeConfig
 
 ENV = "TIKTOKEN_ENCODINGS_BASE"
 FILE = "o200k_base.tiktoken"
@@ -114,27 +114,26 @@ def tiktoken_file(tokens: Iterable[bytes]) -> bytes:
     return b"".join(base64.b64encode(token) + b" %d\n" % rank for rank, token in enumerate(tokens))
 
 
-def check_run(config: RunConfig) -> Vocabulary | None:
+def check_run(judge: JudgeConfig, local_models: Iterable[str] = ()) -> Vocabulary | None:
     """Before anything loads: the vocabulary, where the run serves the harmony format here (`serves_harmony`); None
     where it serves none; VocabularyMissing where it cannot start offline."""
-    return vocabulary() if serves_harmony(config) else None
+    return vocabulary() if serves_harmony(judge, local_models) else None
 
 
-def serves_harmony(config: RunConfig) -> bool:
-    """Whether the run serves the harmony format here: a judge named in HARMONY_JUDGES on a local engine, or a local
-    model whose config.json says gpt-oss (vLLM serves it through harmony whatever the prompt)."""
+def serves_harmony(judge: JudgeConfig, local_models: Iterable[str] = ()) -> bool:
+    """Whether a run serves the harmony format here: its judge (or a juror) is named in HARMONY_JUDGES on a local
+    engine, or a model it loads here (`local_models`, as configured) has a config.json that says gpt-oss (vLLM serves
+    it through harmony whatever the prompt)."""
     from diagsafe_local.engines.kinds import capabilities
-    from diagsafe_local.evaluation.planning import local_models
     from diagsafe_local.judging.config import judge_name
 
-    judges = [config.judge, *(config.judge.jury.members if config.judge.jury else [])]
     names = {
         name
-        for judge in judges
-        if judge.model is not None and capabilities(judge.kind).local
-        for name in (judge.rubric_name, judge_name(judge.benign_rubric), *(judge.panel.names() if judge.panel else []))
+        for one in [judge, *(judge.jury.members if judge.jury else [])]
+        if one.model is not None and capabilities(one.kind).local
+        for name in (one.rubric_name, judge_name(one.benign_rubric), *(one.panel.names() if one.panel else []))
     }
-    return bool(HARMONY_JUDGES & names) or any(_gpt_oss(Path(m.model)) for m in local_models(config))
+    return bool(HARMONY_JUDGES & names) or any(_gpt_oss(Path(m)) for m in local_models)
 
 
 def _gpt_oss(model: Path) -> bool:
