@@ -68,17 +68,21 @@ def _user(text: str) -> tuple[Message, ...]:
 
 
 def _harmbench(functional: str) -> Callable[[Path], list[Item]]:
-    """HarmBench behaviors CSV: Behavior, FunctionalCategory, SemanticCategory, ContextString, BehaviorID."""
+    """HarmBench behaviors CSV (`harmbench_behaviors_text_all.csv`: Behavior, FunctionalCategory, SemanticCategory,
+    Tags, ContextString, BehaviorID; a row has a ContextString exactly where its Tags name `context`)."""
 
     def parse(path: Path) -> list[Item]:
+        from diagsafe_local.judging.harmbench import CONTEXT_SEPARATOR
+
         items = []
         for line, row in table_rows(path):
             if (row.get("FunctionalCategory") or "standard") != functional:
                 continue
             behavior = _need(path, line, row, "Behavior")
             context = row.get("ContextString") or ""
-            # HarmBench places the context before the behavior, separated by a rule.
-            prompt = f"{context}\n\n---\n\n{behavior}" if context else behavior
+            # HarmBench's baselines place the context before the behavior, separated by a rule (the HarmBench
+            # classifier's contextual prompt takes the two apart at the same separator).
+            prompt = f"{context}{CONTEXT_SEPARATOR}{behavior}" if context else behavior
             items.append(
                 Item(
                     id=_need(path, line, row, "BehaviorID"),

@@ -4,6 +4,7 @@ own formats) and the batched judge step."""
 from diagsafe_local.judging import (  # noqa: F401  (registration)
     finetuned,
     guards_2026,
+    harmbench,
     on_demand,
     policy,
     published,

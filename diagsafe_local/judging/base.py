@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core.messages import Message
 from diagsafe_local.core.registry import Registry
-from diagsafe_local.engines.base import Completion, GenerationRequest
+from diagsafe_local.engines.base import Completion, Engine, GenerationRequest
 from diagsafe_local.runs.records import ReasoningTrace
 from diagsafe_local.runs.verdicts import is_harmful
 
@@ -189,6 +189,11 @@ class Judge:
     def classifier(self) -> bool:
         """Whether the judge is a sequence classifier (its own engine kind; scored by probability only)."""
         return self.engine_kind == "classifier"
+
+    def prepare(self, judged: JudgeInput, engine: Engine) -> JudgeInput:
+        """What the judge is shown, from what it is given, with its engine at hand (HarmBench's classifier clips
+        the answer with its own tokenizer); unchanged for most."""
+        return judged
 
     def render(self, judged: JudgeInput) -> tuple[Message, ...] | str:
         raise NotImplementedError

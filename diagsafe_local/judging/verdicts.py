@@ -58,6 +58,7 @@ class VerdictStream:
         # At most `max_batch` requests in flight; the rest wait here and go in as others finish (no barrier).
         self.max_in_flight = max_batch
         self._backlog: deque[tuple[Hashable, _Call]] = deque()
+        self.engine = engine
         self.stream = open_stream(engine, max_batch) if engine is not None else None
         self.context: int | None = engine.info.context_length if engine is not None else None
         self.decoding = decoding
@@ -77,6 +78,7 @@ class VerdictStream:
             raise ValueError(f"judge '{judge.name}' needs a model engine")
         else:
             thinking = judge.reasons(self.decoding)
+            judged = judge.prepare(judged, self.engine)  # type: ignore[arg-type]
             self._send(key, _Call(judge, judged, seed_key, 1, self.decoding.max_tokens, thinking=thinking))
 
     def _send(self, key: Hashable, call: _Call) -> None:
