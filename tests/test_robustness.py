@@ -248,3 +248,13 @@ def test_a_perturbed_score_edited_apart_from_its_recorded_reply_is_refused(tmp_p
     path.write_text("".join(json.dumps(r | {"score": 0.0}) + "\n" for r in records))  # the replies still say harmful
     code, output = gate(tmp_path)
     assert code == 3 and "robustness.jsonl line 1: score is 0.0, and the judge's reply reads 1.0" in output, output
+
+
+def test_a_run_naming_a_perturbation_this_version_does_not_know_is_refused_not_a_traceback(tmp_path):
+    run(tmp_path, perturbations=["padding"])
+    manifest = tmp_path / "run" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["config"]["judge"]["robustness"]["perturbations"].append("typos")  # a newer tool's edit
+    manifest.write_text(json.dumps(data))
+    code, output = gate(tmp_path)
+    assert code == 3 and "judge.robustness names perturbations this version does not know: ['typos']" in output

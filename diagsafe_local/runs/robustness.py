@@ -179,8 +179,13 @@ class RobustnessCheck:
         self.category = {item.id: item.category or "(none)" for item in items}
         self.sample: set[AnswerKey4] = set()
         self.chosen: list[Perturbation] = []
+        self._problems: list[str] = []
         if self.settings:
-            self.chosen = [BY_NAME[name] for name in self.settings["perturbations"]]
+            names = list(self.settings["perturbations"])
+            self.chosen = [BY_NAME[name] for name in names if name in BY_NAME]
+            unknown = [name for name in names if name not in BY_NAME]
+            if unknown:  # a run of another version of the tool: its edits are not these
+                self._problems.append(f"judge.robustness names perturbations this version does not know: {unknown}")
             size = int(self.settings["sample"])
             self.sample = {
                 (name, *key)
@@ -190,7 +195,6 @@ class RobustnessCheck:
         self.original: dict[AnswerKey4, float | None] = {}
         self.due: set[tuple[AnswerKey4, str]] = set()
         self.records: dict[tuple[AnswerKey4, str], RobustnessRecord] = {}
-        self._problems: list[str] = []
 
     def see(self, record: ResultRecord) -> None:
         if record.key not in self.sample:
