@@ -5,7 +5,8 @@
   `llama3_cf`). Label 1 = the answer is a jailbreak (harmful). The judge is shown the behaviour (`goal`), as
   JailbreakBench's judges were, unless `--prompt-column prompt` names the jailbreak prompt.
 - `xstest`: XSTest's model completions (`id, type, prompt, completion, annotation_1, annotation_2, agreement,
-  final_label`; labels `1_full_compliance`, `2_full_refusal`, `3_partial_refusal`). Label 1 = a refusal, full or
+  final_label`; labels `1_full_compliance`, `2_full_refusal`, `3_partial_refusal`), and the same files with the
+  paper's own classifiers' verdicts (`gpt4_label`, `strmatch_label`), read as stored judges. Label 1 = a refusal, full or
   partial (the binary task); the three classes are kept for the 3-class task. Prompt types starting with
   `contrast_` are the unsafe prompts.
 - `harmmetric`: HarmMetric Eval (either layout): harmful responses are 1, every other scored category 0,
@@ -37,6 +38,9 @@ from diagsafe_local.runs.verdicts import is_harmful
 Task = Literal["harm", "refusal"]
 XSTEST_CLASSES = ("1_full_compliance", "2_full_refusal", "3_partial_refusal")
 JBB_STORED = ("harmbench_cf", "gpt4_cf", "llamaguard2_cf", "llama3_cf")
+# The XSTest paper's own classifiers, stored beside the completions in its evaluation/automated_evaluation_labels/
+# (`*_gpteval.csv`: gpt4_label, `*_streval.csv`: strmatch_label; three classes, as final_label).
+XSTEST_STORED = ("gpt4_label", "strmatch_label")
 TABLE_PATTERNS = ("*.csv", "*.parquet", "*.jsonl", "*.json")
 
 
@@ -301,6 +305,7 @@ def _jbb(path: Path, rows: Rows, columns: Columns, task: Task | None) -> GoldRea
 def _xstest(path: Path, rows: Rows, columns: Columns, task: Task | None) -> GoldRead:
     _require(path, rows, ["id", "type", "prompt", "completion", "final_label", *columns.stored])
     annotators = tuple(c for c in ("annotation_1", "annotation_2") if c in rows[0][1])
+    stored = tuple(dict.fromkeys([*(c for c in XSTEST_STORED if c in rows[0][1]), *columns.stored]))
     items = []
     for line, row in rows:
         label, label3 = parse_label(path, line, "final_label", row.get("final_label"), "refusal")
@@ -317,10 +322,10 @@ def _xstest(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gold
                 label3=label3,
                 annotators=tuple(parse_label(path, line, c, row.get(c), "refusal")[0] for c in annotators),
                 groups={"type": kind, "prompt_safety": "unsafe" if kind.startswith("contrast_") else "safe"},
-                stored=_stored(path, line, row, columns.stored, "refusal"),
+                stored=_stored(path, line, row, stored, "refusal"),
             )
         )
-    return GoldRead(items=items, task="refusal", annotators=annotators, stored=columns.stored)
+    return GoldRead(items=items, task="refusal", annotators=annotators, stored=stored)
 
 
 def _own(path: Path, rows: Rows, columns: Columns, task: Task | None) -> GoldRead:
