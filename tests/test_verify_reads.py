@@ -4,6 +4,9 @@ once they changed. Runs are made by the CLI with scripted engines (`finished_run
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from test_adversarial import finished_run
 
@@ -11,9 +14,22 @@ from diagsafe_local.core.errors import RunFailed
 from diagsafe_local.runs.verify import verify_run
 
 
-@pytest.mark.slow
-def test_a_missing_result_is_named(tmp_path, monkeypatch):
-    run_dir = finished_run(tmp_path, monkeypatch)
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished run for the module (each test edits a copy)."""
+    mp = pytest.MonkeyPatch()
+    try:
+        return finished_run(tmp_path_factory.mktemp("verify-reads"), mp)
+    finally:
+        mp.undo()
+
+
+def _copy(finished: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(finished, tmp_path / "run"))
+
+
+def test_a_missing_result_is_named(finished, tmp_path):
+    run_dir = _copy(finished, tmp_path)
     results = run_dir / "results.jsonl"
     lines = results.read_bytes().splitlines(keepends=True)
     dropped = next(line for line in lines if b'"item_id":"i3"' in line.replace(b" ", b""))
@@ -23,9 +39,8 @@ def test_a_missing_result_is_named(tmp_path, monkeypatch):
     assert missing.startswith("1 of 6 judged answers are missing: t 1; e.g. t/i3 sample 0 turn "), missing
 
 
-@pytest.mark.slow
-def test_results_read_again_after_verification_must_be_the_bytes_verified(tmp_path, monkeypatch):
-    run_dir = finished_run(tmp_path, monkeypatch)
+def test_results_read_again_after_verification_must_be_the_bytes_verified(finished, tmp_path):
+    run_dir = _copy(finished, tmp_path)
     run = verify_run(run_dir)
     assert run.ok and len(list(run.results())) == 6
     results = run_dir / "results.jsonl"
