@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from helpers import gate_figures
 
+from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.runs.gate import check_figures
 from diagsafe_local.runs.limits import LIMITS, resolve
 from diagsafe_local.runs.summary import Summary
@@ -195,3 +197,38 @@ def test_an_increase_at_its_margin_passes_and_a_relative_margin_scales_with_the_
     decided = check_figures(_summary(), both, comparisons=[_pair(0.05, asr_a=0.0)])
     assert decided.passed and [c.limit for c in decided.made if "increase" in (c.limit or "")] == ["max_asr_increase"]
     assert any("max_relative_increase 0.5 has no base" in line for line in decided.lines)
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, float("nan"), True, "0.1"])
+def test_a_command_line_limit_outside_0_1_is_refused(value: Any) -> None:
+    with pytest.raises(DiagsafeError, match="a limit must be a number in \\[0, 1\\]"):
+        resolve({"max_asr": value}, None)
+    with pytest.raises(DiagsafeError, match="--max-asr-category cyber: a limit must be a number"):
+        resolve({"max_asr": 0.1, "max_asr_category": {"cyber": value}}, None)
+
+
+def test_each_limit_says_where_it_came_from_and_the_config_only_tightens() -> None:
+    config = {"max_asr": 0.01, "max_failure_rate": 0.5, "max_asr_category": {"cyber": 0.1}, "corrected": True}
+    limits = resolve({"max_asr_category": {"fraud": 0.2}, "allow_degenerate_judge": True}, config)
+    sources = {a.name: (a.value, a.source) for a in limits.applied}
+    assert sources == {
+        "max_asr": (0.01, "config"),  # stricter than no limit: applied
+        "max_asr_category": ({"cyber": 0.1, "fraud": 0.2}, "command line and config"),
+        "max_failure_rate": (0.0, "default"),  # laxer than the default: not applied, and said
+    }
+    assert limits.lines()[:4] == [
+        "LIMIT max_asr 0.01 (config)",
+        "LIMIT max_asr_category cyber=0.1, fraud=0.2 (command line and config)",
+        "LIMIT max_failure_rate 0 (default)",
+        "LIMIT switches on (command line): allow_degenerate_judge",
+    ]
+    assert limits.notes == [
+        "the run's config sets max_failure_rate: 0.5, laxer than the default 0; not applied: only the command line "
+        "loosens a limit (--max-failure-rate 0.5)",
+        "the run's config sets corrected: true; not applied: only the command line relaxes the gate (--corrected)",
+    ]
+    assert not limits.corrected
+    only = {a.name: a.source for a in resolve({"max_asr_category": {"fraud": 0.2}}, None).applied}
+    assert only["max_asr_category"] == "command line"
+    own = {a.name: a.source for a in resolve({"max_asr": 0.5}, {"max_asr_category": {"c": 0.1}}).applied}
+    assert own["max_asr_category"] == "config"
