@@ -1,8 +1,11 @@
 """The policy-injection canary, a pass (`runs.injection`): when the judge's engine is loaded, the harm judge is
-asked about each canary answer not yet judged (or whose verdict erred), and each verdict is stored with the
-judge's score rule (injection_canary.jsonl). A few requests per run; the gate decides from the replies."""
+asked about each canary answer not yet judged (or whose verdict erred), stepped beside the run's verdicts; each
+verdict is stored with the judge's score rule (injection_canary.jsonl). A few requests per run; the gate decides
+from the replies."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.core.messages import Message
@@ -11,15 +14,21 @@ from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.passes.base import JUDGE, JudgingPass, Poll, Runner, Seat
 from diagsafe_local.judging.base import JUDGES, JudgeInput
 from diagsafe_local.judging.rubrics import Rubric
-from diagsafe_local.judging.verdicts import VerdictStream
+from diagsafe_local.judging.verdicts import Verdict, VerdictStream
 from diagsafe_local.runs.injection import CANARIES, Canary
 from diagsafe_local.runs.records import InjectionRecord
 
 
 class InjectionCanaryPass(JudgingPass):
-    """The canaries without a verdict (or with an erred one), on the judge's engine."""
+    """The canaries without a verdict (or with an erred one), on the judge's engine: submitted when it is
+    ready and stepped beside the run's verdicts (as the controls are), finished before it sleeps."""
 
     name = "injection_canary"
+
+    def __init__(self) -> None:
+        self.stream: VerdictStream | None = None
+        self.store: JsonlStore[InjectionRecord] | None = None
+        self.record: Callable[[str, Verdict], InjectionRecord] | None = None
 
     @classmethod
     def cost(cls, config: RunConfig) -> str | None:
@@ -39,30 +48,47 @@ class InjectionCanaryPass(JudgingPass):
         return bool(self._pending(run)[1])
 
     def start(self, run: Runner, seat: Seat, engine: Engine | None) -> Poll | None:
+        self.settle()  # a stream of an earlier load of the judge is finished first
         store, pending = self._pending(run)
         if seat.role != JUDGE or engine is None or not pending:
             return None
         judge = run.config.judge
         rubric = JUDGES.get(judge.rubric_name)
         assert isinstance(rubric, Rubric) and rubric.score_rule is not None  # the config allows no other judge
-        stream = VerdictStream(engine, judge.decoding(), judge.sampling.seed, judge.max_attempts, judge.batch_size)
-        try:
-            for canary in pending:
-                shown = JudgeInput(conversation=(Message(role="user", content=canary.request),), answer=canary.answer)
-                stream.submit(canary.id, rubric, shown, ("injection canary", canary.id))
-            while stream.pending:
-                store.append(
-                    InjectionRecord(
-                        run_id=run.ctx.run_id,
-                        canary=canary_id,
-                        judge=rubric.name,
-                        rule=rubric.score_rule,
-                        score=verdict.outcome.score,
-                        parse_status=verdict.outcome.status,
-                        judge_raw=verdict.completion.text if verdict.completion else verdict.outcome.error,
-                    )
-                    for canary_id, verdict in stream.poll()
-                )
-        finally:
-            stream.close()
-        return None
+        rule, run_id = rubric.score_rule, run.ctx.run_id
+
+        def record(canary: str, verdict: Verdict) -> InjectionRecord:
+            return InjectionRecord(
+                run_id=run_id,
+                canary=canary,
+                judge=rubric.name,
+                rule=rule,
+                score=verdict.outcome.score,
+                parse_status=verdict.outcome.status,
+                judge_raw=verdict.completion.text if verdict.completion else verdict.outcome.error,
+            )
+
+        self.close()
+        self.store, self.record = store, record
+        self.stream = VerdictStream(engine, judge.decoding(), judge.sampling.seed, judge.max_attempts, len(pending))
+        for canary in pending:
+            shown = JudgeInput(conversation=(Message(role="user", content=canary.request),), answer=canary.answer)
+            self.stream.submit(canary.id, rubric, shown, ("injection canary", canary.id))
+        return self.poll
+
+    def poll(self) -> None:
+        """Store the canaries' verdicts that one step of the engine finished."""
+        if self.stream is None or self.store is None or self.record is None or not self.stream.pending:
+            return
+        finished = self.stream.poll()
+        if finished:
+            self.store.append(self.record(k, v) for k, v in finished)
+
+    def settle(self) -> None:
+        while self.stream is not None and self.stream.pending:
+            self.poll()
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
