@@ -108,6 +108,12 @@ def test_a_policy_decision_is_one_attestation_of_its_checkpoint(tmp_path, runs, 
     ours = cli("verify-attestation", out, "--key", keys, "--hmac", "--policy", policy)
     assert ours.exit_code == 0 and "POLICY" in ours.text and "ENTRY vs-prod" in ours.text, ours.output
     assert _in_toto_verifies(out, keys)
+    envelope = json.loads(out.read_text())  # one byte of the statement changed: neither verifier accepts it
+    payload = bytearray(base64.b64decode(envelope["payload"]))
+    payload[len(payload) // 2] ^= 0x01
+    changed = tmp_path / "changed.intoto.json"
+    changed.write_text(json.dumps(envelope | {"payload": base64.b64encode(bytes(payload)).decode()}))
+    assert cli("verify-attestation", changed, "--key", keys).exit_code == 3 and not _in_toto_verifies(changed, keys)
     # a policy file with one more byte is not the policy attested
     edited = tmp_path / "edited.yaml"
     edited.write_bytes(policy.read_bytes() + b"\n")
