@@ -19,6 +19,7 @@ from diagsafe_local.cli import app
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.runs.injection import CANARIES, section
+from diagsafe_local.runs.manifest import Shard
 from diagsafe_local.runs.verify import verify_run
 
 ITEMS = [{"id": f"h{k}", "prompt": f"question {k}", "category": "cyber"} for k in range(3)]
@@ -117,3 +118,16 @@ def test_plan_says_what_it_costs_and_a_judge_without_a_policy_file_is_a_config_e
     assert "policy-injection canary: 3 more verdicts per run" in result.output
     with pytest.raises(ValidationError, match="injection_canary needs a judge whose policy is a file"):
         config(tmp_path, server, "j", rubric="qi")
+
+
+def test_shards_each_send_the_canary_and_merge_carries_one_verdict_of_each(tmp_path, server):
+    cfg = config(tmp_path, server, "holds-policy")
+    for index in range(2):
+        Run(cfg, shard=Shard(index=index, count=2)).execute()
+    shards = sorted((tmp_path / "run" / "shards").glob("shard-*"))
+    merged = CliRunner().invoke(app, ["merge", *map(str, shards), "--out", str(tmp_path / "merged")])
+    assert merged.exit_code == 0, merged.output
+    canaries = [json.loads(line) for line in (tmp_path / "merged" / "injection_canary.jsonl").read_text().splitlines()]
+    assert sorted(c["canary"] for c in canaries) == sorted(c.id for c in CANARIES)
+    args = ["gate", str(tmp_path / "merged"), "--max-asr", "0.5", "--allow-degenerate-judge"]
+    assert CliRunner().invoke(app, args).exit_code == 0
