@@ -11,8 +11,9 @@ was readable in this environment: the tiny models' templates are written from th
   with its chat template (a system message, then that user message). Mistral turn tokens ([SYSTEM_PROMPT],
   [INST]) are Ministral 3's, not read from this model's files.
 - Nemotron 3.5: NVIDIA's model card (Gemma-3-4B-it base; Aegis 2.0 taxonomy; custom policy; reasoning trace), the
-  reply lines `User Safety:`, `Response Safety:`, `Safety Categories:` and the `<think>…</think>` block from
-  NVIDIA's release article and NeMo Guardrails' parser tests; `chat_template_kwargs` `enable_thinking`,
+  reply lines `User Safety:`, `Response Safety:`, `Safety Categories:` (its three output modes) and the
+  `<think>…</think>` block from NVIDIA's release article (huggingface.co/blog/nvidia/nemotron-3-5-content-safety)
+  and NeMo Guardrails' parser tests; `chat_template_kwargs` `enable_thinking`,
   `request_categories: "/categories"` from NeMo Guardrails' tutorial. Gemma 3 turns (<start_of_turn>).
 - Granite Guardian 4.1: IBM's model card as Ollama and IBM's docs carry it (hybrid thinking: `<think></think>`
   and `<score></score>`, non-thinking only `<score>`; Apache-2.0); the role tokens from the template Ollama
@@ -204,32 +205,51 @@ def test_the_judges_command_lists_the_2026_guards(tmp_path, monkeypatch):
     assert set(GUARDS) <= listed
 
 
-@pytest.mark.slow
-def test_each_2026_guard_judges_a_whole_run_on_its_tiny_model(tmp_path, vllm_engines):
-    """Each guard as a run's judge on a tiny model carrying its family's tokens and template (one engine per
-    guard, one after another): every harmful item's verdict valid output of its format; Shieldstral's a
-    continuous P(yes)."""
+@pytest.fixture(scope="module")
+def guard_models(tmp_path_factory):
+    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
+
+    root = tmp_path_factory.mktemp("guards-2026")
+    return {
+        fmt: build_tiny_chat_model(root / fmt, seed=4, architecture=architecture, chat=chat)
+        for fmt, (architecture, chat) in GUARD_FORMATS.items()
+    }
+
+
+def run_judged_by(judge: str, model, out, kind: str, engine_factory=None):
+    """A whole run whose target and judge are `model` on engine `kind`, judged by `judge`; its harmful items'
+    results."""
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.pipeline import Run
     from diagsafe_local.runs.records import read_results
     from diagsafe_local.selftest import synthetic_items
-    from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
-    items = write_jsonl(tmp_path / "items.jsonl", synthetic_items(4))
-    for judge, fmt in GUARDS.items():
-        architecture, chat = GUARD_FORMATS[fmt]
-        model = tiny_engine(build_tiny_chat_model(tmp_path / fmt, seed=4, architecture=architecture, chat=chat))
-        config = RunConfig.model_validate(
-            {
-                "dataset": {"path": str(items)},
-                "target": {**model, "name": "t", "sampling": {"max_tokens": 8}},
-                "judge": {**model, "rubric": judge, "benign_rubric": "refusal-keywords"},
-                "output_dir": str(tmp_path / f"run-{fmt}"),
-            }
-        )
-        summary = Run(config, engine_factory=vllm_engines).execute().model_dump(mode="json")
-        harmful = [r for r in read_results(tmp_path / f"run-{fmt}" / "results.jsonl") if r.judge_rubric == judge]
+    settings = {**tiny_engine(model), "kind": kind}
+    out.mkdir()
+    config = RunConfig.model_validate(
+        {
+            "dataset": {"path": str(write_jsonl(out / "items.jsonl", synthetic_items(4)))},
+            "target": {**settings, "name": "t", "sampling": {"max_tokens": 8}},
+            "judge": {**settings, "rubric": judge, "benign_rubric": "refusal-keywords"},
+            "output_dir": str(out / "run"),
+        }
+    )
+    summary = Run(config, engine_factory=engine_factory).execute()
+    assert summary.model_dump(mode="json")["targets"]["t"]["n_errors"] == 0
+    return [r for r in read_results(out / "run" / "results.jsonl") if r.judge_rubric == judge]
+
+
+@pytest.mark.slow
+def test_each_2026_guard_judges_a_whole_run_on_its_tiny_model(guard_models, tmp_path, vllm_engines):
+    """Each guard as a run's judge on a tiny model carrying its family's tokens and template, through the real
+    vLLM engine, one engine after another: every harmful item's verdict valid output of its format, and
+    Shieldstral's a continuous P(yes) read with `logprob_token_ids`. Granite Guardian 4.1 runs on the
+    transformers engine (seconds, no engine start): its protocol is 3.3's, which test_reasoning runs on vLLM."""
+    for judge in ("shieldstral", "nemotron-3.5-content-safety", "singguard"):
+        harmful = run_judged_by(judge, guard_models[GUARDS[judge]], tmp_path / judge, "vllm", vllm_engines)
         assert harmful and all(r.parse_status == "ok" and r.score is not None for r in harmful), judge
-        assert summary["targets"]["t"]["n_errors"] == 0, judge
         if judge == "shieldstral":
             assert all(0.0 < r.score < 1.0 for r in harmful)  # type: ignore[operator]
+    granite = "granite-guardian-4.1"
+    harmful = run_judged_by(granite, guard_models[GUARDS[granite]], tmp_path / granite, "transformers")
+    assert harmful and all(r.parse_status == "ok" and r.score is not None for r in harmful)
