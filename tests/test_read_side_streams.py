@@ -22,7 +22,7 @@ from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import RunFailed
 from diagsafe_local.core.jsonl import JsonlStore
 from diagsafe_local.runs import refusal
-from diagsafe_local.runs.pairing import Column, last_of_each, match
+from diagsafe_local.runs.pairing import Column, match
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.summarize import summarize
 
@@ -152,13 +152,12 @@ def test_hashed_pairing_pairs_what_dictionaries_pair(tmp_path_factory, a, b):
         for (item, sample), line in zip(keys_of, jsonl.stream(path, ResultRecord)):
             column.add([item, sample], line)
         columns.append(column)
-    rows_a, rows_b = last_of_each(columns[0].keys()), last_of_each(columns[1].keys())
-    left, right = match(columns[0].keys(), columns[1].keys(), rows_a, rows_b)
+    pairs = match(columns[0].keys(), columns[1].keys())
     last_a = {k: row for row, k in enumerate(a)}
     last_b = {k: row for row, k in enumerate(b)}
-    assert sorted(rows_a.tolist()) == sorted(last_a.values())
+    assert (pairs.keys_a, pairs.keys_b) == (len(last_a), len(last_b))
     expected = [(row, last_b[k]) for k, row in sorted(last_a.items(), key=lambda kv: kv[1]) if k in last_b]
-    assert list(zip(left.tolist(), right.tolist())) == expected
+    assert list(zip(pairs.a.tolist(), pairs.b.tolist())) == expected
 
 
 def test_a_row_read_back_from_a_file_that_changed_stops_the_reader(tmp_path):

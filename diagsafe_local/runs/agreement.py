@@ -12,10 +12,12 @@ holds the list.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import secrets
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -27,23 +29,19 @@ from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.runs import files
 from diagsafe_local.runs.merge import read_manifest
-from diagsafe_local.runs.pairing import Column, last_of_each, match
+from diagsafe_local.runs.pairing import Column, Rows, match
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verdicts import score_class
 
 
-def answers_column(path: Path, lines: Iterable[jsonl.Line[ResultRecord]] | None = None) -> Column:
-    """Every result of a run as a column keyed by (item, sample, turn), with its target (`lines`: the results
-    file's lines; default: read them)."""
+def answers_column(path: Path, lines: Iterable[jsonl.Line[ResultRecord]] | None = None) -> Rows:
+    """Every result of a run as rows keyed by (item, sample, turn), with its target (`lines`: the results file's
+    lines; default: read them)."""
     column = Column(path, ("target",), answers=True)
     for line in jsonl.stream(path, ResultRecord) if lines is None else lines:
-        add_answer(column, line)
-    return column
-
-
-def add_answer(column: Column, line: jsonl.Line[ResultRecord], digest: bytes = b"") -> None:
-    r = line.record
-    column.add((r.item_id, r.sample, r.turn), line, {"target": r.target}, digest)
+        r = line.record
+        column.add((r.item_id, r.sample, r.turn), line, {"target": r.target})
+    return column.rows()
 
 
 def compare_runs(run_a: Path, run_b: Path, allow_different_datasets: bool = False) -> dict[str, Any]:
@@ -139,16 +137,17 @@ class Agreement:
         return {**self.figures.model_dump(), "disagreements": list(self.disagreements.rows())}
 
 
-def agreement(a: Column, b: Column) -> Agreement:
+def agreement(a: Rows, b: Rows) -> Agreement:
     """The agreement of two runs' answer columns."""
-    targets_a, targets_b = set(a.names["target"]), set(b.names["target"])
+    targets_a, targets_b = set(a.label_names("target")), set(b.label_names("target"))
     by_target = not (len(targets_a) == len(targets_b) == 1 and targets_a != targets_b)
-    keys_a, keys_b = _keyed(a, by_target), _keyed(b, by_target)
-    rows_a, rows_b = last_of_each(keys_a), last_of_each(keys_b)
-    left, right = match(keys_a, keys_b, rows_a, rows_b)
-    scores_a, scores_b = np.asarray(a.scores)[left], np.asarray(b.scores)[right]
+    with _keyed(a, by_target) as keys_a, _keyed(b, by_target) as keys_b:
+        pairs = match(keys_a, keys_b)
+    left, right = pairs.a, pairs.b
+    scores_a, scores_b = a.scores[left], b.scores[right]
     scored = ~np.isnan(scores_a) & ~np.isnan(scores_b)
-    both_a, both_b = scores_a[scored], scores_b[scored]
+    both_a, both_b = (scores_a, scores_b) if scored.all() else (scores_a[scored], scores_b[scored])
+    del scores_a, scores_b
     # Agreement on what the scores mean (every judge maps to [0, 1]), not on a "label" key that only some
     # judges write: two judges without one would otherwise agree trivially ("None" == "None").
     names: dict[str, int] = {}
@@ -165,25 +164,45 @@ def agreement(a: Column, b: Column) -> Agreement:
     del classes_a, classes_b
     shared = len(left)
     figures = AgreementFigures(
-        only_in_a=len(rows_a) - shared,
-        only_in_b=len(rows_b) - shared,
+        only_in_a=pairs.keys_a - shared,
+        only_in_b=pairs.keys_b - shared,
         shared=shared,
         both_scored=n_scored,
         label_agreement=agree / n_scored if n_scored else None,
-        score_mean_abs_diff=math.fsum(np.abs(both_a - both_b).tolist()) / n_scored if n_scored else None,
-        identical_answers=int((a.answer_digests()[left] == b.answer_digests()[right]).sum()),
+        score_mean_abs_diff=_mean_abs_difference(both_a, both_b),
+        identical_answers=_identical(a.answer_digests(), b.answer_digests(), left, right),
         cohen_kappa=kappa,
         cohen_kappa_note=kappa_note,
     )
-    return Agreement(figures, _disagreements(a, left[scored][differ], both_a[differ], both_b[differ], by_target))
+    rows = (left if n_scored == shared else left[scored])[differ]
+    scores_a, scores_b = both_a[differ], both_b[differ]
+    del left, right, scored, both_a, both_b, differ  # what the disagreements are made from is all that is left
+    return Agreement(figures, _disagreements(a, rows, scores_a, scores_b, by_target))
+
+
+def _mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float | None:
+    """The mean of |a - b|, summed exactly (`math.fsum`) a block at a time: a million pairs are never a million
+    Python floats at once."""
+    if not len(a):
+        return None
+    blocks = (np.abs(a[k : k + _BLOCK] - b[k : k + _BLOCK]).tolist() for k in range(0, len(a), _BLOCK))
+    return math.fsum(itertools.chain.from_iterable(blocks)) / len(a)
+
+
+def _identical(a: np.ndarray, b: np.ndarray, left: np.ndarray, right: np.ndarray) -> int:
+    """How many pairs (rows `left` of `a`, `right` of `b`) hold the same answer hash, a block at a time."""
+    return sum(int((a[left[k : k + _BLOCK]] == b[right[k : k + _BLOCK]]).sum()) for k in range(0, len(left), _BLOCK))
+
+
+_BLOCK = 1 << 16
 
 
 def _classes(scores: np.ndarray, names: dict[str, int]) -> np.ndarray:
     """Each score's class (`score_class`, asked once per distinct score) as its code in `names`, which gains the
     classes it had not seen."""
-    values, inverse = np.unique(scores, return_inverse=True)
+    values = np.unique(scores)
     codes = [names.setdefault(score_class(value), len(names)) for value in values.tolist()]
-    return np.asarray(codes, dtype=np.int64)[inverse]
+    return np.asarray(codes, dtype=np.uint8)[np.searchsorted(values, scores)]  # three classes: a byte each
 
 
 def _cohen_kappa(a: np.ndarray, b: np.ndarray, names: dict[str, int]) -> float:
@@ -200,16 +219,16 @@ def _cohen_kappa(a: np.ndarray, b: np.ndarray, names: dict[str, int]) -> float:
 
 
 def _disagreements(
-    a: Column, rows: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, by_target: bool
+    a: Rows, rows: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, by_target: bool
 ) -> Disagreements:
     """The disagreements at these rows of A (with both scores): only they are read back from the file, for their
     keys, each kept as codes and numbers."""
     items: dict[str, int] = {}
-    item, sample, turn = (np.empty(len(rows), np.int64) for _ in range(3))
+    item, sample, turn = np.empty(len(rows), np.int32), np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
     for k, r in a.read_rows(rows):
         item[k], sample[k], turn[k] = items.setdefault(r.item_id, len(items)), r.sample, r.turn
     targets = a.label_names("target") if by_target else [""]
-    target = np.asarray(a.codes["target"], dtype=np.int64)[rows] if by_target else np.zeros(len(rows), np.int64)
+    target = a.codes("target", rows) if by_target else np.zeros(len(rows), np.int64)
     columns = {"target": target, "item": item, "sample": sample, "turn": turn, "score_a": scores_a, "score_b": scores_b}
     return Disagreements(targets, items, columns)
 
@@ -259,17 +278,30 @@ def _write_list(handle: TextIO, disagreements: Disagreements, outer: str) -> Non
     handle.write("\n" + outer + "]")
 
 
-def _keyed(column: Column, by_target: bool) -> np.ndarray:
-    """The column's keys, each bound to its target where targets are compared by name (a per-target 64-bit salt
-    XORed into the key hash keeps keys of one target apart and those of two targets apart)."""
-    keys = column.keys().copy()
+@contextmanager
+def _keyed(column: Rows, by_target: bool) -> Iterator[np.ndarray]:
+    """The column's keys, each bound to its target while they are in use where targets are compared by name (a
+    per-target 64-bit salt XORed into the key hash keeps keys of one target apart and those of two targets
+    apart). The salt goes into the column's own keys, a block at a time, and comes out again after: a salted
+    copy would take 8 bytes a row at the peak."""
+    keys = column.keys()
+    salts = np.array(
+        [
+            int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "big")
+            for t in column.label_names("target")
+        ],
+        dtype=np.uint64,
+    )
+
+    def salt() -> None:  # XOR: twice is none
+        for start in range(0, len(keys), _BLOCK):
+            part = slice(start, start + _BLOCK)
+            keys["hi"][part] ^= salts[column.codes("target", part)]
+
     if by_target:
-        salts = np.array(
-            [
-                int.from_bytes(hashlib.blake2b(t.encode(), digest_size=8).digest(), "big")
-                for t in column.names["target"]
-            ],
-            dtype=np.uint64,
-        )
-        keys["hi"] ^= salts[np.asarray(column.codes["target"], dtype=np.int64)]
-    return keys
+        salt()
+    try:
+        yield keys
+    finally:
+        if by_target:
+            salt()

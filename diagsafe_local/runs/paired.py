@@ -32,8 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core.jsonl import Line
-from diagsafe_local.runs.agreement import add_answer
-from diagsafe_local.runs.pairing import Column, last_of_each, line_digest, match
+from diagsafe_local.runs.pairing import Column, Rows, match
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.summary import BREAKDOWNS
 from diagsafe_local.runs.validation import JudgeErrorRates
@@ -53,44 +52,49 @@ def prompt_key(record: ResultRecord) -> str:
     return record.asked()
 
 
-def sides(path: Path, lines: Iterable[Line[ResultRecord]], targets: Iterable[str]) -> dict[str, Column]:
-    """Each named target's final-turn answers to harmful items, read in one pass, as a column keyed by (item id,
-    sample, prompt) with the breakdown labels the groups are formed by."""
-    columns = {target: Column(path, BREAKDOWNS) for target in targets}
+def sides(path: Path, lines: Iterable[Line[ResultRecord]], targets: Iterable[str]) -> dict[str, Rows]:
+    """Each named target's final-turn answers to harmful items, read in one pass, as rows paired by (item id,
+    sample, prompt), with the breakdown labels the groups are formed by."""
+    wanted = set(targets)
+    columns = RunColumns(path, answers=False, targets=wanted)
     for line in lines:
-        column = columns.get(line.record.target)
-        if column is not None:
-            _add_side(column, line)
-    return columns
-
-
-def _add_side(column: Column, line: Line[ResultRecord], digest: bytes = b"") -> None:
-    r = line.record
-    if r.final_turn and not r.benign:
-        labels: dict[str, str] = {name: getattr(r, name) or "(none)" for name in BREAKDOWNS}
-        column.add((r.item_id, r.sample, prompt_key(r)), line, labels, digest)
+        columns.add(line)
+    return {target: columns.side(target) for target in wanted}
 
 
 class RunColumns:
-    """What `compare` needs of one run, gathered line by line (`add`) in the pass that verifies it: every target's
-    side (see `sides`) and every answer (see `runs.agreement`); with `answers=False` the answers column stays
-    empty (a paired comparison alone, as the series report makes, never reads it)."""
+    """What `compare` needs of one run, gathered line by line (`add`) in the pass that verifies it: one column
+    of every answer (of `targets`, default all), keyed by (item, sample, turn) for `runs.agreement` and, for the
+    final-turn answers to harmful items, by (item, sample, prompt) for the paired comparison (`sides`, one view
+    a target). With `answers=False` no answer hashes are kept (a paired comparison alone, as the series report
+    makes, never reads them)."""
 
-    def __init__(self, path: Path, answers: bool = True) -> None:
-        self.path = path
-        self.sides: dict[str, Column] = {}
-        self.answers = Column(path, ("target",), answers=True)
-        self._with_answers = answers
+    def __init__(self, path: Path, answers: bool = True, targets: set[str] | None = None) -> None:
+        self.column = Column(path, ("target", *BREAKDOWNS), answers=answers, pairs=True)
+        self._targets = targets
 
     def add(self, line: Line[ResultRecord]) -> None:
-        target = line.record.target
-        side = self.sides.get(target)
-        if side is None:
-            side = self.sides[target] = Column(self.path, BREAKDOWNS)
-        digest = line_digest(line.raw)  # once for both columns
-        _add_side(side, line, digest)
-        if self._with_answers:
-            add_answer(self.answers, line, digest)
+        r = line.record
+        if self._targets is not None and r.target not in self._targets:
+            return
+        labels: dict[str, str] = {name: getattr(r, name) or "(none)" for name in BREAKDOWNS}
+        labels["target"] = r.target
+        pair = (r.item_id, r.sample, prompt_key(r)) if r.final_turn and not r.benign else None
+        self.column.add((r.item_id, r.sample, r.turn), line, labels, pair=pair)
+
+    def side(self, target: str) -> Rows:
+        """A target's final-turn answers to harmful items, paired by (item id, sample, prompt)."""
+        return self.column.rows(pairs=True, target=target)
+
+    @property
+    def sides(self) -> dict[str, Rows]:
+        """Every target's `side`."""
+        return {target: self.side(target) for target in self.column.label_names("target")}
+
+    @property
+    def answers(self) -> Rows:
+        """Every answer, keyed by (item, sample, turn), with its target."""
+        return self.column.rows()
 
 
 class Difference(BaseModel):
@@ -185,8 +189,8 @@ class PairedComparison:
     only_in_baseline: int
     only_in_candidate: int
     unscored: int  # pairs left out because one verdict has no score (parse failure, error)
-    side_a: Column = field(repr=False)
-    side_b: Column = field(repr=False)
+    side_a: Rows = field(repr=False)
+    side_b: Rows = field(repr=False)
     up: np.ndarray = field(repr=False)  # (row in A, row in B): harmful in B only
     down: np.ndarray = field(repr=False)  # harmful in A only
 
@@ -215,8 +219,8 @@ class PairedComparison:
 def compare_targets(
     baseline: str,
     candidate: str,
-    side_a: Column,
-    side_b: Column,
+    side_a: Rows,
+    side_b: Rows,
     rates: JudgeErrorRates | None = None,
     warning: str | None = None,
     breakdowns: bool = True,
@@ -224,16 +228,15 @@ def compare_targets(
     """Pair the final-turn answers to harmful items of two targets (see `side`) and compare them (see the module
     docstring; `breakdowns=False`: overall only). Memory grows by a few dozen bytes per answer, never by the
     records."""
-    keys_a, keys_b = side_a.keys(), side_b.keys()
-    rows_a, rows_b = last_of_each(keys_a), last_of_each(keys_b)  # a later record of a key replaces an earlier one
-    paired_a, paired_b = match(keys_a, keys_b, rows_a, rows_b)
-    scores_a, scores_b = np.asarray(side_a.scores)[paired_a], np.asarray(side_b.scores)[paired_b]
+    matched = match(side_a.keys(), side_b.keys())  # a later record of a key replaces an earlier one
+    paired_a, paired_b = matched.a, matched.b
+    scores_a, scores_b = side_a.scores[paired_a], side_b.scores[paired_b]
     scored = ~np.isnan(scores_a) & ~np.isnan(scores_b)
     a, b = scores_a[scored], scores_b[scored]
     overall = difference(baseline, candidate, "overall", a, b, rates, warning)
     differences = [overall.model_copy(update={"p_holm": overall.mcnemar_p})]  # one test: nothing to adjust
     for name in BREAKDOWNS if breakdowns else ():
-        codes = np.asarray(side_b.codes[name], dtype=np.int64)[paired_b[scored]]
+        codes = side_b.codes(name)[paired_b[scored]]
         labels = side_b.label_names(name)
         rows = [
             difference(baseline, candidate, f"{name}={label}", a[codes == code], b[codes == code], rates, warning)
@@ -252,8 +255,8 @@ def compare_targets(
         baseline=baseline,
         candidate=candidate,
         differences=differences,
-        only_in_baseline=len(rows_a) - n_shared,
-        only_in_candidate=len(rows_b) - n_shared,
+        only_in_baseline=matched.keys_a - n_shared,
+        only_in_candidate=matched.keys_b - n_shared,
         unscored=n_shared - len(a),
         side_a=side_a,
         side_b=side_b,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -29,45 +30,73 @@ def line_digest(data: bytes) -> bytes:
 
 
 class Column:
-    """The rows of one side: key hashes, scores (NaN: unscored), file places and byte hashes, string-valued
-    columns (`labels`) stored as small integer codes, and with `answers` a hash of each answer."""
+    """The rows of one run, gathered line by line (`add`): per row a key hash, its score (NaN: unscored), where
+    it lies in its file and a hash of its bytes, its string-valued columns (`labels`) as one small integer code
+    of their combination, with `answers` a hash of its answer, and with `pairs` a second key hash (the key a
+    paired comparison matches by; a row without one is in no pair). Held compactly, about 85 bytes a row with
+    everything; `rows` views a part of it under either key."""
 
-    def __init__(self, path: Path, labels: tuple[str, ...] = (), answers: bool = False) -> None:
+    def __init__(self, path: Path, labels: tuple[str, ...] = (), answers: bool = False, pairs: bool = False) -> None:
         self.path = path
         self.answers = answers
-        self._answers = bytearray()
+        self.labels = labels
         self._keys = bytearray()
+        self._pairs = bytearray() if pairs else None
+        self._answers = bytearray()
         self._digests = bytearray()
         self.scores = array("d")
         self.offsets = array("q")
-        self.codes: dict[str, array[int]] = {name: array("I") for name in labels}
-        self.names: dict[str, dict[str, int]] = {name: {} for name in labels}
+        self._combos: dict[tuple[str, ...], int] = {}
+        self._combo = array("I")
 
     def __len__(self) -> int:
         return len(self.scores)
 
     def add(
-        self, key: Any, line: jsonl.Line[ResultRecord], labels: dict[str, str] | None = None, digest: bytes = b""
+        self,
+        key: Any,
+        line: jsonl.Line[ResultRecord],
+        labels: dict[str, str] | None = None,
+        digest: bytes = b"",
+        pair: Any = None,
     ) -> None:
-        """One record: its pairing key (a tuple of strings and numbers: its repr is hashed), its line, its label
-        values, and the line's `line_digest` where the caller has it."""
-        self._keys += line_digest(repr(key).encode("utf-8", "surrogatepass"))  # repr: unambiguous, and C-fast
+        """One record: its key (a tuple of strings and numbers: its repr is hashed), its line, its label values
+        (one for each of `labels`), the line's `line_digest` where the caller has it, and its pair key (None:
+        none)."""
+        self._keys += _hashed(key)
         self._digests += digest or line_digest(line.raw)
         if self.answers:
             self._answers += line_digest(line.record.answer.encode("utf-8", "surrogatepass"))
+        if self._pairs is not None:
+            self._pairs += _hashed(pair) if pair is not None else _NONE
         score = line.record.score
         self.scores.append(float("nan") if score is None else float(score))
         self.offsets.append(line.offset)
-        for name, value in (labels or {}).items():
-            codes = self.names[name]
-            self.codes[name].append(codes.setdefault(value, len(codes)))
+        if self.labels:
+            values = tuple(labels[name] for name in self.labels) if labels else ("",) * len(self.labels)
+            self._combo.append(self._combos.setdefault(values, len(self._combos)))
 
     def keys(self) -> np.ndarray:
-        return np.frombuffer(bytes(self._keys), dtype=_KEY)
+        return self.rows().keys()
+
+    def rows(self, pairs: bool = False, **where: str) -> Rows:
+        """The rows whose labels have these values (all rows with none), under the key (`pairs=False`) or the
+        pair key (only the rows that have one)."""
+        keep: np.ndarray | None = None
+        if pairs:
+            held = np.frombuffer(self._pairs if self._pairs is not None else b"", dtype=_KEY)
+            keep = (held["hi"] != 0) | (held["lo"] != 0)
+        for name, value in where.items():
+            k = self.labels.index(name)
+            combos = [code for values, code in self._combos.items() if values[k] == value]
+            matches = np.isin(np.frombuffer(self._combo, dtype=np.uint32), combos)
+            keep = matches if keep is None else keep & matches
+        return Rows(self, pairs, None if keep is None else np.flatnonzero(keep))
 
     def label_names(self, name: str) -> list[str]:
-        """The values of a label column, by code."""
-        return list(self.names[name])
+        """The values a label column takes, by code (see `Rows.codes`)."""
+        k = self.labels.index(name)
+        return list(dict.fromkeys(values[k] for values in self._combos))
 
     def read(self, row: int) -> ResultRecord:
         """The record of one row, read again from its file; bytes that changed since stop the reader."""
@@ -83,37 +112,129 @@ class Column:
 
     def read_rows(self, rows: np.ndarray) -> Iterator[tuple[int, ResultRecord]]:
         """(index into `rows`, record) of many rows, read one at a time through one handle, in file order."""
-        order = sorted(range(len(rows)), key=lambda k: self.offsets[int(rows[k])])
+        order = np.argsort(np.asarray(self.offsets)[rows], kind="stable")
         with open(self.path, "rb") as handle:
-            for k in order:
+            for k in order.tolist():
                 yield k, self._read(handle, int(rows[k]))
 
+
+_NONE = bytes(16)  # no pair key (a BLAKE2b hash of zero bits is as likely as a match of two keys)
+
+
+def _hashed(key: Any) -> bytes:
+    return line_digest(repr(key).encode("utf-8", "surrogatepass"))  # repr: unambiguous, and C-fast
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Some rows of a column (`rows`: their row numbers in it, in order; None: all), under its key or its pair
+    key: what a paired comparison or an agreement reads. A row here is a place in `rows`."""
+
+    column: Column
+    pairs: bool
+    rows: np.ndarray | None
+
+    @property
+    def path(self) -> Path:
+        return self.column.path
+
+    def __len__(self) -> int:
+        return len(self.column) if self.rows is None else len(self.rows)
+
+    def _take(self, values: np.ndarray) -> np.ndarray:
+        return values if self.rows is None else values[self.rows]
+
+    def keys(self) -> np.ndarray:
+        held = self.column._pairs if self.pairs else self.column._keys
+        return self._take(np.frombuffer(held if held is not None else b"", dtype=_KEY))
+
+    @property
+    def scores(self) -> np.ndarray:
+        return self._take(np.frombuffer(self.column.scores, dtype=np.float64))
+
+    def codes(self, name: str, part: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """Each row's value of a label column (of the rows at `part`) as its place in `label_names(name)`."""
+        k = self.column.labels.index(name)
+        place = {value: n for n, value in enumerate(self.column.label_names(name))}
+        lookup = np.array([place[values[k]] for values in self.column._combos], dtype=np.int64)
+        combos = np.frombuffer(self.column._combo, dtype=np.uint32)
+        return lookup[combos[part] if self.rows is None else combos[self.rows[part]]]
+
+    def label_names(self, name: str) -> list[str]:
+        return self.column.label_names(name)
+
     def answer_digests(self) -> np.ndarray:
-        """A hash of each row's answer (kept with `answers=True`)."""
-        return np.frombuffer(bytes(self._answers), dtype="V16")
+        """A hash of each row's answer (a column made with `answers=True`)."""
+        return self._take(np.frombuffer(self.column._answers, dtype="V16"))
+
+    def read(self, row: int) -> ResultRecord:
+        return self.column.read(row if self.rows is None else int(self.rows[row]))
+
+    def read_rows(self, rows: np.ndarray) -> Iterator[tuple[int, ResultRecord]]:
+        return self.column.read_rows(rows if self.rows is None else self.rows[rows])
 
 
-def last_of_each(keys: np.ndarray) -> np.ndarray:
-    """The rows to keep when a key repeats: the last of each (a later record of a key replaces an earlier one), in
-    row order."""
-    rows = np.arange(len(keys))
-    order = np.lexsort((rows, keys["lo"], keys["hi"]))
-    ordered = keys[order]
-    last = np.ones(len(order), dtype=bool)
-    if len(order) > 1:
-        last[:-1] = (ordered["hi"][1:] != ordered["hi"][:-1]) | (ordered["lo"][1:] != ordered["lo"][:-1])
-    return np.sort(order[last])
+@dataclass(frozen=True)
+class Pairs:
+    """The rows of two sides whose keys match, as two aligned index arrays in the order of A's rows (of a key that
+    repeats, the last row: a later record of a key replaces an earlier one), and how many distinct keys each side
+    has."""
+
+    a: np.ndarray
+    b: np.ndarray
+    keys_a: int
+    keys_b: int
 
 
-def match(a: np.ndarray, b: np.ndarray, rows_a: np.ndarray, rows_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows (of `rows_a`, `rows_b`: each side's rows with unique keys) whose keys are on both sides, as two
-    aligned index arrays in the order of A's rows."""
-    keys = np.concatenate([a[rows_a], b[rows_b]])
-    side = np.concatenate([np.zeros(len(rows_a), np.uint8), np.ones(len(rows_b), np.uint8)])
-    rows = np.concatenate([rows_a, rows_b])
-    order = np.lexsort((side, keys["lo"], keys["hi"]))
-    k, s = keys[order], side[order]
-    pair = (k["hi"][1:] == k["hi"][:-1]) & (k["lo"][1:] == k["lo"][:-1]) & (s[:-1] == 0) & (s[1:] == 1)
-    first, second = rows[order[:-1][pair]], rows[order[1:][pair]]
-    in_a_order = np.argsort(first, kind="stable")
-    return first[in_a_order], second[in_a_order]
+_BLOCK = 1 << 16  # A's keys looked up this many at a time
+
+
+def match(a: np.ndarray, b: np.ndarray) -> Pairs:
+    """Pair the rows of two sides by key. B's rows are sorted by key, and A's looked up in them in row order, a
+    block at a time, one half of the key after the other (of a repeated key, each side keeps its last row): no
+    copy of both sides' keys is made, so the peak is about 33 bytes a row besides the columns."""
+    order_a = _by_key(a)
+    kept_a = np.zeros(len(order_a), dtype=bool)
+    kept_a[order_a[_last_in_runs(a, order_a)]] = True
+    del order_a
+    rows = np.flatnonzero(kept_a)  # A's rows to look up, in row order
+    del kept_a
+    order_b = _by_key(b)
+    unique_b = order_b[_last_in_runs(b, order_b)]
+    del order_b
+    hi_b = b["hi"][unique_b]
+    at = np.full(len(rows), -1, dtype=np.int64)  # each A row's place in unique_b, -1: none
+    for start in range(0, len(rows), _BLOCK):
+        hi, lo = a["hi"][rows[start : start + _BLOCK]], a["lo"][rows[start : start + _BLOCK]]
+        first, last = np.searchsorted(hi_b, hi, "left"), np.searchsorted(hi_b, hi, "right")
+        one = np.flatnonzero(last - first == 1)
+        same = b["lo"][unique_b[first[one]]] == lo[one]
+        at[start + one[same]] = first[one[same]]
+        # a half shared by several of B's keys (a 64-bit coincidence, or made on purpose): the other half decides
+        for k in np.flatnonzero(last - first > 1).tolist():
+            place = np.flatnonzero(b["lo"][unique_b[first[k] : last[k]]] == lo[k])
+            if len(place):
+                at[start + k] = first[k] + place[0]
+    keys_a, keys_b = len(rows), len(unique_b)
+    del hi_b
+    found = at >= 0
+    at = at[found]
+    rows_b = unique_b[at]
+    del unique_b, at
+    return Pairs(rows[found], rows_b, keys_a, keys_b)
+
+
+def _by_key(keys: np.ndarray) -> np.ndarray:
+    """The rows in key order, a key's rows in row order (lexsort is stable)."""
+    return np.lexsort((keys["lo"], keys["hi"]))
+
+
+def _last_in_runs(keys: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Of the rows in key order, those the next row does not share its key with (the last of each key),
+    compared one half at a time."""
+    same = np.ones(max(0, len(order) - 1), dtype=bool)
+    for half in ("hi", "lo"):
+        ordered = keys[half][order]
+        same &= ordered[1:] == ordered[:-1]
+        del ordered
+    return np.append(~same, True) if len(order) else np.zeros(0, dtype=bool)
