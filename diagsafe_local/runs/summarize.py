@@ -145,8 +145,9 @@ def _corrected(total: float, n: int, validation: JudgeValidation | None) -> dict
 
 @dataclass
 class _Target:
-    overall: _Group = field(default_factory=_Group)
-    breakdowns: dict[str, dict[str, _Group]] = field(default_factory=lambda: {b: {} for b in BREAKDOWNS})
+    # one group per combination of the breakdowns' values (few): a record is folded into one, and the overall
+    # group and each breakdown's are added up from them at the end (sums of scores are exact: the same figures)
+    cells: dict[tuple[str, ...], _Group] = field(default_factory=dict)
     health: HealthTally = field(default_factory=HealthTally)
     passes: dict[str, table.Tally] = field(
         default_factory=lambda: {row.name: row.tally() for row in table.PASSES if row.tally is not None}
@@ -156,16 +157,24 @@ class _Target:
     judge_cached: int = 0
 
     def absorb(self, other: _Target) -> None:
-        self.overall.absorb(other.overall)
-        for name, groups in other.breakdowns.items():
-            for value, group in groups.items():
-                self.breakdowns[name].setdefault(value, _Group()).absorb(group)
+        for values, group in other.cells.items():
+            self.cells.setdefault(values, _Group()).absorb(group)
         self.health.absorb(other.health)
         for name, tally in other.passes.items():
             self.passes[name].absorb(tally)
         self.target_completion += other.target_completion
         self.judge_prompt += other.judge_prompt
         self.judge_cached += other.judge_cached
+
+    def groups(self) -> tuple[_Group, dict[str, dict[str, _Group]]]:
+        """The overall group and each breakdown's groups by value, added up from the cells."""
+        overall = _Group()
+        breakdowns: dict[str, dict[str, _Group]] = {name: {} for name in BREAKDOWNS}
+        for values, cell in self.cells.items():
+            overall.absorb(cell)
+            for name, value in zip(BREAKDOWNS, values):
+                breakdowns[name].setdefault(value, _Group()).absorb(cell)
+        return overall, breakdowns
 
 
 class Summarizer:
@@ -192,13 +201,11 @@ class Summarizer:
         if target is None:
             target = self.targets[r.target] = _Target()
         refused = is_refusal(r.answer) if not r.benign and r.final_turn else None
-        target.overall.add(r, refused)
-        for name, groups in target.breakdowns.items():
-            value = getattr(r, name) or "(none)"
-            group = groups.get(value)
-            if group is None:
-                group = groups[value] = _Group()
-            group.add(r, refused)
+        values = tuple(getattr(r, name) or "(none)" for name in BREAKDOWNS)
+        cell = target.cells.get(values)
+        if cell is None:
+            cell = target.cells[values] = _Group()
+        cell.add(r, refused)
         target.health.add(r, self.instructions)
         for tally in target.passes.values():
             tally.add(r)
@@ -222,8 +229,9 @@ class Summarizer:
         validation = self.validation
         targets = {}
         for name, t in self.targets.items():
-            entry = t.overall.stats(validation)
-            for breakdown, groups in t.breakdowns.items():
+            overall, breakdowns = t.groups()
+            entry = overall.stats(validation)
+            for breakdown, groups in breakdowns.items():
                 entry[f"by_{breakdown}"] = {g: groups[g].stats(validation) for g in sorted(groups)}
             entry["judge_health"] = t.health.result(self.controls)
             entry["tokens"] = {
