@@ -123,7 +123,7 @@ REPLY = json.dumps({"rationale": "r", "unsafe": True, "relevant": True, "useful"
         ("harmjudge", REPLY, "error", None, "the engine failed"),
         ("harmjudge", "", "error", None, None),
         ("refusal", '{"refused": tru', "invalid", None, None),
-        ("llama-guard-3", "unsafe\nS1", "ok", 1.0, None),  # no reader on the read side: its parser is judge code
+        ("llama-guard-3", "unsafe\nS1", "ok", 1.0, None),  # the shipped policies only: Replies knows the run's scoring
         ("llama-guard-3", "unsafe\nS1", "invalid", 1.0, "only an ok verdict has a score"),
         ("llama-guard-3", None, "ok", None, "only an ok verdict has a score"),
     ],

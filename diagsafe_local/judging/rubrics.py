@@ -12,10 +12,11 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from diagsafe_local.core.messages import Message
 from diagsafe_local.judging.base import Judge, JudgeInput, ParseOutcome
+from diagsafe_local.runs.readers import ModelReader
 from diagsafe_local.runs.records import ScoreRule
 
 Context = Literal["conversation", "request", "none"]
@@ -103,11 +104,9 @@ class Rubric(Judge):
         return {"json_schema": self.schema}
 
     def parse_text(self, text: str) -> ParseOutcome:
-        """Parse and validate the reply against the verdict model."""
-        try:
-            # strict=False admits raw control characters inside strings: xgrammar's JSON grammar lets a model
-            # emit them (seen: U+001F in a rationale), and Python's strict parser would reject a sound verdict.
-            verdict = self.verdict_model.model_validate(json.loads(text, strict=False))
-        except (json.JSONDecodeError, ValidationError) as exc:
-            return ParseOutcome(status="invalid", error=str(exc).splitlines()[0][:300])
-        return ParseOutcome(status="ok", verdict=verdict.model_dump(mode="json"), score=self.to_score(verdict))
+        """Parse and validate the reply against the verdict model (`runs.readers.ModelReader`, as the read side
+        reads it again)."""
+        read = ModelReader(self.verdict_model, self.to_score).parse(text)
+        if isinstance(read, str):
+            return ParseOutcome(status="invalid", error=read)
+        return ParseOutcome(status="ok", verdict=read.verdict, score=read.score)

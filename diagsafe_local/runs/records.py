@@ -21,6 +21,7 @@ from diagsafe_local.core import jsonl
 from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
 from diagsafe_local.runs.files import ATTACKS, CONTROLS, GENERATIONS
+from diagsafe_local.runs.readers import Read
 
 SCHEMA_VERSION = 1
 ParseStatus = Literal["ok", "truncated", "invalid", "error"]
@@ -327,10 +328,17 @@ class ScoreRule(Record):
 
     def score(self, reply: str | None) -> float | None:
         """The score of a reply as written (None: it does not parse, or the rule does not map it)."""
+        read = self.read(reply or "")
+        return None if read is None else read.score
+
+    def read(self, reply: str) -> Read | None:
+        """The reply as JSON and its score (a `runs.readers.Reader`; None: it does not read as a verdict)."""
         try:
-            return self.of(json.loads(reply or "", strict=False))
+            verdict = json.loads(reply, strict=False)
         except ValueError:
             return None
+        score = self.of(verdict)
+        return None if score is None else Read(verdict, score)
 
 
 class InjectionRecord(KeyedRecord):

@@ -6,15 +6,19 @@ named by file, line and field.
 Of a result, from its item in the run's dataset: `benign`, `category`, and `final_turn` (its turn is the item's
 last judged turn: a conversation always ends on a user turn). Its judge: the run's judge of that kind of item
 (`manifest.judge.rubric`, or `benign_rubric`; a panel's or jury's verdict is checked against its votes by
-`runs.jury`). Of every verdict: a score exactly where the status is `ok`, and no reply where the engine failed
-(`error`); for a policy judge (`BUNDLED`: the harm and over-refusal judges shipped with the package, and their
-paraphrases `NAME~k`; or a policy file the run's config names, while it is the file the run judged with), the
-reply read again under the policy's score rule (`records.ScoreRule`, from the policy file, not from the run): an
-`ok` verdict must be the reply's JSON object and its score the rule's score of it, and a reply that reads as a
-verdict is never recorded as unjudged.
+`runs.jury`, and each member's vote, its own verdict, is derived from its own reply like any other). Of every
+verdict: a score exactly where the status is `ok`, and no reply where the engine failed (`error`); and the reply
+read again by the judge's reader, from the package or the policy file, never from the run: for a policy judge
+(`BUNDLED`: the harm and over-refusal judges shipped with the package, and their paraphrases `NAME~k`; or a
+policy file the run's config names, while it is the file the run judged with) its score rule
+(`records.ScoreRule`), for every other built-in judge whose verdict is a function of its reply's text (the
+published rubrics, the guards' own formats) its `runs.readers` entry: an `ok` verdict must be what the reader
+reads in the reply, verdict and score, and a reply that reads as a verdict is never recorded as unjudged.
 
-Not derived: another judge's verdict and score (its parser is judge code, which the read side does not load:
-only a signature binds them), nor a policy file's that is not here or changed since the run (a note says so);
+Not derived: a verdict scored by P(positive) from the first token's log-probabilities (the judge's or a juror's
+scoring, as the signed manifest records it; its reply is one token, its score is not in the text), a plugin's or
+a model-free judge's verdict and score (its parser is judge code, which the read side does not load: only a
+signature binds them), nor a policy file's that is not here or changed since the run (a note says so);
 `invalid` apart from `truncated` (the judge's finish reason is not recorded: both are unjudged, counted against
 `max_failure_rate` like an error); a verdict recorded as an engine error with no reply (there is nothing to read
 again: it too is unjudged); `source` and `attack_method` (no decision reads them).
@@ -24,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,8 @@ import yaml
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.core.resources import data_file
 from diagsafe_local.runs.manifest import Manifest
-from diagsafe_local.runs.records import ResultRecord, ScoreRule
+from diagsafe_local.runs.readers import Reader, reader
+from diagsafe_local.runs.records import PanelVote, ResultRecord, ScoreRule
 from diagsafe_local.runs.verdicts import is_combined
 
 BUNDLED = ("harmjudge", "refusal")  # the policy judges shipped as data/policy_NAME.yaml
@@ -86,6 +90,14 @@ class Replies:
         self.rules: dict[str, ScoreRule] = {}
         self.notes: list[str] = []
         judge = manifest.config.get("judge") or {}
+        self.probability: bool | None = judge.get("probability")
+        jurors = (manifest.judge.settings.get("jurors") if manifest.judge else None) or {}
+        # each juror by name: its judge, and whether it samples (its own scoring, as the manifest records it)
+        self.jurors: dict[str, tuple[str, bool]] = {
+            name: (str(j.get("rubric")), j.get("scoring") == "probability")
+            for name, j in jurors.items()
+            if isinstance(j, dict)
+        }
         named = [judge.get("rubric"), judge.get("benign_rubric"), *((judge.get("panel") or {}).get("members") or [])]
         named += [m.get("rubric") for m in (judge.get("jury") or {}).get("members") or []]
         recorded = _policies(manifest.judge.settings) if manifest.judge else set()
@@ -101,14 +113,28 @@ class Replies:
                     f"the judge's policy file {name} is not read again ({str(exc)[:120]}): its verdicts are taken as recorded"
                 )
 
-    def rule(self, judge: str) -> ScoreRule | None:
-        return score_rule(judge) or self.rules.get(_base(judge))
+    def reader(self, judge: str, probability: bool | None = None) -> Reader | None:
+        """What reads the judge's replies again (None: nothing the read side has; `probability`: the judge's
+        scoring, default the run's `judge.probability`)."""
+        base = _base(judge)
+        found = score_rule(judge) or self.rules.get(base)
+        return found or reader(base, self.probability if probability is None else probability)
 
     def problem(
         self, judge: str, reply: str | None, status: str, score: float | None, verdict: dict[str, Any] | None = None
     ) -> str | None:
-        """`verdict_problem`, with the run's policy files read too."""
-        return _problem(self.rule(judge), judge, reply, status, score, verdict)
+        """`verdict_problem`, with the run's policy files and the other built-in judges' readers too."""
+        return _problem(self.reader(judge), judge, reply, status, score, verdict)
+
+    def vote_problem(self, jury: bool, vote: PanelVote) -> str | None:
+        """A panel's or jury's member's vote against its own reply, under its judge's reader: a panel member is a
+        judge by name, a juror a whole judge the manifest records (its judge and its scoring)."""
+        judge, by_probability = self.jurors.get(vote.rubric, ("", True)) if jury else (vote.rubric, None)
+        if not judge:  # a juror the manifest does not list: VotesCheck refuses its record
+            return None
+        return _problem(
+            self.reader(judge, by_probability), judge, vote.raw, vote.parse_status, vote.score, vote.verdict
+        )
 
 
 def verdict_problem(
@@ -121,7 +147,7 @@ def verdict_problem(
 
 
 def _problem(
-    rule: ScoreRule | None,
+    rule: Reader | None,
     judge: str,
     reply: str | None,
     status: str,
@@ -136,14 +162,16 @@ def _problem(
         return None
     if reply is None:
         return f"judge_raw is missing: {judge} is a model judge and its reply is what the verdict is derived from"
-    derived = rule.score(reply)
+    derived = rule.read(reply)
     if status != "ok":
         if derived is None:
             return None
-        return f"parse_status is {status!r}, and the judge's reply reads as a verdict (score {derived})"
-    if derived != score:
-        return f"score is {score}, and the judge's reply reads {derived} ({judge})"
-    if verdict is not None and verdict != json.loads(reply, strict=False):
+        return f"parse_status is {status!r}, and the judge's reply reads as a verdict (score {derived.score})"
+    if derived is None:
+        return f"parse_status is 'ok', and the judge's reply does not read as a verdict of {judge}"
+    if derived.score != score:
+        return f"score is {score}, and the judge's reply reads {derived.score} ({judge})"
+    if verdict is not None and verdict != derived.verdict:
         return "verdict is not the judge's reply as it parses"
     return None
 
@@ -184,8 +212,13 @@ class Rederived:
             # a merge of runs of other judges (merge --allow-different-judges) is refused here too: which judge
             # gave a verdict is what decides how it is read again
             return f"judge_rubric is {record.judge_rubric!r}, the run's judge of these items is {expected!r}"
-        if is_combined(record.judge_rubric):
-            return None  # its score is its members' votes combined (runs.jury)
+        if is_combined(record.judge_rubric):  # its score is its members' votes combined (runs.jury)
+            jury = record.judge_rubric.startswith("jury:")
+            for vote in record.panel or []:
+                problem = self.replies.vote_problem(jury, vote)
+                if problem is not None:
+                    return f"panel: {vote.rubric}'s vote: {problem}"
+            return None
         return self.replies.problem(
             record.judge_rubric, record.judge_raw, record.parse_status, record.score, record.verdict
         )
