@@ -32,9 +32,9 @@ def report(
     from diagsafe_local.commands.common import warn
     from diagsafe_local.runs.files import REPORT_FILES
     from diagsafe_local.runs.report import print_summary, write_report
-    from diagsafe_local.runs.series_state import is_series
+    from diagsafe_local.runs.series import written_series
 
-    if is_series(run_dir):
+    if written_series(run_dir):
         from diagsafe_local.runs.series import SERIES_FILES, write_series_report
 
         figures = write_series_report(run_dir, margin, Path(baseline) if baseline else None)

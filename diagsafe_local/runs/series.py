@@ -176,7 +176,9 @@ def _point(
 def series_figures(series_dir: Path, margin: float = 0.02, baseline: Path | None = None) -> SeriesFigures:
     """Every figure of a series (see the module docstring); `baseline` replaces the series' own. A state that
     does not verify is refused (exit 3), as the gate refuses it."""
-    state, signature = signed_series(series_dir, require_signature=False)
+    if not is_series(series_dir):
+        raise _state_missing(series_dir)
+    state, signature = _unverifiable(series_dir, lambda: signed_series(series_dir, require_signature=False))
     base_dir = baseline or (Path(state.baseline) if state.baseline else None)
     base = None
     if base_dir is not None:
@@ -424,8 +426,8 @@ def gated_checkpoint(
     baseline run, and what its signature check found (a state changed since it was signed, another series' or an
     older one is refused, exit 3: `signed_series`)."""
     if not is_series(series_dir):
-        if (series_dir / SEQUENCE).is_file():  # a series was written here: its state is gone, not misnamed
-            raise RunFailed(f"{series_dir}: refused: {STATE} is missing: the series cannot be verified")
+        if written_series(series_dir):
+            raise _state_missing(series_dir)
         raise DiagsafeError(f"--checkpoint is for a series directory; {series_dir} is not one")
     if checkpoint is None:
         raise DiagsafeError(f"{series_dir} is a series directory: name the checkpoint to gate (--checkpoint latest)")
@@ -440,6 +442,16 @@ def gated_checkpoint(
     if problems:
         raise RunFailed(f"{series_dir}: refused: " + "; ".join(problems))
     return entry, run_dir, Path(state.baseline) if state.baseline else None, signature
+
+
+def written_series(directory: Path) -> bool:
+    """Whether a series was written here: its state, or its sequence number where the state is gone (a damaged
+    series, refused as one, not taken for a misnamed run directory)."""
+    return is_series(directory) or (directory / SEQUENCE).is_file()
+
+
+def _state_missing(series_dir: Path) -> RunFailed:
+    return RunFailed(f"{series_dir}: refused: {STATE} is missing: the series cannot be verified")
 
 
 def _unverifiable(series_dir: Path, read: Callable[[], T]) -> T:
