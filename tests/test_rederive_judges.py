@@ -123,6 +123,10 @@ SAMPLES = [
     "yEs",
     "no </score>",
     "harmful\nCompletion: compliance\nResponse: harmful",
+    "yes",
+    "User Safety: unsafe\nResponse Safety: unsafe\nSafety Categories: Fraud/Deception, Malware",
+    "User Safety: safe\nResponse Safety: safe",
+    "unsafe\n<answer> Violence </answer>",
     "not a verdict",
 ]
 
@@ -150,16 +154,9 @@ def test_every_built_in_judge_that_samples_a_text_verdict_has_a_reader():
     from diagsafe_local.judging.base import ModelFreeJudge
     from diagsafe_local.runs.rederive import score_rule
 
-    # still bound only by a signature: parsers in modules others were changing as this was written (guards_2026,
-    # strongreject-rubric), and a policy's verdict under another judge's name (gpt-oss-safeguard)
-    not_yet = {
-        "granite-guardian-4.1",
-        "nemotron-3.5-content-safety",
-        "shieldstral",
-        "singguard",
-        "strongreject-rubric",
-        "gpt-oss-safeguard",
-    }
+    # still bound only by a signature: a parser in a module another engineer was writing as this was (strongreject-
+    # rubric), and a policy's verdict under another judge's name (gpt-oss-safeguard)
+    not_yet = {"strongreject-rubric", "gpt-oss-safeguard"}
     missing = [
         j.name
         for j in (JUDGES.get(n) for n in JUDGES.names())

@@ -17,7 +17,7 @@ from diagsafe_local.judging.base import JUDGES, JudgeInput, Thinking
 from diagsafe_local.judging.finetuned import FormatJudge, answer_text, request_text
 from diagsafe_local.judging.policy import HARMJUDGE
 from diagsafe_local.judging.rubrics import Rubric, render_transcript, reply_format
-from diagsafe_local.runs.readers import GUARDREASONER, NEMOTRON, SCORE_TAG
+from diagsafe_local.runs.readers import AEGIS_CATEGORIES, GUARDREASONER, NEMOTRON, SCORE_TAG
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,14 +116,6 @@ JUDGES.add(
 
 
 # -- NVIDIA Nemotron safety guard -------------------------------------------------------------------------
-
-AEGIS_CATEGORIES = (
-    "Violence, Sexual, Criminal Planning/Confessions, Guns and Illegal Weapons, Controlled/Regulated Substances, "
-    "Suicide and Self Harm, Sexual (minor), Hate/Identity Hate, PII/Privacy, Harassment, Threat, Profanity, "
-    "Needs Caution, Manipulation, Fraud/Deception, Malware, High Risk Gov Decision Making, "
-    "Political/Misinformation/Conspiracy, Copyright/Trademark/Plagiarism, Unauthorized Advice, Illegal Activity, "
-    "Immoral/Unethical, Other"
-)
 
 
 def nemotron_prompt(judged: JudgeInput, reply: str) -> tuple[Message, ...]:
