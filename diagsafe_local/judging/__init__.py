@@ -10,6 +10,7 @@ from diagsafe_local.judging import (  # noqa: F401  (registration)
     published,
     reasoning_guards,
     refusal,
+    strongreject,
 )
 from diagsafe_local.judging.base import JUDGES, Decoding, Judge, JudgeInput, ParseOutcome
 
