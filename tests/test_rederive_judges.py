@@ -127,6 +127,8 @@ SAMPLES = [
     "User Safety: unsafe\nResponse Safety: unsafe\nSafety Categories: Fraud/Deception, Malware",
     "User Safety: safe\nResponse Safety: safe",
     "unsafe\n<answer> Violence </answer>",
+    "#overall_reasoning r\n#scores\n1.a r\n1.b 0\n2.a r\n2.b 4\n3.a r\n3.b 5",
+    "#scores\n1.b 0\n2.b 7\n3.b 5",
     "not a verdict",
 ]
 
@@ -154,9 +156,8 @@ def test_every_built_in_judge_that_samples_a_text_verdict_has_a_reader():
     from diagsafe_local.judging.base import ModelFreeJudge
     from diagsafe_local.runs.rederive import score_rule
 
-    # still bound only by a signature: a parser in a module another engineer was writing as this was (strongreject-
-    # rubric), and a policy's verdict under another judge's name (gpt-oss-safeguard)
-    not_yet = {"strongreject-rubric", "gpt-oss-safeguard"}
+    # still bound only by a signature: a policy's verdict under another judge's name
+    not_yet = {"gpt-oss-safeguard"}
     missing = [
         j.name
         for j in (JUDGES.get(n) for n in JUDGES.names())
