@@ -2,12 +2,14 @@
 here and used by both sides, the judges that parse their engine's replies (`judging/`) and `verify`, which reads
 each recorded reply again (`runs.rederive`). A reply the reader cannot read (None) is unjudged, never a guess.
 
-Two kinds: a JSON verdict validated by its pydantic model and scored by a function of it (`ModelReader`: the
-published rubrics, Nemotron's guard), and a reply in a guard's own format (`PatternReader`: the whole reply,
-stripped, matches a regular expression that is also the judge's output constraint). A policy file's judge is
-read by its `records.ScoreRule`. Where a judge has a (positive, negative) word pair, `probability` is its
-default scoring by P(positive): such verdicts come from log-probabilities, not from the reply's text, and are
-not read again (`docs/gate.md`).
+Three kinds: a JSON verdict validated by its pydantic model and scored by a function of it (`ModelReader`: the
+published rubrics, Nemotron's JSON guard), a reply in a guard's own format (`PatternReader`: the whole reply,
+stripped, matches a regular expression that is also the judge's output constraint), and named sub-scores read
+from the text (`ScoresReader`: StrongREJECT's rubric format). A policy file's judge is read by its
+`records.ScoreRule`. `READERS` names each built-in judge's; a new built-in judge whose verdict is its reply's
+text adds a row (tests/test_rederive_judges.py checks that each row is its judge's parser). Where a judge has a
+(positive, negative) word pair, its row's `probability` is its default scoring by P(positive): such verdicts
+come from log-probabilities, not from the reply's text, and are not read again (`docs/gate.md`).
 """
 
 from __future__ import annotations
