@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_adversarial import finished_run
+from test_adversarial import cli, config_file, finished_run, scripted, write_items
 
 from diagsafe_local.core.errors import RunFailed
 from diagsafe_local.runs.verify import verify_run
@@ -47,3 +47,14 @@ def test_results_read_again_after_verification_must_be_the_bytes_verified(finish
     results.write_bytes(results.read_bytes().replace(b'"score":1.0', b'"score":0.0', 1))
     with pytest.raises(RunFailed, match="changed after it was verified"):
         list(run.results())
+
+
+def test_a_shard_verified_alone_is_not_whole(tmp_path, monkeypatch):
+    """verify holds a run to the whole dataset unless told it is checking a shard for its own share."""
+    scripted(monkeypatch)
+    config = config_file(tmp_path, write_items(tmp_path / "items.jsonl", 6))
+    assert cli("run", config, "--shard", "0/2").exit_code == 0
+    [shard] = (tmp_path / "run" / "shards").iterdir()
+    missing = [p for p in verify_run(shard).problems if "judged answers are missing" in p]
+    assert len(missing) == 1 and "(this is shard 0 of 2)" in missing[0], missing
+    assert verify_run(shard, whole=False).ok
