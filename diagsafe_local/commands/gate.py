@@ -114,7 +114,9 @@ def gate(
         typer.Option(
             help="Write the decision, pass or fail, as an in-toto Statement in a DSSE envelope to FILE, signed with "
             "DIAGSAFE_ATTEST_KEY (an Ed25519 private key, PEM) and/or DIAGSAFE_SIGNING_KEY; a run that does not "
-            "verify gets none (an older FILE is removed first). `verify-attestation` checks it.",
+            "verify gets none (an older FILE is removed first). With --policy: one attestation of the release "
+            "decision, the policy signed into it, its subject the checkpoint all the runs evaluated. "
+            "`verify-attestation` checks it.",
             metavar="FILE",
         ),
     ] = None,
