@@ -30,6 +30,10 @@ _STORES = tempfile.mkdtemp(prefix="diagsafe-hook-stores-")
 os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_STORES}/mlflow.db")
 os.environ.setdefault("WANDB_DIR", _STORES)
 os.environ.setdefault("WANDB_MODE", "offline")
+# A hook's first MLflow call creates and migrates a fresh sqlite store: on a loaded 2-core machine that passed the
+# 30 s default, the hook's process was killed mid-migration, and the next call found a half-made database ("table
+# already exists"). Tests of the time limit set their own.
+os.environ.setdefault("DIAGSAFE_HOOK_TIMEOUT", "600")
 # Property tests draw the same examples on every run: a failure in CI is a failure anyone can reproduce. No
 # deadline: a property is about what the code returns, and a loaded machine (2 cores, several test runs) made a
 # 200 ms deadline fail on examples that pass in milliseconds alone.
