@@ -58,6 +58,7 @@ pytest_add_cli_args_test_selection =
     tests/test_jury.py
     tests/test_limit_rows.py
     tests/test_verify_reads.py
+    tests/test_verify_mutants.py
     --deselect=tests/test_jury.py::test_validate_measures_each_member_and_the_jury_as_one_judge_which_a_run_then_uses
 EOF
 
