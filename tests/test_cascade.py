@@ -225,7 +225,9 @@ def test_the_real_model_screens_sends_its_band_up_and_the_gate_weighs_the_audit(
     assert sum(r["role"] == "band" for r in records) == len(up)
     assert all(r["vote"]["parse_status"] == "ok" for r in records)  # a real judge under its schema: every reply parses
     line = next(
-        x for x in output.splitlines() if x.startswith("NOTE  smollm2-135m-instruct: cascade:") and "sent up" in x
+        x
+        for x in output.splitlines()
+        if x.startswith("NOTE  smollm2-135m-instruct: cascade:") and "requests saved" in x
     )
     answers = len(results)
     assert f"{len(up)} of {answers} answers sent up" in line
