@@ -1,7 +1,8 @@
 """What `verify` holds a run to where the mutation figure (docs/benchmarks-log.md) found survivors that change a
 decision: a result for an answer the dataset does not have, and the attack side (a goal with no steps at all,
 steps for a goal the dataset does not have, a missing answer of an attack run, the steps read again after
-verification). Runs are made once for the module with scripted engines (test_attacks' PAIR run: goals g1..g3 and
+verification); and where a refusal would say the wrong thing or crash (a manifest's targets that are not the
+config's, the values of an edited summary figure, the count of attack records in a run without an attack). Runs are made once for the module with scripted engines (test_attacks' PAIR run: goals g1..g3 and
 one benign item; test_adversarial's run: items i0..i5); each test edits a copy."""
 
 from __future__ import annotations
@@ -94,3 +95,29 @@ def test_an_attack_run_missing_an_answer_is_refused(attacked, tmp_path):
     _write(results, rows[1:])
     problems = verify_run(run_dir).problems
     assert any("judged answers are missing" in p for p in problems), problems
+
+
+def test_a_manifest_whose_targets_are_not_the_configs_is_refused_in_one_line(plain, tmp_path):
+    run_dir = _copy(plain, tmp_path)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["targets"] = {"u": manifest["targets"]["t"]}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    problems = verify_run(run_dir).problems
+    assert "the manifest's targets (u) are not the config's (t): the manifest was edited" in problems, problems
+
+
+def test_an_edited_summary_figure_is_named_with_both_values(plain, tmp_path):
+    run_dir = _copy(plain, tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["targets"]["t"]["asr"]["value"] = 0.125
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    problems = verify_run(run_dir).problems
+    assert any("targets.t.asr.value is 0.125 in summary.json, 0.5 recomputed" in p for p in problems), problems
+
+
+def test_attack_records_in_a_run_without_an_attack_are_counted(plain, attacked, tmp_path):
+    run_dir = _copy(plain, tmp_path)
+    shutil.copy(attacked / "attacks.jsonl", run_dir / "attacks.jsonl")
+    steps = len(_lines(run_dir / "attacks.jsonl"))
+    problems = verify_run(run_dir).problems
+    assert f"attacks.jsonl holds {steps} attack records, and the run's config has no attack" in problems, problems
