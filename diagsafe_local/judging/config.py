@@ -90,7 +90,7 @@ class CascadeConfig(StrictModel):
     )
     audit_half_width: float = Field(
         0.05,
-        gt=0.0,
+        ge=0.001,  # a smaller one is millions of audited answers (and h*h underflows to 0)
         le=0.5,
         description="The 95% interval wanted on the disagreement: the audit judges ceil(1.96^2 x 0.25 / h^2) of the "
         "answers the screen kept per target (385 for 0.05; all of them when fewer), the size that bounds a rate "
