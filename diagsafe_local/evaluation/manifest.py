@@ -36,6 +36,7 @@ from diagsafe_local.runs.manifest import (
     NetworkPolicy,
     TargetRef,
     ValidationRef,
+    joined_network,
 )
 from diagsafe_local.runs.records import asked_hash
 
@@ -55,7 +56,7 @@ def judge_ref(judge: JudgeConfig, identity: EngineIdentity) -> JudgeRef:
         benign_rubric=judge.judge_for(benign=True),
         scoring=judge.scoring,
         turns=judge.turns,
-        settings=judge.verdict_settings(judge.judge_for(benign=False)) | _jurors(judge),
+        settings=judge.verdict_settings(judge.judge_for(benign=False)) | _jurors(judge) | _cascade(judge),
         kind=judge.kind if judge.needs_model else "none",
         constrained=judge.constrained,
         model=judge.model,
@@ -85,6 +86,16 @@ def _jurors(judge: JudgeConfig) -> dict[str, Any]:
             for m in judge.jury.members
         }
     }
+
+
+def _cascade(judge: JudgeConfig) -> dict[str, Any]:
+    """A cascade's full judge's verdict settings where it has any (a policy file's content hash: the read side
+    reads its replies again under the file only while it is the one the run judged with)."""
+    if judge.cascade is None:
+        return {}
+    full = judge.cascade.judge
+    settings = full.verdict_settings(full.rubric_name)
+    return {"cascade": settings} if settings else {}
 
 
 def dataset_ref(config: RunConfig, path: Path, sha256: str, items: Sequence[Item]) -> DatasetRef:
@@ -157,8 +168,10 @@ def build_manifest(
     timings: dict[str, dict[str, float]],
     validation: ValidationRef | None = None,
     grammar: GrammarCanary | None = None,
+    resumed: Manifest | None = None,
 ) -> Manifest:
-    """The run's manifest at `status`."""
+    """The run's manifest at `status`; a run that `resumed` one keeps its network joined with this process's
+    (`runs.manifest.joined_network`: an answer made online keeps the run online)."""
     return Manifest(
         run_id=run_id,
         status=status,
@@ -182,5 +195,7 @@ def build_manifest(
         engines=engines,
         gpu_plan=gpu_plan,
         timings=timings,
-        network=network_policy(config),
+        network=network_policy(config)
+        if resumed is None
+        else joined_network([resumed.network, network_policy(config)]),
     )

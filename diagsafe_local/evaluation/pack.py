@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from pydantic import BaseModel
 
 from diagsafe_local.core import atomic
 from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.locking import file_lock
 from diagsafe_local.core.pack import ENV as PACK_FOLDER
 from diagsafe_local.core.pack import LOCK, Pack, PackedFile, PackedPart, PackLock, PartKind, open_pack, refused
 from diagsafe_local.engines.config import EngineConfig
@@ -108,11 +110,26 @@ def _judges_parts(config: RunConfig) -> list[Need]:
 
 
 def build(config: RunConfig, config_path: Path, out: Path, say: Callable[[str], None]) -> PackLock:
-    """Copy every part `config` needs into `out` with its lock; returns the lock."""
-    if out.exists() and not (out / LOCK).is_file() and any(out.iterdir()):
-        raise DiagsafeError(f"{out}: a folder that is not a pack; give --out a new folder or an older pack")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.packing-", dir=out.parent))
+    """Copy every part `config` needs into `out` with its lock; returns the lock. One pack at a time writes `out`
+    (a lock beside it); what packs killed before they finished left beside it is cleared first."""
+    with ExitStack() as held:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(file_lock(out.with_name(f".{out.name}.packing.lock")))
+            _clear_killed(out, say)
+            if out.exists() and not out.is_dir():
+                raise DiagsafeError(f"{out}: a file, not a folder; give --out a new folder or an older pack")
+            if out.exists() and not (out / LOCK).is_file() and any(out.iterdir()):
+                raise DiagsafeError(f"{out}: a folder that is not a pack; give --out a new folder or an older pack")
+            staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.packing-", dir=out.parent))
+        except OSError as exc:
+            raise DiagsafeError(f"{out}: cannot make a pack there ({exc.strerror or exc})") from None
+        lock = _fill(config, config_path, out, staging, say)
+    return lock
+
+
+def _fill(config: RunConfig, config_path: Path, out: Path, staging: Path, say: Callable[[str], None]) -> PackLock:
+    """Copy every part into `staging`, write the lock there, and swap it in as `out`."""
     try:
         parts: list[PackedPart] = []
         files: list[PackedFile] = []
@@ -139,6 +156,21 @@ def build(config: RunConfig, config_path: Path, out: Path, say: Callable[[str], 
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return lock
+
+
+def _clear_killed(out: Path, say: Callable[[str], None]) -> None:
+    """Remove the stages of packs killed before they finished (none is live: a live pack holds the lock), and put
+    back an older pack that a kill between `_swap_in`'s two renames left set aside with nothing at `out`."""
+    left = re.compile(re.escape(f".{out.name}.") + r"(packing-[a-z0-9_]{8}|old-\d+)")
+    for stale in sorted(out.parent.iterdir()):
+        found = left.fullmatch(stale.name)
+        if found is None or not stale.is_dir() or stale.is_symlink():
+            continue
+        if found[1].startswith("old-") and not out.exists():
+            stale.rename(out)
+            say(f"restored the pack {out} that an interrupted pack had set aside ({stale.name})")
+        else:
+            shutil.rmtree(stale)
 
 
 def _swap_in(staging: Path, out: Path) -> None:

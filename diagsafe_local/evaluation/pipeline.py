@@ -489,6 +489,7 @@ class Run:
             timings=self.timings,
             validation=self.validation_ref,
             grammar=self.grammar,
+            resumed=self.dir.previous,
         )
         write_manifest(self.dir.root, manifest)
         # Signed at every save (where a key is set): a resumed run reuses only what was signed.

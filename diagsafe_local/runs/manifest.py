@@ -228,6 +228,21 @@ class NetworkPolicy(Record):
     )
 
 
+def joined_network(policies: Sequence[NetworkPolicy | None]) -> NetworkPolicy | None:
+    """The network of a run several processes wrote (a resumed run, merged shards): offline only where every one
+    ran offline, every endpoint any of them called, and their pack where all read the same one (None where one
+    recorded none: an older run says nothing of its network)."""
+    if any(p is None for p in policies):
+        return None
+    known = [p for p in policies if p is not None]
+    packs = {p.pack for p in known}
+    return NetworkPolicy(
+        offline=all(p.offline for p in known),
+        endpoints=sorted({e for p in known for e in p.endpoints}),
+        pack=packs.pop() if len(packs) == 1 else None,
+    )
+
+
 class SourceRun(Record):
     """A run a merged run was made from."""
 

@@ -25,9 +25,9 @@ from diagsafe_local.runs import passes as table
 from diagsafe_local.runs.manifest import (
     AttackRef,
     Manifest,
-    NetworkPolicy,
     SourceRun,
     TargetRef,
+    joined_network,
     read_manifest_file,
     write_config,
     write_manifest,
@@ -146,7 +146,7 @@ def merge_runs(
             validation=validation_ref,
             # every source verified, its canary included: the merge's holds where all of theirs did
             grammar=first.grammar if all(m.grammar and m.grammar.enforced for m in manifests) else None,
-            network=_network(manifests),
+            network=joined_network([m.network for m in manifests]),
             sources=[
                 SourceRun(run_dir=str(d), run_id=m.run_id, engines=m.engines) for d, m in zip(run_dirs, manifests)
             ],
@@ -154,21 +154,6 @@ def merge_runs(
         write_manifest(stage, merged)
         signing.sign(stage, run_id, table.signed_files())
     return summary
-
-
-def _network(manifests: list[Manifest]) -> NetworkPolicy | None:
-    """The merged run's network: offline only where every source ran offline, every endpoint any of them used, and
-    their pack where all read the same one (None where a source recorded none: an older run says nothing of its
-    network)."""
-    policies = [m.network for m in manifests]
-    if any(p is None for p in policies):
-        return None
-    packs = {p.pack for p in policies if p is not None}
-    return NetworkPolicy(
-        offline=all(p.offline for p in policies if p is not None),
-        endpoints=sorted({e for p in policies if p is not None for e in p.endpoints}),
-        pack=packs.pop() if len(packs) == 1 else None,
-    )
 
 
 @contextmanager
