@@ -302,6 +302,17 @@ LimitValue = Annotated[float, BeforeValidator(_a_number), Field(ge=0.0, le=1.0)]
 """A limit's value in a settings file (a config's `gate:` section, a release policy), per category or not."""
 
 
+def _a_boolean(value: Any) -> Any:
+    """A switch is true or false as written: a number or a text is a mistake (`1` is not true, "yes" is not true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"a switch must be true or false, got {value!r}")
+    return value
+
+
+SwitchValue = Annotated[bool, BeforeValidator(_a_boolean)]
+"""A switch's value in a settings file (a config's `gate:` section, a release policy)."""
+
+
 def _limit_field(limit: Limit) -> Any:
     """A limit as a field of the config's `gate:` section."""
     if limit.per_category:
@@ -315,7 +326,7 @@ GateConfig: type[StrictModel] = create_model(  # type: ignore[call-overload]
     __doc__="The run config's `gate:` section: the limits `diagsafe-local gate` checks when its command line "
     "leaves them out (see `runs.limits`).",
     **{limit.name: _limit_field(limit) for limit in LIMITS},
-    **{switch.name: (bool, Field(False, description=switch.help)) for switch in SWITCHES},
+    **{switch.name: (SwitchValue, Field(False, description=switch.help)) for switch in SWITCHES},
     baseline_run=(
         str | None,
         Field(

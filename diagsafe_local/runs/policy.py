@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, create_model, model_validator
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.runs.gate import Check, GateDecision, gate_run
-from diagsafe_local.runs.limits import LIMITS, SWITCHES, LimitValue
+from diagsafe_local.runs.limits import LIMITS, SWITCHES, LimitValue, SwitchValue
 from diagsafe_local.runs.verify import VerifiedRun
 from diagsafe_local.stats import wilson
 
@@ -52,7 +52,7 @@ PolicyLimits: type[StrictModel] = create_model(  # type: ignore[call-overload]
     __doc__="An entry's limits and switches: the gate's options by their table names (`runs.limits`), as the "
     "command line gives them (a policy is the authority a command line is).",
     **{limit.name: _limit_field(limit.per_category, limit.help) for limit in LIMITS},
-    **{switch.name: (bool, Field(False, description=switch.help)) for switch in SWITCHES},
+    **{switch.name: (SwitchValue, Field(False, description=switch.help)) for switch in SWITCHES},
 )
 
 
