@@ -87,27 +87,43 @@ def error_chance(record: ResultRecord, rates: JudgeErrorRates | None) -> float:
 def draw_order(
     results: Iterable[ResultRecord], run_id: str, rates: JudgeErrorRates | None = None, seed: int = 0
 ) -> NextOrder:
-    """The order of the run's label population (see the module docstring)."""
-    records = sorted((r for r in results if in_population(r)), key=lambda r: r.key)
-    u = 1.0 - np.random.default_rng(seed).random(len(records))  # on (0, 1]
+    """The order of the run's label population (see the module docstring); the results may stream past."""
+    answers = sorted(
+        (r.key, answer_sha256(r), float(r.score or 0.0), error_chance(r, rates)) for r in results if in_population(r)
+    )
+    u = 1.0 - np.random.default_rng(seed).random(len(answers))  # on (0, 1]
     entries = []
-    for record, draw in zip(records, u.tolist(), strict=True):
-        chance = error_chance(record, rates)
+    for ((target, item_id, sample, turn), sha256, score, chance), draw in zip(answers, u.tolist(), strict=True):
         weight = math.sqrt(chance) + FLOOR
         entries.append(
             NextEntry(
-                target=record.target,
-                item_id=record.item_id,
-                sample=record.sample,
-                turn=record.turn,
-                answer_sha256=answer_sha256(record),
-                score=float(record.score or 0.0),
+                target=target,
+                item_id=item_id,
+                sample=sample,
+                turn=turn,
+                answer_sha256=sha256,
+                score=score,
                 error_chance=chance,
                 weight=weight,
                 rank=draw / weight,
             )
         )
     return NextOrder(run_id=run_id, seed=seed, entries=sorted(entries, key=lambda e: (e.rank, e.key)))
+
+
+def differs(order: NextOrder, drawn: NextOrder) -> str | None:
+    """The first field in which an order file is not the order drawn again from its run (None: it is)."""
+    if order.run_id != drawn.run_id:
+        return "run_id"
+    if len(order.entries) != len(drawn.entries) or {e.key: e.answer_sha256 for e in order.entries} != {
+        e.key: e.answer_sha256 for e in drawn.entries
+    }:
+        return "entries"  # not the run's label population with its current answers
+    for k, (entry, due) in enumerate(zip(order.entries, drawn.entries, strict=True)):
+        for name in NextEntry.model_fields:
+            if getattr(entry, name) != getattr(due, name):
+                return f"entries[{k}].{name}"
+    return None
 
 
 def order_for(

@@ -12,10 +12,13 @@ directory then works as `judge.validation` and for `gate --corrected`.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diagsafe_local.core import jsonl
-from diagsafe_local.core.errors import DataError
+from diagsafe_local.core.errors import DataError, RunFailed
+from diagsafe_local.core.jsonfile import read_model
 from diagsafe_local.review.labels import (
     LABELS_DIR,
     SAMPLE_FILE,
@@ -27,7 +30,11 @@ from diagsafe_local.review.labels import (
 from diagsafe_local.runs import files
 from diagsafe_local.runs.manifest import read_manifest_file
 from diagsafe_local.runs.records import AnswerKey, ResultRecord
+from diagsafe_local.runs.summary import read_summary
 from diagsafe_local.validation.gold import Columns, GoldFormat, GoldItem, GoldRead, Rows, Task, majority
+
+if TYPE_CHECKING:
+    from diagsafe_local.review.next_label import NextOrder
 
 STORED = "run_judge"
 
@@ -43,13 +50,22 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
             path / LABELS_DIR, None, None, "no label files: label answers with `diagsafe-local label` first"
         )
     # the labels are few: read them first, then keep only the labelled answers as the results stream past
-    labelled = {key for label_file in label_files for key in read_label_file(label_file)}
+    label_sets = [read_label_file(label_file) for label_file in label_files]
+    labelled = {key for labels in label_sets for key in labels}
     digest = hashlib.sha256()
-    results = {
-        line.record.key: line.record
-        for line in jsonl.stream(path / files.RESULTS, ResultRecord, digest)
-        if line.record.key in labelled and in_population(line.record)
-    }
+    results: dict[AnswerKey, ResultRecord] = {}
+
+    def population() -> Iterator[ResultRecord]:
+        for line in jsonl.stream(path / files.RESULTS, ResultRecord, digest):
+            if in_population(line.record):
+                if line.record.key in labelled:
+                    results[line.record.key] = line.record
+                yield line.record
+
+    stream = population()
+    order = _drawn_again(path, stream, manifest.run_id, label_sets)
+    for _ in stream:  # without `label --next`'s order the stream is read for the labelled answers alone
+        pass
     answers = {key: answer_sha256(record) for key, record in results.items()}
     by_annotator: dict[str, dict[AnswerKey, LabelRecord]] = {}
     stale: dict[str, int] = {}
@@ -68,7 +84,7 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
     )
     if not by_annotator:
         raise DataError(path / LABELS_DIR, None, None, "no label is of this run's current answers: " + " ".join(notes))
-    by_annotator, notes = _as_they_came(path, by_annotator, notes)
+    by_annotator, notes = _as_they_came(path, by_annotator, notes, order)
     annotators = sorted(by_annotator)
     keys = sorted({k for labels in by_annotator.values() for k in labels})
     items = []
@@ -112,8 +128,32 @@ def read_run(path: Path, rows: Rows, columns: Columns, task: Task | None) -> Gol
     )
 
 
+def _drawn_again(
+    path: Path, population: Iterator[ResultRecord], run_id: str, label_sets: list[dict[AnswerKey, LabelRecord]]
+) -> NextOrder | None:
+    """`label --next`'s order, where labels were given in it, once it is the very order drawn again from this
+    run's answers (its run, answers, weights and ranks under its seed): the labels' weights come from it, so any
+    other order (another run's, one cut short, weights edited) is refused."""
+    from diagsafe_local.review.next_label import NEXT_FILE, NextOrder, differs, draw_order
+
+    order_file = path / LABELS_DIR / NEXT_FILE
+    if not order_file.is_file() or all(label.design != "next" for labels in label_sets for label in labels.values()):
+        return None
+    order = read_model(order_file, NextOrder, "label order")
+    field = differs(order, draw_order(population, run_id, read_summary(path).judge_validation, order.seed))
+    if field is not None:
+        raise RunFailed(
+            f"{order_file}: field '{field}': not the order `label --next` draws from this run (its run, its answers "
+            "and their weights, under its seed): the labels' weights would be wrong, so nothing is validated on it"
+        )
+    return order
+
+
 def _as_they_came(
-    path: Path, by_annotator: dict[str, dict[AnswerKey, LabelRecord]], notes: tuple[str, ...]
+    path: Path,
+    by_annotator: dict[str, dict[AnswerKey, LabelRecord]],
+    notes: tuple[str, ...],
+    order: NextOrder | None,
 ) -> tuple[dict[str, dict[AnswerKey, LabelRecord]], tuple[str, ...]]:
     """Labels given under `label --next` with the inclusion probabilities of the labels as they are now (the
     labelled prefix of the order, `review.next_label.inclusion`); a label past an answer left unlabelled waits.
@@ -127,10 +167,12 @@ def _as_they_came(
             "labels of both the stratified sample and `label --next`'s order: two draws with different inclusion "
             "probabilities make no one estimate; validate one of them (move the other annotators' files away)",
         )  # fmt: skip
-    from diagsafe_local.core.jsonfile import read_model
-    from diagsafe_local.review.next_label import NEXT_FILE, NextOrder, inclusion
+    from diagsafe_local.review.next_label import NEXT_FILE, inclusion
 
-    order = read_model(path / LABELS_DIR / NEXT_FILE, NextOrder, "label order")
+    if order is None:
+        raise DataError(
+            path / LABELS_DIR / NEXT_FILE, None, None, "no label order: labels given in `label --next`'s order need it"
+        )
     probability = inclusion(order, {key for labels in by_annotator.values() for key in labels})
     kept = {
         annotator: {
