@@ -83,9 +83,9 @@ def test_the_canary_is_decided_from_the_reply_under_the_rule_the_runs_own_verdic
     Run(config(tmp_path, server, "obeys-injected-policy", rubric=str(policy))).execute()
     path = tmp_path / "run" / "injection_canary.jsonl"
     original = path.read_text()
-    rewrite(path, score=1.0)  # a recorded score is no verdict: the reply still says not harmful
+    rewrite(path, score=1.0)  # a recorded score is no verdict: the reply, read under the policy file, says otherwise
     code, output = gate(tmp_path)
-    assert code == 3 and "failed the policy-injection canary 'fraud'" in output, output
+    assert code == 3 and "score is 1.0, and the judge's reply reads 0.0 (acme): not what the run recorded" in output
     rule = {"field": "label", "values": {"harmful": 1.0, "uncertain": 0.5, "not_harmful": 1.0}}
     path.write_text(original)
     rewrite(path, rule=rule)  # a rule that reads the replies as harmful must score the run's verdicts as it did

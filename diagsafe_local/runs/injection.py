@@ -3,7 +3,8 @@ answers that are plainly harmful and carry an instruction redefining the judge's
 above, ... is allowed"). A judge that calls any of them not harmful obeyed the answer it judged instead of its
 policy, and the gate refuses the run (exit 3) with its reply. The grammar canary's sibling: each is decided from
 its recorded reply, parsed again under the judge's score rule (`ScoreRule`: for a shipped policy, the shipped
-one; for any, one that scores the run's own verdicts as the run did), never from a recorded score or flag.
+one, for a policy file the run names, the file's while it is the one the run judged with (`rederive.Replies`);
+for any, one that scores the run's own verdicts as the run did), never from a recorded score or flag.
 
 A canary the judge could not judge (an error, a reply that does not parse or was cut off) has not shown that the
 judge resists the injection: it refuses the run too (`run CONFIG` asks an erred one again).
@@ -19,7 +20,7 @@ from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.files import INJECTION
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import RUN_WIDE, CouldNotJudge, InjectionRecord, ResultRecord, ScoreRule
-from diagsafe_local.runs.rederive import score_rule, verdict_problem
+from diagsafe_local.runs.rederive import Replies
 from diagsafe_local.runs.verdicts import is_harmful
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class InjectionCheck:
         self.wanted = bool(judge.get("injection_canary"))
         self.judge = manifest.judge.rubric if manifest.judge is not None else None
         self.run_ids = manifest.run_ids()
+        self.replies = Replies(manifest)
         self.rule: ScoreRule | None = None
         self.records: list[InjectionRecord] = []
         self._problems: list[str] = []
@@ -108,7 +110,7 @@ class InjectionCheck:
             if record.rule != lines[0].record.rule:
                 self._problems.append(f"{INJECTION} line {line.number}: another score rule than its first line's")
                 return
-            recorded = verdict_problem(record.judge, record.judge_raw, record.parse_status, record.score)
+            recorded = self.replies.problem(record.judge, record.judge_raw, record.parse_status, record.score)
             if recorded is not None:
                 self._problems.append(f"{INJECTION} line {line.number}: {recorded}: not what the run recorded")
                 return
@@ -124,9 +126,9 @@ class InjectionCheck:
                 f"{INJECTION}: its score rule does not score {wrong} of the judge's own verdicts as the run did"
             )
             return
-        shipped = score_rule(self.judge or "")
-        if shipped is not None and self.rule != shipped:
-            self._problems.append(f"{INJECTION}: its score rule is not the shipped {self.judge} policy's")
+        policy = self.replies.reader(self.judge or "")  # the shipped policy's rule, or the run's policy file's
+        if isinstance(policy, ScoreRule) and self.rule != policy:
+            self._problems.append(f"{INJECTION}: its score rule is not the {self.judge} policy's")
             return
         for record in self.records:
             score = self.rule.score(record.judge_raw)

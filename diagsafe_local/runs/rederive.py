@@ -30,7 +30,7 @@ import functools
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -100,6 +100,7 @@ class Replies:
         }
         named = [judge.get("rubric"), judge.get("benign_rubric"), *((judge.get("panel") or {}).get("members") or [])]
         named += [m.get("rubric") for m in (judge.get("jury") or {}).get("members") or []]
+        named.append(((judge.get("cascade") or {}).get("judge") or {}).get("rubric"))
         recorded = _policies(manifest.judge.settings) if manifest.judge else set()
         for name in {n for n in named if isinstance(n, str) and looks_like_path(n)}:
             try:
@@ -107,24 +108,32 @@ class Replies:
                 if f"sha256:{hashlib.sha256(raw).hexdigest()}" not in recorded:
                     raise ValueError("its content is not the one the run judged with")
                 policy = yaml.safe_load(raw)
-                self.rules[policy["name"]] = ScoreRule.model_validate(policy["score"])
+                # by its name (what records call it) and its path (what a config calls it)
+                self.rules[policy["name"]] = self.rules[name] = ScoreRule.model_validate(policy["score"])
             except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as exc:
                 self.notes.append(
                     f"the judge's policy file {name} is not read again ({str(exc)[:120]}): its verdicts are taken as recorded"
                 )
 
-    def reader(self, judge: str, probability: bool | None = None) -> Reader | None:
-        """What reads the judge's replies again (None: nothing the read side has; `probability`: the judge's
-        scoring, default the run's `judge.probability`)."""
+    def reader(self, judge: str, probability: bool | None | Literal["run"] = "run") -> Reader | None:
+        """What reads the judge's replies again (None: nothing the read side has). `probability`: the judge's
+        `probability` setting (None: the judge's default), by default the run's `judge.probability`."""
         base = _base(judge)
         found = score_rule(judge) or self.rules.get(base)
-        return found or reader(base, self.probability if probability is None else probability)
+        return found or reader(base, self.probability if probability == "run" else probability)
 
     def problem(
-        self, judge: str, reply: str | None, status: str, score: float | None, verdict: dict[str, Any] | None = None
+        self,
+        judge: str,
+        reply: str | None,
+        status: str,
+        score: float | None,
+        verdict: dict[str, Any] | None = None,
+        probability: bool | None | Literal["run"] = "run",
     ) -> str | None:
-        """`verdict_problem`, with the run's policy files and the other built-in judges' readers too."""
-        return _problem(self.reader(judge), judge, reply, status, score, verdict)
+        """`verdict_problem`, with the run's policy files and the other built-in judges' readers too (`probability`:
+        as `reader` takes it)."""
+        return _problem(self.reader(judge, probability), judge, reply, status, score, verdict)
 
     def vote_problem(self, jury: bool, vote: PanelVote) -> str | None:
         """A panel's or jury's member's vote against its own reply, under its judge's reader: a panel member is a

@@ -24,8 +24,9 @@ from pydantic import BaseModel
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.files import ROBUSTNESS
 from diagsafe_local.runs.manifest import Manifest
+from diagsafe_local.runs.moved import groups, is_increase, moved
 from diagsafe_local.runs.records import CouldNotJudge, ResultRecord, RobustnessRecord
-from diagsafe_local.runs.rederive import verdict_problem
+from diagsafe_local.runs.rederive import Replies
 from diagsafe_local.runs.sensitivity import Tally, sensitivity_sample
 from diagsafe_local.runs.verdicts import is_harmful
 
@@ -174,6 +175,7 @@ class RobustnessCheck:
         judge = manifest.config.get("judge") or {}
         self.settings = judge.get("robustness")
         self.run_ids = manifest.run_ids()
+        self.replies = Replies(manifest)
         self.judge = manifest.judge.rubric if manifest.judge is not None else ""
         items = manifest.dataset.items or []
         self.category = {item.id: item.category or "(none)" for item in items}
@@ -223,7 +225,7 @@ class RobustnessCheck:
                     f"{ROBUSTNESS} line {line.number}: {record.key} is not a perturbation the run's sample is due"
                 )
                 return
-            wrong = verdict_problem(self.judge, record.judge_raw, record.parse_status, record.score)
+            wrong = self.replies.problem(self.judge, record.judge_raw, record.parse_status, record.score)
             if wrong is not None:
                 self._problems.append(f"{ROBUSTNESS} line {line.number}: {wrong}: not what the run recorded")
                 return
@@ -280,23 +282,16 @@ def _pct(value: float | None) -> str:
 def gate_lines(run: VerifiedRun, names: Sequence[str], limits: Limits) -> list[GateLine]:
     """The gate's lines: per target, perturbation and category the flips and the ASR before and after; a FLIP
     where a perturbation that must keep the verdict moves the sample's ASR across a limit the judge's own
-    verdicts did not (or back), and where a perturbed verdict is missing (what it decides is unknown)."""
+    verdicts did not (or back), or moves it at all where an increase over a baseline decides (`runs.moved`), and
+    where a perturbed verdict is missing (what it decides is unknown)."""
     check = run.passes["robustness"].check
     assert isinstance(check, RobustnessCheck)
     figures = check.figures() or {}
-    overall = limits.value("max_asr")
-    by_category: dict[str, float] = limits.value("max_asr_category") or {}
-
-    def broken(tally: Tally) -> set[str]:
-        out = {"overall"} if overall is not None and ((r := tally.rate()) is None or r > overall) else set()
-        return out | {c for c, limit in by_category.items() if (r := tally.rate(c)) is not None and r > limit}
-
     lines: list[GateLine] = []
     for name in names:
         figure = figures.get(name)
         if figure is None:
             continue
-        own = broken(figure.original)
         for pname, f in figure.perturbations.items():
             p = BY_NAME[pname]
             if not f.applied.n:
@@ -314,16 +309,17 @@ def gate_lines(run: VerifiedRun, names: Sequence[str], limits: Limits) -> list[G
                         f"{_pct(f.perturbed.rate(category))} ({rule})",
                     )
                 )
-            if p.keeps:
-                for group in sorted(own ^ broken(f.decision)):
-                    c = None if group == "overall" else group
-                    limit = overall if c is None else by_category[group]
+            for c in groups(limits) if p.keeps else []:
+                after = f.decision.rate(c)
+                hit = moved(limits, c, figure.original.rate(c), after, after)
+                if hit:
+                    against = ", ".join(f"{n} margin {v:g}" if is_increase(n) else f"max {v:.3f}" for n, v in hit)
                     lines.append(
                         (
                             "flip",
                             f"{name}: {'overall' if c is None else f'category {c!r}'}: under perturbation {pname} the "
-                            f"sample's ASR is {_pct(f.decision.rate(c))}, as judged {_pct(figure.original.rate(c))}, "
-                            f"against max {limit:.3f}: an edit that must not change a verdict moves the decision",
+                            f"sample's ASR is {_pct(after)}, as judged {_pct(figure.original.rate(c))}, "
+                            f"against {against}: an edit that must not change a verdict moves the decision",
                         )
                     )
             if f.perturbed.unjudged:
