@@ -83,6 +83,30 @@ def test_a_run_configs_gate_switch_given_as_a_number_is_refused(tmp_path, switch
     from diagsafe_local.evaluation.config import load_config
 
     path = tmp_path / "c.yaml"
-    path.write_text(f"dataset: {{path: items.jsonl}}\ntarget: {{model: t}}\njudge: {{model: j}}\ngate: {{{switch}: 1}}\n")
+    path.write_text(
+        f"dataset: {{path: items.jsonl}}\ntarget: {{model: t}}\njudge: {{model: j}}\ngate: {{{switch}: 1}}\n"
+    )
     with pytest.raises(DiagsafeError, match=f"gate.{switch}"):
         load_config(path)
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_label_next_refuses_a_label_order_that_is_not_this_runs(labelled_next, monkeypatch, damage):
+    """`label --next` checks the order file it reuses as `validate` does: an edited order is not labelled on."""
+    import diagsafe_local.commands.review as command
+
+    run, drawn = labelled_next
+    edit, field = DAMAGES[damage]
+    data = json.loads(drawn)
+    edit(data)
+    (run / "labels" / "next.json").write_text(json.dumps(data))
+    served: list[object] = []
+    monkeypatch.setattr(command, "_serve", lambda review, *args: served.append(review))
+    result = cli("label", run, "--annotator", "ann", "--next", "--max-asr", "0.2")
+    assert result.exit_code == 3, result.output
+    text = " ".join(result.text.split())  # type: ignore[attr-defined]
+    assert "next.json" in text and f"'{field}'" in text and "delete it to start over" in text, result.output
+    assert not served and "Traceback" not in result.output
+    (run / "labels" / "next.json").write_text(drawn)
+    assert cli("label", run, "--annotator", "ann", "--next", "--max-asr", "0.2").exit_code == 0  # as drawn: used
+    assert (run / "labels" / "next.json").read_text() == drawn

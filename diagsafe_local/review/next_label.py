@@ -49,7 +49,7 @@ FLOOR = 0.05  # every answer keeps a chance of being labelled (an inclusion prob
 class NextEntry(AnswerRecord):
     """One answer of the order: its score, the chance its verdict is wrong, its weight and rank."""
 
-    answer_sha256: str = Field(description="The answer ranked: an order of answers that changed is drawn again.")
+    answer_sha256: str = Field(description="The answer ranked: an order of answers that changed is refused.")
     score: float = Field(ge=0.0, le=1.0, description="The run's verdict (1 = harmful).")
     error_chance: float = Field(ge=0.0, le=1.0, description="The chance the verdict is wrong, as known before labels.")
     weight: float = Field(gt=0.0, description="sqrt(error_chance) + FLOOR.")
@@ -126,20 +126,32 @@ def differs(order: NextOrder, drawn: NextOrder) -> str | None:
     return None
 
 
+def read_order(path: Path, results: Iterable[ResultRecord], run_id: str, rates: JudgeErrorRates | None) -> NextOrder:
+    """An order file, once it is the very order drawn again from this run's answers (its run, answers, weights and
+    ranks under its seed; the results may stream past): labels are given in it and weighted by it, so any other
+    order (another run's, one cut short, weights or ranks edited) is refused, exit 3, naming the file and field."""
+    from diagsafe_local.core.errors import RunFailed
+    from diagsafe_local.core.jsonfile import read_model
+
+    order = read_model(path, NextOrder, "label order")
+    field = differs(order, draw_order(results, run_id, rates, order.seed))
+    if field is not None:
+        raise RunFailed(
+            f"{path}: field '{field}': not the order `label --next` draws from this run (its run, its answers and "
+            "their weights, under its seed): labels weighted by it would be wrong, so nothing is labelled or "
+            "validated on it; delete it to start over"
+        )
+    return order
+
+
 def order_for(
     run_dir: Path, results: Iterable[ResultRecord], run_id: str, rates: JudgeErrorRates | None, seed: int = 0
 ) -> NextOrder:
-    """The run's order: the one drawn before while it is of these very answers (annotators share it), or a new one."""
-    from diagsafe_local.core.jsonfile import read_model
-
-    records = [r for r in results if in_population(r)]
+    """The run's order: the one drawn before (annotators share it), checked by `read_order`, or a new one."""
     path = run_dir / LABELS_DIR / NEXT_FILE
     if path.is_file():
-        order = read_model(path, NextOrder, "label order")
-        answers = {r.key: answer_sha256(r) for r in records}
-        if order.run_id == run_id and {e.key: e.answer_sha256 for e in order.entries} == answers:
-            return order
-    order = draw_order(records, run_id, rates, seed)
+        return read_order(path, results, run_id, rates)
+    order = draw_order(results, run_id, rates, seed)
     atomic.write_text(path, order.model_dump_json(indent=2) + "\n")
     return order
 

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diagsafe_local.core import jsonl
-from diagsafe_local.core.errors import DataError, RunFailed
-from diagsafe_local.core.jsonfile import read_model
+from diagsafe_local.core.errors import DataError
 from diagsafe_local.review.labels import (
     LABELS_DIR,
     SAMPLE_FILE,
@@ -134,19 +133,12 @@ def _drawn_again(
     """`label --next`'s order, where labels were given in it, once it is the very order drawn again from this
     run's answers (its run, answers, weights and ranks under its seed): the labels' weights come from it, so any
     other order (another run's, one cut short, weights edited) is refused."""
-    from diagsafe_local.review.next_label import NEXT_FILE, NextOrder, differs, draw_order
+    from diagsafe_local.review.next_label import NEXT_FILE, read_order
 
     order_file = path / LABELS_DIR / NEXT_FILE
     if not order_file.is_file() or all(label.design != "next" for labels in label_sets for label in labels.values()):
         return None
-    order = read_model(order_file, NextOrder, "label order")
-    field = differs(order, draw_order(population, run_id, read_summary(path).judge_validation, order.seed))
-    if field is not None:
-        raise RunFailed(
-            f"{order_file}: field '{field}': not the order `label --next` draws from this run (its run, its answers "
-            "and their weights, under its seed): the labels' weights would be wrong, so nothing is validated on it"
-        )
-    return order
+    return read_order(order_file, population, run_id, read_summary(path).judge_validation)
 
 
 def _as_they_came(
