@@ -1,6 +1,7 @@
 """gpt-oss's o200k vocabulary offline (issue 45, part 2): found where the installed harmony package carries it or
-where TIKTOKEN_ENCODINGS_BASE points, verified by its published SHA-256, and refused by `run` and `doctor` before any
-model loads where a gpt-oss judge could not start its first request."""
+where TIKTOKEN_ENCODINGS_BASE points, verified by its published SHA-256, and packed for a `vllm serve` of gpt-oss on
+the node. Our own engines (vLLM's offline `LLM`) never load it, so a run is not refused for it and `doctor` only
+notes it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import re
 from pathlib import Path
 
 import pytest
+from test_series import checkpoint, scripted  # noqa: F401  (a fixture: every engine the pipeline makes is scripted)
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
+from diagsafe_local.evaluation.config import load_config
 from diagsafe_local.judging import harmony_vocab
 from diagsafe_local.judging.harmony_vocab import ENV, FILE, SHA256, VocabularyMissing, vocabulary, vocabulary_file
 
@@ -84,31 +87,37 @@ def test_a_package_that_downloads_it_is_refused_offline(monkeypatch):
         vocabulary()
 
 
-def _config(tmp_path: Path, rubric: str) -> Path:
-    items = tmp_path / "items.jsonl"
-    items.write_text(json.dumps({"id": "a", "prompt": "How do I pick a lock?"}) + "\n")
-    config = {
-        "dataset": {"path": str(items)},
-        "target": {"model": str(tmp_path), "name": "t"},
-        "judge": {"model": str(tmp_path), "rubric": rubric},
-        "output_dir": str(tmp_path / "run"),
-    }
-    path = tmp_path / "run.yaml"
-    path.write_text(json.dumps(config))
-    return path
+def test_a_gpt_oss_run_is_not_refused_for_the_vocabulary_and_doctor_only_notes_it(tmp_path, scripted):  # noqa: F811
+    """vLLM's offline `LLM` renders through `renderers/registry.py` `renderer_from_config` (HfRenderer) and never
+    calls `harmony_utils.get_encoding`; only the OpenAI server's HarmonyParser does. So a gpt-oss model served
+    here runs with TIKTOKEN_ENCODINGS_BASE naming a folder without the file."""
+    from diagsafe_local.commands.doctor import harmony_check
 
-
-@pytest.mark.slow
-def test_run_refuses_a_gpt_oss_judge_before_loading_and_doctor_fails_on_the_variable(tmp_path):
     empty = tmp_path / "vocab"
     empty.mkdir()
-    result = CliRunner().invoke(app, ["run", str(_config(tmp_path, "gpt-oss-safeguard"))], env={ENV: str(empty)})
-    assert result.exit_code == 2, result.output
-    message = " ".join(result.output.split())
-    assert f"{ENV}={empty} has no {FILE}" in message and SHA256 in message and "Traceback" not in result.output
-    assert not (tmp_path / "run").exists()  # refused before the run directory, before any engine
+    gpt_oss = checkpoint(tmp_path / "models", "gpt-oss")
+    (gpt_oss / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"id": "a", "prompt": "How do I pick a lock?"}) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "dataset": {"path": str(items)},
+                "target": {"model": str(gpt_oss), "name": "t"},
+                "judge": {"model": "j"},
+                "output_dir": str(tmp_path / "run"),
+            }
+        )
+    )
+    assert harmony_vocab.serves_harmony(load_config(config).judge, [str(gpt_oss)])  # what `pack` packs it for
+    result = CliRunner().invoke(app, ["run", str(config)], env={ENV: str(empty)})
+    assert result.exit_code == 0, result.output
+    assert str(gpt_oss) in scripted
 
-    doctor = CliRunner().invoke(app, ["doctor", "--no-engines"], env={ENV: str(empty)})
-    assert doctor.exit_code == 3 and re.search(rf"harmony vocabulary .*{ENV}=", doctor.output), doctor.output
-    ready = CliRunner().invoke(app, ["doctor", "--no-engines"], env={ENV: None})
-    assert re.search(r"harmony vocabulary +carried by oss-harmony", ready.output), ready.output
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ENV, str(empty))
+        note = harmony_check()
+    assert note.status == "warn" and "vllm serve" in note.detail and f"{ENV}={empty} has no {FILE}" in note.detail
+    here = harmony_check()  # this machine's: a note either way, never a FAIL
+    assert here.status in {"ok", "warn"} and "vllm serve" in here.detail

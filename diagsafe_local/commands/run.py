@@ -70,17 +70,15 @@ def run(
     from diagsafe_local.core.console import engine_output
     from diagsafe_local.evaluation.config import load_config
     from diagsafe_local.evaluation.pipeline import Run
-    from diagsafe_local.evaluation.planning import local_models, plan_run
+    from diagsafe_local.evaluation.planning import plan_run
     from diagsafe_local.evaluation.prompt_sets import load_configured
     from diagsafe_local.evaluation.replicas import run_replicas, unsharded_run
     from diagsafe_local.evaluation.sharding import Shard
-    from diagsafe_local.judging.harmony_vocab import check_run
 
     set_ = [*(set_ or []), *([] if store_reasoning else ["judge.store_reasoning=false"])]
     cfg = load_config(config, set_)
     part = Shard.parse(shard) if shard else None
     with _network(cfg, offline_, pack or (Path(cfg.offline.pack) if cfg.offline.pack else None)) as cfg:
-        check_run(cfg.judge, [m.model for m in local_models(cfg)])  # a gpt-oss judge fails at its first request else
         if part is None and not overwrite and not unsharded_run(cfg):
             plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
             if plan.replicas > 1:

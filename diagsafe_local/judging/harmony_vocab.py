@@ -1,18 +1,25 @@
-"""gpt-oss's o200k vocabulary, offline: where it is, and a refusal before any model loads when it is not.
+"""gpt-oss's o200k vocabulary offline: where it is, for a `vllm serve` of gpt-oss on an offline node.
 
-vLLM renders and parses gpt-oss's harmony format with `openai_harmony.load_harmony_encoding(HARMONY_GPT_OSS)`
-(`vllm/entrypoints/openai/parser/harmony_utils.py`, `get_encoding`, called by `vllm/parser/harmony.py` at the
-first request, not when the engine loads). The encoding is built on OpenAI's `o200k_base.tiktoken`:
-- where `TIKTOKEN_ENCODINGS_BASE` is set, harmony reads `$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken` and nothing
-  else: a folder without the file fails at that first request ("invalid tiktoken vocab file");
+Only vLLM's OpenAI-compatible server loads it: `vllm/entrypoints/openai/parser/harmony_utils.py` `get_encoding`
+(`openai_harmony.load_harmony_encoding(HARMONY_GPT_OSS)`) is called by `vllm/parser/harmony.py` HarmonyParser, which
+`vllm/parser/parser_manager.py` `_compose_parser(is_harmony=True)` builds for the server's chat and responses
+handlers and `vllm/renderers/online_renderer.py`, at the first request. vLLM's offline `LLM`, which our local
+engines use, never does: it renders through `vllm/renderers/registry.py` `renderer_from_config` (HfRenderer, the
+model's own chat template and tokenizer), and gpt-oss's reasoning parser (`vllm/reasoning/gptoss_reasoning_parser.py`)
+loads no encoding (vLLM 0.32). So a run is never refused for it; `pack` copies it where a run serves gpt-oss, so
+that the node's own `vllm serve` of that model finds it too (`run --pack` points TIKTOKEN_ENCODINGS_BASE there).
+
+Where the server's harmony finds the encoding's `o200k_base.tiktoken`:
+- where `TIKTOKEN_ENCODINGS_BASE` is set, in `$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken` and nothing else: a
+  folder without the file fails at that first request ("invalid tiktoken vocab file");
 - else `oss-harmony` (vLLM 0.31 and later depend on it; 0.0.11 measured here) carries the vocabulary compiled into
   its library: it loads with no file and no network (traced: no file opened, no connection), and decoding its
   199,998 ranks writes the published file byte for byte (SHA-256 below);
 - else `openai-harmony` (older vLLM) downloads the file at that first request: on an offline node it fails there.
 
-`vocabulary()` says which holds here, or raises one line naming the variable and the file; `vocabulary_file()`
-gives a verified copy of the file on disk (what `pack` copies: the variable's file, or the package's vocabulary
-written out once into the cache).
+`vocabulary()` says which holds here, or raises one line naming the variable and the file (`doctor` notes it);
+`vocabulary_file()` gives a verified copy of the file on disk (what `pack` copies: the variable's file, or the
+package's vocabulary written out once into the cache).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ PROVIDE = (
 
 
 class VocabularyMissing(DiagsafeError):
-    """A gpt-oss judge cannot start its first request offline: what is missing and how to provide it."""
+    """A `vllm serve` of gpt-oss could not start its first request offline: what is missing and how to provide it."""
 
 
 class Vocabulary(BaseModel):
@@ -62,7 +69,8 @@ class Vocabulary(BaseModel):
 
 
 def vocabulary() -> Vocabulary:
-    """The vocabulary harmony will load here without a network, or VocabularyMissing (one line)."""
+    """The vocabulary a `vllm serve` of gpt-oss (its HarmonyParser) will load here without a network, or
+    VocabularyMissing (one line)."""
     base = os.environ.get(ENV)
     if base is not None:
         path = Path(base) / FILE
@@ -114,16 +122,10 @@ def tiktoken_file(tokens: Iterable[bytes]) -> bytes:
     return b"".join(base64.b64encode(token) + b" %d\n" % rank for rank, token in enumerate(tokens))
 
 
-def check_run(judge: JudgeConfig, local_models: Iterable[str] = ()) -> Vocabulary | None:
-    """Before anything loads: the vocabulary, where the run serves the harmony format here (`serves_harmony`); None
-    where it serves none; VocabularyMissing where it cannot start offline."""
-    return vocabulary() if serves_harmony(judge, local_models) else None
-
-
 def serves_harmony(judge: JudgeConfig, local_models: Iterable[str] = ()) -> bool:
-    """Whether a run serves the harmony format here: its judge (or a juror) is named in HARMONY_JUDGES on a local
-    engine, or a model it loads here (`local_models`, as configured) has a config.json that says gpt-oss (vLLM serves
-    it through harmony whatever the prompt)."""
+    """Whether a run serves the harmony format here, so `pack` packs the vocabulary for a `vllm serve` of the same
+    model on the node: its judge (or a juror) is named in HARMONY_JUDGES on a local engine, or a model it loads here
+    (`local_models`, as configured) has a config.json that says gpt-oss."""
     from diagsafe_local.engines.kinds import capabilities
     from diagsafe_local.judging.config import judge_name
 
