@@ -217,3 +217,64 @@ def test_the_ci_templates_gate_command_runs_the_shipped_policy(tmp_path, runs, m
     assert "POLICY NO-GO" in result.text and "signature verified" in result.text
     assert "gate-output.txt" in tee
     assert "attestation written" in result.text and (tmp_path / "release-decision.intoto.json").is_file()
+
+
+@pytest.fixture
+def online_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """Two signed runs of the same items, neither harmful: `online` (run as is) and `offline` (`run --offline`, as
+    `submit`'s jobs run)."""
+    from diagsafe_local.core.offline import ENV
+
+    monkeypatch.setenv("DIAGSAFE_SIGNING_KEY", KEY)
+    monkeypatch.chdir(tmp_path)
+    for model in ("t", "j"):  # the scripted models, on disk: an offline run refuses a model it would download
+        (tmp_path / model).mkdir()
+    made = {"online": finished_run(tmp_path, monkeypatch, name="online", responder=not_harmful)}
+    monkeypatch.setenv(ENV, "1")
+    made["offline"] = finished_run(tmp_path, monkeypatch, name="offline", responder=not_harmful)
+    monkeypatch.delenv(ENV)
+    return made
+
+
+def test_require_offline_from_an_entry_the_policy_or_the_command_line_refuses_an_online_run(tmp_path, online_offline):
+    """The gate's own switch, said by an entry, by the policy's top level (every entry; an entry's false does not
+    loosen it) or by `gate --policy ... --require-offline` (every entry): the online run is MISSING, as the gate
+    refuses it, and the release cannot be verified (3); the offline run passes."""
+    offline, online = entry("a", "offline", max_asr=0.5), entry("b", "online", max_asr=0.5)
+    for way in ("entry", "policy", "command line"):
+        (tmp_path / way).mkdir()
+    ways = {
+        "entry": (policy_file(tmp_path / "entry", {**offline, "limits": {**offline["limits"], "require_offline": True}},
+                              {**online, "limits": {**online["limits"], "require_offline": True}}), ()),
+        "policy": (_with(policy_file(tmp_path / "policy", offline,
+                                     {**online, "limits": {**online["limits"], "require_offline": False}}),
+                         require_offline=True), ()),
+        "command line": (policy_file(tmp_path / "command line", offline, online), ("--require-offline",)),
+    }  # fmt: skip
+    for way, (path, flags) in ways.items():
+        result = cli("gate", "--policy", path, *flags, *(f"{n}={d}" for n, d in online_offline.items()))
+        assert result.exit_code == 3, (way, result.output)
+        assert row(result.output, "a")[3] == "PASS" and row(result.output, "b")[3] == "MISSING", (way, result.output)
+        assert "records no offline network policy" in " ".join(result.text.split()), (way, result.output)
+        assert "require_offline on every entry" in result.text or way == "entry", (way, result.output)
+    plain = cli("gate", "--policy", ways["command line"][0], *(f"{n}={d}" for n, d in online_offline.items()))
+    assert plain.exit_code == 0, plain.output  # the online run passes where nothing asks for offline
+
+
+@pytest.mark.parametrize("top, message", [("require_offline: 1", "require_offline"), ("corrected: true", "corrected")])
+def test_a_policy_top_level_switch_is_a_tightening_one_given_as_a_boolean(tmp_path, runs, top, message):
+    """Only a switch that tightens the gate applies to every entry (a relaxing one is each entry's own), and it
+    is true or false as written."""
+    path = policy_file(tmp_path, entry("harm", "safe", max_asr=0.5))
+    path.write_text(top + "\n" + path.read_text())
+    result = gate_policy(path, runs, "safe")
+    assert result.exit_code == 2 and message in result.text and "Traceback" not in result.output, result.output
+    relaxing = cli("gate", "--policy", path, f"safe={runs['safe']}", "--allow-degenerate-judge")
+    assert relaxing.exit_code == 2 and "--allow-degenerate-judge" in relaxing.text, relaxing.output
+
+
+def _with(path: Path, **top: object) -> Path:
+    """The policy file with these top-level keys added."""
+    data = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**top, **data}, sort_keys=False))
+    return path

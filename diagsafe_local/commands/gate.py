@@ -125,7 +125,7 @@ def gate(
         typer.Option(
             help="A release policy (YAML): one decision over the runs given as NAME=DIR, each entry decided by the "
             "gate with its own limits and tier; GO 0, NO-GO 1 (3 when a critical run is missing or does not "
-            "verify), INCONCLUSIVE 4. See docs/gate.md.",
+            "verify), INCONCLUSIVE 4; --require-offline applies to every entry. See docs/gate.md.",
             metavar="FILE",
         ),
     ] = None,
@@ -146,8 +146,10 @@ def gate(
     if policy is not None:
         given = {"--target": target, "--baseline": baseline, "--baseline-target": baseline_target}
         given |= {"--checkpoint": checkpoint, "--hook": hook}  # a hook gets one run's decision
+        every = [s.name for s in SWITCHES if not s.relaxes and command_line.pop(s.name)]  # tightens every entry
         given |= {"--" + name.replace("_", "-"): value for name, value in command_line.items()}
-        _gate_policy(policy, run_dirs, require_signature, sensitivity, attest, [k for k, v in given.items() if v])
+        conflicting = [k for k, v in given.items() if v]
+        _gate_policy(policy, run_dirs, require_signature, sensitivity, attest, conflicting, every)
     if len(run_dirs) != 1:
         raise DiagsafeError(f"gate takes one RUN_DIR, got {len(run_dirs)}: several runs are decided with --policy FILE")
     run_dir = run_dirs[0]
@@ -198,10 +200,17 @@ def gate(
 
 
 def _gate_policy(
-    policy: Path, runs: list[Path], signed: bool, sensitivity: bool, attest: Path | None, conflicting: list[str]
+    policy: Path,
+    runs: list[Path],
+    signed: bool,
+    sensitivity: bool,
+    attest: Path | None,
+    conflicting: list[str],
+    every: list[str],
 ) -> None:
     """`gate --policy FILE NAME=DIR...`: the table, each entry's lines, the verdict and its exit code; with
-    --attest, the release decision as one attestation of the checkpoint the runs evaluated."""
+    --attest, the release decision as one attestation of the checkpoint the runs evaluated. `every`: the
+    tightening switches given, on for every entry."""
     from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.runs.policy import decide_policy, named_runs, read_policy
 
@@ -219,6 +228,7 @@ def _gate_policy(
         named_runs([str(run) for run in runs]),
         require_signature=signed,
         require_sensitivity=sensitivity,
+        switches=every,
     )
     for outcome in decision.outcomes:
         typer.echo(f"== {outcome.entry.name} ({outcome.entry.tier}, run {outcome.entry.run}): {outcome.status}")

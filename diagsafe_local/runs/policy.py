@@ -13,6 +13,9 @@ status is read off the gate's own checks, never re-checked:
   margin); or the gate itself was inconclusive (a paraphrase of the judge's prompt decides otherwise);
 - PASS: every check passed, each interval within its limit.
 
+A switch that tightens the gate (`require_offline`) may also be said once for every entry, at the policy's top
+level or on the command line (`gate --policy ... --require-offline`); either only adds to what an entry says.
+
 Only critical entries decide: any MISSING is NO-GO with exit 3 (cannot verify), else any BREACH is NO-GO (1),
 else any INSUFFICIENT_EVIDENCE is INCONCLUSIVE (4), else GO (0). Supporting entries are listed under the
 verdict as warnings, advisory ones only in the table; neither changes the exit code.
@@ -76,8 +79,19 @@ class Entry(StrictModel):
         return self
 
 
-class Policy(StrictModel):
-    """A release policy: its entries, at least one critical."""
+EVERY_ENTRY = tuple(switch for switch in SWITCHES if not switch.relaxes)
+"""The switches a policy's top level or the command line may turn on for every entry: only those that tighten."""
+
+EveryEntry: type[StrictModel] = create_model(  # type: ignore[call-overload]
+    "EveryEntry",
+    __base__=StrictModel,
+    __doc__="The switches of the gate's table that tighten it, said once for every entry of a policy.",
+    **{s.name: (SwitchValue, Field(False, description=f"For every entry: {s.help}")) for s in EVERY_ENTRY},
+)
+
+
+class Policy(EveryEntry):
+    """A release policy: its entries, at least one critical, and the tightening switches for every entry."""
 
     entries: list[Entry] = Field(min_length=1, description="The entries, in the order of the table.")
 
@@ -141,6 +155,9 @@ class PolicyDecision(BaseModel):
     verdict: Literal["GO", "NO-GO", "INCONCLUSIVE"]
     exit_code: int
     reason: str
+    every_entry: dict[str, str] = Field(
+        default_factory=dict, description="The tightening switches on for every entry, and who said so."
+    )
 
     def table(self) -> list[str]:
         """The table: entry, tier, run, status, figure vs limit (plain text, for terminals and CI logs)."""
@@ -152,6 +169,7 @@ class PolicyDecision(BaseModel):
     def summary(self) -> list[str]:
         """The verdict, then a warning per supporting entry that did not pass."""
         lines = [f"POLICY {self.verdict}: {self.reason}"]
+        lines += [f"LIMIT {name} on every entry ({source})" for name, source in self.every_entry.items()]
         lines += [
             f"WARN  supporting entry {o.entry.name}: {o.status} (does not decide the release)"
             for o in self.outcomes
@@ -218,14 +236,16 @@ def _status(decision: GateDecision) -> tuple[Status, str, int | None]:
     return "PASS", made + (f" (+{len(decision.made) - 1} checks)" if len(decision.made) > 1 else ""), None
 
 
-def _decide_entry(entry: Entry, runs: dict[str, Path], require_signature: bool, require_sensitivity: bool) -> Outcome:
+def _decide_entry(
+    entry: Entry, runs: dict[str, Path], require_signature: bool, require_sensitivity: bool, every: Sequence[str]
+) -> Outcome:
     absent = [name for name in (entry.run, entry.baseline) if name is not None and name not in runs]
     if absent:
         return Outcome(entry=entry, status="MISSING", figure=f"run {absent[0]} not given on the command line")
     gone = [name for name in (entry.run, entry.baseline) if name is not None and not runs[name].is_dir()]
     if gone:
         return Outcome(entry=entry, status="MISSING", figure=f"run {gone[0]}: no such run directory {runs[gone[0]]}")
-    command_line: dict[str, Any] = entry.limits.model_dump(exclude_unset=True)
+    command_line: dict[str, Any] = entry.limits.model_dump(exclude_unset=True) | dict.fromkeys(every, True)
     if entry.baseline is not None:
         command_line |= {"baseline_run": str(runs[entry.baseline]), "baseline_source": "the release policy"}
     command_line["baseline_target"] = entry.baseline_target
@@ -258,10 +278,24 @@ def _decide_entry(entry: Entry, runs: dict[str, Path], require_signature: bool, 
 
 
 def decide_policy(
-    policy: Policy, runs: dict[str, Path], *, require_signature: bool = False, require_sensitivity: bool = False
+    policy: Policy,
+    runs: dict[str, Path],
+    *,
+    require_signature: bool = False,
+    require_sensitivity: bool = False,
+    switches: Sequence[str] = (),
 ) -> PolicyDecision:
-    """Every entry decided by the gate, then the release (see the module docstring). A run no entry names is a
-    usage error (a misspelt name would otherwise leave its entry MISSING unnoticed)."""
+    """Every entry decided by the gate, then the release (see the module docstring); `switches` the tightening
+    ones the command line turns on for every entry. A run no entry names is a usage error (a misspelt name would
+    otherwise leave its entry MISSING unnoticed)."""
+    relaxing = sorted(set(switches) - {s.name for s in EVERY_ENTRY})
+    if relaxing:
+        raise DiagsafeError(f"{', '.join(relaxing)} cannot be said for every entry: each entry relaxes its own gate")
+    every: dict[str, str] = {}
+    for switch in EVERY_ENTRY:
+        said = {"the policy": getattr(policy, switch.name), "the command line": switch.name in switches}
+        if any(said.values()):
+            every[switch.name] = " and ".join(who for who, on in said.items() if on)
     named = {e.run for e in policy.entries} | {e.baseline for e in policy.entries if e.baseline}
     unused = sorted(set(runs) - named)
     if unused:
@@ -269,11 +303,11 @@ def decide_policy(
     outcomes = []
     for entry in policy.entries:
         try:
-            outcomes.append(_decide_entry(entry, runs, require_signature, require_sensitivity))
+            outcomes.append(_decide_entry(entry, runs, require_signature, require_sensitivity, list(every)))
         except DiagsafeError as exc:  # a usage error of the entry's (an unknown target, category)
             raise DiagsafeError(f"release policy entry {entry.name}: {exc}") from None
     verdict, code, reason = verdict_of({o.status for o in outcomes if o.entry.tier == "critical"})
-    return PolicyDecision(outcomes=outcomes, verdict=verdict, exit_code=code, reason=reason)
+    return PolicyDecision(outcomes=outcomes, verdict=verdict, exit_code=code, reason=reason, every_entry=every)
 
 
 def verdict_of(critical: set[Status]) -> tuple[Literal["GO", "NO-GO", "INCONCLUSIVE"], int, str]:
