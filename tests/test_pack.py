@@ -263,3 +263,29 @@ def test_a_hub_adapter_given_as_the_model_runs_from_the_pack_on_a_node_whose_hub
     assert result.exit_code == 0, result.output
     target = read_manifest_file(tmp_path / "run").config["targets"][0]
     assert Path(target["model"]).name.startswith("tiny-chat-") and Path(target["lora"]).name.startswith("tiny-adapter-")
+
+
+def test_a_packed_adapter_above_max_lora_rank_is_refused_before_loading_naming_the_field(
+    packable,
+    tmp_path,
+    monkeypatch,
+    scripted,  # noqa: F811
+):
+    """A hub adapter given as the model has no rank the config can read where the node's hub cache lacks it; read
+    from the pack, its rank 128 against max_lora_rank 64 is refused before any engine (vLLM's worker would refuse
+    it at the first request: `peft_helper.validate_legal`), naming the field and the value to set."""
+    import huggingface_hub.constants as hub
+
+    adapter = tmp_path / "hub-adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": HUB_ID, "r": 128}))
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora weights")
+    _hub_cache(Path(hub.HF_HUB_CACHE), adapter, "acme/big-adapter")
+    as_model = ["--set", "target.model=acme/big-adapter", "--set", "target.lora=null"]
+    _pack(packable, tmp_path / "pack", *as_model, "--set", "target.max_lora_rank=128")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # the node's
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(tmp_path / "pack"), *as_model])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output  # no traceback
+    message = " ".join(result.output.split())
+    assert "targets.0" in message and "rank 128, above max_lora_rank 64: set max_lora_rank to 128" in message
+    assert not scripted and not (tmp_path / "run").exists()

@@ -311,23 +311,42 @@ def variables(pack: Pack) -> dict[str, str]:
     return found
 
 
-def _rewrite(node: BaseModel, pack: Pack, local: list[int]) -> BaseModel:
-    """`node` with each local model's and the prompts' paths in the pack (copied: settings are frozen)."""
+def _validated(node: BaseModel, update: dict[str, Any], pack: Pack, where: tuple[str, ...]) -> BaseModel:
+    """`node` with `update`, validated as the config was (`model_copy` validates nothing): what only the pack's
+    copy shows, such as the rank of an adapter this node's hub cache lacked, is refused (exit 2) before anything
+    loads, not by vLLM at the first request."""
+    from pydantic import ValidationError
+
+    try:
+        return type(node).model_validate({**{name: getattr(node, name) for name in node.model_fields_set}, **update})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join([*where, *map(str, error['loc'])]) or '(top level)'}: {error['msg']}" for error in exc.errors()
+        )
+        raise DiagsafeError(f"the run config as read from the pack {pack.root}: {problems}") from None
+
+
+def _rewrite(node: BaseModel, pack: Pack, local: list[int], where: tuple[str, ...] = ()) -> BaseModel:
+    """`node` (at `where` in the config) with each local model's and the prompts' paths in the pack (copied:
+    settings are frozen), checked again (`_validated`)."""
     update: dict[str, Any] = {}
     for name in type(node).model_fields:
         value = getattr(node, name)
         if isinstance(value, BaseModel):
-            if (new := _rewrite(value, pack, local)) is not value:
+            if (new := _rewrite(value, pack, local, (*where, name))) is not value:
                 update[name] = new
         elif isinstance(value, list):
-            items = [_rewrite(v, pack, local) if isinstance(v, BaseModel) else v for v in value]
+            items = [
+                _rewrite(v, pack, local, (*where, name, str(k))) if isinstance(v, BaseModel) else v
+                for k, v in enumerate(value)
+            ]
             if any(a is not b for a, b in zip(items, value, strict=True)):
                 update[name] = items
     if isinstance(node, EngineConfig) and id(node) in local:
         update |= _engine_paths(node, pack)
     if isinstance(node, DatasetConfig):
         update["path"] = str(pack.part("dataset", _dataset_reference(node)))
-    return node.model_copy(update=update) if update else node
+    return _validated(node, update, pack, where) if update else node
 
 
 def _adapter_as_model(pack: Pack, need: Need) -> PackedPart | None:
