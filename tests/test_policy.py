@@ -262,14 +262,14 @@ def test_require_offline_from_an_entry_the_policy_or_the_command_line_refuses_an
 
 
 @pytest.mark.parametrize("top, message", [("require_offline: 1", "require_offline"), ("corrected: true", "corrected")])
-def test_a_policy_top_level_switch_is_a_tightening_one_given_as_a_boolean(tmp_path, runs, top, message):
+def test_a_policy_top_level_switch_is_a_tightening_one_given_as_a_boolean(tmp_path, top, message):
     """Only a switch that tightens the gate applies to every entry (a relaxing one is each entry's own), and it
     is true or false as written."""
     path = policy_file(tmp_path, entry("harm", "safe", max_asr=0.5))
     path.write_text(top + "\n" + path.read_text())
-    result = gate_policy(path, runs, "safe")
+    result = cli("gate", "--policy", path, f"safe={tmp_path}")  # refused before any run is read
     assert result.exit_code == 2 and message in result.text and "Traceback" not in result.output, result.output
-    relaxing = cli("gate", "--policy", path, f"safe={runs['safe']}", "--allow-degenerate-judge")
+    relaxing = cli("gate", "--policy", path, f"safe={tmp_path}", "--allow-degenerate-judge")
     assert relaxing.exit_code == 2 and "--allow-degenerate-judge" in relaxing.text, relaxing.output
 
 
