@@ -265,6 +265,96 @@ def test_a_hub_adapter_given_as_the_model_runs_from_the_pack_on_a_node_whose_hub
     assert Path(target["model"]).name.startswith("tiny-chat-") and Path(target["lora"]).name.startswith("tiny-adapter-")
 
 
+def _policy_config(packable: Path, tmp_path: Path) -> Path:
+    """`packable` judged by a policy file of its own (harmjudge's fields under another name), beside the config."""
+    from diagsafe_local.core.resources import data_file
+
+    policy = yaml.safe_load(data_file("policy_harmjudge.yaml").read_text(encoding="utf-8"))
+    path = tmp_path / "policies" / "acme-harm.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump({**policy, "name": "acme-harm"}))
+    config = yaml.safe_load(packable.read_text())
+    config["judge"]["rubric"] = str(path)
+    packable.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("after_packing", ["moved away", "edited"])
+def test_a_judges_policy_file_is_packed_and_the_run_reads_the_packs_copy(
+    packable,
+    tmp_path,
+    scripted,  # noqa: F811
+    after_packing,
+):
+    """The policy file a judge names is a part of the pack: the run judges with the bytes packed, whether the
+    original is gone on the node or was edited after packing, and the manifest names the pack's copy."""
+    policy = _policy_config(packable, tmp_path)
+    packed_bytes = policy.read_bytes()
+    out = tmp_path / "pack"
+    lock = _pack(packable, out)
+    (part,) = [p for p in lock.parts if p.kind == "policy"]
+    assert part.reference == str(policy) and (out / part.path).read_bytes() == packed_bytes
+    if after_packing == "moved away":
+        policy.rename(tmp_path / "elsewhere.yaml")
+    else:
+        policy.write_text(policy.read_text().replace("acme-harm", "acme-harm-v2"))
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest_file(tmp_path / "run")
+    assert manifest.judge is not None
+    assert manifest.judge.settings["policies"] == {"acme-harm": f"sha256:{hashlib.sha256(packed_bytes).hexdigest()}"}
+    assert Path(manifest.config["judge"]["rubric"]) == (out / part.path).resolve()
+
+
+def test_a_policy_file_or_validation_the_pack_lacks_is_refused_before_anything_loads(packable, tmp_path):
+    """A config naming a policy file (a jury member's too) or a judge validation packed for no config of this
+    pack is refused, naming it and the `pack` command, before the run directory."""
+    out = tmp_path / "pack"
+    _pack(packable, out)
+    policy = _policy_config(packable, tmp_path)
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    message = " ".join(result.output.split())
+    assert f"has no policy '{policy}'" in message and f"diagsafe-local pack CONFIG --out {out}" in message
+    validation = tmp_path / "validated"
+    validation.mkdir()
+    (validation / "validation.json").write_text("{}")
+    _pack(packable, out)  # now with the policy
+    result = CliRunner().invoke(
+        app, ["run", str(packable), "--pack", str(out), "--set", f"judge.validation={validation}"]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"has no validation '{validation}'" in " ".join(result.output.split())
+    assert not (tmp_path / "run").exists()
+
+
+def test_pack_copies_a_jury_members_policy_file_and_the_judges_validation(packable, tmp_path):
+    from diagsafe_local.evaluation.pack import packed
+
+    policy = _policy_config(packable, tmp_path)
+    validation = tmp_path / "validated"
+    validation.mkdir()
+    (validation / "validation.json").write_text('{"written by": "validate"}')
+    config = yaml.safe_load(packable.read_text())
+    judge = config["judge"]
+    jurors = [{"model": judge["model"], "rubric": "harmjudge"}, {"model": judge["model"], "rubric": str(policy)}]
+    config["judge"] = {"model": judge["model"], "jury": {"members": jurors}, "validation": str(validation)}
+    packable.write_text(yaml.safe_dump(config))
+    out = tmp_path / "pack"
+    lock = _pack(packable, out)
+    found = {p.kind: p for p in lock.parts}
+    assert found["policy"].reference == str(policy) and found["validation"].reference == str(validation)
+    packed_validation = out / found["validation"].path
+    assert packed_validation.name == "validation.json"
+    assert packed_validation.read_bytes() == (validation / "validation.json").read_bytes()
+    policy.unlink()
+    cfg, pack = packed(packable, [], out)
+    assert (
+        cfg.judge.jury is not None and Path(cfg.judge.jury.members[1].rubric) == (out / found["policy"].path).resolve()
+    )
+    assert cfg.judge.validation is not None and Path(cfg.judge.validation) == packed_validation.parent.resolve()
+
+
 def test_a_packed_adapter_above_max_lora_rank_is_refused_before_loading_naming_the_field(
     packable,
     tmp_path,
@@ -289,3 +379,18 @@ def test_a_packed_adapter_above_max_lora_rank_is_refused_before_loading_naming_t
     message = " ".join(result.output.split())
     assert "targets.0" in message and "rank 128, above max_lora_rank 64: set max_lora_rank to 128" in message
     assert not scripted and not (tmp_path / "run").exists()
+
+
+def test_pack_copies_the_cascade_judges_policy_file(packable, tmp_path):
+    from diagsafe_local.evaluation.pack import packed
+
+    policy = _policy_config(packable, tmp_path)
+    config = yaml.safe_load(packable.read_text())
+    model = config["judge"]["model"]
+    config["judge"] = {"model": model, "cascade": {"judge": {"model": model, "rubric": str(policy)}}}
+    packable.write_text(yaml.safe_dump(config))
+    out = tmp_path / "pack"
+    (part,) = [p for p in _pack(packable, out).parts if p.kind == "policy"]
+    policy.write_text("edited after packing")
+    cfg, _ = packed(packable, [], out)
+    assert cfg.judge.cascade is not None and Path(cfg.judge.cascade.judge.rubric) == (out / part.path).resolve()

@@ -68,7 +68,7 @@ def run(
 ) -> None:
     """Generate answers with each target, grade them with the judge, write results and a summary."""
     from diagsafe_local.core.console import engine_output
-    from diagsafe_local.evaluation.config import load_config
+    from diagsafe_local.evaluation.pack import load
     from diagsafe_local.evaluation.pipeline import Run
     from diagsafe_local.evaluation.planning import plan_run
     from diagsafe_local.evaluation.prompt_sets import load_configured
@@ -76,9 +76,9 @@ def run(
     from diagsafe_local.evaluation.sharding import Shard
 
     set_ = [*(set_ or []), *([] if store_reasoning else ["judge.store_reasoning=false"])]
-    cfg = load_config(config, set_)
+    cfg, opened = load(config, set_, pack)  # with a pack, the config is checked with the pack in force
     part = Shard.parse(shard) if shard else None
-    with _network(cfg, offline_, pack or (Path(cfg.offline.pack) if cfg.offline.pack else None)) as cfg:
+    with _network(cfg, offline_, opened) as cfg:
         if part is None and not overwrite and not unsharded_run(cfg):
             plan = plan_run(cfg, len(load_configured(cfg.dataset)[0]))
             if plan.replicas > 1:
@@ -94,15 +94,15 @@ def run(
 
 
 @contextmanager
-def _network(cfg: RunConfig, offline_: bool, pack: Path | None) -> Iterator[RunConfig]:
-    """The config as the run reads it, within its network policy: from a verified pack (`evaluation.pack`) and
-    offline; offline (`core.offline`) once every model the run loads is on disk or in the hub cache; or as it is.
+def _network(cfg: RunConfig, offline_: bool, pack: packs.Pack | None) -> Iterator[RunConfig]:
+    """The config as the run reads it, within its network policy: a verified pack in force (the config already read
+    from it, `evaluation.pack.load`) and offline; offline (`core.offline`) once every model the run loads is on
+    disk or in the hub cache; or as it is.
     A pack's path and the policy reach every process the run starts through their variables."""
     if pack is not None:
-        from diagsafe_local.evaluation.pack import packed, variables
+        from diagsafe_local.evaluation.pack import variables
 
-        cfg, opened = packed(cfg, pack)
-        with packs.using(opened), _variables(variables(opened)), _offline(cfg):
+        with packs.using(pack), _variables(variables(pack)), _offline(cfg):
             yield cfg
     elif offline_:
         with _offline(cfg):

@@ -2,9 +2,10 @@
 file by SHA-256, size and where it came from (`diagsafe-local pack` writes it; `run --pack` reads only from it).
 
 The lock names each part the config needs (a model, a LoRA adapter, the prompt set, WordNet, the embedding
-model, a vocabulary) by the reference the config gives it, so `run --pack` finds each in the pack or refuses
-before anything loads. `open_pack` checks every file's size and hash first; `using` puts a verified pack in
-force for this process (the parts that load outside the config, WordNet and the embedding model, ask `part`).
+model, a vocabulary, a judge's policy file or validation) by the reference the config gives it, so `run --pack`
+finds each in the pack or refuses before anything loads. `open_pack` checks every file's size and hash first;
+`using` puts a verified pack in force for this process (the parts that load outside the config, WordNet and the
+embedding model, ask `part`; a policy file the config names, `local_file`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from diagsafe_local.core.errors import DiagsafeError, RunFailed
 LOCK = "pack.lock"
 LOCK_VERSION = 1
 ENV = "DIAGSAFE_PACK"
-PartKind = Literal["model", "adapter", "chat_template", "dataset", "wordnet", "embedding", "vocabulary"]
+PartKind = Literal[
+    "model", "adapter", "chat_template", "dataset", "wordnet", "embedding", "vocabulary", "policy", "validation"
+]
 
 
 class PackedFile(BaseModel):
@@ -150,6 +153,18 @@ def part(kind: PartKind, reference: str) -> Path | None:
     found = pack.part(kind, reference)
     if found is None:
         raise refused(pack.root, f"{kind} '{reference}'")
+    return found
+
+
+def local_file(kind: PartKind, reference: str) -> Path:
+    """A file the config names by path (a judge's policy file): the pack's copy where a pack is in force (one that
+    lacks it refuses; a path inside the pack is its own copy), else the path itself."""
+    pack = current()
+    path = Path(reference)
+    if pack is None or path.resolve().is_relative_to(pack.root.resolve()):
+        return path
+    found = part(kind, reference)
+    assert found is not None
     return found
 
 

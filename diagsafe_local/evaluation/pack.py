@@ -22,17 +22,32 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import atomic
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.locking import file_lock
 from diagsafe_local.core.pack import ENV as PACK_FOLDER
-from diagsafe_local.core.pack import LOCK, Pack, PackedFile, PackedPart, PackLock, PartKind, open_pack, refused
+from diagsafe_local.core.pack import (
+    LOCK,
+    Pack,
+    PackedFile,
+    PackedPart,
+    PackLock,
+    PartKind,
+    open_pack,
+    refused,
+    using,
+)
+from diagsafe_local.core.settings import load_settings
 from diagsafe_local.engines.config import EngineConfig
-from diagsafe_local.evaluation.config import DatasetConfig, RunConfig
+from diagsafe_local.evaluation.config import DatasetConfig, OfflineConfig, RunConfig, load_config
 from diagsafe_local.evaluation.planning import local_models
 from diagsafe_local.judging import harmony_vocab
+from diagsafe_local.judging.cards import AUTO
+from diagsafe_local.judging.config import JudgeConfig
+from diagsafe_local.runs.rederive import looks_like_path
+from diagsafe_local.runs.validation import VALIDATION_FILE
 
 
 @dataclass(frozen=True)
@@ -69,6 +84,7 @@ def needs(config: RunConfig) -> list[Need]:
         if model.chat_template:
             found.append(Need("chat_template", model.chat_template))
     found.append(Need("dataset", _dataset_reference(config.dataset)))
+    found += _judges_files(config.judge)
     found += _judges_parts(config)
     if harmony_vocab.serves_harmony(config.judge, [m.model for m in local_models(config)]):
         found.append(VOCABULARY)
@@ -84,6 +100,25 @@ def _hub_id(path: str) -> str | None:
 
 def _dataset_reference(dataset: DatasetConfig) -> str:
     return dataset.path or f"set:{dataset.set}"
+
+
+def _judges(judge: JudgeConfig) -> list[JudgeConfig]:
+    """The judge and every whole judge inside it: its jurors, its cascade's full judge."""
+    return [judge, *(judge.jury.members if judge.jury else []), *([judge.cascade.judge] if judge.cascade else [])]
+
+
+def _policy_files(judge: JudgeConfig) -> list[str]:
+    """The policy files a judge's own fields name by path (its rubric, over-refusal rubric, panel members)."""
+    names = [judge.rubric, judge.benign_rubric, *(judge.panel.members if judge.panel else [])]
+    return [name for name in names if isinstance(name, str) and looks_like_path(name)]
+
+
+def _judges_files(judge: JudgeConfig) -> list[Need]:
+    """The files the judges name by path: policy files, and the judge's validation (its validation.json)."""
+    found = [Need("policy", name) for whole in _judges(judge) for name in _policy_files(whole)]
+    if judge.validation and judge.validation != AUTO:
+        found.append(Need("validation", judge.validation))
+    return found
 
 
 def _judges_parts(config: RunConfig) -> list[Need]:
@@ -190,8 +225,10 @@ def locate(need: Need) -> tuple[Path, str]:
     """Where a part lies on this machine (a file or a directory), and its origin as the lock records it."""
     if need.kind in ("model", "adapter"):
         return _model_source(need)
-    if need.kind == "chat_template":
+    if need.kind in ("chat_template", "policy"):
         return _local(Path(need.reference), need)
+    if need.kind == "validation":
+        return _local(Path(need.reference) / VALIDATION_FILE, need)
     if need.kind == "dataset":
         return _dataset_source(need)
     if need.kind == "wordnet":
@@ -288,15 +325,39 @@ def _copy(source: Path, root: Path, where: str) -> list[PackedFile]:
 # -- running from a pack -----------------------------------------------------------------------------------------
 
 
-def packed(config: RunConfig, root: Path) -> tuple[RunConfig, Pack]:
-    """`config` reading every part from the pack at `root`, each file of it checked against the lock first; a part
-    the pack does not hold is refused (exit 2) before anything loads."""
+class _Offline(BaseModel):
+    """A run config's offline section alone (the pack to read it with comes before the rest is checked)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    offline: OfflineConfig = OfflineConfig()
+
+
+def load(path: Path, overrides: list[str], pack: Path | None) -> tuple[RunConfig, Pack | None]:
+    """The run config as `run` reads it: from `pack` (else the config's `offline.pack`) where one is given, else
+    as it is."""
+    root = pack or _configured_pack(path, overrides)
+    if root is None:
+        return load_config(path, overrides), None
+    return packed(path, overrides, root)
+
+
+def _configured_pack(path: Path, overrides: list[str]) -> Path | None:
+    configured = load_settings(path, _Offline, overrides, "run config").offline.pack
+    return Path(configured) if configured else None
+
+
+def packed(path: Path, overrides: list[str], root: Path) -> tuple[RunConfig, Pack]:
+    """The config at `path` reading every part from the pack at `root`, each file of it checked against the lock
+    first; a part the pack does not hold is refused (exit 2) before anything loads. The config is checked with the
+    pack in force, so a policy file it names is read from the pack, never from where the config names it."""
     pack = open_pack(root)
-    for need in needs(config):
-        if pack.part(need.kind, need.reference, need.revision) is None and _adapter_as_model(pack, need) is None:
-            raise refused(root, str(need))
-    local = [id(model) for model in local_models(config)]
-    rewritten = _rewrite(config, pack, local)
+    with using(pack):
+        config = load_config(path, overrides)
+        for need in needs(config):
+            if pack.part(need.kind, need.reference, need.revision) is None and _adapter_as_model(pack, need) is None:
+                raise refused(root, str(need))
+        rewritten = _rewrite(config, pack, [id(model) for model in local_models(config)])
     assert isinstance(rewritten, RunConfig)
     return rewritten, pack
 
@@ -346,7 +407,26 @@ def _rewrite(node: BaseModel, pack: Pack, local: list[int], where: tuple[str, ..
         update |= _engine_paths(node, pack)
     if isinstance(node, DatasetConfig):
         update["path"] = str(pack.part("dataset", _dataset_reference(node)))
+    if isinstance(node, JudgeConfig):
+        update |= _judge_paths(node, pack)
     return _validated(node, update, pack, where) if update else node
+
+
+def _judge_paths(judge: JudgeConfig, pack: Pack) -> dict[str, Any]:
+    """A judge's policy files and validation in the pack (its jurors and cascade judge are judges of their own)."""
+
+    def packed_policy(name: Any) -> Any:
+        return str(pack.part("policy", name)) if isinstance(name, str) and looks_like_path(name) else name
+
+    paths: dict[str, Any] = {"rubric": packed_policy(judge.rubric), "benign_rubric": packed_policy(judge.benign_rubric)}
+    if judge.panel is not None:
+        members = [packed_policy(member) for member in judge.panel.members]
+        paths["panel"] = judge.panel.model_copy(update={"members": members})
+    if judge.validation and judge.validation != AUTO:
+        validation = pack.part("validation", judge.validation)
+        assert validation is not None
+        paths["validation"] = str(validation.parent)
+    return paths
 
 
 def _adapter_as_model(pack: Pack, need: Need) -> PackedPart | None:

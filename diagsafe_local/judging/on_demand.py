@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from diagsafe_local.core.pack import local_file
 from diagsafe_local.judging.base import JUDGES, Judge
 from diagsafe_local.judging.metric_judge import metric_judge, parse_metric_judge
 from diagsafe_local.judging.policy import load_policy
@@ -20,7 +19,7 @@ def made_on_demand(name: str) -> tuple[Judge, str] | None:
         judge = metric_judge(name)
         return judge, METRICS.origin(judge.metric)
     if looks_like_path(name):
-        return load_policy(Path(name)), "file"
+        return load_policy(local_file("policy", name)), "file"  # under `run --pack`, the pack's copy
     return None
 
 
