@@ -253,3 +253,128 @@ def test_each_2026_guard_judges_a_whole_run_on_its_tiny_model(guard_models, tmp_
     granite = "granite-guardian-4.1"
     harmful = run_judged_by(granite, guard_models[GUARDS[granite]], tmp_path / granite, "transformers")
     assert harmful and all(r.parse_status == "ok" and r.score is not None for r in harmful)
+
+
+# -- chat template keyword arguments (issue 45 part 2) -------------------------------------------------------
+# Each guard's template switches reasoning (and Nemotron 3.5 its categories) by keyword arguments; a Qwen3-style
+# template thinks unless told not to, so each guard sends the arguments of its documented mode on every request.
+TEMPLATE_KWARGS = {  # judge -> (without reasoning, with reasoning or None where it has no reasoning mode)
+    "shieldstral": (None, None),
+    "nemotron-3.5-content-safety": (
+        {"enable_thinking": False, "request_categories": "/categories"},
+        {"enable_thinking": True, "request_categories": "/categories"},
+    ),
+    "granite-guardian-4.1": ({"think": False}, {"think": True}),
+    "singguard": ({"thinking_type": "fast"}, None),
+}
+# A reasoning switch added to each tiny template: on unless its arguments turn it off (the worst default).
+THINKS_UNLESS_TOLD = {
+    "nemotron-3.5": "enable_thinking is not defined or enable_thinking",
+    "granite-guardian-4.1": "think is not defined or think",
+    "singguard": "thinking_type is not defined or thinking_type != 'fast'",
+}
+
+
+def sent_kwargs(name: str, reasoning: bool) -> list[dict | None]:
+    """The template arguments a scripted engine received for the guard's requests in one mode: without reasoning
+    the verdict (by probability and sampled); with it the reasoning phase, then the verdicts after it."""
+    from fakes import ScriptedEngine
+
+    from diagsafe_local.runs.records import ReasoningTrace
+
+    spec, engine = JUDGES.get(name), ScriptedEngine()
+    trace = ReasoningTrace(text="reasons", tokens=1) if reasoning else None
+    decodings = [Decoding(probability=p, reasoning=reasoning) for p in (None, False)]
+    requests = [spec.reasoning_request(judged(), decodings[1], 0)] if reasoning else []
+    requests += [spec.request(judged(), d, 8, 0, reasoning=trace) for d in decodings]
+    engine.generate(requests)
+    return [r.chat_template_kwargs for r in engine.batches[0]]
+
+
+@pytest.mark.parametrize("name", list(TEMPLATE_KWARGS))
+def test_each_guard_sends_its_documented_template_kwargs_on_every_request(name):
+    plain, thinking = TEMPLATE_KWARGS[name]
+    assert sent_kwargs(name, reasoning=False) == [plain, plain]
+    if thinking is not None:
+        assert sent_kwargs(name, reasoning=True) == [thinking] * 3
+
+
+THINKING = "[THINKING ON]"
+
+
+def _kwarg_template(fmt: str) -> str:
+    """The tiny model's template, opening with THINKING unless its arguments say no."""
+    return "{% if " + THINKS_UNLESS_TOLD[fmt] + " %}" + THINKING + "{% endif %}" + GUARD_FORMATS[fmt][1].template
+
+
+@pytest.mark.parametrize("fmt", list(THINKS_UNLESS_TOLD))
+def test_the_transformers_engine_renders_each_guard_without_thinking_through_its_kwargs(tokenizers, fmt):
+    """The transformers engine's prompt for the guard's default request: the template's reasoning switch off;
+    the same request without its arguments leaves it on (the template's own default)."""
+    from types import SimpleNamespace
+
+    from diagsafe_local.engines.transformers_engine import TransformersEngine
+
+    name = next(judge for judge, f in GUARDS.items() if f == fmt)
+    engine = SimpleNamespace(_tokenizer=tokenizers[fmt], _template=_kwarg_template(fmt))
+    request = JUDGES.get(name).request(judged(), Decoding(probability=False), 8, 0)
+    assert THINKING not in TransformersEngine._prompt(engine, request)  # type: ignore[arg-type]
+    bare = request.model_copy(update={"chat_template_kwargs": None})
+    assert THINKING in TransformersEngine._prompt(engine, bare)  # type: ignore[arg-type]
+
+
+def test_the_api_engine_sends_the_kwargs_as_vllm_servers_take_them():
+    from servers import FakeOpenAIServer
+
+    from diagsafe_local.engines.openai_engine import OpenAIEngine
+    from diagsafe_local.judging.config import JudgeConfig
+
+    server = FakeOpenAIServer()
+    try:
+        engine = OpenAIEngine(JudgeConfig(kind="openai", model="m", base_url=server.base_url))
+        engine.generate([JUDGES.get("singguard").request(judged(), Decoding(probability=False), 8, 0)])
+        engine.generate([JUDGES.get("shieldstral").request(judged(), Decoding(probability=False), 8, 0)])
+        engine.close()
+        singguard, shieldstral = (body for _, body in server.requests)
+        assert singguard["chat_template_kwargs"] == {"thinking_type": "fast"}
+        assert "chat_template_kwargs" not in shieldstral
+    finally:
+        server.close()
+
+
+def test_the_vllm_engine_passes_the_kwargs_to_enqueue_chat():
+    """The offline engine's stream hands them to `LLM.enqueue_chat(chat_template_kwargs=...)` (vLLM 0.32)."""
+    from types import SimpleNamespace
+
+    from diagsafe_local.engines.vllm_engine import VLLMStream
+
+    calls: list[dict] = []
+
+    def enqueue_chat(messages, **kwargs):
+        calls.append(kwargs)
+        return [f"r{len(calls)}-x"]
+
+    engine = SimpleNamespace(
+        _llm=SimpleNamespace(enqueue_chat=enqueue_chat),
+        _sampling=lambda request: None,
+        _chat_template=None,
+        _lora_request=None,
+        _owners={},
+    )
+    stream = VLLMStream(engine)  # type: ignore[arg-type]
+    for key, name in enumerate(("nemotron-3.5-content-safety", "shieldstral")):
+        stream.submit(key, JUDGES.get(name).request(judged(), Decoding(probability=False), 8, 0))
+    assert [c["chat_template_kwargs"] for c in calls] == [TEMPLATE_KWARGS["nemotron-3.5-content-safety"][0], None]
+
+
+def test_a_judges_identity_changes_with_its_template_kwargs():
+    from dataclasses import replace
+
+    from diagsafe_local.judging.cards import definition_hash
+
+    singguard = JUDGES.get("singguard")
+    slow = replace(singguard, chat_template_kwargs=(("thinking_type", "fast-slow"),))
+    assert definition_hash(slow) != definition_hash(singguard)
+    nemotron = JUDGES.get("nemotron-3.5-content-safety")
+    thinking = replace(nemotron, reasoning_template_kwargs=(("enable_thinking", False),))
+    assert definition_hash(thinking) != definition_hash(nemotron)

@@ -23,7 +23,9 @@ class GenerationRequest(BaseModel):
     log-probabilities of those words as the first generated token (each word's probability is the sum
     over its tokenisations with and without a leading space). `assistant_prefix` is text the answer already
     starts with (the engine continues it; the completion holds only what follows); `stop` ends the answer at
-    the first of these strings (not included in the text, finish reason `stop`).
+    the first of these strings (not included in the text, finish reason `stop`). `chat_template_kwargs` are the
+    chat template's keyword arguments (a guard's reasoning switch): vLLM drops those its template does not use
+    (`renderers/hf.py`, `resolve_chat_template_kwargs`); a raw `prompt` has no template to take them.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -41,6 +43,7 @@ class GenerationRequest(BaseModel):
     assistant_prefix: str | None = None
     stop: tuple[str, ...] = ()
     skip_special_tokens: bool = True  # False: special tokens stay in the text (and `stop` can match them)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _one_input_one_constraint(self) -> GenerationRequest:

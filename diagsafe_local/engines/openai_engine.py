@@ -171,6 +171,12 @@ class OpenAIEngine(EngineBase):
                 "continue_final_message": True,
                 "add_generation_prompt": False,
             }
+        if request.prompt is None and request.chat_template_kwargs:
+            # The template's keyword arguments, in the body as vLLM's OpenAI server takes them (an extension).
+            params["extra_body"] = {
+                **params.get("extra_body", {}),
+                "chat_template_kwargs": request.chat_template_kwargs,
+            }
         if request.seed is not None:
             params["seed"] = request.seed
         if request.json_schema is not None:

@@ -86,6 +86,7 @@ class TransformersEngine(EngineBase):
             add_generation_prompt=not continuing,
             continue_final_message=continuing,
             chat_template=self._template,
+            **(request.chat_template_kwargs or {}),
         )
 
     def _constrained(self, constraint: dict[str, Any]) -> Any:

@@ -286,6 +286,7 @@ class VLLMStream:
                     lora_request=engine._lora_request,
                     add_generation_prompt=not continuing,
                     continue_final_message=continuing,
+                    chat_template_kwargs=request.chat_template_kwargs,
                 )
             else:
                 ids = self._llm.enqueue(

@@ -173,6 +173,10 @@ class Judge:
     answer_prefix: str = ""  # text every verdict starts with (written for the model; P(positive) is read after it)
     reasons_by_default: bool = False  # reasoning judges (guards trained to think first) reason unless told not to
     fingerprint: str | None = None  # content hash of a user's policy file: an edited file is a new judge
+    # The chat template's keyword arguments (name, value) its verdicts are rendered with, and those a reasoning
+    # phase overrides them with: the template's own defaults are not the judge's mode (Qwen3-style ones think).
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
+    reasoning_template_kwargs: tuple[tuple[str, Any], ...] = ()
 
     @property
     def own_prompt(self) -> str:
@@ -228,15 +232,22 @@ class Judge:
         if requested and self.thinking is None:
             raise ValueError(f"judge '{self.name}' has no reasoning format: it cannot reason before its verdict")
 
-    def _body(self, judged: JudgeInput) -> dict[str, Any]:
+    def template_kwargs(self, reasoning: bool) -> dict[str, Any] | None:
+        """The chat template's keyword arguments for a verdict with or without a reasoning phase (None: none)."""
+        kwargs = dict(self.chat_template_kwargs) | (dict(self.reasoning_template_kwargs) if reasoning else {})
+        return kwargs or None
+
+    def _body(self, judged: JudgeInput, reasoning: bool) -> dict[str, Any]:
         rendered = self.render(judged)
-        return {"prompt": rendered} if isinstance(rendered, str) else {"messages": rendered}
+        if isinstance(rendered, str):
+            return {"prompt": rendered}
+        return {"messages": rendered, "chat_template_kwargs": self.template_kwargs(reasoning)}
 
     def reasoning_request(self, judged: JudgeInput, decoding: Decoding, seed: int | None) -> GenerationRequest:
         """The free reasoning phase: the answer opened with the thinking marker, up to the closing marker."""
         thinking = self.thinking or Thinking()
         return GenerationRequest(
-            **self._body(judged),
+            **self._body(judged, reasoning=True),
             assistant_prefix=thinking.open,
             stop=(thinking.close,),
             skip_special_tokens=not thinking.special_tokens,
@@ -256,7 +267,7 @@ class Judge:
     ) -> GenerationRequest:
         """The engine request for one verdict (`max_tokens` grows on retries); after a reasoning phase, the
         same conversation continued past the reasoning, with the verdict constrained."""
-        body = self._body(judged)
+        body = self._body(judged, reasoning=reasoning is not None)
         if reasoning is not None:
             thinking = self.thinking or Thinking()
             body["assistant_prefix"] = (

@@ -40,6 +40,8 @@ _PROBE = JudgeInput(
     conversation=(Message(role="user", content="<request>"),), answer="<answer>", references=("<reference>",)
 )
 _UNHASHED_FIELDS = ("description", "source")  # words about the judge, not what decides its verdicts
+# Fields hashed only where set, so that a judge without template arguments keeps the identity it had before them.
+_HASHED_WHEN_SET = ("chat_template_kwargs", "reasoning_template_kwargs")
 
 
 class PublishedFigure(BaseModel):
@@ -195,7 +197,9 @@ def _source_hash(code: Any) -> str:
 def definition_hash(judge: Judge) -> str:
     """The judge's own part of its identity: its fields, its class's code, the prompt it renders and its output
     constraint (a model-free judge renders none)."""
-    fields = {k: _stable(v) for k, v in vars(judge).items() if k not in _UNHASHED_FIELDS}
+    fields = {
+        k: _stable(v) for k, v in vars(judge).items() if k not in _UNHASHED_FIELDS and (v or k not in _HASHED_WHEN_SET)
+    }
     try:
         rendered = _stable(judge.render(_PROBE)) if judge.needs_model else None
         constraint = _stable(judge.constraint()) if judge.needs_model else None

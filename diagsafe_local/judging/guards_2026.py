@@ -1,7 +1,9 @@
 """The 2026 open-weight guards: Shieldstral-1.0-3B, Nemotron-3.5-Content-Safety, Granite Guardian 4.1 and
 SingGuard-2b, each with its own protocol, rendered as chat messages that the model's own chat template turns
-into its prompt (the template's keyword arguments are left at their defaults: reasoning off, categories not
-requested, SingGuard's `thinking_type: fast`).
+into its prompt. Each sends its template the keyword arguments of its documented mode on every request
+(`Judge.chat_template_kwargs`, and `reasoning_template_kwargs` with `reasoning: true`), never trusting the
+template's defaults (a Qwen3-style template thinks unless told not to): Nemotron 3.5 `enable_thinking` and
+`request_categories`, Granite Guardian 4.1 `think` (3.3's name: unverified for 4.1), SingGuard `thinking_type`.
 
 What each is written from (docs/judges.md, "The 2026 guards", gives the sources and what could not be read):
 - Shieldstral: one yes/no token from one forward pass, a continuous score; the policy is free text. Its input
@@ -119,6 +121,10 @@ JUDGES.add(
         source="NVIDIA, Nemotron-3.5-Content-Safety model card (nvidia/Nemotron-3.5-Content-Safety), Aegis 2.0 "
         "(arXiv 2501.09004)",
         thinking=Thinking(open="<think>\n", close="</think>", after="\n\n"),
+        # Names and values from NeMo Guardrails' tutorial, not from the model's own template (not readable here);
+        # our prompt asks for the categories, so the template is asked for them too.
+        chat_template_kwargs=(("enable_thinking", False), ("request_categories", "/categories")),
+        reasoning_template_kwargs=(("enable_thinking", True),),
         template=nemotron_35_prompt,
         pattern=NEMOTRON_35.pattern,
         read=NEMOTRON_35.of,
@@ -136,6 +142,10 @@ JUDGES.add(
         "default (reasoning: true thinks first); yes 1 / no 0, or P(yes)",
         source="IBM, Granite Guardian 4.1 model card (ibm-granite/granite-guardian-4.1-8b)",
         reasons_by_default=False,
+        # Granite Guardian 3.3's apply_chat_template argument `think`; that 4.1's template reads the same name is
+        # unverified (its template was not readable here): vLLM drops an argument a template does not use.
+        chat_template_kwargs=(("think", False),),
+        reasoning_template_kwargs=(("think", True),),
     )
 )
 
@@ -164,6 +174,7 @@ JUDGES.add(
         "or P(unsafe)",
         source="inclusionAI, SingGuard-2b model card (inclusionAI/SingGuard-2b)",
         label_words=("unsafe", "safe"),
+        chat_template_kwargs=(("thinking_type", "fast"),),  # the card's name and default mode
         template=singguard_prompt,
         pattern=SINGGUARD.pattern,
         read=SINGGUARD.of,
