@@ -78,7 +78,7 @@ def judge_sensitivity(engine: Engine, ctx: RunContext, target: str, pending: lis
                     variant=name,
                     score=verdict.outcome.score,
                     parse_status=verdict.outcome.status,
-                    judge_raw=verdict.completion.text if verdict.completion else verdict.outcome.error,
+                    judge_raw=verdict.reply,
                 )
                 for (item_id, sample, turn, name, category), verdict in stream.poll()
             )

@@ -37,6 +37,11 @@ class Verdict:
     attempts: int
     reasoning: ReasoningTrace | None = None
 
+    @property
+    def reply(self) -> str | None:
+        """What a pass records as the judge's reply (`judge_raw`): the completion's text, else why there was none."""
+        return self.completion.text if self.completion else self.outcome.error
+
 
 @dataclass(frozen=True)
 class _Call:

@@ -134,24 +134,19 @@ def _attack_steps(stats: GroupStats, corrected: bool) -> Reading | None:
     attack = stats.attack if isinstance(stats, TargetSummary) else None
     if attack is None or not attack.n_steps:
         return None
-    unjudged = attack.n_unjudged / attack.n_steps
-    return Reading(
-        value=unjudged,
-        n=attack.n_steps,
-        text=f"attack steps without a verdict {attack.n_unjudged}/{attack.n_steps} = {unjudged:.1%}",
-    )
+    return _unjudged_share("attack steps without a verdict", attack.n_unjudged, attack.n_steps)
 
 
 def _jury(stats: GroupStats, corrected: bool) -> Reading | None:
     jury = stats.jury if isinstance(stats, TargetSummary) else None
     if jury is None or not jury.answers:
         return None
-    unjudged = jury.unjudged / jury.answers
-    return Reading(
-        value=unjudged,
-        n=jury.answers,
-        text=f"jury: answers a member could not judge {jury.unjudged}/{jury.answers} = {unjudged:.1%}",
-    )
+    return _unjudged_share("jury: answers a member could not judge", jury.unjudged, jury.answers)
+
+
+def _unjudged_share(what: str, unjudged: int, of: int) -> Reading:
+    """The share of `of` that got no verdict, as `max_failure_rate` reads it."""
+    return Reading(value=unjudged / of, n=of, text=f"{what} {unjudged}/{of} = {unjudged / of:.1%}")
 
 
 # How a limit reads a figure of a target or a category (the flag: --corrected). None: the run has no such figure

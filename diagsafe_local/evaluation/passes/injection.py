@@ -65,7 +65,7 @@ class InjectionCanaryPass(JudgingPass):
                 rule=rule,
                 score=verdict.outcome.score,
                 parse_status=verdict.outcome.status,
-                judge_raw=verdict.completion.text if verdict.completion else verdict.outcome.error,
+                judge_raw=verdict.reply,
             )
 
         self.close()

@@ -84,7 +84,7 @@ class RobustnessPass(JudgingPass):
                         perturbation=name,
                         score=verdict.outcome.score,
                         parse_status=verdict.outcome.status,
-                        judge_raw=verdict.completion.text if verdict.completion else verdict.outcome.error,
+                        judge_raw=verdict.reply,
                     )
                     for (_, item_id, sample, turn, name), verdict in stream.poll()
                 )
