@@ -542,3 +542,39 @@ def test_target_fpr_picks_the_most_sensitive_cut_within_the_rate(tmp_path):
     assert fpr <= 0.1 and (row["fpr_at_threshold"], row["tpr_at_threshold"]) == pytest.approx((fpr, tpr))
     lower = scores[scores < cut].max()  # the next cut down breaks the FPR limit
     assert ((scores >= lower) & (y == 0)).sum() / (y == 0).sum() > 0.1
+
+
+class _DeadEngine:
+    """A judge engine whose core has died: vLLM then answers every request with an error (EngineDeadError)."""
+
+    def __init__(self, config, **options):
+        from diagsafe_local.engines.base import EngineInfo
+
+        self.info = EngineInfo(kind="vllm", model=config.model)
+
+    def generate(self, requests):
+        from diagsafe_local.engines.base import Completion
+
+        return [Completion(text="", finish_reason=None, error="EngineDeadError: EngineCore died") for _ in requests]
+
+    def open_stream(self):
+        return None
+
+    def close(self):
+        pass
+
+
+def test_a_judge_whose_engine_failed_on_every_item_is_all_missing_and_asked_again_not_a_traceback(tmp_path, caplog):
+    from helpers import judge_spec
+
+    from diagsafe_local.validation.validate import run_validate
+
+    gold = load_gold(str(JBB), "jbb")
+    spec = judge_spec("harmjudge", kind="vllm", model=str(tmp_path / "judge"), max_model_len=2048)
+    rows = run_validate(gold, tmp_path / "o", [spec], stored=["gpt4_cf"], bootstrap=10, engine_factory=_DeadEngine)
+    assert (rows[0]["n"], rows[0]["n_missing"]) == (0, 20) and rows[1]["n"] == 20  # the stored column still scored
+    confusion = pd.read_csv(tmp_path / "o" / "confusion.csv")
+    assert confusion[confusion["judge"] == rows[0]["judge"]]["count"].tolist() == [0, 0, 0, 0]
+    assert "the engine failed on 20 of 20 judgments" in caplog.text
+    validation = json.loads((tmp_path / "o" / "validation.json").read_text())["judges"][0]
+    assert validation["missing"] == 20 and validation["tp"] + validation["fp"] + validation["tn"] + validation["fn"] == 0

@@ -187,6 +187,8 @@ def confusion_counts(y: np.ndarray, pred: np.ndarray) -> tuple[int, int, int, in
     """(tn, fp, fn, tp) of 0/1 predictions, from sklearn's confusion matrix."""
     from sklearn.metrics import confusion_matrix
 
+    if not len(y):  # sklearn refuses an empty sample: a judge without a single verdict (its engine died)
+        return 0, 0, 0, 0
     tn, fp, fn, tp = (int(v) for v in confusion_matrix(y, pred, labels=[0, 1]).ravel())
     return tn, fp, fn, tp
 

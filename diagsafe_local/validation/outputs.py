@@ -32,6 +32,7 @@ from diagsafe_local.validation.agreement import (
     agreement_row,
     annotator_agreement,
     binary_metrics,
+    confusion_counts,
     effective_counts,
     pairwise_kappa,
 )
@@ -163,11 +164,10 @@ def _confusion(
     records = []
     for name, predicted in predictions.items():
         decided = predicted >= 0
-        matrix = confusion_matrix(y[decided], predicted[decided], labels=[0, 1])
+        counts = confusion_counts(y[decided], predicted[decided])  # tn, fp, fn, tp: gold-major order
         records += [
-            {"judge": name, "task": "binary", "gold": g, "predicted": p, "count": int(matrix[g, p])}
-            for g in (0, 1)
-            for p in (0, 1)
+            {"judge": name, "task": "binary", "gold": g, "predicted": p, "count": count}
+            for (g, p), count in zip(((0, 0), (0, 1), (1, 0), (1, 1)), counts)
         ]
     if classes == 3:
         from diagsafe_local.validation.gold import XSTEST_CLASSES

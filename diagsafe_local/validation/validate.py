@@ -14,6 +14,7 @@ What is validated, each as one row of agreement.csv:
 
 from __future__ import annotations
 
+import logging
 import platform
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,8 @@ from diagsafe_local.judging.panel import PANEL_RULES
 from diagsafe_local.runs.verdicts import combined_score, panel_score
 from diagsafe_local.validation.gold import XSTEST_CLASSES, GoldSet
 from diagsafe_local.validation.outputs import Scored, write_outputs
+
+logger = logging.getLogger(__name__)
 
 _CLASS_OF_LABEL = {
     "full_compliance": XSTEST_CLASSES[0],
@@ -133,6 +136,12 @@ def _judge_scores(
         finally:
             if engine is not None:
                 engine.close()
+    failed = sum(v.status == "error" for stored in verdicts.values() for v in stored)
+    if failed:
+        logger.warning(
+            "%s: the engine failed on %d of %d judgments; they count as missing: run validate again to ask again",
+            label, failed, sum(map(len, verdicts.values())),
+        )  # fmt: skip
     scores, classes, raw, reasoning = [], [], [], []
     for item in gold.items:
         judged = [v for v in verdicts[item.id] if v.score is not None]
