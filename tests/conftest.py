@@ -6,6 +6,7 @@ import functools
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer.testing
@@ -59,25 +60,55 @@ def wide_file(tmp_path: Path) -> Path:
 
 
 class SharedVLLMFactory:
-    """An engine factory that loads each (model, adapter) once per test session, with the judge's
-    structured-output backend (requests without a schema are unaffected by it)."""
+    """An engine factory that loads each (model, adapter) once and keeps it for later tests, with the judge's
+    structured-output backend (requests without a schema are unaffected by it).
+
+    Kept engines are bounded: each holds ~2-3 GB (weights, torch, a 1 GiB KV cache), and a whole-suite run that kept
+    all ten it loads was OOM-killed on this 24 GB machine (the kernel killed vLLM workers mid-test; every later call
+    on them was EngineDeadError). Before a load, the least recently used engines that the current test has not
+    borrowed are shut down while more than DIAGSAFE_TEST_ENGINES (default 4) would be kept, or while less than
+    DIAGSAFE_TEST_FREE_GB (default 6) of memory is available.
+    """
 
     def __init__(self) -> None:
-        self.engines = {}
+        self.engines: dict[tuple, Any] = {}  # in order of last use, oldest first
         self.loads = 0
+        self.borrowed_since = 0  # a counter value: engines borrowed at or after it belong to the current test
+        self._clock = 0
+        self._last_borrowed: dict[tuple, int] = {}
+        self.keep = int(os.environ.get("DIAGSAFE_TEST_ENGINES", "4"))
+        self.free_bytes = float(os.environ.get("DIAGSAFE_TEST_FREE_GB", "6")) * 2**30
+
+    def new_test(self) -> None:
+        """Mark the start of a test's setup: what it borrows from here on is in use until the next test starts."""
+        self._clock += 1
+        self.borrowed_since = self._clock
 
     def __call__(self, config, **options):
         from diagsafe_local.engines.vllm_engine import VLLMEngine
 
         key = (config.model, getattr(config, "lora", None))
         if key not in self.engines:
+            self._make_room()
             self.loads += 1
             self.engines[key] = VLLMEngine(config, structured_backend="xgrammar")
+        self.engines[key] = self.engines.pop(key)  # most recently used last
+        self._last_borrowed[key] = self._clock
         return BorrowedEngine(self.engines[key])
+
+    def _make_room(self) -> None:
+        import psutil
+
+        idle = [key for key in self.engines if self._last_borrowed[key] < self.borrowed_since]
+        while idle and (len(self.engines) >= self.keep or psutil.virtual_memory().available < self.free_bytes):
+            key = idle.pop(0)
+            self.engines.pop(key).close()
+            del self._last_borrowed[key]
 
     def close(self) -> None:
         for engine in self.engines.values():
             engine.close()
+        self.engines.clear()
 
 
 @pytest.fixture(scope="session")
@@ -94,8 +125,20 @@ def tiny_models(tmp_path_factory):
     }
 
 
+_FACTORY: SharedVLLMFactory | None = None
+
+
 @pytest.fixture(scope="session")
 def vllm_engines():
-    factory = SharedVLLMFactory()
-    yield factory
-    factory.close()
+    global _FACTORY
+    _FACTORY = SharedVLLMFactory()
+    yield _FACTORY
+    _FACTORY.close()
+    _FACTORY = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    """Before a test's fixtures are set up: the engines it borrows from now on are the ones it may be using."""
+    if _FACTORY is not None:
+        _FACTORY.new_test()

@@ -577,4 +577,6 @@ def test_a_judge_whose_engine_failed_on_every_item_is_all_missing_and_asked_agai
     assert confusion[confusion["judge"] == rows[0]["judge"]]["count"].tolist() == [0, 0, 0, 0]
     assert "the engine failed on 20 of 20 judgments" in caplog.text
     validation = json.loads((tmp_path / "o" / "validation.json").read_text())["judges"][0]
-    assert validation["missing"] == 20 and validation["tp"] + validation["fp"] + validation["tn"] + validation["fn"] == 0
+    assert (
+        validation["missing"] == 20 and validation["tp"] + validation["fp"] + validation["tn"] + validation["fn"] == 0
+    )
