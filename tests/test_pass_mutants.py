@@ -1,0 +1,65 @@
+"""Tests for surviving mutants of the pass modules (issue 43's mutation figure, `scripts/bench_mutation.sh`): each
+asserts a behaviour a user sees (a decision, a count, a summary figure) that a mutant changed and no test saw."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given
+from hypothesis import strategies as st
+from test_jury import _record_fields
+
+from diagsafe_local.runs.jury import JuryTally
+from diagsafe_local.runs.records import PanelVote, ResultRecord
+
+MEMBERS = ("w", "x", "y", "z")  # four: a majority can tie with every member deciding
+# A member's score: harmful, not, in between, or no verdict (an error).
+SCORES = st.sampled_from([None, 0.0, 1.0, 0.25, 0.75, 0.5])
+
+
+@st.composite
+def jury_records(draw: st.DrawFn) -> list[ResultRecord]:
+    """A jury run's results: answers to harmful and benign items, final turns and not, and now and then a verdict
+    of another judge; every member's vote a verdict or none."""
+    rule = draw(st.sampled_from(["majority", "any-harmful", "unanimous-harmful"]))
+    records = []
+    for k in range(draw(st.integers(0, 16))):
+        votes = [
+            PanelVote(rubric=m, raw=None, verdict=None, score=s, parse_status="ok" if s is not None else "error")
+            for m, s in zip(MEMBERS, draw(st.lists(SCORES, min_size=4, max_size=4)), strict=True)
+        ]
+        often = st.integers(0, 3).map(bool)  # three times in four
+        jury = draw(often) or k == 0
+        fields = {
+            **_record_fields(),
+            "item_id": f"i{k}",
+            "benign": not draw(often) and k > 0,
+            "final_turn": draw(often) or k == 0,
+            "judge_rubric": f"jury:{rule}:{'+'.join(MEMBERS)}" if jury else "harmjudge",
+            "panel": votes if jury else None,
+        }
+        records.append(ResultRecord.model_validate(fields))
+    return records
+
+
+def _tally(records: list[ResultRecord]) -> JuryTally:
+    tally = JuryTally()
+    for record in records:
+        tally.add(record)
+    return tally
+
+
+@given(jury_records(), st.lists(st.integers(0, 3), min_size=16, max_size=16), st.integers(0, 2**32))
+def test_a_merge_of_jury_tallies_is_the_tally_of_all_their_records(records, shard_of, seed):
+    """`JuryTally.absorb` is what `merge` sums its sources' juries with: whatever the shards (an empty one
+    included) and the order they are absorbed in, the merged figures are those of the whole run's records."""
+    shards: list[list[ResultRecord]] = [[] for _ in range(4)]
+    for record, shard in zip(records, shard_of, strict=False):
+        shards[shard].append(record)
+    random.Random(seed).shuffle(shards)
+    merged = JuryTally()
+    for shard in shards:
+        merged.absorb(_tally(shard))
+    whole = _tally(records)
+    assert merged.figures() == whole.figures()
+    assert (whole.figures() is None) == (not records)  # the first record is a jury answer
