@@ -147,14 +147,22 @@ def gate_policy(
     *,
     require_signature: bool = False,
     sensitivity: bool = False,
+    **switches: bool,
 ) -> PolicyDecision:
     """One release decision over several runs, as `diagsafe-local gate --policy FILE NAME=DIR...` decides it:
-    `runs` maps each name the policy's entries use to its run directory; the decision's `exit_code` is the
-    command's (GO 0, NO-GO 1, cannot verify 3, INCONCLUSIVE 4). A flag that is not True or False is a
-    `TypeError`; an invalid policy file raises `DiagsafeError`."""
+    `runs` maps each name the policy's entries use to its run directory; `switches` are the switches of the limits
+    table that tighten the gate (`require_offline=True`), on for every entry as the command line's are. The
+    decision's `exit_code` is the command's (GO 0, NO-GO 1, cannot verify 3, INCONCLUSIVE 4). A flag that is not
+    True or False is a `TypeError`; an invalid policy file, an unknown switch or one that relaxes the gate (each
+    entry's own) raises `DiagsafeError`."""
+    from diagsafe_local.runs.limits import SWITCHES
     from diagsafe_local.runs.policy import decide_policy, load_policy
 
-    for name, value in {"require_signature": require_signature, "sensitivity": sensitivity}.items():
+    unknown = sorted(set(switches) - {switch.name for switch in SWITCHES})
+    if unknown:
+        raise DiagsafeError(f"unknown gate switch(es) {unknown}; the switches are {[s.name for s in SWITCHES]}")
+    flags = {"require_signature": require_signature, "sensitivity": sensitivity, **switches}
+    for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{name} must be True or False, got {value!r}")
     return decide_policy(
@@ -162,6 +170,7 @@ def gate_policy(
         {name: Path(run) for name, run in runs.items()},
         require_signature=require_signature,
         require_sensitivity=sensitivity,
+        switches=[name for name, on in switches.items() if on],
     )
 
 
