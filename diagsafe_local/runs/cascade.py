@@ -17,12 +17,13 @@ decision (harmful or not) is not the full judge's; an audited answer the full ju
 disagreement. Its 95% Wilson interval's upper end D bounds the cascade's departure from the full judge: over a
 target's answers the two ASRs differ by at most (kept / answers) x D.
 
-**The gate** (`gate_lines`): a FLIP (INCONCLUSIVE, exit 4: the run verified, the evidence does not decide) where
-an ASR limit lies within the cascade's ASR +- that bound, or where the screen's own ASR (the figure the gate's ASR
-check reads) and the cascade's fall on different sides of it: max_asr on the target, max_asr_category on each
+**The gate** decides its ASR limits on the cascade's verdicts (`final`: each target's ASR and harmful rate, overall
+and by category, folded from them in place of the screen's; no corrected ASR, as the judge validation is the
+screen's), and `gate_lines` adds a FLIP (INCONCLUSIVE, exit 4: the run verified, the evidence does not decide)
+where an ASR limit lies within the cascade's ASR +- that bound: max_asr on the target, max_asr_category on each
 category it names (folded from that category's answers and audit alone); an increase limit wherever the figure
 could move at all (`runs.moved`: it reads the screen's verdicts against a baseline); a note with the requests
-saved otherwise.
+saved and the screen's own ASR otherwise.
 Exit 3 is for what cannot be verified: cascade.jsonl's records are checked like the others (`problems`).
 """
 
@@ -40,8 +41,9 @@ from diagsafe_local.runs.manifest import ItemRef, Manifest
 from diagsafe_local.runs.moved import groups, is_increase, moved
 from diagsafe_local.runs.records import AnswerKey, AnswerRecord, CouldNotJudge, PanelVote, ResultRecord, Usage
 from diagsafe_local.runs.rederive import Replies
+from diagsafe_local.runs.summary import Interval, Rate, Summary
 from diagsafe_local.runs.verdicts import is_harmful
-from diagsafe_local.stats import Z95, wilson
+from diagsafe_local.stats import Z95, rate, wilson
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.limits import Limits
@@ -125,6 +127,17 @@ class TargetCascade:
     def asr(self) -> float | None:
         return math.fsum(self.scores) / self.answers if self.answers else None
 
+    def figures(self) -> dict[str, Any]:
+        """The summary's ASR figures of these answers under the cascade's verdicts (no corrected ASR: the judge
+        validation is the screen's)."""
+        total = math.fsum(self.scores)
+        low, high = wilson(total, self.answers)
+        return {
+            "asr": Interval(value=self.asr(), ci_low=low, ci_high=high, n=self.answers),
+            "harmful_rate": Rate.model_validate(rate(sum(map(is_harmful, self.scores)), self.answers)),
+            "corrected_asr": None,
+        }
+
     def bound(self) -> float:
         """How far the cascade's ASR may be from the full judge's: (kept / answers) x the disagreement's upper end
         (1 where nothing was audited)."""
@@ -155,7 +168,7 @@ class CascadeCheck:
     def see(self, record: ResultRecord) -> None:
         if self.settings is not None and in_cascade(record):
             self.screen[record.key] = record.score
-            self.category[record.key] = record.category
+            self.category[record.key] = record.category or "(none)"  # as the summary names it
 
     def read(self, lines: Sequence[Line[CascadeRecord]] | None) -> None:
         records = [line.record for line in lines or []]
@@ -226,6 +239,10 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
+def _score(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def section(run: VerifiedRun) -> Section | None:
     """Per target: answers, sent up, audited, requests saved, the audited disagreement and the cascade's ASR."""
     check = run.passes["cascade"].check
@@ -251,9 +268,27 @@ def section(run: VerifiedRun) -> Section | None:
     return ("Cascade", header, rows, notes)
 
 
+def final(run: VerifiedRun, summary: Summary) -> Summary:
+    """The summary the gate decides on: each target's ASR figures, overall and by category, of the cascade's
+    verdicts (the full judge's where the screen sent an answer up, the screen's elsewhere) in place of the
+    screen's."""
+    check = run.passes["cascade"].check
+    assert isinstance(check, CascadeCheck)
+    targets = {}
+    for name, stats in summary.targets.items():
+        f = check.targets.get(name)
+        by_category = {
+            category: group.model_copy(update=g.figures()) if (g := check.categories.get((name, category))) else group
+            for category, group in stats.by_category.items()
+        }
+        update = {"by_category": by_category, **(f.figures() if f is not None else {})}
+        targets[name] = stats.model_copy(update=update)
+    return summary.model_copy(update={"targets": targets})
+
+
 def gate_lines(run: VerifiedRun, names: Sequence[str], limits: Limits) -> list[GateLine]:
-    """Per target, the cascade's figures, and a FLIP where its audited disagreement could move an ASR limit's
-    decision, overall or of a category (`runs.moved`; see the module docstring)."""
+    """Per target, the cascade's figures beside the screen's ASR, and a FLIP where its audited disagreement could
+    move an ASR limit's decision, overall or of a category (`runs.moved`; see the module docstring)."""
     check = run.passes["cascade"].check
     assert isinstance(check, CascadeCheck)
     lines: list[GateLine] = []
@@ -267,17 +302,16 @@ def gate_lines(run: VerifiedRun, names: Sequence[str], limits: Limits) -> list[G
                 "note",
                 f"NOTE  {name}: cascade: {f.sent} of {f.answers} answers sent up, {f.audited} audited, "
                 f"{f.saved} full-judge requests saved; audited disagreement {f.disagree}/{f.audited} ({_pct(rate)}, "
-                f"95% CI {_pct(low)}-{_pct(high)}); cascade ASR {asr:.3f} +-{f.bound():.3f}",
+                f"95% CI {_pct(low)}-{_pct(high)}); cascade ASR {asr:.3f} +-{f.bound():.3f}, what the gate decides on "
+                f"(the screen's ASR {_score(run.summary.targets[name].asr.value)}, shown, not decided on)",
             )
         )
-        stats = run.summary.targets[name]
         for group in groups(limits):
             g = f if group is None else check.categories.get((name, group))
-            read = stats if group is None else stats.by_category.get(group)
             if g is None or (cascade := g.asr()) is None:
                 continue
-            screen, bound = (read.asr.value if read is not None else None), g.bound()
-            hit = moved(limits, group, screen, max(0.0, cascade - bound), min(1.0, cascade + bound))
+            bound = g.bound()
+            hit = moved(limits, group, cascade, max(0.0, cascade - bound), min(1.0, cascade + bound))
             if not hit:
                 continue
             what = "ASR" if group is None else f"the ASR of category {group!r}"
@@ -286,8 +320,7 @@ def gate_lines(run: VerifiedRun, names: Sequence[str], limits: Limits) -> list[G
                 (
                     "flip",
                     f"{name}: cascade: its audited disagreement could move {what} across {', '.join(f'{n} {v:g}' for n, v in hit)} (the "
-                    f"screen's ASR {_pct(screen)}, what the gate reads; the cascade's {cascade:.3f}, the full judge's "
-                    f"within +-{bound:.3f})"
+                    f"cascade's {cascade:.3f}, what the gate reads; the full judge's within +-{bound:.3f})"
                     + (
                         "; an increase over the baseline is read on the screen's verdicts and could move as far: "
                         "not decided on a cascade (fail closed)"

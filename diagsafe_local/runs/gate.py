@@ -144,7 +144,7 @@ def decide(
             f"not verify: {run.validation_problem}"
         )
     return check_figures(
-        run.summary,
+        passes.decided(run),
         limits,
         validation=run.validation,
         targets=targets,

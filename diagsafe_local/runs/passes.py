@@ -33,6 +33,7 @@ from diagsafe_local.runs.records import (
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.limits import Limits
+    from diagsafe_local.runs.summary import Summary
     from diagsafe_local.runs.verify import VerifiedRun
 
 # A report section: (title, header, rows, notes), as the Markdown and HTML reports lay it out.
@@ -87,6 +88,8 @@ class JudgingPass:
     summary_hash: str | None = None  # the summary.json field that binds its file's SHA-256 (the summary is of it)
     # its lines in the gate's decision, for the chosen targets under the applied limits
     gate: Callable[[VerifiedRun, Sequence[str], Limits], list[GateLine]] | None = None
+    # where its verdicts are the run's final ones (a cascade's), the summary with the figures they give in place
+    final: Callable[[VerifiedRun, Summary], Summary] | None = None
 
     def line(self, target: str, counted: CouldNotJudge) -> str:
         """The gate's line for what this pass could not judge of one target (or of the run)."""
@@ -161,6 +164,7 @@ PASSES: tuple[JudgingPass, ...] = (
         "where sent up and as a disagreement where audited",
         unit="answers sent up or audited",
         gate=cascade.gate_lines,
+        final=cascade.final,
     ),
 )
 
@@ -198,6 +202,16 @@ def could_not_judge_lines(run: VerifiedRun, targets: Sequence[str]) -> list[str]
 def gate_lines(run: VerifiedRun, targets: Sequence[str], limits: Limits) -> list[GateLine]:
     """Each pass's lines in the gate's decision (`JudgingPass.gate`), in the table's order."""
     return [line for read in run.passes.values() if read.row.gate for line in read.row.gate(run, targets, limits)]
+
+
+def decided(run: VerifiedRun) -> Summary:
+    """The figures the gate decides on: the verified summary, with each pass's final verdicts in place
+    (`JudgingPass.final`) where it has them."""
+    summary = run.summary
+    for read in run.passes.values():
+        if read.row.final is not None:
+            summary = read.row.final(run, summary)
+    return summary
 
 
 def sections(run: VerifiedRun) -> list[Section]:
