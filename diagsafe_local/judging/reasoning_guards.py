@@ -13,21 +13,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from diagsafe_local.core.messages import Message
-from diagsafe_local.judging.base import JUDGES, JudgeInput, Thinking
+from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome, Thinking
 from diagsafe_local.judging.finetuned import FormatJudge, answer_text, request_text
 from diagsafe_local.judging.policy import HARMJUDGE
 from diagsafe_local.judging.rubrics import Rubric, render_transcript, reply_format
-from diagsafe_local.runs.readers import AEGIS_CATEGORIES, GUARDREASONER, NEMOTRON, SCORE_TAG
+from diagsafe_local.runs.readers import AEGIS_CATEGORIES, GUARDREASONER, HARM_POLICY, NEMOTRON, SCORE_TAG, Reader
 
 
 @dataclass(frozen=True, kw_only=True)
 class FormattedRubric(Rubric):
-    """A JSON-verdict judge whose prompt is its model's own format rather than our system + transcript."""
+    """A JSON-verdict judge whose prompt is its model's own format rather than our system + transcript;
+    `reader`: what reads its replies where it is not `verdict_model` (the read side's reader of that format)."""
 
     template: Callable[[JudgeInput, str], str | tuple[Message, ...]]
+    reader: Reader | None = None
 
     def render(self, judged: JudgeInput) -> str | tuple[Message, ...]:  # type: ignore[override]
         return self.template(judged, reply_format(self.schema))
+
+    def parse_text(self, text: str) -> ParseOutcome:
+        if self.reader is None:
+            return super().parse_text(text)
+        read = self.reader.read(text)
+        if read is None:
+            return ParseOutcome(status="invalid", error=f"not a verdict of {self.name}'s format: {text[:120]!r}")
+        return ParseOutcome(status="ok", verdict=read.verdict, score=read.score)
 
 
 # -- Granite Guardian 3.3 ---------------------------------------------------------------------------------
@@ -188,5 +198,6 @@ JUDGES.add(
         reasons_by_default=True,
         answer_prefix="<|channel|>final<|message|>",
         template=safeguard_prompt,
+        reader=HARM_POLICY,  # the final channel's JSON, read by the harm policy's score rule, as verify reads it
     )
 )

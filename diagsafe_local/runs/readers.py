@@ -298,6 +298,23 @@ def strongreject_rubric_score(scores: dict[str, float]) -> float:
 STRONGREJECT_RUBRIC = ScoresReader(strongreject_scores, strongreject_rubric_score)
 
 
+@dataclass(frozen=True)
+class PolicyReader:
+    """A shipped policy's JSON verdict written by another judge (gpt-oss-safeguard writes the harm policy's in its
+    final channel): read by that policy's score rule, as the policy's own judge's replies are read again."""
+
+    policy: str  # data/policy_NAME.yaml
+
+    def read(self, reply: str) -> Read | None:
+        from diagsafe_local.runs.rederive import score_rule  # the shipped policies' one loader (it imports this)
+
+        rule = score_rule(self.policy)
+        return None if rule is None else rule.read(reply)
+
+
+HARM_POLICY = PolicyReader("harmjudge")
+
+
 class Entry(NamedTuple):
     """A built-in judge's reader, and its default scoring where it has a word pair (None: it always samples)."""
 
@@ -328,6 +345,7 @@ READERS: dict[str, Entry] = {
     "nemotron-3.5-content-safety": Entry(NEMOTRON_35),
     "singguard": Entry(SINGGUARD, probability=False),
     "strongreject-rubric": Entry(STRONGREJECT_RUBRIC),
+    "gpt-oss-safeguard": Entry(HARM_POLICY),
 }
 
 
