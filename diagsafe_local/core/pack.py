@@ -50,7 +50,10 @@ class PackedPart(BaseModel):
     reference: str = Field(description="How the config names it: a model's path or hub id, a prompt set, a metric.")
     revision: str | None = Field(None, description="The hub revision asked for (None: a local path or the default).")
     origin: str = Field(description="Where it came from: a local path, or `hub:ID@COMMIT` from the hub cache.")
-    path: str = Field(description="Its file or directory in the pack (relative).")
+    path: str | None = Field(
+        description="Its file or directory in the pack (relative); None: looked up when packing and not found "
+        "(`judge.validation: auto` where no validation was stored for the judge), which the run then says."
+    )
     base: str | None = Field(None, description="An adapter's base model, as the config names it.")
 
 
@@ -78,8 +81,9 @@ class Pack:
     lock_sha256: str
 
     def part(self, kind: PartKind, reference: str, revision: str | None = None) -> Path | None:
+        """Where the pack holds a part (None: it does not, or it records that packing found none)."""
         found = self.lock.find(kind, reference, revision)
-        return self.root / found.path if found is not None else None
+        return self.root / found.path if found is not None and found.path is not None else None
 
 
 def refused(root: Path, what: str) -> DiagsafeError:
@@ -106,7 +110,7 @@ def open_pack(root: Path) -> Pack:
         lock = PackLock.model_validate_json(data)
     except ValidationError as exc:
         raise RunFailed(f"{lock_path}: not a pack lock this version reads ({exc.errors()[0]['msg']})") from None
-    named = [part.path for part in lock.parts] + [packed.path for packed in lock.files]
+    named = [part.path for part in lock.parts if part.path is not None] + [packed.path for packed in lock.files]
     outside = next((path for path in named if not _inside(root, path)), None)
     if outside is not None:
         raise RunFailed(f"{lock_path}: names {outside!r}, outside the pack: refused")

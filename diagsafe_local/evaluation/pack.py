@@ -11,6 +11,7 @@ pack leaves the previous pack or none, never a lock naming files that are not th
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -49,6 +50,8 @@ from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.runs.rederive import looks_like_path
 from diagsafe_local.runs.validation import VALIDATION_FILE
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Need:
@@ -69,6 +72,7 @@ METRIC_PARTS: dict[str, tuple[PartKind, str]] = {
     "meteor": ("wordnet", "wordnet"),
     "embedding": ("embedding", "all-MiniLM-L6-v2"),
 }
+AUTO_VALIDATION = Need("validation", AUTO)
 VOCABULARY = Need("vocabulary", "o200k_base")  # gpt-oss's, for harmony (`judging.harmony_vocab`)
 INSIDE: dict[PartKind, str] = {"wordnet": "/corpora/wordnet"}  # NLTK reads a corpus only below a data root
 
@@ -116,7 +120,7 @@ def _policy_files(judge: JudgeConfig) -> list[str]:
 def _judges_files(judge: JudgeConfig) -> list[Need]:
     """The files the judges name by path: policy files, and the judge's validation (its validation.json)."""
     found = [Need("policy", name) for whole in _judges(judge) for name in _policy_files(whole)]
-    if judge.validation and judge.validation != AUTO:
+    if judge.validation:  # `auto` too: resolved when packing (`_stored_validation`), never on the node
         found.append(Need("validation", judge.validation))
     return found
 
@@ -169,10 +173,14 @@ def _fill(config: RunConfig, config_path: Path, out: Path, staging: Path, say: C
         parts: list[PackedPart] = []
         files: list[PackedFile] = []
         for need in needs(config):
-            source, origin = locate(need)
-            where = _slot(need, source)
-            say(f"packing {need} from {origin}")
-            files += _copy(source, staging, where)
+            source, origin = _stored_validation(config.judge) if need == AUTO_VALIDATION else locate(need)
+            where = None
+            if source is None:
+                say(f"{need}: {origin} (the pack records that; the run then has no validated error rates)")
+            else:
+                where = _slot(need, source)
+                say(f"packing {need} from {origin}")
+                files += _copy(source, staging, where)
             parts.append(
                 PackedPart(
                     kind=need.kind,
@@ -219,6 +227,17 @@ def _swap_in(staging: Path, out: Path) -> None:
         staging.rename(out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _stored_validation(judge: JudgeConfig) -> tuple[Path | None, str]:
+    """`judge.validation: auto` as packing resolves it: the validation.json the judge cache holds for the judge's
+    identity (`judging.cards.auto_validation`) with its stored directory as the origin, or None and why."""
+    from diagsafe_local.judging.cards import auto_validation, judge_identity
+
+    directory = auto_validation(judge)
+    if directory is None:
+        return None, f"none: no validation stored for judge identity {judge_identity(judge)}"
+    return directory / VALIDATION_FILE, str(directory)
 
 
 def locate(need: Need) -> tuple[Path, str]:
@@ -355,7 +374,7 @@ def packed(path: Path, overrides: list[str], root: Path) -> tuple[RunConfig, Pac
     with using(pack):
         config = load_config(path, overrides)
         for need in needs(config):
-            if pack.part(need.kind, need.reference, need.revision) is None and _adapter_as_model(pack, need) is None:
+            if pack.lock.find(need.kind, need.reference, need.revision) is None and not _adapter_as_model(pack, need):
                 raise refused(root, str(need))
         rewritten = _rewrite(config, pack, [id(model) for model in local_models(config)])
     assert isinstance(rewritten, RunConfig)
@@ -422,10 +441,16 @@ def _judge_paths(judge: JudgeConfig, pack: Pack) -> dict[str, Any]:
     if judge.panel is not None:
         members = [packed_policy(member) for member in judge.panel.members]
         paths["panel"] = judge.panel.model_copy(update={"members": members})
-    if judge.validation and judge.validation != AUTO:
+    if judge.validation:
         validation = pack.part("validation", judge.validation)
-        assert validation is not None
-        paths["validation"] = str(validation.parent)
+        if validation is None:  # auto, and none was stored for the judge when packing: as `auto` says then
+            log.warning(
+                "judge.validation: auto: the pack %s holds none (no validation was stored for this judge's identity "
+                "when it was packed): the run has no validated error rates; `diagsafe-local validate` this judge, "
+                "then pack again",
+                pack.root,
+            )
+        paths["validation"] = str(validation.parent) if validation is not None else None
     return paths
 
 
