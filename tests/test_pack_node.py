@@ -112,3 +112,75 @@ def test_a_pack_made_without_auto_is_refused_for_a_config_asking_auto(packable, 
     assert result.exit_code == 2, result.output
     message = " ".join(result.output.split())
     assert "has no validation 'auto'" in message and f"diagsafe-local pack CONFIG --out {out}" in message
+
+
+# -- one check per node --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hashed(monkeypatch, tmp_path) -> list[int]:
+    """The bytes `open_pack` hashes, file by file (the node's check records in a cache of this test's own)."""
+    from diagsafe_local.core import pack
+    from diagsafe_local.core.cache import file_sha256
+
+    monkeypatch.setenv("DIAGSAFE_CACHE", str(tmp_path / "node-cache"))
+    counted: list[int] = []
+
+    def counting(path: Path) -> str:
+        counted.append(path.stat().st_size)
+        return file_sha256(path)
+
+    monkeypatch.setattr(pack, "file_sha256", counting)
+    return counted
+
+
+def test_a_pack_is_hashed_once_per_node_and_a_file_changed_after_the_check_is_still_caught(
+    packable,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    hashed,
+):
+    """`run --shards N` opens the pack in the parent and in each of N shard processes: N + 1 full reads before.
+    The first check records each file's stat; the others hash only a file whose stat differs."""
+    from diagsafe_local.core import pack
+    from diagsafe_local.core.errors import RunFailed
+
+    out = tmp_path / "pack"
+    lock = _pack(packable, out)
+    size = sum(f.size for f in lock.files)
+    monkeypatch.setattr(pack, "CHECK_MARGIN_NS", 0)  # files packed a moment ago count as settled
+    pack.open_pack(out)  # the parent
+    assert sum(hashed) == size
+    hashed.clear()
+    for _ in range(4):  # four shard processes
+        pack.open_pack(out)
+    assert sum(hashed) == 0
+    weights = next(f for f in lock.files if f.path.endswith("model.safetensors"))
+    data = bytearray((out / weights.path).read_bytes())
+    data[-1] ^= 1  # same size, one byte: a stat that differs (inode times), so the file is hashed again
+    (out / weights.path).write_bytes(bytes(data))
+    with pytest.raises(RunFailed, match=f"{out / weights.path}: its bytes are not the ones packed"):
+        pack.open_pack(out)
+    assert hashed == [weights.size]
+
+
+def test_the_check_is_trusted_only_where_it_cannot_be_forged_or_raced(packable, tmp_path, monkeypatch, hashed):  # noqa: F811
+    """A record others could have written (its folder writable by the group) is not read; a file changed less
+    than the margin before its check is hashed again next time (a change within the same tick of the file
+    system's clock leaves its times as they were)."""
+    from diagsafe_local.core import pack
+
+    out = tmp_path / "pack"
+    lock = _pack(packable, out)
+    size = sum(f.size for f in lock.files)
+    pack.open_pack(out)
+    pack.open_pack(out)
+    assert sum(hashed) == 2 * size  # every file changed just now: none settled
+    monkeypatch.setattr(pack, "CHECK_MARGIN_NS", 0)
+    pack.open_pack(out)
+    hashed.clear()
+    records = tmp_path / "node-cache" / "pack-checks"
+    (record,) = records.rglob("*.json")
+    record.parent.chmod(0o770)
+    pack.open_pack(out)
+    assert sum(hashed) == size

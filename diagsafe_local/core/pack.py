@@ -6,11 +6,22 @@ model, a vocabulary, a judge's policy file or validation) by the reference the c
 finds each in the pack or refuses before anything loads. `open_pack` checks every file's size and hash first;
 `using` puts a verified pack in force for this process (the parts that load outside the config, WordNet and the
 embedding model, ask `part`; a policy file the config names, `local_file`).
+
+A node hashes a pack once: the check records each file's stat (device, inode, size, modification and change
+times) in the user's cache, keyed by the node and the lock's SHA-256, and a later `open_pack` there (a shard's
+process, a later run) hashes only a file whose stat differs. Writing a file sets its change time, which no one
+but root can set back, so a changed file is hashed again; the record is read only where no other user could have
+written it, and a file changed too close to its check (within one tick of its file system's clock) is not vouched
+for.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import platform
+import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,7 +30,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from diagsafe_local.core.cache import file_sha256
+from diagsafe_local.core import atomic
+from diagsafe_local.core.cache import cache_dir, file_sha256
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 
 LOCK = "pack.lock"
@@ -28,6 +40,9 @@ ENV = "DIAGSAFE_PACK"
 PartKind = Literal[
     "model", "adapter", "chat_template", "dataset", "wordnet", "embedding", "vocabulary", "policy", "validation"
 ]
+# A file changed this close to its check is not vouched for: a second change within the same tick of its file
+# system's clock (4 ms on Linux, 1-2 s on some) would leave its times as they were.
+CHECK_MARGIN_NS = 2_000_000_000
 
 
 class PackedFile(BaseModel):
@@ -121,6 +136,9 @@ def open_pack(root: Path) -> Pack:
             f"{unlisted}: in the pack but not in its {LOCK} (added after packing): refused; remove it or pack again: "
             f"`diagsafe-local pack CONFIG --out {root}`"
         )
+    lock_sha256 = hashlib.sha256(data).hexdigest()
+    vouched = _node_check(lock_sha256)
+    checked: dict[str, FileStat] = {}
     for packed in lock.files:
         path = root / packed.path
         if not path.is_file():
@@ -128,12 +146,89 @@ def open_pack(root: Path) -> Pack:
                 f"{path}: missing from the pack (its lock lists it); pack again: "
                 f"`diagsafe-local pack CONFIG --out {root}`"
             )
-        if path.stat().st_size != packed.size or file_sha256(path) != packed.sha256:
+        before = FileStat.of(path)
+        if vouched.get(packed.path) == before:
+            checked[packed.path] = before
+            continue
+        if before.size != packed.size or file_sha256(path) != packed.sha256 or FileStat.of(path) != before:
             raise RunFailed(
                 f"{path}: its bytes are not the ones packed (SHA-256 differs from {LOCK}): refused; pack again: "
                 f"`diagsafe-local pack CONFIG --out {root}`"
             )
-    return Pack(root=root, lock=lock, lock_sha256=hashlib.sha256(data).hexdigest())
+        if before.ctime_ns <= time.time_ns() - CHECK_MARGIN_NS:
+            checked[packed.path] = before
+    if checked != vouched:
+        _record_check(PackCheck(lock_sha256=lock_sha256, files=checked))
+    return Pack(root=root, lock=lock, lock_sha256=lock_sha256)
+
+
+class FileStat(BaseModel):
+    """What a file's stat says of its bytes when they were checked: another inode, size or time is another file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dev: int
+    ino: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int = Field(description="The inode's change time: set by every write, never settable but by root.")
+
+    @classmethod
+    def of(cls, path: Path) -> FileStat:
+        found = path.stat()
+        return cls(
+            dev=found.st_dev,
+            ino=found.st_ino,
+            size=found.st_size,
+            mtime_ns=found.st_mtime_ns,
+            ctime_ns=found.st_ctime_ns,
+        )
+
+
+class PackCheck(BaseModel):
+    """A node's record that a pack's files were hashed against its lock: each file by its stat then."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lock_sha256: str
+    files: dict[str, FileStat] = Field(description="The files vouched for, by their path in the pack.")
+
+
+def _check_file(lock_sha256: str) -> Path:
+    return cache_dir() / "pack-checks" / platform.node() / f"{lock_sha256}.json"
+
+
+def _node_check(lock_sha256: str) -> dict[str, FileStat]:
+    """The files this node's earlier check of the pack vouches for; none where the record could have been written
+    by another user (it or a folder holding it not ours, writable by others, or a link) or does not read."""
+    path = _check_file(lock_sha256)
+    try:
+        for held in (path, path.parent, path.parent.parent):
+            found = held.lstat()
+            if found.st_uid != os.geteuid() or found.st_mode & 0o022 or stat.S_ISLNK(found.st_mode):
+                return {}
+        record = PackCheck.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return dict(record.files) if record.lock_sha256 == lock_sha256 else {}
+
+
+def _record_check(record: PackCheck) -> None:
+    """Keep the check for this node's later processes, in folders only this user can write (a cache that
+    cannot be written: they hash the pack again)."""
+    path = _check_file(record.lock_sha256)
+
+    def write(tmp: Path) -> None:
+        tmp.chmod(0o600)
+        tmp.write_text(record.model_dump_json(), encoding="utf-8")
+
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        for folder in (path.parent.parent, path.parent):
+            folder.mkdir(mode=0o700, exist_ok=True)
+        atomic.write_with(path, write)
+    except OSError:
+        return
 
 
 def _inside(root: Path, path: str) -> bool:
