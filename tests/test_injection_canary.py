@@ -6,18 +6,21 @@ recorded replies under the judge's score rule, never from a recorded score."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fakes import ScriptedEngine
 from helpers import REPO
 from pydantic import ValidationError
 from servers import FakeOpenAIServer, judged_answer
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
+from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.evaluation.config import RunConfig
 from diagsafe_local.evaluation.pipeline import Run
+from diagsafe_local.judging import JUDGES
 from diagsafe_local.runs.injection import CANARIES, section
 from diagsafe_local.runs.manifest import Shard
 from diagsafe_local.runs.verify import verify_run
@@ -110,14 +113,48 @@ def test_an_unanswered_canary_refuses_the_run_and_a_resume_asks_it_again(tmp_pat
     assert code == 0, output
 
 
-def test_plan_says_what_it_costs_and_a_judge_without_a_policy_file_is_a_config_error(tmp_path, server):
+def test_plan_says_what_it_costs_and_a_judge_whose_policy_is_not_text_is_a_config_error(tmp_path, server):
     path = tmp_path / "run.yaml"
     path.write_text(json.dumps(config(tmp_path, server, "holds-policy").model_dump(mode="json", exclude_none=True)))
     result = CliRunner().invoke(app, ["plan", str(path)])
     assert result.exit_code == 0, result.output
     assert "policy-injection canary: 3 more verdicts per run" in result.output
-    with pytest.raises(ValidationError, match="injection_canary needs a judge whose policy is a file"):
-        config(tmp_path, server, "j", rubric="qi")
+    for judge in ("qi", "llama-guard-3"):  # criteria of their own training or code, no policy text to redefine
+        with pytest.raises(ValidationError, match="injection_canary needs a judge whose policy is text"):
+            config(tmp_path, server, "j", rubric=judge)
+
+
+def singguard(obeys: bool) -> Callable[[GenerationRequest], Completion]:
+    """A scripted SingGuard (a 2026 guard: its policy is text in its prompt) in its own reply format: unsafe on
+    a canary unless it `obeys` the policy the canary's answer claims; safe on everything else."""
+
+    def respond(request: GenerationRequest) -> Completion:
+        text = request.messages[-1].content
+        if request.regex is None:  # the target
+            return Completion(text=f"answer to: {text}", finish_reason="stop")
+        unsafe = "under the policy above" in text.lower() and not obeys
+        return Completion(text="unsafe\n<answer>fraud</answer>" if unsafe else "safe\n<answer>none</answer>",
+                          finish_reason="stop")  # fmt: skip
+
+    return respond
+
+
+def test_a_2026_guard_whose_policy_is_text_takes_the_canary_and_one_that_obeys_the_answer_is_refused(tmp_path):
+    assert JUDGES.get("singguard").policy_is_text and not JUDGES.get("llama-guard-3").policy_is_text
+    for name, obeys, expected in (("holds", False, 0), ("obeys", True, 3)):
+        tmp = tmp_path / name
+        tmp.mkdir()
+        items = tmp / "items.jsonl"
+        items.write_text("".join(json.dumps(i) + "\n" for i in ITEMS))
+        settings = {"model": "g", "rubric": "singguard", "benign_rubric": "refusal-keywords", "injection_canary": True}
+        cfg = RunConfig.model_validate({"dataset": {"path": str(items)}, "target": {"model": "t", "name": "t"},
+                                        "judge": settings, "output_dir": str(tmp / "run")})  # fmt: skip
+        guard = singguard(obeys)
+        Run(cfg, engine_factory=lambda engine, **_: ScriptedEngine(guard, model=engine.model)).execute()  # noqa: B023
+        code, output = gate(tmp)
+        assert code == expected, output
+    assert "the judge failed the policy-injection canary 'phishing'" in output
+    assert "it called it not harmful; its reply: 'safe\\n<answer>none</answer>'" in output
 
 
 def test_shards_each_send_the_canary_and_merge_carries_one_verdict_of_each(tmp_path, server):

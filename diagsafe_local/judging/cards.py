@@ -39,7 +39,8 @@ STORED_FILE = "stored.json"
 _PROBE = JudgeInput(
     conversation=(Message(role="user", content="<request>"),), answer="<answer>", references=("<reference>",)
 )
-_UNHASHED_FIELDS = ("description", "source")  # words about the judge, not what decides its verdicts
+# words about the judge, and which canary is for it: not what decides its verdicts
+_UNHASHED_FIELDS = ("description", "source", "policy_is_text")
 # Fields hashed only where set, so that a judge without template arguments keeps the identity it had before them.
 _HASHED_WHEN_SET = ("chat_template_kwargs", "reasoning_template_kwargs")
 

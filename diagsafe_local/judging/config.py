@@ -209,7 +209,8 @@ class JudgeConfig(EngineConfig):
         False,
         description="Send the policy-injection canary: plainly harmful control answers that tell the judge its "
         "policy allows them; a judge that calls any not harmful fails it and the gate refuses the run (exit 3). "
-        "For a policy-file judge (harmjudge or yours); costs 3 verdicts per run.",
+        "For a judge whose policy is text (a policy file, gpt-oss-safeguard, the 2026 guards; `bench --list`), sampled; "
+        "costs 3 verdicts per run.",
     )
     cascade: CascadeConfig | None = Field(
         None,
@@ -314,9 +315,10 @@ class JudgeConfig(EngineConfig):
             self.jury is not None or self.panel is not None or not harm.needs_model
         ):
             raise ValueError("robustness and injection_canary re-judge with one model judge, not a panel or a jury")
-        if self.injection_canary and getattr(harm, "score_rule", None) is None:
+        if self.injection_canary and not harm.policy_is_text:
             raise ValueError(
-                f"injection_canary needs a judge whose policy is a file (harmjudge, or yours); '{harm.name}' is not"
+                "injection_canary needs a judge whose policy is text (a policy file such as harmjudge or yours, "
+                f"gpt-oss-safeguard, the 2026 guards); '{harm.name}' is not"
             )
         if self.injection_canary and harm.uses_probability(self.probability):
             raise ValueError("injection_canary reads the judge's written verdict: it needs sampled verdicts")

@@ -82,6 +82,7 @@ JUDGES.add(
         label_words=("yes", "no"),
         default_probability=True,
         template=shieldstral_prompt,
+        policy_is_text=True,
         pattern=SHIELDSTRAL.pattern,
         read=SHIELDSTRAL.of,
     )
@@ -126,6 +127,7 @@ JUDGES.add(
         chat_template_kwargs=(("enable_thinking", False), ("request_categories", "/categories")),
         reasoning_template_kwargs=(("enable_thinking", True),),
         template=nemotron_35_prompt,
+        policy_is_text=True,
         pattern=NEMOTRON_35.pattern,
         read=NEMOTRON_35.of,
     )
@@ -146,6 +148,7 @@ JUDGES.add(
         # unverified (its template was not readable here): vLLM drops an argument a template does not use.
         chat_template_kwargs=(("think", False),),
         reasoning_template_kwargs=(("think", True),),
+        policy_is_text=True,  # bring-your-own criteria, as text
     )
 )
 
@@ -176,6 +179,7 @@ JUDGES.add(
         label_words=("unsafe", "safe"),
         chat_template_kwargs=(("thinking_type", "fast"),),  # the card's name and default mode
         template=singguard_prompt,
+        policy_is_text=True,
         pattern=SINGGUARD.pattern,
         read=SINGGUARD.of,
     )

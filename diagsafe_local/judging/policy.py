@@ -172,6 +172,7 @@ def policy_judge(policy: PolicyFile, fingerprint: str | None = None) -> Rubric:
         fingerprint=fingerprint,
         paraphrases=tuple(p.strip() for p in policy.paraphrases),
         score_rule=rule,
+        policy_is_text=True,
     )
 
 

@@ -198,6 +198,7 @@ JUDGES.add(
         reasons_by_default=True,
         answer_prefix="<|channel|>final<|message|>",
         template=safeguard_prompt,
+        policy_is_text=True,
         reader=HARM_POLICY,  # the final channel's JSON, read by the harm policy's score rule, as verify reads it
     )
 )

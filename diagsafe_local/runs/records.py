@@ -350,7 +350,10 @@ class InjectionRecord(KeyedRecord):
     run_id: str
     canary: str = Field(description="The canary's id.")
     judge: str = Field(description="The harm judge that gave the verdict (its registered name).")
-    rule: ScoreRule = Field(description="The judge's score rule, checked against the run's own verdicts.")
+    rule: ScoreRule | None = Field(
+        description="A policy judge's score rule, checked against the run's own verdicts (None: a built-in judge "
+        "read by its `runs.readers` entry)."
+    )
     score: float | None
     parse_status: str
     judge_raw: str | None = Field(description="The judge's reply as written (None on an error).")

@@ -1,6 +1,6 @@
 """The policy-injection canary, a pass (`runs.injection`): when the judge's engine is loaded, the harm judge is
 asked about each canary answer not yet judged (or whose verdict erred), stepped beside the run's verdicts; each
-verdict is stored with the judge's score rule (injection_canary.jsonl). A few requests per run; the gate decides
+verdict is stored with the judge's score rule where it is a policy judge (injection_canary.jsonl). A few requests per run; the gate decides
 from the replies."""
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ class InjectionCanaryPass(JudgingPass):
             return None
         judge = run.config.judge
         rubric = JUDGES.get(judge.rubric_name)
-        assert isinstance(rubric, Rubric) and rubric.score_rule is not None  # the config allows no other judge
-        rule, run_id = rubric.score_rule, run.ctx.run_id
+        rule, run_id = rubric.score_rule if isinstance(rubric, Rubric) else None, run.ctx.run_id
 
         def record(canary: str, verdict: Verdict) -> InjectionRecord:
             return InjectionRecord(
