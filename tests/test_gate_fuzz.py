@@ -11,7 +11,8 @@ hash, a truncated or deleted decision file, a decision file that is now another 
 to it), and on a signed run gated with --require-signature any change to a signed byte. Every other mutation is
 refused, or reaches exactly the decision of the untouched run (exit code and every PASS/FAIL/FLIP line). The fast
 tier runs a sample of each kind of mutation, rotated by a seed (DIAGSAFE_FUZZ_SEED, else today's date; printed);
-the slow tier a wider sample (DIAGSAFE_FUZZ_PER_KIND=all runs every one, by hand).
+the slow tier a wider sample (DIAGSAFE_FUZZ_PER_KIND=all runs every one, by hand; DIAGSAFE_FUZZ_CASES and
+DIAGSAFE_FUZZ_KINDS, comma-separated names, narrow it to some cases and kinds, to run it in shards).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from diagsafe_local.runs.summary import write_summary
 from diagsafe_local.runs.verify import verify_run
 
 KEY = "fuzz-key-" + "k" * 24
+FAST_PER_KIND = 6  # the fast tier's sample of each kind (CI's budget)
 DELETE = b"\0delete"
 # The files the gate decides on, in a run directory; the signature covers these and generations.jsonl, jury.jsonl.
 DECISION_FILES = ("manifest.json", "config.yaml", "results.jsonl", "judge_controls.jsonl", "summary.json",
@@ -398,6 +400,23 @@ def slow_per_kind() -> int | None:
     return None if given == "all" else int(given)
 
 
+def _names(variable: str) -> frozenset[str] | None:
+    given = os.environ.get(variable, "")
+    return frozenset(n.strip() for n in given.split(",") if n.strip()) or None
+
+
+def wide_fuzz(cases: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The slow tier: the cases DIAGSAFE_FUZZ_CASES names (every one if unset; skipped where it names none of
+    these), a sample of DIAGSAFE_FUZZ_PER_KIND of each kind, or all, of the kinds DIAGSAFE_FUZZ_KINDS names."""
+    names = _names("DIAGSAFE_FUZZ_CASES")
+    chosen = [case for case in cases if names is None or case.name in names]
+    if not chosen:
+        pytest.skip(f"DIAGSAFE_FUZZ_CASES names none of {[case.name for case in cases]}")
+    kinds = _names("DIAGSAFE_FUZZ_KINDS")
+    tally = fuzz(chosen, monkeypatch, per_kind=slow_per_kind(), kinds=kinds)
+    assert tally.tried > 700 or bool(names or kinds) and tally.tried > 0
+
+
 def fuzz_seed() -> int:
     """The fast tier's seed: DIAGSAFE_FUZZ_SEED, else today's date (so the sample rotates daily)."""
     return int(os.environ.get("DIAGSAFE_FUZZ_SEED") or datetime.date.today().strftime("%Y%m%d"))
@@ -428,14 +447,20 @@ class Tally:
     wrong: list[str] = field(default_factory=list)
 
 
-def fuzz(cases: list[Case], monkeypatch: pytest.MonkeyPatch, per_kind: int | None) -> Tally:
-    """Gate every case under its mutations (all, or a seeded sample of each kind); assert both properties."""
+def fuzz(
+    cases: list[Case], monkeypatch: pytest.MonkeyPatch, per_kind: int | None, kinds: frozenset[str] | None = None
+) -> Tally:
+    """Gate every case under its mutations (all, or a seeded sample of each kind; of the `kinds` named, or every
+    kind); assert both properties."""
     tally = Tally(fuzz_seed())
     rng = random.Random(tally.seed)
     print(f"fuzz seed {tally.seed} (DIAGSAFE_FUZZ_SEED={tally.seed} repeats this sample)")
     for case in cases:
-        every = mutations(case)
+        every = [m for m in mutations(case) if kinds is None or m.kind in kinds]
         chosen = every if per_kind is None else sample(every, rng, per_kind)
+        print(f"{case.name}: {len(chosen)} of {len(every)} mutations; by kind (tried/all): " + ", ".join(
+            f"{k} {sum(m.kind == k for m in chosen)}/{sum(m.kind == k for m in every)}"
+            for k in sorted({m.kind for m in every})))  # fmt: skip
         for mutation in chosen:
             undo = apply(mutation)
             try:
@@ -451,6 +476,7 @@ def fuzz(cases: list[Case], monkeypatch: pytest.MonkeyPatch, per_kind: int | Non
                 f"{case.name}: {mutation.path.parent.name}/{mutation.path.name}: {mutation.kind}: {mutation.what}: "
                 f"exit {code}, {[line[:100] for line in lines][:3]}; wanted {want}"
             )
+            print("WRONG", tally.wrong[-1])
         tally.by_case[case.name] = len(chosen)
         assert gate(case, monkeypatch) == case.decision  # every file restored
     print(f"fuzz: {tally.tried} gate calls ({tally.strict} must refuse), per case {tally.by_case}")
@@ -506,11 +532,11 @@ def test_a_result_field_edited_apart_from_its_dataset_or_reply_is_refused(tmp_pa
 
 
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_a_sample_of_each_kind(cases, monkeypatch):
-    tally = fuzz(cases, monkeypatch, per_kind=6)
+    tally = fuzz(cases, monkeypatch, per_kind=FAST_PER_KIND)
     assert tally.tried >= 280 and tally.strict >= 100
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(5400)  # a wide sample (or, by hand, every mutation): past the suite's 900 s per test
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_a_wide_sample(cases, monkeypatch):
-    assert fuzz(cases, monkeypatch, per_kind=slow_per_kind()).tried > 700
+    wide_fuzz(cases, monkeypatch)
