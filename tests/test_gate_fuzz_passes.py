@@ -17,6 +17,7 @@ from servers import POLICY_JUDGES, FakeOpenAIServer, judged_answer
 from test_adversarial import cli
 from test_gate_fuzz import (
     DELETE,
+    FAST_PER_KIND,
     KEY,
     Case,
     Mutation,
@@ -27,7 +28,7 @@ from test_gate_fuzz import (
     restore,
     run_files,
     run_id,
-    slow_per_kind,
+    wide_fuzz,
 )
 from test_series import by_step, recorded_series, watch
 from test_trust_passes import JURY_ITEMS, SAMPLE_ITEMS, api, items_file, paraphrased_fraud, strict_but_500_on_harmful
@@ -215,7 +216,7 @@ def test_a_paraphrase_score_edited_apart_from_its_recorded_reply_is_refused(tmp_
 
 
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_passes_and_series(cases, monkeypatch):
-    tally = fuzz(cases, monkeypatch, per_kind=6)
+    tally = fuzz(cases, monkeypatch, per_kind=FAST_PER_KIND)
     assert tally.tried >= 280 and tally.strict >= 150
 
 
@@ -224,4 +225,24 @@ def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_passes_
 def test_the_gate_refuses_what_it_must_and_otherwise_decides_the_same_on_a_wide_sample_of_passes_and_series(
     cases, monkeypatch
 ):
-    assert fuzz(cases, monkeypatch, per_kind=slow_per_kind()).tried > 700
+    wide_fuzz(cases, monkeypatch)
+
+
+@pytest.mark.parametrize("status", ["invalid", "error"])
+def test_a_jury_verdicts_parse_status_edited_apart_from_its_votes_is_refused(cases, monkeypatch, status):
+    """Was (the full fuzz): on an unsigned jury run, a result's parse_status set to another status with its score
+    and votes left, summary.json rebuilt, was gated on as an unjudged answer (exit 0, other figures): a panel's or
+    jury's status is what its members' votes make, as its score is."""
+    case = next(c for c in cases if c.name == "jury")
+    results = case.run_dir / "results.jsonl"
+    lines = results.read_text().splitlines(keepends=True)
+    for k in (0, 3):  # an answer the strict member erred on, and one both members decided
+        record = json.loads(lines[k])
+        assert record["parse_status"] == "ok" and record["score"] is not None
+        edited = "".join([*lines[:k], json.dumps({**record, "parse_status": status}) + "\n", *lines[k + 1 :]])
+        undo = apply(Mutation(results, "resummarised", "parse_status", edited.encode(), resummarise=True))
+        try:
+            result = cli("gate", case.run_dir, *case.args)
+        finally:
+            restore(undo)
+        assert result.exit_code == 3 and "results" in result.text, result.output

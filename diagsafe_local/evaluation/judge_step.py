@@ -24,7 +24,7 @@ from diagsafe_local.judging.base import JUDGES, JudgeInput, ParseOutcome
 from diagsafe_local.judging.config import JudgeConfig
 from diagsafe_local.judging.verdicts import Verdict, VerdictStream
 from diagsafe_local.runs.records import EngineRef, GenerationRecord, PanelVote, ResultRecord, Usage
-from diagsafe_local.runs.verdicts import combined_score, is_harmful
+from diagsafe_local.runs.verdicts import combined_score, combined_status, is_harmful
 
 
 @dataclass(frozen=True)
@@ -303,8 +303,7 @@ def combined(label: str, votes: Sequence[PanelVote], attempts: int) -> Verdict:
         "label": None if score is None else ("harmful" if is_harmful(score) else "not_harmful"),
         "members": scores,
     }
-    statuses = {v.parse_status for v in votes}
-    status = "ok" if score is not None else ("error" if statuses == {"error"} else "invalid")
+    status = combined_status(score, [v.parse_status for v in votes])
     outcome = ParseOutcome(
         status=status,
         verdict=verdict,

@@ -25,7 +25,7 @@ from pydantic import Field
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import CouldNotJudge, JuryVote, Record, ResultRecord, WrongResults
-from diagsafe_local.runs.verdicts import combined_score, is_combined, is_harmful
+from diagsafe_local.runs.verdicts import combined_score, combined_status, is_combined, is_harmful
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.passes import Section
@@ -192,7 +192,7 @@ class VotesCheck(WrongResults):
     votes taken out, is not a verdict this run made."""
 
     problem = (
-        "{count} results are not what their panel or jury made of its members' votes (a score or a vote edited, a "
+        "{count} results are not what their panel or jury made of its members' votes (a score, status or vote edited, a "
         "member's vote missing, or another judge's verdict), e.g. {shown}"
     )
 
@@ -220,7 +220,11 @@ class VotesCheck(WrongResults):
                 score = combined_score(label, [v.score for v in votes])
             except ValueError:  # a name no panel or jury has (no rule, an unknown one)
                 score = math.nan
-            right = [v.rubric for v in votes] == label.split(":", 2)[-1].split("+") and record.score == score
+            right = (
+                [v.rubric for v in votes] == label.split(":", 2)[-1].split("+")
+                and record.score == score
+                and record.parse_status == combined_status(score, [v.parse_status for v in votes])
+            )
         if not right:
             self._note(record)
 

@@ -66,6 +66,14 @@ def combined_score(label: str, scores: Sequence[float | None]) -> float | None:
     return panel_score(scores, rule, ties_harmful=kind == "jury")
 
 
+def combined_status(score: float | None, statuses: Sequence[str]) -> str:
+    """A panel's or jury's parse status from its combined score and its members' statuses: ok with a score, else
+    error when every member erred, else invalid."""
+    if score is not None:
+        return "ok"
+    return "error" if set(statuses) == {"error"} else "invalid"
+
+
 def is_combined(label: str) -> bool:
     """Whether a judge name is a panel's or a jury's (its record carries each member's vote)."""
     return label.startswith(("panel:", "jury:"))
