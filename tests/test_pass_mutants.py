@@ -3,12 +3,17 @@ asserts a behaviour a user sees (a decision, a count, a summary figure) that a m
 
 from __future__ import annotations
 
+import json
 import random
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_grammar_canary import gate
 from test_jury import _record_fields
+from test_pipeline_unit import Factory, make_config
 
+from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.runs.jury import JuryTally
 from diagsafe_local.runs.records import PanelVote, ResultRecord
 
@@ -63,3 +68,32 @@ def test_a_merge_of_jury_tallies_is_the_tally_of_all_their_records(records, shar
     whole = _tally(records)
     assert merged.figures() == whole.figures()
     assert (whole.figures() is None) == (not records)  # the first record is a jury answer
+
+
+METRIC = {"metric": "gcg_keywords", "threshold": 0.5}
+KEYWORDS = {**METRIC, "benign_rubric": "refusal-keywords"}  # a judge that names no policy judge of its own
+
+
+@pytest.mark.parametrize(
+    "judge",
+    [
+        pytest.param({"benign_rubric": "refusal-keywords"}, id="its-rubric"),
+        pytest.param(
+            {**KEYWORDS, "jury": {"rule": "majority", "members": [{"model": "a"}, {"model": "b"}]}}, id="a-juror"
+        ),
+        pytest.param({**KEYWORDS, "panel": {"rule": "mean", "members": [METRIC, "harmjudge"]}}, id="a-panel-member"),
+    ],
+)
+def test_a_policy_judge_named_only_by_one_part_of_the_config_still_needs_its_grammar_canary(tmp_path, judge):
+    """Whether a run needs its grammar canary comes from the config bound to its run id: a policy judge given a
+    model as the judge's rubric, a juror or a panel member (the other parts naming none). A run without its canary
+    and with the manifest's `judge.constrained` edited to false is refused, not passed on the edited flag."""
+    Run(make_config(tmp_path, judge=judge), engine_factory=Factory()).execute()
+    assert gate(tmp_path / "run")[0] in (0, 1)  # verified as made (the keyword judge's figures decide which)
+    path = tmp_path / "run" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["grammar"] = None
+    manifest["judge"]["constrained"] = False
+    path.write_text(json.dumps(manifest))
+    code, output = gate(tmp_path / "run")
+    assert code == 3 and "no grammar canary was recorded" in output, output
