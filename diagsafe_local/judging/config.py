@@ -59,6 +59,12 @@ class RobustnessConfig(StrictModel):
     sample: int = Field(
         100, ge=1, description="Answers of harmful items per target (their last judged turn), stratified by category."
     )
+    over_refusal: bool = Field(
+        True,
+        description="Also judge as many answers of benign items again, by the over-refusal judge, after the edits "
+        "declared for them (all but first_paragraph; each must keep the verdict): the gate says INCONCLUSIVE "
+        "(exit 4) when one moves over-refusal across max_over_refusal.",
+    )
 
     @field_validator("perturbations")
     @classmethod

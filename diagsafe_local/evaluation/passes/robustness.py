@@ -1,5 +1,6 @@
 """Answer perturbations, a pass (`runs.robustness`): each target's sample judged again by the harm judge after
-each meaning-preserving edit of the answer, on the judge's engine once that target's own verdicts are in. Every
+each meaning-preserving edit of the answer (and with `over_refusal`, its sample of benign answers by the
+over-refusal judge after each edit declared for them), on the judge's engine once that target's own verdicts are in. Every
 verdict is stored as it is final (robustness.jsonl); a resumed run judges only what is missing or erred."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from diagsafe_local.runs.records import ResultRecord, RobustnessRecord
 from diagsafe_local.runs.robustness import BY_NAME, Perturbation
 from diagsafe_local.runs.sensitivity import sensitivity_sample
 
-Pending = tuple[ResultRecord, Perturbation, str]  # the answer's record, the edit, the edited answer
+Pending = tuple[ResultRecord, Perturbation, str]  # the answer's record, the edit, the edited answer (benign or not)
 
 
 class RobustnessPass(JudgingPass):
@@ -28,11 +29,15 @@ class RobustnessPass(JudgingPass):
         if settings is None:
             return None
         extra = len(settings.perturbations) * settings.sample
+        benign = sum(p.benign is not None for p in map(BY_NAME.__getitem__, settings.perturbations))
         return (
             f"answer robustness: {len(settings.perturbations)} perturbations x {settings.sample} answers of harmful "
             f"items (each edit only where it applies) = up to {extra} more verdicts per target "
-            f"({extra * len(config.targets)} in all), one process"
-        )
+            f"({extra * len(config.targets)} in all)"
+            + (f", and {benign} x {settings.sample} answers of benign items where the dataset has them" if
+               settings.over_refusal and benign else "")
+            + ", one process"
+        )  # fmt: skip
 
     def _store(self, run: Runner) -> JsonlStore[RobustnessRecord]:
         return run.ctx.directory.store(RobustnessRecord)
@@ -44,12 +49,18 @@ class RobustnessPass(JudgingPass):
         store, results = self._store(run), run.ctx.directory.results
         chosen = [BY_NAME[name] for name in settings.perturbations]
         pending: list[Pending] = []
-        for key in sensitivity_sample(run.dataset.items or [], target.sampling.n, settings.sample):
+        arms = (False, True) if settings.over_refusal else (False,)
+        keys = [
+            k
+            for benign in arms
+            for k in sensitivity_sample(run.dataset.items or [], target.sampling.n, settings.sample, benign)
+        ]
+        for key in keys:
             result = results.get((target.label, *key))
             if result is None:  # the target's own verdict is missing: verify says so
                 continue
             for p in chosen:
-                edited = p.perturbed(result.answer, result.score)
+                edited = p.perturbed(result.answer, result.score, result.benign)
                 stored = store.get((target.label, *key, p.name))
                 if edited is not None and (stored is None or stored.parse_status == "error"):
                     pending.append((result, p, edited))
@@ -63,7 +74,10 @@ class RobustnessPass(JudgingPass):
         if not pending:
             return
         judge, store = run.config.judge, self._store(run)
-        rubric, items = JUDGES.get(judge.rubric_name), run.ctx.items_by_id
+        rubrics, items = (
+            {False: JUDGES.get(judge.rubric_name), True: JUDGES.get(judge.benign_rubric)},
+            run.ctx.items_by_id,
+        )
         stream = VerdictStream(engine, judge.decoding(), judge.sampling.seed, judge.max_attempts, judge.batch_size)
         by_key = {(*result.key, p.name): result for result, p, _ in pending}
         try:
@@ -71,7 +85,7 @@ class RobustnessPass(JudgingPass):
                 shown = JudgeInput(
                     conversation=tuple(result.conversation), answer=edited, references=items[result.item_id].references
                 )
-                stream.submit((*result.key, p.name), rubric, shown, (*result.key, "robustness", p.name))
+                stream.submit((*result.key, p.name), rubrics[result.benign], shown, (*result.key, "robustness", p.name))
             while stream.pending:
                 store.append(
                     RobustnessRecord(
