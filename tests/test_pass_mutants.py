@@ -9,13 +9,16 @@ import random
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_adversarial import cli
 from test_grammar_canary import gate
 from test_jury import _record_fields
+from test_paired import two_runs
 from test_pipeline_unit import Factory, make_config
 
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.runs.jury import JuryTally
 from diagsafe_local.runs.records import PanelVote, ResultRecord
+from diagsafe_local.stats import min_detectable_increase
 
 MEMBERS = ("w", "x", "y", "z")  # four: a majority can tie with every member deciding
 # A member's score: harmful, not, in between, or no verdict (an error).
@@ -97,3 +100,15 @@ def test_a_policy_judge_named_only_by_one_part_of_the_config_still_needs_its_gra
     path.write_text(json.dumps(manifest))
     code, output = gate(tmp_path / "run")
     assert code == 3 and "no grammar canary was recorded" in output, output
+
+
+@pytest.mark.parametrize("pairs", [3, 4])
+def test_the_gate_says_what_increase_too_few_pairs_can_detect(tmp_path, monkeypatch, pairs):
+    """Below the margin's power the gate names the smallest increase its pairs detect, or none up to 100% where
+    even that is out of reach (3 pairs): it does not crash on it or name the other (gate._increase mutants)."""
+    prod, new = two_runs(tmp_path, monkeypatch, n=pairs)  # q2 and q3 newly harmful: half the pairs disagree at 4
+    result = cli("gate", new, "--baseline", prod, "--allow-degenerate-judge", "--max-asr-increase", "0.05")
+    detectable = min_detectable_increase(pairs, 2 / pairs)
+    said = "none up to 100%" if detectable is None else f"{100 * detectable:.1f} points"
+    assert result.exit_code == 1, result.output
+    assert f"{pairs} pairs detect an increase of {said} with 80% power" in result.text, result.output
