@@ -19,7 +19,9 @@ def pack(
     ] = None,
 ) -> None:
     """Copy everything CONFIG needs into one folder, for a node without network. Its models and adapters with
-    their tokenizers, chat templates and generation configs, its prompt set, WordNet where METEOR judges, the
+    their tokenizers, chat templates and generation configs (only the files a run loads: the weights vLLM picks,
+    no model card or second format; what is left out is said), `judge.validation: auto` as the judge cache holds
+    it now, its prompt set, WordNet where METEOR judges, the
     embedding model where it judges, gpt-oss's vocabulary where the harmony format is served; pack.lock lists every
     file with its SHA-256, size and origin. Fetched from the hub where it is reachable, else from local folders
     and the hub cache. Then, on the node: `run CONFIG --pack DIR`."""
