@@ -4,10 +4,11 @@ asserts a behaviour a user sees (a decision, a count, a summary figure) that a m
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from test_adversarial import cli
 from test_grammar_canary import gate
@@ -17,7 +18,9 @@ from test_pipeline_unit import Factory, make_config
 
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.runs.jury import JuryTally
+from diagsafe_local.runs.manifest import ItemRef
 from diagsafe_local.runs.records import PanelVote, ResultRecord
+from diagsafe_local.runs.sensitivity import sensitivity_sample
 from diagsafe_local.stats import min_detectable_increase
 
 MEMBERS = ("w", "x", "y", "z")  # four: a majority can tie with every member deciding
@@ -112,3 +115,30 @@ def test_the_gate_says_what_increase_too_few_pairs_can_detect(tmp_path, monkeypa
     said = "none up to 100%" if detectable is None else f"{100 * detectable:.1f} points"
     assert result.exit_code == 1, result.output
     assert f"{pairs} pairs detect an increase of {said} with 80% power" in result.text, result.output
+
+
+@given(st.lists(st.integers(1, 9), min_size=2, max_size=5), st.integers(1, 3), st.data())
+def test_the_sensitivity_sample_gives_each_category_its_share_by_largest_remainders(counts, samples, data):
+    """Each category gets the whole part of its proportional share of the sample, and the seats left over go to
+    the largest remainders (Hamilton's method, as the module says): a category never gets its share's ceiling
+    while one with a larger remainder gets only its floor."""
+    items = [
+        ItemRef(id=f"{c}-{k}", turns=[1, 2], category=c)
+        for c, count in zip("abcdefg", counts, strict=False)
+        for k in range(count)
+    ]
+    total = sum(counts) * samples
+    least = math.ceil(total / (min(counts) * samples))  # every share at least 1: no category's floor raised to 1
+    assume(least < total)
+    size = data.draw(st.integers(least, total - 1))
+    taken = {c: 0 for c in "abcdefg"[: len(counts)]}
+    for item, _, turn in sensitivity_sample(items, samples, size):
+        taken[item.split("-")[0]] += 1
+        assert turn == 2  # the last judged turn
+    assert sum(taken.values()) == size
+    shares = {c: size * (count * samples) / total for c, count in zip(taken, counts, strict=True)}
+    assert all(taken[c] in (math.floor(share), math.ceil(share)) for c, share in shares.items())
+    for c in taken:
+        for d in taken:
+            if taken[c] > math.floor(shares[c]) and taken[d] == math.floor(shares[d]) < shares[d]:
+                assert shares[c] % 1 >= shares[d] % 1, (shares, taken)
