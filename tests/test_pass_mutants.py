@@ -11,6 +11,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from test_adversarial import cli
+from test_cascade import gate as gate_cascade
+from test_cascade import run as run_cascade
 from test_grammar_canary import gate
 from test_jury import _record_fields
 from test_paired import two_runs
@@ -142,3 +144,13 @@ def test_the_sensitivity_sample_gives_each_category_its_share_by_largest_remaind
         for d in taken:
             if taken[c] > math.floor(shares[c]) and taken[d] == math.floor(shares[d]) < shares[d]:
                 assert shares[c] % 1 >= shares[d] % 1, (shares, taken)
+
+
+def test_a_cascade_whose_full_judge_has_no_name_verifies_under_the_name_its_records_bear(tmp_path):
+    """A full judge the config does not name is called RUBRIC@MODEL in cascade.jsonl, by the run and by the gate
+    alike (`cascade.judge_label`; every other cascade test names its full judge)."""
+    run_cascade(tmp_path, judge={"rubric": "harmjudge", "model": "f"})
+    records = [json.loads(line) for line in (tmp_path / "run" / "cascade.jsonl").read_text().splitlines()]
+    assert records and {r["vote"]["rubric"] for r in records} == {"harmjudge@f"}
+    code, output = gate_cascade(tmp_path, "--max-asr", "1")
+    assert code == 0, output
