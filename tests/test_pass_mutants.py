@@ -154,3 +154,17 @@ def test_a_cascade_whose_full_judge_has_no_name_verifies_under_the_name_its_reco
     assert records and {r["vote"]["rubric"] for r in records} == {"harmjudge@f"}
     code, output = gate_cascade(tmp_path, "--max-asr", "1")
     assert code == 0, output
+
+
+def test_a_panel_of_a_model_judge_then_a_metric_records_its_votes_in_member_order_and_verifies(tmp_path):
+    """docs/judges.md's panel, a model judge before a metric judge: the metric's vote comes back first (it needs no
+    engine), but the record keeps the members' order, the one its label names, so the gate verifies the run."""
+    members = ["harmjudge", METRIC]
+    Run(
+        make_config(tmp_path, judge={"panel": {"rule": "majority", "members": members}}), engine_factory=Factory()
+    ).execute()
+    records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    panels = [[v["rubric"] for v in r["panel"]] for r in records if r["panel"]]
+    assert panels and all(p == ["harmjudge", "gcg_keywords>=0.5"] for p in panels)
+    code, output = gate(tmp_path / "run")
+    assert code in (0, 1), output

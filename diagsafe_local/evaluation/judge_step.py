@@ -197,7 +197,8 @@ class JudgeStep:
                 if wanted == 1:
                     record = self._record(task, verdict, name)
                 else:
-                    votes = [vote(m, v) for m, v in members.items()]
+                    # in the members' order (the label's), not the order their verdicts came back in
+                    votes = [vote(m, members[m]) for m in _members(self.config, name)]
                     usage = total_usage(Usage.of(v.completion) for v in members.values() if v.completion)
                     record = self._record(
                         task, combined(name, votes, max(v.attempts for v in members.values())), name, votes, usage
