@@ -38,6 +38,9 @@ only_mutate =
     diagsafe_local/runs/controls.py
     diagsafe_local/runs/sensitivity.py
     diagsafe_local/runs/jury.py
+    diagsafe_local/runs/robustness.py
+    diagsafe_local/runs/injection.py
+    diagsafe_local/runs/cascade.py
 pytest_add_cli_args =
     -m
     not slow and not vllm and not real
@@ -59,16 +62,26 @@ pytest_add_cli_args_test_selection =
     tests/test_limit_rows.py
     tests/test_verify_reads.py
     tests/test_verify_mutants.py
+    tests/test_robustness.py
+    tests/test_cascade.py
+    tests/test_injection_canary.py
+    tests/test_adv3_passes.py
+    tests/test_canary_rides.py
+    tests/test_pass_stores.py
+    tests/test_pass_mutants.py
     --deselect=tests/test_jury.py::test_validate_measures_each_member_and_the_jury_as_one_judge_which_a_run_then_uses
 EOF
 
 export PATH=$venv/bin:$PATH
-# Every mutant of these modules is ~2,500, each rerunning the tests that reach it: about 10 hours on 2 cores. So a
-# seeded sample of each module's mutants (SAMPLE=30 of verify, gate and limits, a third of that of the others;
-# SAMPLE=all: every one). mutmut keeps each result in mutants/, so a rerun resumes.
+# Every mutant of these modules is ~3,700, each rerunning the tests that reach it: about 15 hours on 2 cores. So a
+# seeded sample of each module's mutants (SAMPLE=30 of verify, gate and limits; PASS_SAMPLE of each other module,
+# default a third of SAMPLE; SAMPLE=all: every one), of the modules named in MODULES (e.g. MODULES="gate jury";
+# default all). mutmut keeps each result in mutants/, so a rerun resumes.
 # MUTANTS=FILE: run the mutants named in FILE instead (e.g. an earlier sample's survivors, once tests were added).
+# mutmut reruns every mutant named, checked or not: to resume a stopped sample, name only those not checked yet.
 sample=${SAMPLE:-30}
 seed=${SEED:-43}
+export PASS_SAMPLE MODULES
 if [[ -n ${MUTANTS:-} ]]; then
     [[ -f mutants/mutmut-stats.json ]] || nice mutmut run --max-children "$children" "diagsafe_local.runs.passes.x_named__mutmut_1"
     cp "$MUTANTS" mutation-sample.txt
@@ -80,8 +93,10 @@ else
     [[ -f mutants/mutmut-stats.json ]] || nice mutmut run --max-children "$children" "diagsafe_local.runs.passes.x_named__mutmut_1"
     mutmut results --all true > mutation-all.txt
     python - "$sample" "$seed" > mutation-sample.txt <<'EOF'
-import collections, random, re, sys
+import collections, os, random, re, sys
 n, seed = int(sys.argv[1]), int(sys.argv[2])
+minor = int(os.environ.get("PASS_SAMPLE") or max(1, n // 3))
+wanted = {f"diagsafe_local.runs.{m}" for m in os.environ.get("MODULES", "").split()}
 by_module = collections.defaultdict(list)
 for line in open("mutation-all.txt"):
     m = re.match(r"\s*((diagsafe_local\.runs\.\w+)\.\S+):", line)
@@ -89,7 +104,9 @@ for line in open("mutation-all.txt"):
         by_module[m[2]].append(m[1])
 major = {"diagsafe_local.runs.verify", "diagsafe_local.runs.gate", "diagsafe_local.runs.limits"}
 for module, names in sorted(by_module.items()):
-    k = min(len(names), n if module in major else max(1, n // 3))
+    if wanted and module not in wanted:
+        continue
+    k = min(len(names), n if module in major else minor)
     print("\n".join(random.Random(f"{seed}:{module}").sample(sorted(names), k)))
 EOF
     nice mutmut run --max-children "$children" $(cat mutation-sample.txt)
