@@ -24,7 +24,9 @@ was readable in this environment: the tiny models' templates are written from th
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from helpers import tiny_engine, write_jsonl
@@ -189,7 +191,7 @@ def test_default_modes_granite_41_and_nemotron_35_do_not_think_granite_33_does()
     thinking = granite.reasoning_request(judged(), Decoding(reasoning=True), seed=0)
     assert thinking.assistant_prefix == "<think>\n" and thinking.stop == ("</think>",)
     nemotron = JUDGES.get("nemotron-3.5-content-safety").reasoning_request(judged(), Decoding(reasoning=True), 0)
-    assert nemotron.assistant_prefix == "<think>\n"
+    assert nemotron.assistant_prefix == "<think>"  # Gemma 3's template trims a trailing newline (below)
     assert JUDGES.get("singguard").thinking is None  # its fast-slow format could not be verified
 
 
@@ -207,13 +209,18 @@ def test_the_judges_command_lists_the_2026_guards(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def guard_models(tmp_path_factory):
+    from transformers import AutoConfig
+
     from diagsafe_local.selftest.tiny_models import build_tiny_chat_model
 
     root = tmp_path_factory.mktemp("guards-2026")
-    return {
+    models = {
         fmt: build_tiny_chat_model(root / fmt, seed=4, architecture=architecture, chat=chat)
         for fmt, (architecture, chat) in GUARD_FORMATS.items()
     }
+    # a Mistral release carries its mistral_common tokenizer beside the Hugging Face one
+    write_tiny_tekken(models["shieldstral"], AutoConfig.from_pretrained(models["shieldstral"]).vocab_size)
+    return models
 
 
 def run_judged_by(judge: str, model, out, kind: str, engine_factory=None):
@@ -224,7 +231,8 @@ def run_judged_by(judge: str, model, out, kind: str, engine_factory=None):
     from diagsafe_local.runs.records import read_results
     from diagsafe_local.selftest import synthetic_items
 
-    settings = {**tiny_engine(model), "kind": kind}
+    # the target on the judge's tokenizer too, so that one engine serves both
+    settings = {**tiny_engine(model), "kind": kind, "tokenizer_mode": JUDGES.get(judge).tokenizer_mode}
     out.mkdir()
     config = RunConfig.model_validate(
         {
@@ -250,6 +258,11 @@ def test_each_2026_guard_judges_a_whole_run_on_its_tiny_model(guard_models, tmp_
         assert harmful and all(r.parse_status == "ok" and r.score is not None for r in harmful), judge
         if judge == "shieldstral":
             assert all(0.0 < r.score < 1.0 for r in harmful)  # type: ignore[operator]
+            # loaded in the mode it declares (mistral_common's tokenizer, asked of the engine), and recorded
+            manifest = json.loads((tmp_path / judge / "run" / "manifest.json").read_text())
+            assert manifest["config"]["judge"]["tokenizer_mode"] == "mistral"
+            engines = manifest["engines"].values()
+            assert [e["details"]["tokenizer_mode"] for e in engines] == ["mistral"], manifest["engines"]
     granite = "granite-guardian-4.1"
     harmful = run_judged_by(granite, guard_models[GUARDS[granite]], tmp_path / granite, "transformers")
     assert harmful and all(r.parse_status == "ok" and r.score is not None for r in harmful)
@@ -378,3 +391,97 @@ def test_a_judges_identity_changes_with_its_template_kwargs():
     nemotron = JUDGES.get("nemotron-3.5-content-safety")
     thinking = replace(nemotron, reasoning_template_kwargs=(("enable_thinking", False),))
     assert definition_hash(thinking) != definition_hash(nemotron)
+
+
+# -- Shieldstral's tokenizer mode (issue 45) -------------------------------------------------------------------
+# A Mistral release is tokenized and its chat rendered by mistral_common (vLLM's tokenizer_mode "mistral"); vLLM's
+# "auto" takes that mode only where the directory holds both consolidated*.safetensors and tekken.json
+# (vllm/tokenizers/registry.py, resolve_tokenizer_args), so the judge declares it rather than leaving it to the
+# files a copy happens to hold.
+
+
+def write_tiny_tekken(folder, size: int) -> Path:
+    """A tekken.json of `size` tokens (mistral_common's tokenizer file, version v13 as Ministral 3's): mistral_common's
+    every control token, then the first byte-level ranks of the Tekken vocabulary it bundles."""
+    import mistral_common
+    from mistral_common.tokens.tokenizers.base import SpecialTokens
+
+    source = json.loads((Path(mistral_common.__file__).parent / "data" / "tekken_240911.json").read_text())
+    special = [{"rank": k, "token_str": t.value, "is_control": True} for k, t in enumerate(SpecialTokens)]
+    inner = size - len(special)
+    config = {"num_vocab_tokens": inner, "default_vocab_size": size, "default_num_special_tokens": len(special)}
+    tekken = {
+        "config": {**source["config"], **config, "version": "v13"},
+        "vocab": source["vocab"][:inner],
+        "special_tokens": special,
+    }
+    path = Path(folder) / "tekken.json"
+    path.write_text(json.dumps(tekken))
+    return path
+
+
+def test_shieldstral_declares_mistrals_tokenizer_mode_for_its_vllm_engine():
+    """The judge's engine takes the judge's mode on vLLM unless the config names one; other engines and other
+    judges are left to their own tokenizers."""
+    from diagsafe_local.judging.config import JudgeConfig
+
+    assert JUDGES.get("shieldstral").tokenizer_mode == "mistral"
+    assert JudgeConfig(rubric="shieldstral", model="m").tokenizer_mode == "mistral"
+    assert JudgeConfig(rubric="shieldstral", model="m", kind="local").tokenizer_mode == "mistral"
+    assert JudgeConfig(rubric="shieldstral", model="m", tokenizer_mode="hf").tokenizer_mode == "hf"
+    assert JudgeConfig(rubric="shieldstral", model="m", kind="transformers").tokenizer_mode is None
+    assert JudgeConfig(rubric="singguard", model="m").tokenizer_mode is None
+
+
+def test_the_tokenizer_mode_is_part_of_the_judges_identity(tmp_path):
+    from dataclasses import replace
+
+    from diagsafe_local.judging.cards import definition_hash, judge_identity
+    from diagsafe_local.judging.config import JudgeConfig
+
+    shieldstral = JUDGES.get("shieldstral")
+    assert definition_hash(replace(shieldstral, tokenizer_mode=None)) != definition_hash(shieldstral)
+    model = str(tmp_path)
+    hf, mistral = (JudgeConfig(rubric="shieldstral", model=model, tokenizer_mode=m) for m in ("hf", "mistral"))
+    assert judge_identity(hf) != judge_identity(mistral)
+
+
+def test_mistral_common_renders_shieldstrals_prompt_as_the_tiny_template_does(tmp_path, tokenizers):
+    """Mistral's own encoder (mistral_common, tokenizer v13: what tokenizer_mode mistral renders chats with, through
+    transformers' MistralCommonBackend) and the tiny model's Jinja template give the same prompt for the judge's
+    system and user messages."""
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    tekken = write_tiny_tekken(tmp_path, len(tokenizers["shieldstral"]))
+    messages = [m.model_dump() for m in JUDGES.get("shieldstral").render(judged())]  # type: ignore[union-attr]
+    encoded = MistralTokenizer.from_file(str(tekken)).encode_chat_completion(ChatCompletionRequest(messages=messages))
+    text, _ = rendered("shieldstral", tokenizers["shieldstral"], "Step 1: mix. Step 2: heat.")
+    assert encoded.text == text
+
+
+# -- Nemotron 3.5's reasoning prefix through Gemma 3's template (issue 45) ----------------------------------------
+# Gemma 3's template writes each message's content `| trim` (as vLLM's examples/tool_chat_template_gemma3_pythonic
+# .jinja carries it), and transformers' continue_final_message then cuts the prompt at the trimmed content
+# (utils/chat_template_utils.py, render: `rendered_chat[:tag_loc].rstrip()`), which vLLM's renderer calls
+# (renderers/hf.py, safe_apply_chat_template): a prefix's trailing whitespace never reaches the model.
+
+
+def test_nemotron_35s_reasoning_prefixes_reach_the_model_as_sent(tokenizers):
+    """The reasoning request's prefix and the verdict's (after the reasoning, as the judge continues it), rendered
+    by the tiny model's Gemma 3 template as vLLM renders a continued answer: the prompt ends with each prefix as
+    sent, so the verdict phase sees exactly what the model saw and wrote in the reasoning phase."""
+    from diagsafe_local.runs.records import ReasoningTrace
+
+    assert "| trim" in GUARD_FORMATS["nemotron-3.5"][1].template  # Gemma 3's, as the model's base carries it
+    nemotron, decoding = JUDGES.get("nemotron-3.5-content-safety"), Decoding(probability=False, reasoning=True)
+    reasoning = nemotron.reasoning_request(judged(), decoding, 0)
+    trace = ReasoningTrace(text="\nThe answer gives steps.\n", tokens=6)
+    verdict = nemotron.request(judged(), decoding, 8, 0, reasoning=trace)
+    for request in (reasoning, verdict):
+        messages = [m.model_dump() for m in request.messages]
+        messages.append({"role": "assistant", "content": request.assistant_prefix})
+        prompt = tokenizers["nemotron-3.5"].apply_chat_template(
+            messages, tokenize=False, continue_final_message=True, **(request.chat_template_kwargs or {})
+        )
+        assert prompt.endswith("<start_of_turn>model\n" + request.assistant_prefix), (request.assistant_prefix, prompt)

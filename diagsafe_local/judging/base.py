@@ -177,6 +177,9 @@ class Judge:
     # phase overrides them with: the template's own defaults are not the judge's mode (Qwen3-style ones think).
     chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
     reasoning_template_kwargs: tuple[tuple[str, Any], ...] = ()
+    # The vLLM tokenizer mode its model is released for (Shieldstral: "mistral", mistral_common renders its chat);
+    # None: vLLM's own choice. Its engine takes it unless the config names one (`JudgeConfig.tokenizer_mode`).
+    tokenizer_mode: str | None = None
     # Its policy or criteria are text in its prompt (a policy file, gpt-oss-safeguard, the 2026 guards), which an
     # answer it judges can claim to redefine: the policy-injection canary is for it.
     policy_is_text: bool = False

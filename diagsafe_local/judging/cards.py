@@ -42,7 +42,7 @@ _PROBE = JudgeInput(
 # words about the judge, and which canary is for it: not what decides its verdicts
 _UNHASHED_FIELDS = ("description", "source", "policy_is_text")
 # Fields hashed only where set, so that a judge without template arguments keeps the identity it had before them.
-_HASHED_WHEN_SET = ("chat_template_kwargs", "reasoning_template_kwargs")
+_HASHED_WHEN_SET = ("chat_template_kwargs", "reasoning_template_kwargs", "tokenizer_mode")
 
 
 class PublishedFigure(BaseModel):
@@ -224,6 +224,8 @@ def judge_identity(spec: JudgeConfig) -> str:
         if engine.lora_hash:
             model["lora"] = None
         model["structured_output_backend"] = spec.structured_output_backend
+        if spec.tokenizer_mode is not None:  # what tokenizes and renders its prompts (kept out where unset)
+            model["tokenizer_mode"] = spec.tokenizer_mode
     decoding = spec.decoding().model_dump() | {"scoring": spec.scoring}
     from diagsafe_local.judging import JUDGES
 

@@ -279,6 +279,23 @@ class JudgeConfig(EngineConfig):
             return data  # the rubric's own check names the problem
         return {**data, "benign_rubric": "refusal-keywords"} if model_free else data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _judges_tokenizer_mode(cls, data: Any) -> Any:
+        """On vLLM, the tokenizer mode the harm judge declares (Shieldstral: mistral), unless the config names one."""
+        if not isinstance(data, dict) or data.get("tokenizer_mode") is not None:
+            return data
+        if cls._engine_words(data.get("kind", "vllm")) != "vllm":
+            return data
+        from diagsafe_local.core.errors import DiagsafeError
+        from diagsafe_local.judging import JUDGES
+
+        try:
+            mode = JUDGES.get(str(data.get("rubric", "harmjudge"))).tokenizer_mode
+        except DiagsafeError:
+            return data  # the rubric's own check names the problem
+        return data if mode is None else {**data, "tokenizer_mode": mode}
+
     @model_validator(mode="after")
     def _judges(self) -> JudgeConfig:
         from diagsafe_local.core.errors import DiagsafeError

@@ -81,6 +81,9 @@ JUDGES.add(
         source="Mistral AI, Shieldstral-1.0-3B model card (mistralai/Shieldstral-1.0-3B) and arXiv 2607.25857",
         label_words=("yes", "no"),
         default_probability=True,
+        # A Mistral release: mistral_common tokenizes it and renders its chat from tekken.json (its card is tagged
+        # mistral-common), which vLLM's auto picks only where consolidated*.safetensors sits beside it.
+        tokenizer_mode="mistral",
         template=shieldstral_prompt,
         policy_is_text=True,
         pattern=SHIELDSTRAL.pattern,
@@ -121,7 +124,10 @@ JUDGES.add(
         "unsafe response 1; reasons only with reasoning: true",
         source="NVIDIA, Nemotron-3.5-Content-Safety model card (nvidia/Nemotron-3.5-Content-Safety), Aegis 2.0 "
         "(arXiv 2501.09004)",
-        thinking=Thinking(open="<think>\n", close="</think>", after="\n\n"),
+        # No whitespace at a prefix's end: Gemma 3's template trims each message, and a continued answer is cut
+        # at its trimmed text (tests/test_guards_2026.py), so a "<think>\n" would reach the model as "<think>" and
+        # the verdict would then be asked after a reasoning the model never saw. The model writes its own newline.
+        thinking=Thinking(open="<think>", close="</think>", after=""),
         # Names and values from NeMo Guardrails' tutorial, not from the model's own template (not readable here);
         # our prompt asks for the categories, so the template is asked for them too.
         chat_template_kwargs=(("enable_thinking", False), ("request_categories", "/categories")),

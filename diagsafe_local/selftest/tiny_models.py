@@ -65,7 +65,9 @@ GUARD_FORMATS: dict[str, tuple[str, ChatFormat]] = {
             ),
         ),
     ),
-    # Nemotron-3.5-Content-Safety: Gemma-3-4B-it turns, BOS <bos>, the model's turn named `model`.
+    # Nemotron-3.5-Content-Safety: Gemma-3-4B-it's template (as vLLM's examples/tool_chat_template_gemma3_pythonic
+    # .jinja carries it, tools left out): BOS <bos>, a system message before the first user turn's text, the
+    # model's turn named `model`, and each message's text `| trim`.
     "nemotron-3.5": (
         "gemma3_text",
         ChatFormat(
@@ -74,9 +76,12 @@ GUARD_FORMATS: dict[str, tuple[str, ChatFormat]] = {
             pad="<pad>",
             bos="<bos>",
             template=(
-                "{{ bos_token }}{% for m in messages %}"
-                "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' + m['content'] }}"
-                "{{ '<end_of_turn>\n' }}{% endfor %}"
+                "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+                "{% set prefix = messages[0]['content'] + '\n\n' %}{% set turns = messages[1:] %}"
+                "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
+                "{% for m in turns %}"
+                "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' }}"
+                "{{ (prefix if loop.first else '') + m['content'] | trim }}{{ '<end_of_turn>\n' }}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
             ),
         ),
