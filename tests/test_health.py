@@ -57,6 +57,24 @@ def test_identical_verdicts_flag_a_degenerate_judge():
     assert not judge_health(same[:5])["degenerate"]  # too few verdicts to tell
 
 
+def test_identical_verdicts_are_told_by_content_whatever_their_key_order_or_nesting():
+    """Verdicts are counted by a hash of their content (a flat verdict's items as a set, a nested one's canonical
+    JSON): the same verdict written in any key order is one verdict, and one differing value, at any depth, is
+    another."""
+    flat = verdict("the same words each time")
+    reordered = [record(k, dict(reversed(flat.items())) if k % 2 else flat) for k in range(12)]
+    assert judge_health(reordered)["identical_verdict_share"] == 1.0
+    nested = {**flat, "categories": ["S1", "S2"], "scores": {"a": 1, "b": 0}}
+    shuffled = {**dict(reversed(nested.items())), "scores": {"b": 0, "a": 1}}
+    same = [record(k, shuffled if k % 2 else nested) for k in range(12)]
+    assert judge_health(same)["identical_verdict_share"] == 1.0
+    deeper = [record(k, {**nested, "scores": {"a": 1, "b": k}}) for k in range(12)]
+    assert judge_health(deeper)["identical_verdict_share"] == pytest.approx(1 / 12)
+    assert (
+        judge_health([record(k, {**flat, "unsafe": k % 2 == 0}) for k in range(12)])["identical_verdict_share"] == 0.5
+    )
+
+
 def test_rationales_copied_from_the_prompt_are_flagged():
     instructions = {"harmjudge": JUDGES.get("harmjudge").own_prompt}  # as the manifest records them
     passage = instructions["harmjudge"].split("\n")[2]  # a line of the judge's own instructions

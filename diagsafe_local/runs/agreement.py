@@ -40,7 +40,7 @@ def answers_column(path: Path, lines: Iterable[jsonl.Line[ResultRecord]] | None 
     column = Column(path, ("target",), answers=True)
     for line in jsonl.stream(path, ResultRecord) if lines is None else lines:
         r = line.record
-        column.add((r.item_id, r.sample, r.turn), line, {"target": r.target})
+        column.add((r.item_id, r.sample, r.turn), line, (r.target,))
     return column.rows()
 
 

@@ -60,24 +60,32 @@ def _copied(rationale: str, prompt: str) -> bool:
 def _copied_from(rationale: str, instructions: str, r: ResultRecord) -> bool:
     """Whether a (normalised) rationale opens with a passage of the judge's prompt: its instructions, the
     conversation and the answer, each normalised. Most rationales share no opening word with the prompt's text,
-    which needs no normalising to tell (a word holds no whitespace, and lowercasing never makes any): the whole
-    prompt is normalised only for the others."""
+    which needs no normalising to tell (a word holds no whitespace, and lowercasing never makes any, so a word is
+    in a normalised text exactly where it is in the text lowercased): the whole prompt is normalised only for the
+    others. A word in the instructions (most of a rationale's) needs no look at the record's texts."""
     opening = rationale[:COPY_CHARS]
     if len(opening) < MIN_COPY_CHARS:
         return False
-    texts = [m.content for m in r.conversation] + [r.answer]
-    raw = "\n".join(texts).lower()
-    if not all(word in raw or word in instructions for word in opening.split(" ")):
-        return False
-    return _copied(rationale, " ".join([instructions, *(_normal(t) for t in texts)]))
+    texts: list[str] | None = None
+    for word in opening.split(" "):
+        if word in instructions:
+            continue
+        if texts is None:
+            texts = [m.content.lower() for m in r.conversation] + [r.answer.lower()]
+        if not any(word in text for text in texts):
+            return False
+    return _copied(
+        rationale, " ".join([instructions, *(_normal(m.content) for m in r.conversation), _normal(r.answer)])
+    )
 
 
 def _verdict_hash(verdict: dict[str, Any]) -> int:
-    """Equal for equal verdicts, whatever their key order (a flat verdict's sorted items, faster to form than
+    """Equal for equal verdicts, whatever their key order (a flat verdict's items as a set, faster to form than
     its canonical JSON; a nested one's canonical JSON)."""
-    if any(isinstance(value, (dict, list)) for value in verdict.values()):
+    try:
+        return hash(frozenset(verdict.items()))
+    except TypeError:  # a dict or list among its values
         return hash(json.dumps(verdict, sort_keys=True))
-    return hash(tuple(sorted(verdict.items())))
 
 
 def entropy(counts: Counter[str]) -> float | None:
@@ -115,7 +123,10 @@ class HealthTally:
                 own = self._prompts[r.judge_rubric] = _normal(instructions.get(r.judge_rubric, ""))
             self.rationales += 1
             self.copies += _copied_from(reason, own, r)
-        self.labels.setdefault(r.category or "(none)", Counter())[_label(r)] += 1
+        labels = self.labels.get(r.category or "(none)")
+        if labels is None:
+            labels = self.labels[r.category or "(none)"] = Counter()
+        labels[_label(r)] += 1
 
     def absorb(self, other: HealthTally) -> None:
         """Add another tally's measures (of other verdicts) to these."""

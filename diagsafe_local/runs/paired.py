@@ -77,8 +77,7 @@ class RunColumns:
         r = line.record
         if self._targets is not None and r.target not in self._targets:
             return
-        labels: dict[str, str] = {name: getattr(r, name) or "(none)" for name in BREAKDOWNS}
-        labels["target"] = r.target
+        labels = (r.target, *[getattr(r, name) or "(none)" for name in BREAKDOWNS])  # the column's label order
         pair = (r.item_id, r.sample, prompt_key(r)) if r.final_turn and not r.benign else None
         self.column.add((r.item_id, r.sample, r.turn), line, labels, pair=pair)
 

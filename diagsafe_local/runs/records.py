@@ -9,6 +9,7 @@ error naming the file, line and field, never a guessed key. The JSON Schema of R
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -186,6 +187,13 @@ def asked_hash(asked: Sequence[str]) -> str:
     """What a target was asked, hashed: its user turns in order (not a system prompt, not its own earlier answers).
     The manifest records it for every judged turn of the dataset, the gate checks every result against it, and
     a paired comparison pairs answers by it."""
+    return _asked_hash(tuple(asked))
+
+
+# A run asks each prompt of its dataset of every target and sample, and verify hashes each result's twice (its
+# coverage of the dataset, its pairing key): the recent ones are kept (a hit costs the tuple's string hashes).
+@functools.lru_cache(maxsize=1024)
+def _asked_hash(asked: tuple[str, ...]) -> str:
     return hashlib.sha256(repr(list(asked)).encode("utf-8", "surrogatepass")).hexdigest()[:16]  # repr: unambiguous
 
 
@@ -243,7 +251,7 @@ class ResultRecord(KeyedRecord):
 
     def asked(self) -> str:
         """What the target was asked, hashed (`asked_hash` of its user turns)."""
-        return asked_hash([m.content for m in self.conversation if m.role == "user"])
+        return _asked_hash(tuple([m.content for m in self.conversation if m.role == "user"]))
 
 
 class AnswerVerdict(KeyedRecord):
@@ -312,6 +320,10 @@ class RobustnessRecord(AnswerVerdict):
         return self.perturbation
 
 
+# strict=False admits raw control characters inside strings, as the judges' own parsing does (`runs.readers`)
+_LENIENT = json.JSONDecoder(strict=False)
+
+
 class ScoreRule(Record):
     """How a policy judge's verdict becomes a score (its policy file's `score:`): the value of one field, mapped
     to [0, 1]; what the read side parses a recorded reply again with."""
@@ -334,7 +346,7 @@ class ScoreRule(Record):
     def read(self, reply: str) -> Read | None:
         """The reply as JSON and its score (a `runs.readers.Reader`; None: it does not read as a verdict)."""
         try:
-            verdict = json.loads(reply, strict=False)
+            verdict = _LENIENT.decode(reply)  # json.loads(reply, strict=False) without a decoder made per reply
         except ValueError:
             return None
         score = self.of(verdict)

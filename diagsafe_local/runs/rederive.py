@@ -91,6 +91,7 @@ class Replies:
         self.notes: list[str] = []
         judge = manifest.config.get("judge") or {}
         self.probability: bool | None = judge.get("probability")
+        self._readers: dict[tuple[str, bool | None | Literal["run"]], Reader | None] = {}  # `reader`, by its arguments
         jurors = (manifest.judge.settings.get("jurors") if manifest.judge else None) or {}
         # each juror by name: its judge, and whether it samples (its own scoring, as the manifest records it)
         self.jurors: dict[str, tuple[str, bool]] = {
@@ -118,9 +119,13 @@ class Replies:
     def reader(self, judge: str, probability: bool | None | Literal["run"] = "run") -> Reader | None:
         """What reads the judge's replies again (None: nothing the read side has). `probability`: the judge's
         `probability` setting (None: the judge's default), by default the run's `judge.probability`."""
+        if (judge, probability) in self._readers:  # a run names a few judges, and every record one of them
+            return self._readers[(judge, probability)]
         base = _base(judge)
-        found = score_rule(judge) or self.rules.get(base)
-        return found or reader(base, self.probability if probability == "run" else probability)
+        found: Reader | None = score_rule(judge) or self.rules.get(base)
+        found = found or reader(base, self.probability if probability == "run" else probability)
+        self._readers[(judge, probability)] = found
+        return found
 
     def problem(
         self,
@@ -192,7 +197,10 @@ class Rederived:
 
     def __init__(self, manifest: Manifest, file: str, items: bool = True) -> None:
         self.file, self.of_items = file, items
-        self.items = {item.id: item for item in manifest.dataset.items or []}
+        # each item's (benign, category, last judged turn): what its results' fields are derived from
+        self.items = {
+            item.id: (item.benign, item.category or "", max(item.turns)) for item in manifest.dataset.items or []
+        }
         judge = manifest.judge
         self.judges = {False: judge.rubric, True: judge.benign_rubric} if judge else {}
         self.replies = Replies(manifest)
@@ -208,16 +216,14 @@ class Rederived:
     def _problem(self, record: ResultRecord) -> str | None:
         item = self.items.get(record.item_id) if self.of_items else None
         if item is not None:  # an item the dataset does not have: refused by the coverage check
-            derived = {
-                "benign": item.benign,
-                "category": item.category or "",
-                "final_turn": record.turn == max(item.turns),
-            }
-            for field, value in derived.items():
-                if getattr(record, field) != value:
-                    return f"{field} is {getattr(record, field)!r}, the run's dataset says {value!r}"
+            benign, category, last = item
+            derived = (benign, category, record.turn == last)
+            if (record.benign, record.category, record.final_turn) != derived:
+                for field, value in zip(("benign", "category", "final_turn"), derived):
+                    if getattr(record, field) != value:
+                        return f"{field} is {getattr(record, field)!r}, the run's dataset says {value!r}"
         expected = self.judges.get(record.benign)
-        if expected is not None and not is_combined(expected) and record.judge_rubric != expected:
+        if expected is not None and record.judge_rubric != expected and not is_combined(expected):
             # a merge of runs of other judges (merge --allow-different-judges) is refused here too: which judge
             # gave a verdict is what decides how it is read again
             return f"judge_rubric is {record.judge_rubric!r}, the run's judge of these items is {expected!r}"

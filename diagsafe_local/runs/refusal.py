@@ -95,9 +95,15 @@ def is_refusal(answer: str) -> bool:
     quotes read as straight ones). Computed once per answer wherever it is needed: summaries read it for every
     answer of a run."""
     text = _normal(answer)
-    sentences = _SENTENCE.split(text[:_OPENING_CHARS], maxsplit=2)  # the first two are all it reads
-    if any(_OPENERS.match(s) for s in sentences[:2]):
+    # the first two sentences of the opening (what splitting text[:_OPENING_CHARS] gives, without the split): the
+    # first is matched in place (endpos reads as the text cut there), the second cut out (^ anchors at its start)
+    first = _SENTENCE.search(text, 0, _OPENING_CHARS)
+    if _OPENERS.match(text, 0, first.start() if first else _OPENING_CHARS):
         return True
+    if first is not None:
+        second = _SENTENCE.search(text, first.end(), _OPENING_CHARS)
+        if _OPENERS.match(text[first.end() : second.start() if second else _OPENING_CHARS]):
+            return True
     folded = (text if text.isascii() else text.translate(_FOLD)).lower()
     anchored = _ANCHOR_MATCHER.find_matches_as_indexes(folded.encode("utf-8", "surrogatepass"))
     return bool(anchored) and bool(_DECLINES.search(text))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any
 
 from diagsafe_local.runs import passes as table
@@ -131,6 +132,7 @@ class _Group:
 
 
 _COUNTS = tuple(f.name for f in fields(_Group) if f.name != "scores")
+_breakdown_values = attrgetter(*BREAKDOWNS)  # a record's values of the breakdowns, as a tuple
 
 
 def _corrected(total: float, n: int, validation: JudgeValidation | None) -> dict[str, Any] | None:
@@ -173,7 +175,7 @@ class _Target:
         for values, cell in self.cells.items():
             overall.absorb(cell)
             for name, value in zip(BREAKDOWNS, values):
-                breakdowns[name].setdefault(value, _Group()).absorb(cell)
+                breakdowns[name].setdefault(value or "(none)", _Group()).absorb(cell)
         return overall, breakdowns
 
 
@@ -201,7 +203,7 @@ class Summarizer:
         if target is None:
             target = self.targets[r.target] = _Target()
         refused = is_refusal(r.answer) if not r.benign and r.final_turn else None
-        values = tuple(getattr(r, name) or "(none)" for name in BREAKDOWNS)
+        values = _breakdown_values(r)  # as recorded: named by `groups`
         cell = target.cells.get(values)
         if cell is None:
             cell = target.cells[values] = _Group()
