@@ -25,8 +25,13 @@ steps_total (each way's engine steps, answers and verdicts, per run),
 prefix_cache_hit (judge prompt tokens served from the prefix cache),
 judge_tokens_per_verdict, each way's runs, and the workload.
 
+With --trace it runs the pipeline and bare once each (no timing, no barrier) and says, for each, where its
+engine steps after the last answer go: every request that finished after it by kind (verdict, control, canary),
+its engine step and tokens, the requests that finished last, and the pipeline's retried verdicts (its results'
+attempts beyond the first).
+
 Run: .venv/bin/python scripts/bench_pipeline.py [--n 64] [--workload mixed|capped] [--target-tokens 192]
-     [--model tiny|DIR] [--repeat 2] [--json] [--profile PATH]
+     [--model tiny|DIR] [--repeat 2] [--json] [--profile PATH] [--trace]
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 JUDGE_IN_FLIGHT = 256  # judge.batch_size's default
@@ -93,6 +98,7 @@ def main() -> None:
         help="then profile one more pipeline run and bare run (cProfile): their top entries in the figures, "
         "the stats in PATH.pipeline.prof and PATH.bare.prof",
     )
+    parser.add_argument("--trace", action="store_true", help="only trace the engine steps of one pipeline and bare run")
     args = parser.parse_args()
 
     from diagsafe_local.core.console import engine_output
@@ -158,11 +164,17 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
 
     steps = 0
     step = llm.llm_engine.step
+    finished: list[Finished] = []  # every request as it finished, run after run
 
     def counted_step() -> Any:  # every engine step, `LLM.chat`'s included, passes here
         nonlocal steps
         steps += 1
-        return step()
+        outputs: list[Any] = step()
+        for out in outputs:
+            if out.finished:
+                reply = out.outputs[0]
+                finished.append(Finished(steps, out.prompt or "", len(reply.token_ids), str(reply.finish_reason)))
+        return outputs
 
     llm.llm_engine.step = counted_step  # type: ignore[method-assign]
     generation_steps: dict[str, list[int]] = {"streamed": [], "barrier": []}
@@ -230,6 +242,15 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         all_steps["barrier"].append(steps - before)
         return time.perf_counter() - start
 
+    if args.trace:
+        traced = {}
+        for way, run in (("pipeline", lambda: pipeline(work / "traced")), ("bare", bare)):
+            first, before = len(finished), steps
+            run()
+            traced[way] = step_trace(finished[first:], before, steps)
+        traced["pipeline"]["retries"] = sum(r.attempts - 1 for r in read_results(work / "traced" / "results.jsonl"))
+        engine.close()
+        return {"trace": traced, "workload": {"conversations": args.n, "kind": args.workload, "model": args.model}}
     pipeline(work / "warm")  # compile, load the grammar, warm caches
     times: dict[str, list[float]] = {"pipeline": [], "bare": [], "barrier": []}
     for k in range(args.repeat):
@@ -282,6 +303,59 @@ def measure(args: argparse.Namespace, work: Path) -> dict:
         figures["profile"] = {way: profiled(run, args.profile.with_suffix(f".{way}.prof")) for way, run in ways.items()}
     engine.close()
     return figures
+
+
+class Finished(NamedTuple):
+    """A request as it finished: the engine step it finished in, its prompt, its tokens and why it stopped."""
+
+    step: int
+    prompt: str
+    tokens: int
+    reason: str
+
+
+def kind_of(prompt: str) -> str:
+    """What a request was, by its prompt: a target's answer, the grammar canary, a verdict on a control answer, or
+    a verdict (a retry's prompt is its first attempt's: the workload repeats conversations, so retries are
+    counted from the results)."""
+    from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
+    from diagsafe_local.judging.canary import canary_request
+
+    if canary_request().messages[0].content in prompt:
+        return "canary"
+    if "<<<" not in prompt:  # the judge's prompts hold the judged text between <<<...>>> delimiters
+        return "answer"
+    if any(control in prompt for control in CONTROL_ANSWERS.values()):
+        return "control"
+    return "verdict"
+
+
+def step_trace(requests: list[Finished], before: int, after: int) -> dict[str, Any]:
+    """Where one run's engine steps after its last answer go (steps counted from the run's first)."""
+    rows = [(kind_of(r.prompt), r.step - before, r.tokens, r.reason) for r in requests]
+    last_answer = max((row[1] for row in rows if row[0] == "answer"), default=0)
+    tail = [row for row in rows if row[1] > last_answer]
+    kinds: dict[str, dict[str, Any]] = {}
+    for kind, at, tokens, _ in tail:
+        entry = kinds.setdefault(kind, {"n": 0, "last_step": 0, "max_tokens": 0})
+        entry["n"] += 1
+        entry["last_step"] = max(entry["last_step"], at)
+        entry["max_tokens"] = max(entry["max_tokens"], tokens)
+    return {
+        "steps": after - before,
+        "last_answer_step": last_answer,
+        "steps_after_last_answer": after - before - last_answer,
+        "after_last_answer_by_kind": kinds,
+        "finished_last": [
+            {"kind": kind, "step": at, "tokens": tokens, "finish_reason": reason}
+            for kind, at, tokens, reason in sorted(tail, key=lambda row: row[1])[-8:]
+        ],
+        "not_stopped": [
+            {"kind": kind, "step": at, "tokens": tokens, "finish_reason": reason}
+            for kind, at, tokens, reason in rows
+            if kind != "answer" and reason != "stop"
+        ],
+    }
 
 
 def profiled(run: Callable[[], Any], out: Path, top: int = 15) -> dict[str, Any]:
