@@ -274,13 +274,23 @@ def test_a_run_from_a_pack_on_the_vllm_engine_loads_and_judges_in_a_closed_netwo
     """`pack` where the files are, then `run --pack` on real tiny models in a namespace where nothing but loopback
     is reachable: vLLM's engine processes read every file from the pack (the hubs' switches reach them too)."""
     config = yaml.safe_load(_config(tmp_path, "unused").read_text())
-    config["target"] = {**tiny_engine(tiny_models["target"]), "name": "tiny",
+    target = shutil.copytree(tiny_models["target"], tmp_path / "target")  # as a hub snapshot: files no run loads
+    extra = {"pytorch_model.bin": b"not weights: a run that loaded this would fail", "README.md": b"# card",
+             ".gitattributes": b"*.bin filter=lfs"}  # fmt: skip
+    for name, data in extra.items():
+        (target / name).write_bytes(data)
+    config["target"] = {**tiny_engine(target), "name": "tiny",
                         "sampling": {"temperature": 0.0, "max_tokens": 8, "seed": 0}}  # fmt: skip
     config["judge"] = {**tiny_engine(tiny_models["judge"]), "sampling": {"temperature": 0.0, "max_tokens": 200}}
     (tmp_path / "packed.yaml").write_text(yaml.safe_dump(config))
     pack = tmp_path / "pack"
     packed = CliRunner().invoke(app, ["pack", str(tmp_path / "packed.yaml"), "--out", str(pack)])
     assert packed.exit_code == 0, packed.output
+    from diagsafe_local.core.pack import PackLock
+
+    lock = PackLock.model_validate_json((pack / "pack.lock").read_text())
+    assert not {Path(f.path).name for f in lock.files} & set(extra)
+    assert all(name in packed.output for name in extra)  # said as left out
     manifest = _run_in_namespace(tmp_path, config, "--pack", str(pack))
     assert manifest.network is not None and manifest.network.endpoints == []
     assert manifest.network.pack == hashlib.sha256((pack / "pack.lock").read_bytes()).hexdigest()
