@@ -1,5 +1,5 @@
 """The 2026 guards (issue 45, part 2): Shieldstral-1.0-3B, Nemotron-3.5-Content-Safety, Granite Guardian 4.1 and
-SingGuard-2b. Their prompts through tiny models carrying each family's special tokens and chat template, every
+Sing-Guard-2b. Their prompts through tiny models carrying each family's special tokens and chat template, every
 reply format their cards document parsed, malformed replies unparsed (never "safe"), and each guard judging a
 whole run on its tiny model through the real vLLM engine.
 
@@ -15,11 +15,13 @@ was readable in this environment: the tiny models' templates are written from th
   `<think>…</think>` block from NVIDIA's release article (huggingface.co/blog/nvidia/nemotron-3-5-content-safety)
   and NeMo Guardrails' parser tests; `chat_template_kwargs` `enable_thinking`,
   `request_categories: "/categories"` from NeMo Guardrails' tutorial. Gemma 3 turns (<start_of_turn>).
-- Granite Guardian 4.1: IBM's model card as Ollama and IBM's docs carry it (hybrid thinking: `<think></think>`
-  and `<score></score>`, non-thinking only `<score>`; Apache-2.0); the role tokens from the template Ollama
-  ships for it (`<|start_of_role|>…<|end_of_role|>…<|end_of_text|>`).
-- SingGuard-2b: inclusionAI's model card (an overall safe/unsafe judgment and the matched risk category in an
-  `<answer>…</answer>` tag; fast-slow reasoning; Apache-2.0); Qwen turns (SingGuard-0.8b is qwen3_5).
+- Granite Guardian 4.1: IBM's README ("Prompt format": the conversation, then a <guardian> block naming the mode;
+  `<score></score>`; Apache-2.0) and evaluation/models/granite_guardian_4_1.py (github.com/ibm-granite/
+  granite-guardian); the role tokens from the template Ollama ships for it
+  (`<|start_of_role|>…<|end_of_role|>…<|end_of_text|>`).
+- SingGuard: inclusionAI's README (github.com/inclusionAI/Sing-Guard: Sing-Guard-2b, Qwen3-VL based; the
+  conversation as chat turns, rules as the `policy` argument, `safe`/`unsafe` then `<answer>rule</answer>`,
+  `thinking_type: fast`; Apache-2.0); Qwen turns (ChatML).
 """
 
 from __future__ import annotations

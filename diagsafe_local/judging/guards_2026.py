@@ -1,20 +1,23 @@
 """The 2026 open-weight guards: Shieldstral-1.0-3B, Nemotron-3.5-Content-Safety, Granite Guardian 4.1 and
-SingGuard-2b, each with its own protocol, rendered as chat messages that the model's own chat template turns
+Sing-Guard-2b, each with its own protocol, rendered as chat messages that the model's own chat template turns
 into its prompt. Each sends its template the keyword arguments of its documented mode on every request
 (`Judge.chat_template_kwargs`, and `reasoning_template_kwargs` with `reasoning: true`), never trusting the
 template's defaults (a Qwen3-style template thinks unless told not to): Nemotron 3.5 `enable_thinking` and
-`request_categories`, Granite Guardian 4.1 `think` (3.3's name: unverified for 4.1), SingGuard `thinking_type`.
+`request_categories`, SingGuard `thinking_type` and `policy`.
 
 What each is written from (docs/judges.md, "The 2026 guards", gives the sources and what could not be read):
 - Shieldstral: one yes/no token from one forward pass, a continuous score; the policy is free text. Its input
   shape (a system line, then `<Instruct>: …`, `<Query>: <policy>`, `<Document>: <content>`; yes = violation) is
-  the one public code that runs the released model uses; its own chat template was not readable here.
+  the one public code that runs the released model uses. A Mistral release: loaded in vLLM's `mistral`
+  tokenizer mode, which renders its chat with mistral_common.
 - Nemotron 3.5: Gemma-3-4B-it based; replies `User Safety: …`, `Response Safety: …` and, when categories are
   requested, `Safety Categories: …` (Aegis 2.0 names), after a `<think>…</think>` block in reasoning mode.
-- Granite Guardian 4.1: the 3.3 protocol (`<think>` reasoning, `<score> yes|no </score>`, bring-your-own
-  criteria) with non-thinking as its default mode: a separate entry, since its default and its model differ.
-- SingGuard-2b: `safe` or `unsafe` on line 1, then the matched category in `<answer>…</answer>`; its fast-slow
-  reasoning format was not readable here, so it is judged in its default fast mode only.
+- Granite Guardian 4.1: the conversation as chat turns, then IBM's `<guardian>` block (mode selector,
+  instruction, criteria, scoring schema) as a last user turn; `<score> yes|no </score>`; non-thinking by
+  default. A separate entry from 3.3, whose prompt, mode switch and default differ.
+- Sing-Guard-2b: the conversation as chat turns under its template's system prompt, the rules to judge against
+  as its `policy` argument; `safe` or `unsafe` on line 1, then the matched rule in `<answer>…</answer>`; its
+  fast-slow reasoning format is not documented, so it is judged in fast mode only.
 
 The judged texts are neutralised (`base.neutralise`), and each format's own section markers are broken too.
 """
@@ -207,7 +210,7 @@ JUDGES.add(
 )
 
 
-# -- SingGuard-2b -------------------------------------------------------------------------------------------
+# -- Sing-Guard-2b ------------------------------------------------------------------------------------------
 
 
 # Our policy as SingGuard's `policy` argument, in its README's rule format ("### A. <title>" rules, then "### Safe"):

@@ -100,7 +100,7 @@ GUARD_FORMATS: dict[str, tuple[str, ChatFormat]] = {
             ),
         ),
     ),
-    # SingGuard-2b: Qwen turns (ChatML; SingGuard-0.8b is qwen3_5).
+    # Sing-Guard-2b: Qwen turns (ChatML; it is Qwen3-VL-2B-Instruct based).
     "singguard": ("qwen3", CHATML_FORMAT),
 }
 
