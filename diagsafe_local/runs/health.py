@@ -115,7 +115,8 @@ class HealthTally:
         verdict = r.verdict
         reason = rationale(verdict)
         if reason is not None or any(k.startswith("p_") for k in verdict):
-            self.verdicts[_verdict_hash(verdict)] += 1
+            key = _verdict_hash(verdict)
+            self.verdicts[key] = self.verdicts.get(key, 0) + 1  # most are new: Counter's += calls its __missing__
         reason = _normal(reason or "")
         if reason:
             own = self._prompts.get(r.judge_rubric)

@@ -27,7 +27,11 @@ def score_class(score: float | None) -> str:
 
 def rationale(verdict: dict[str, Any]) -> str | None:
     """A verdict's free-text reason, under whichever of `RATIONALE_FIELDS` its judge names it; None without one."""
-    return next((verdict[k] for k in RATIONALE_FIELDS if isinstance(verdict.get(k), str)), None)
+    for name in RATIONALE_FIELDS:  # a loop, not a generator: the read side asks it of every verdict
+        value = verdict.get(name)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 _JURY_RULES = {"majority": "majority", "unanimous-harmful": "all", "any-harmful": "any"}
