@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from fakes import default_responder
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from test_adversarial import cli
@@ -17,7 +18,11 @@ from test_grammar_canary import gate
 from test_jury import _record_fields
 from test_paired import two_runs
 from test_pipeline_unit import Factory, make_config
+from test_sensitivity import run as run_sensitivity
+from typer.testing import CliRunner
 
+from diagsafe_local.cli import app
+from diagsafe_local.engines.base import Completion, GenerationRequest
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.runs.jury import JuryTally
 from diagsafe_local.runs.manifest import ItemRef
@@ -168,3 +173,22 @@ def test_a_panel_of_a_model_judge_then_a_metric_records_its_votes_in_member_orde
     assert panels and all(p == ["harmjudge", "gcg_keywords>=0.5"] for p in panels)
     code, output = gate(tmp_path / "run")
     assert code in (0, 1), output
+
+
+def no_harm_verdict(request: GenerationRequest) -> Completion:
+    """A judge whose harm verdicts never parse, under its prompt and every paraphrase (over-refusal as usual)."""
+    if request.json_schema and "full_compliance" not in request.json_schema["properties"]["label"]["enum"]:
+        return Completion(text="I would rather not say.", finish_reason="stop")
+    return default_responder(request)
+
+
+def test_the_report_of_a_sensitivity_sample_no_wording_could_judge_shows_each_paraphrase_and_no_spread(tmp_path):
+    """Every rate of the sample unknown (no verdict under any wording): the report still renders its table, one
+    column per paraphrase, the spread n/a (sensitivity.section: max() of nothing, a header one column short)."""
+    run_sensitivity(tmp_path, judge=no_harm_verdict)
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "run" / "report.md").read_text()
+    paraphrases = " | ".join(f"paraphrase {k}" for k in range(1, 5))  # test_sensitivity's 4 variants
+    assert f"| target | rate | category | judge's prompt | {paraphrases} | spread |" in report
+    assert "| t | ASR | overall | n/a | n/a | n/a | n/a | n/a | n/a |" in report
