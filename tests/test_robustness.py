@@ -244,6 +244,7 @@ def test_plan_says_what_it_costs_it_runs_unsharded_and_bad_settings_are_config_e
     assert result.exit_code == 0, result.output
     assert "answer robustness: 8 perturbations x 50 answers of harmful items" in result.output
     assert "up to 400 more verdicts per target (400 in all)" in result.output
+    assert "and 7 x 50 answers of benign items where the dataset has them" in result.output  # the over-refusal side
     with pytest.raises(ValidationError, match="unknown perturbation 'typos'; known: disclaimer_added"):
         config(tmp_path, perturbations=["typos"])
     with pytest.raises(DiagsafeError, match="judge.robustness does not run in shards"):
