@@ -291,7 +291,7 @@ def test_the_weights_packed_are_the_ones_vllms_own_loader_picks(tmp_path, files)
     from vllm.config import LoadConfig
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 
-    from diagsafe_local.evaluation.model_files import loaded_weights
+    from diagsafe_local.core.model_files import loaded_weights
 
     model = _snapshot(tmp_path / "model", {"config.json": b"{}", **files})
     _, picked, _, _ = DefaultModelLoader(LoadConfig(load_format="auto"))._prepare_weights(

@@ -1,28 +1,34 @@
 """A local model directory by its content: what identifies a checkpoint, whatever its path (a new checkpoint
-written to the same path is another model)."""
+written to the same path is another model). The content is the files a run loads (`core.model_files`, the rule
+`pack` copies by): a directory and its pack copy are one checkpoint, and a model card or a repository file is no
+part of it."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+from diagsafe_local.core.model_files import loaded_files
+
 FULL_HASH_LIMIT = 2 * 1024**3
 
 
-def model_fingerprint(path: str) -> str | None:
-    """SHA-256 over a local model directory's files; None for hub ids.
+def model_fingerprint(path: str, load_format: str = "auto") -> str | None:
+    """SHA-256 over the files a run loads from a local model directory read with `load_format` (`model_files`;
+    `ADAPTER` for a LoRA adapter's), or over a single file; None for hub ids.
 
-    Directories over 2 GiB hash each file's size and first and last MiB instead of every byte,
-    which tells checkpoints apart without reading tens of gigabytes.
+    Each file adds its path inside the directory, its size and its bytes. Where the files loaded pass 2 GiB, each
+    adds its first and last MiB in place of every byte (`sha256-sampled:`), which tells checkpoints apart without
+    reading tens of gigabytes.
     """
     root = Path(path)
     if not root.exists():
         return None
-    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root]) if p.is_file())
-    full = sum(p.stat().st_size for p in files) <= FULL_HASH_LIMIT
+    files = loaded_files(root, load_format) if root.is_dir() else [(root, root.name)]
+    full = sum(p.stat().st_size for p, _ in files) <= FULL_HASH_LIMIT
     digest = hashlib.sha256()
-    for p in files:
-        digest.update(str(p.relative_to(root) if root.is_dir() else p.name).encode())
+    for p, relative in files:
+        digest.update(relative.encode())
         size = p.stat().st_size
         digest.update(str(size).encode())
         with open(p, "rb") as handle:

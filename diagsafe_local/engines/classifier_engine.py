@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
+from diagsafe_local.core.model_files import load_format
 from diagsafe_local.engines.base import (
     Completion,
     EngineBase,
@@ -51,7 +52,7 @@ class ClassifierEngine(EngineBase):
             kind="classifier",
             model=config.model,
             revision=config.revision,
-            model_hash=model_fingerprint(config.model),
+            model_hash=model_fingerprint(config.model, load_format(config)),
             chat_template_hash=None,
             versions=package_versions("transformers", "torch"),
             details={"labels": {str(k): v for k, v in self._model.config.id2label.items()}},

@@ -1,5 +1,6 @@
 """What identifies an engine's model, for manifests and for the content keys that decide what a resumed run
-may reuse: installed package versions, a model directory's content hash, the CUDA check."""
+may reuse: installed package versions, a model directory's content hash (the files a run loads of it), the CUDA
+check."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from diagsafe_local.core import model_files
 from diagsafe_local.core.fingerprint import model_fingerprint
 
-_FINGERPRINTS: dict[tuple[str, float], str | None] = {}
+_FINGERPRINTS: dict[tuple[str, str, float], str | None] = {}
 
 
 def package_versions(*names: str) -> dict[str, str]:
@@ -76,15 +78,15 @@ def engine_identity(config: Any) -> EngineIdentity:
         model=config.model,
         revision=config.revision,
         lora=lora,
-        model_hash=_cached_fingerprint(config.model) if config.model else None,
-        lora_hash=_cached_fingerprint(lora) if lora else None,
+        model_hash=_cached_fingerprint(config.model, model_files.load_format(config)) if config.model else None,
+        lora_hash=_cached_fingerprint(lora, model_files.ADAPTER) if lora else None,
         base_url=config.base_url,
         chat_template=template,
         chat_template_hash=_cached_fingerprint(template) if template else None,
     )
 
 
-def _cached_fingerprint(path: str) -> str | None:
+def _cached_fingerprint(path: str, load_format: str = "auto") -> str | None:
     root = Path(path)
     try:
         stamp = (
@@ -94,7 +96,7 @@ def _cached_fingerprint(path: str) -> str | None:
         )
     except OSError:  # a name no file system holds (an API model name of 300 characters): not a local model
         return None
-    key = (str(root.resolve()) if root.exists() else path, stamp)
+    key = (str(root.resolve()) if root.exists() else path, load_format, stamp)
     if key not in _FINGERPRINTS:
-        _FINGERPRINTS[key] = model_fingerprint(path)
+        _FINGERPRINTS[key] = model_fingerprint(path, load_format)
     return _FINGERPRINTS[key]

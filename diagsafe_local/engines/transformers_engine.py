@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
+from diagsafe_local.core.model_files import load_format
 from diagsafe_local.engines.base import (
     Completion,
     EngineBase,
@@ -70,7 +71,7 @@ class TransformersEngine(EngineBase):
             model=config.model,
             revision=config.revision,
             lora=getattr(config, "lora", None),
-            model_hash=model_fingerprint(config.model),
+            model_hash=model_fingerprint(config.model, load_format(config)),
             chat_template_hash="sha256:"
             + hashlib.sha256((template or self._tokenizer.chat_template or "").encode()).hexdigest(),
             versions=package_versions("transformers", "torch", "outlines"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError, RunFailed
+from diagsafe_local.core.model_files import ADAPTER, load_format
 from diagsafe_local.engines.base import (
     Completion,
     EngineBase,
@@ -154,7 +155,9 @@ class VLLMEngine(EngineBase):
             model=config.model,
             revision=config.revision,
             lora=lora,
-            model_hash=model_fingerprint(lora) if lora else model_fingerprint(config.model),
+            model_hash=model_fingerprint(lora, ADAPTER)
+            if lora
+            else model_fingerprint(config.model, load_format(config)),
             chat_template_hash="sha256:" + hashlib.sha256(template.encode()).hexdigest(),
             context_length=self._llm.model_config.max_model_len,
             # in mistral mode mistral_common renders the chat, not a template (its chat_template_hash is of "")

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from diagsafe_local.core import atomic
+from diagsafe_local.core import atomic, model_files
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.locking import file_lock
 from diagsafe_local.core.pack import ENV as PACK_FOLDER
@@ -42,7 +42,6 @@ from diagsafe_local.core.pack import (
 )
 from diagsafe_local.core.settings import load_settings
 from diagsafe_local.engines.config import EngineConfig
-from diagsafe_local.evaluation import model_files
 from diagsafe_local.evaluation.config import DatasetConfig, OfflineConfig, RunConfig, load_config
 from diagsafe_local.evaluation.planning import local_models
 from diagsafe_local.judging import harmony_vocab
@@ -326,7 +325,7 @@ def _selection(config: RunConfig, need: Need, source: Path, say: Callable[[str],
     if need.kind == "adapter":
         weights = model_files.adapter_weights(source)
     else:
-        formats = {str(m.engine_kwargs.get("load_format", "auto")) if m.kind == "vllm" else "hf" for m in engines}
+        formats = {model_files.load_format(m) for m in engines}
         chosen = [model_files.loaded_weights(source, f) for f in sorted(formats or {"auto"})]
         weights = None if None in chosen else set().union(*(c for c in chosen if c is not None))
     left = [(relative, path) for path, relative in _files(source) if not model_files.is_loaded(relative, weights)]

@@ -15,7 +15,9 @@ Weights, by vLLM's own rule (vllm 0.32):
 
 Every other file is loaded or may be (config, generation config, tokenizer files, chat templates, a pooling
 config in its folder, a model's own code), except a model card, licence texts, images and the repository's own
-files, which nothing loads.
+files (.git*, and the folders .git and .cache that git and `hf download --local-dir` keep), which nothing loads.
+
+`pack` copies these files, and `core.fingerprint` hashes them: a checkpoint is what a run loads of it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import glob
 import json
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 WEIGHT_SUFFIXES = (
     ".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".onnx_data", ".ot",
@@ -42,7 +45,23 @@ PATTERNS: dict[str, tuple[str, ...]] = {
 INDEX = {"mistral": "consolidated.safetensors.index.json"}
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 NOT_FOR_INFERENCE = ("training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt")
+REPOSITORY_FOLDERS = {".git", ".cache"}
+ADAPTER = "adapter"  # as a load format: the directory of a LoRA adapter, read by vLLM's LoRA loader
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
+
+
+def load_format(engine: Any) -> str:
+    """The load format an engine config reads its model with: a vLLM engine's `load_format` (vLLM's default
+    `auto`); the transformers engines' own choice, `hf`."""
+    return str(engine.engine_kwargs.get("load_format", "auto")) if engine.kind == "vllm" else "hf"
+
+
+def loaded_files(directory: Path, load_format: str) -> list[tuple[Path, str]]:
+    """The files a run loads from a model directory read with `load_format` (`ADAPTER`: an adapter's), with their
+    paths inside it, in path order."""
+    weights = adapter_weights(directory) if load_format == ADAPTER else loaded_weights(directory, load_format)
+    found = ((path, path.relative_to(directory).as_posix()) for path in sorted(directory.rglob("*")))
+    return [(path, relative) for path, relative in found if path.is_file() and is_loaded(relative, weights)]
 
 
 def loaded_weights(directory: Path, load_format: str) -> set[str] | None:
@@ -79,7 +98,7 @@ def adapter_weights(directory: Path) -> set[str] | None:
 def is_loaded(relative: str, weights: set[str] | None) -> bool:
     """Whether a run loads the file at `relative` (inside the directory) where it loads `weights`."""
     path = PurePosixPath(relative)
-    if any(path.match(pattern) for pattern in DOCUMENTS):
+    if REPOSITORY_FOLDERS & set(path.parts) or any(path.match(pattern) for pattern in DOCUMENTS):
         return False
     if path.name.lower().endswith(WEIGHT_SUFFIXES):
         return weights is None or (len(path.parts) == 1 and path.name in weights)

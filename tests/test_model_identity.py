@@ -1,0 +1,103 @@
+"""A checkpoint's identity is the files a run loads (issue 47's follow-up): `model_fingerprint` hashes what
+`core.model_files` says a run loads, the rule `pack` copies by, so a directory and its pack copy are one checkpoint,
+a model card or repository file leaves the identity alone, and a weight, config, tokenizer or template changes it.
+A judge named by hub id and validated by that name keeps its validation when it runs from a pack."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import test_series
+from test_pack import HUB_ID, _pack, packable  # noqa: F401  (a fixture: a config whose parts can be packed)
+from test_pack_node import LOADED, NOT_LOADED, _snapshot
+from test_series import recorded_series, watch
+from test_trust_series import gate
+from typer.testing import CliRunner
+
+from diagsafe_local.cli import app
+from diagsafe_local.core import fingerprint
+from diagsafe_local.core.fingerprint import model_fingerprint
+from diagsafe_local.core.model_files import ADAPTER, is_loaded, loaded_weights
+from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.engines.identity import engine_identity
+from diagsafe_local.runs.manifest import read_manifest_file
+
+scripted = test_series.scripted  # its fixture: every engine scripted
+
+
+def _checkpoint(root: Path) -> Path:
+    model = _snapshot(root, LOADED | NOT_LOADED)
+    (model / ".git").mkdir()
+    (model / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    return model
+
+
+def test_a_checkpoint_and_its_pack_copy_are_one_checkpoint(packable, tmp_path, scripted):  # noqa: F811
+    """The pack leaves out what a run does not load; the run from the pack records the original's hash."""
+    model = _checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "pack"
+    lock = _pack(packable, out, "--set", f"target.model={model}")
+    (part,) = [p for p in lock.parts if p.reference == str(model)]
+    assert part.path is not None and not (out / part.path / "README.md").exists()
+    assert model_fingerprint(str(out / part.path)) == model_fingerprint(str(model)) is not None
+    run = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out), "--set", f"target.model={model}"])
+    assert run.exit_code == 0, run.output
+    (target,) = read_manifest_file(tmp_path / "run").targets.values()
+    assert target.model_hash == model_fingerprint(str(model))
+
+
+EDITS = [*LOADED, *NOT_LOADED, ".git/HEAD"]
+
+
+@pytest.mark.parametrize("name", EDITS)
+def test_an_edit_changes_the_identity_exactly_when_a_run_loads_the_file(tmp_path, name):
+    model = _checkpoint(tmp_path / "ckpt")
+    before = model_fingerprint(str(model))
+    (model / name).write_bytes((model / name).read_bytes() + b" edited")
+    loaded = is_loaded(name, loaded_weights(model, "auto"))
+    assert loaded == (name in LOADED)  # the rule pack copies by: a .bin beside safetensors is not loaded
+    assert (model_fingerprint(str(model)) != before) == loaded
+
+
+def test_an_engines_load_format_picks_the_weights_its_identity_covers(tmp_path):
+    """`load_format: npcache` loads the .bin files, not the safetensors beside them."""
+    model = _checkpoint(tmp_path / "ckpt")
+    npcache = EngineConfig(model=str(model), engine_kwargs={"load_format": "npcache"})
+    auto = EngineConfig(model=str(model))
+    before = engine_identity(npcache).model_hash, engine_identity(auto).model_hash
+    (model / "pytorch_model.bin").write_bytes(b"other pickled weights")
+    assert engine_identity(npcache).model_hash != before[0]
+    assert engine_identity(auto).model_hash == before[1]
+
+
+def test_an_adapters_identity_is_the_adapter_file_the_lora_loader_reads(tmp_path):
+    adapter = _snapshot(
+        tmp_path / "adapter",
+        {"adapter_config.json": b"{}", "adapter_model.safetensors": b"lora", "adapter_model.bin": b"lora, pickled"},
+    )
+    before = model_fingerprint(str(adapter), ADAPTER)
+    for name in ("adapter_model.bin", "README.md"):
+        (adapter / name).write_bytes(b"edited")
+        assert model_fingerprint(str(adapter), ADAPTER) == before, name
+    (adapter / "adapter_model.safetensors").write_bytes(b"other lora")
+    assert model_fingerprint(str(adapter), ADAPTER) != before
+
+
+def test_the_sampled_mode_is_chosen_by_the_size_of_the_files_a_run_loads(tmp_path, monkeypatch):
+    """A large .bin beside the safetensors does not turn a directory's hash into its pack copy's sampled one."""
+    model = _checkpoint(tmp_path / "ckpt")
+    loaded = sum((model / name).stat().st_size for name in LOADED)
+    monkeypatch.setattr(fingerprint, "FULL_HASH_LIMIT", loaded)
+    (model / "pytorch_model.bin").write_bytes(b"w" * 10 * loaded)
+    assert str(model_fingerprint(str(model))).startswith("sha256:")
+    (model / "model.safetensors").write_bytes(b"w" * 10 * loaded)
+    assert str(model_fingerprint(str(model))).startswith("sha256-sampled:")
+
+
+def test_a_model_card_written_into_a_checkpoint_after_its_run_is_not_a_resave(tmp_path, scripted):
+    """The trainer's hub push writes README.md into the checkpoint: the series still gates its run."""
+    train, spec = recorded_series(tmp_path)
+    assert watch(tmp_path).exit_code == 0
+    (train / "checkpoint-20" / "README.md").write_text("# model card")
+    assert gate(spec.series_dir, "latest").exit_code == 0
