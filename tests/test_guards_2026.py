@@ -226,22 +226,20 @@ def guard_models(tmp_path_factory):
     return models
 
 
-def run_judged_by(judge: str, model, out, kind: str, engine_factory=None):
-    """A whole run whose target and judge are `model` on engine `kind`, judged by `judge`; its harmful items'
-    results."""
+def run_judged_by(judge: str, model, out, kind: str, engine_factory=None, target=None):
+    """A whole run judged by `judge` on `model`, whose target is `target` (by default `model`), on engine `kind`;
+    its harmful items' results."""
     from diagsafe_local.evaluation.config import RunConfig
     from diagsafe_local.evaluation.pipeline import Run
     from diagsafe_local.runs.records import read_results
     from diagsafe_local.selftest import synthetic_items
 
-    # the target on the judge's tokenizer too, so that one engine serves both
-    settings = {**tiny_engine(model), "kind": kind, "tokenizer_mode": JUDGES.get(judge).tokenizer_mode}
     out.mkdir()
     config = RunConfig.model_validate(
         {
             "dataset": {"path": str(write_jsonl(out / "items.jsonl", synthetic_items(4)))},
-            "target": {**settings, "name": "t", "sampling": {"max_tokens": 8}},
-            "judge": {**settings, "rubric": judge, "benign_rubric": "refusal-keywords"},
+            "target": {**tiny_engine(target or model), "kind": kind, "name": "t", "sampling": {"max_tokens": 8}},
+            "judge": {**tiny_engine(model), "kind": kind, "rubric": judge, "benign_rubric": "refusal-keywords"},
             "output_dir": str(out / "run"),
         }
     )
@@ -256,16 +254,18 @@ def test_each_2026_guard_judges_a_whole_run_on_its_tiny_model(guard_models, tmp_
     vLLM engine, one engine after another: every harmful item's verdict valid output of its format, and
     Shieldstral's a continuous P(yes) read with `logprob_token_ids`. Granite Guardian 4.1 runs on the
     transformers engine (seconds, no engine start): its protocol is 3.3's, which test_reasoning runs on vLLM."""
+    target = guard_models["singguard"]  # one target for the three runs: its engine is SingGuard's judge's too
     for judge in ("shieldstral", "nemotron-3.5-content-safety", "singguard"):
-        harmful = run_judged_by(judge, guard_models[GUARDS[judge]], tmp_path / judge, "vllm", vllm_engines)
+        model = guard_models[GUARDS[judge]]
+        harmful = run_judged_by(judge, model, tmp_path / judge, "vllm", vllm_engines, target)
         assert harmful and all(r.parse_status == "ok" and r.score is not None for r in harmful), judge
         if judge == "shieldstral":
             assert all(0.0 < r.score < 1.0 for r in harmful)  # type: ignore[operator]
-            # loaded in the mode it declares (mistral_common's tokenizer, asked of the engine), and recorded
+            # the judge loaded in the mode it declares (as its engine's tokenizer says), the target as vLLM chose
             manifest = json.loads((tmp_path / judge / "run" / "manifest.json").read_text())
             assert manifest["config"]["judge"]["tokenizer_mode"] == "mistral"
-            engines = manifest["engines"].values()
-            assert [e["details"]["tokenizer_mode"] for e in engines] == ["mistral"], manifest["engines"]
+            modes = {e["model"]: e["details"]["tokenizer_mode"] for e in manifest["engines"].values()}
+            assert modes == {str(model): "mistral", str(target): "hf"}, manifest["engines"]
     granite = "granite-guardian-4.1"
     harmful = run_judged_by(granite, guard_models[GUARDS[granite]], tmp_path / granite, "transformers")
     assert harmful and all(r.parse_status == "ok" and r.score is not None for r in harmful)
