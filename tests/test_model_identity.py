@@ -5,12 +5,14 @@ A judge named by hub id and validated by that name keeps its validation when it 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import test_series
+import yaml
 from test_pack import HUB_ID, _pack, packable  # noqa: F401  (a fixture: a config whose parts can be packed)
-from test_pack_node import LOADED, NOT_LOADED, _snapshot
+from test_pack_node import LOADED, NOT_LOADED, _auto, _snapshot, _validate_the_judge
 from test_series import recorded_series, watch
 from test_trust_series import gate
 from typer.testing import CliRunner
@@ -101,3 +103,39 @@ def test_a_model_card_written_into_a_checkpoint_after_its_run_is_not_a_resave(tm
     assert watch(tmp_path).exit_code == 0
     (train / "checkpoint-20" / "README.md").write_text("# model card")
     assert gate(spec.series_dir, "latest").exit_code == 0
+
+
+@pytest.mark.slow  # validate's first import is ~5 s
+def test_a_hub_judge_validated_by_its_name_keeps_its_validation_run_from_a_pack(
+    packable,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    scripted,  # noqa: F811
+):
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "cache"))
+    data = yaml.safe_load(packable.read_text())
+    data["judge"]["model"] = HUB_ID  # from the hub cache, as the target
+    packable.write_text(yaml.safe_dump(data))
+    _auto(packable)
+    stored = _validate_the_judge(packable, tmp_path)
+    (entry,) = json.loads(stored.read_text())["judges"]
+    assert entry["model"] == HUB_ID and entry["model_hash"] is None  # by its name, and its snapshot by content
+    out = tmp_path / "pack"
+    _pack(packable, out)
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "node-cache"))  # the node's: empty
+    result = CliRunner().invoke(app, ["run", str(packable), "--pack", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = read_manifest_file(tmp_path / "run")
+    assert manifest.validation is not None and manifest.judge is not None
+    assert manifest.judge.model_hash == entry["snapshot_hash"] is not None  # the pack's copy, by content
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["judge_validation"]["fpr_measured"] == 0.2
+    gated = CliRunner().invoke(app, ["gate", str(tmp_path / "run"), "--max-asr", "1", "--allow-degenerate-judge"])
+    assert gated.exit_code == 0 and "validated on" in gated.output and "FPR 20.0%" in gated.output, gated.output
+    import huggingface_hub.constants as hub
+
+    (weights,) = Path(hub.HF_HUB_CACHE).glob("models--acme--tiny-chat/snapshots/*/model.safetensors")
+    weights.resolve().write_bytes(b"other weights under the same hub id")  # the snapshot changed after validate
+    monkeypatch.setenv("DIAGSAFE_JUDGE_CACHE", str(tmp_path / "cache"))  # where the validation by name is found
+    _pack(packable, tmp_path / "pack-2")
+    other = CliRunner().invoke(app, ["run", str(packable), "--pack", str(tmp_path / "pack-2"), "--overwrite"])
+    assert other.exit_code == 2 and "compared by content" in other.output, other.output

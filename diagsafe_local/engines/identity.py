@@ -86,6 +86,22 @@ def engine_identity(config: Any) -> EngineIdentity:
     )
 
 
+def hub_snapshot_hash(config: Any) -> str | None:
+    """A model named by hub id: the hub cache's snapshot of it by content (the files a run loads, as for a local
+    directory), which a copy of it (a pack's) is by content too. None: a local path, or no snapshot in the cache
+    (nothing is downloaded here)."""
+    model = config.model
+    if not model or Path(model).expanduser().exists():
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        root = snapshot_download(model, revision=config.revision, local_files_only=True)
+    except (OSError, ValueError):  # not in the cache (LocalEntryNotFoundError), or not a hub id
+        return None
+    return model_fingerprint(root, model_files.load_format(config))
+
+
 def _cached_fingerprint(path: str, load_format: str = "auto") -> str | None:
     root = Path(path)
     try:

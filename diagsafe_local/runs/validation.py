@@ -25,6 +25,11 @@ class JudgeErrorRates(BaseModel):
     model: str | None = Field(None, description="Its model as configured.")
     model_hash: str | None = Field(None, description="Its weights by content.")
     lora_hash: str | None = Field(None, description="Its LoRA adapter by content, if any.")
+    snapshot_hash: str | None = Field(
+        None,
+        description="A model named by hub id: the hub cache's snapshot it was validated on, by content (the files a "
+        "run loads); a run whose model has this content (a pack's copy) is of this judge.",
+    )
     scoring: str | None = Field(None, description="Its scoring mode: `sampled` or `probability`.")
     # Counts of the gold items; where they were a weighted sample (a run's own labels), the counts of a sample of
     # the same size with the weighted rates (see validation.agreement.effective_counts): not always whole.
@@ -85,7 +90,7 @@ def validated_rates(directory: Path, rubric: str, identity: dict[str, Any], scor
             entry.model_hash == identity.get("model_hash")
             if entry.model_hash or identity.get("model_hash")
             else entry.model == identity.get("model")
-        )
+        ) or (entry.snapshot_hash is not None and entry.snapshot_hash == identity.get("model_hash"))
         if (
             entry.rubric == rubric
             and same_model

@@ -283,6 +283,7 @@ def _validation(
                 model=identity.get("model"),
                 model_hash=identity.get("model_hash"),
                 lora_hash=identity.get("lora_hash"),
+                snapshot_hash=identity.get("snapshot_hash"),
                 scoring=identity.get("scoring"),
                 tp=tp,
                 fp=fp,

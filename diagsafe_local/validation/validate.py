@@ -100,7 +100,7 @@ def _judge_scores(
     from diagsafe_local.core.console import engine_output
     from diagsafe_local.core.messages import Message
     from diagsafe_local.engines import create_engine
-    from diagsafe_local.engines.identity import engine_identity
+    from diagsafe_local.engines.identity import engine_identity, hub_snapshot_hash
     from diagsafe_local.judging import JudgeInput
     from diagsafe_local.judging.stored import judge_items
 
@@ -154,6 +154,7 @@ def _judge_scores(
     identity = {"rubric": name, "model": None, "model_hash": None, "lora_hash": None, "scoring": spec.scoring}
     if live:
         identity |= engine_identity(spec).model_dump(include={"model", "model_hash", "lora_hash"})
+        identity["snapshot_hash"] = hub_snapshot_hash(spec)  # after the run: the snapshot the engine loaded
     return Scored(label, "judge", np.array(scores), classes, raw, identity, reasoning)
 
 
