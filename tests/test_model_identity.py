@@ -13,7 +13,7 @@ import test_series
 import yaml
 from test_pack import HUB_ID, _pack, packable  # noqa: F401  (a fixture: a config whose parts can be packed)
 from test_pack_node import LOADED, NOT_LOADED, _auto, _snapshot, _validate_the_judge
-from test_series import recorded_series, watch
+from test_series import checkpoint, series_config, watch
 from test_trust_series import gate
 from typer.testing import CliRunner
 
@@ -97,14 +97,6 @@ def test_the_sampled_mode_is_chosen_by_the_size_of_the_files_a_run_loads(tmp_pat
     assert str(model_fingerprint(str(model))).startswith("sha256-sampled:")
 
 
-def test_a_model_card_written_into_a_checkpoint_after_its_run_is_not_a_resave(tmp_path, scripted):
-    """The trainer's hub push writes README.md into the checkpoint: the series still gates its run."""
-    train, spec = recorded_series(tmp_path)
-    assert watch(tmp_path).exit_code == 0
-    (train / "checkpoint-20" / "README.md").write_text("# model card")
-    assert gate(spec.series_dir, "latest").exit_code == 0
-
-
 @pytest.mark.slow  # validate's first import is ~5 s
 def test_a_hub_judge_validated_by_its_name_keeps_its_validation_run_from_a_pack(
     packable,  # noqa: F811
@@ -139,3 +131,24 @@ def test_a_hub_judge_validated_by_its_name_keeps_its_validation_run_from_a_pack(
     _pack(packable, tmp_path / "pack-2")
     other = CliRunner().invoke(app, ["run", str(packable), "--pack", str(tmp_path / "pack-2"), "--overwrite"])
     assert other.exit_code == 2 and "compared by content" in other.output, other.output
+
+
+def test_a_series_knows_its_checkpoints_by_the_files_its_load_format_loads(tmp_path, scripted):
+    """A config reading the .bin files (`load_format: npcache`): watch and the gate hash those, as the run did; an
+    unchanged checkpoint is not evaluated again, a model card the trainer's hub push writes into it after its run
+    is no re-save, and a .bin re-saved is refused."""
+    config = series_config(tmp_path)
+    data = json.loads(config.read_text())
+    data["target"]["engine_kwargs"] = {"load_format": "npcache"}
+    config.write_text(json.dumps(data))
+    train = tmp_path / "train"
+    (checkpoint(train, "checkpoint-10") / "pytorch_model.bin").write_bytes(b"pickled weights")
+    assert watch(tmp_path).exit_code == 0
+    again = watch(tmp_path)
+    assert again.exit_code == 0 and "weights changed" not in again.output, again.output
+    assert gate(train / "safety-series", "latest").exit_code == 0
+    (train / "checkpoint-10" / "README.md").write_text("# model card")
+    assert gate(train / "safety-series", "latest").exit_code == 0
+    (train / "checkpoint-10" / "pytorch_model.bin").write_bytes(b"other pickled weights")
+    refused = gate(train / "safety-series", "latest")
+    assert refused.exit_code == 3 and "re-saved since its run" in refused.output, refused.output

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import json
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -51,9 +52,21 @@ ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_mo
 
 
 def load_format(engine: Any) -> str:
-    """The load format an engine config reads its model with: a vLLM engine's `load_format` (vLLM's default
-    `auto`); the transformers engines' own choice, `hf`."""
-    return str(engine.engine_kwargs.get("load_format", "auto")) if engine.kind == "vllm" else "hf"
+    """The load format an engine config (or its JSON, as a run's manifest records the config) reads its model
+    with: a vLLM engine's `load_format` (vLLM's default `auto`); the transformers engines' own choice, `hf`."""
+    if isinstance(engine, Mapping):
+        kind, settings = engine.get("kind"), engine.get("engine_kwargs") or {}
+    else:
+        kind, settings = engine.kind, engine.engine_kwargs
+    return str(settings.get("load_format", "auto")) if kind == "vllm" else "hf"
+
+
+def target_load_format(config: Mapping[str, Any], index: int) -> str:
+    """The load format of the target at `index` of a run config as a manifest records it (`auto` where it does
+    not say: a hash that then differs refuses, never matches)."""
+    targets = config.get("targets") or []
+    target = targets[index] if index < len(targets) else None
+    return load_format(target) if isinstance(target, Mapping) else "auto"
 
 
 def loaded_files(directory: Path, load_format: str) -> list[tuple[Path, str]]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from diagsafe_local.core import model_files
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.fingerprint import model_fingerprint
 from diagsafe_local.core.resources import slurm_file
@@ -68,8 +69,8 @@ class Scanner:
     """Finds the complete checkpoints of a directory; a plain model directory must look the same at two scans
     `settle` seconds apart. Knows each checkpoint's weights by content, hashed again only when its files change."""
 
-    def __init__(self, directory: Path, settle: float) -> None:
-        self.directory, self.settle = directory, settle
+    def __init__(self, directory: Path, settle: float, load_format: str = "auto") -> None:
+        self.directory, self.settle, self.load_format = directory, settle, load_format
         self._seen: dict[Path, tuple[tuple, float]] = {}
         self._hashes: dict[Path, tuple[tuple, str | None]] = {}
 
@@ -104,7 +105,7 @@ class Scanner:
             return None
         cached = self._hashes.get(path)
         if cached is None or cached[0] != signature:
-            cached = self._hashes[path] = (signature, model_fingerprint(str(path)))
+            cached = self._hashes[path] = (signature, model_fingerprint(str(path), self.load_format))
         return cached[1]
 
 
@@ -132,6 +133,7 @@ class SeriesSpec:
             raise DiagsafeError(
                 f"{config}: a series evaluates each checkpoint as the config's one target; it has {len(parsed.targets)}"
             )
+        self.load_format = model_files.load_format(parsed.targets[0])  # what its runs hash of a checkpoint
 
     def state(self, current: SeriesState | None) -> SeriesState:
         """The series' state: a new one, or the existing one if it is this series (else an error)."""
@@ -392,7 +394,7 @@ def watch(
     checkpoints, update the statuses, see anew the checkpoints re-saved in place (`resaved`), evaluate what is
     new (`submit`: one array job for all of them; `local`: one after another, here, `after_run` called with each
     finished run directory), and call `on_update` when a checkpoint is done."""
-    scanner = Scanner(spec.checkpoint_dir, settle)
+    scanner = Scanner(spec.checkpoint_dir, settle, spec.load_format)
     stop = Stop(spec.series_dir, until_step)
     with stop.on_signals():  # before the first write: a SIGTERM from here on stops it cleanly
         update_series(spec.series_dir, spec.state)

@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from diagsafe_local.core import atomic, signing
+from diagsafe_local.core import atomic, model_files, signing
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.fingerprint import model_fingerprint
 from diagsafe_local.runs.gate import Check, GateDecision
@@ -310,7 +310,8 @@ def _subjects(run: VerifiedRun, targets: list[str]) -> list[Subject]:
                 "run): an in-toto subject needs a digest"
             )
         if not run.signature_verified:
-            on_disk = model_fingerprint(target.model)
+            index = list(run.manifest.targets).index(label)
+            on_disk = model_fingerprint(target.model, model_files.target_load_format(run.manifest.config, index))
             if on_disk != target.model_hash:
                 found = "is not on this machine" if on_disk is None else f"hashes to {on_disk}"
                 raise RunFailed(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import Field
 
-from diagsafe_local.core import atomic
+from diagsafe_local.core import atomic, model_files
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.figures import png_figure
 from diagsafe_local.core.fingerprint import model_fingerprint
@@ -408,7 +408,7 @@ def run_problems(series_dir: Path, state: SeriesState, entry: CheckpointEntry, m
         return [f"{run_dir}: its manifest records no content hash of {entry.path}'s weights"]
     if entry.model_hash is not None and entry.model_hash != evaluated:
         return [f"{run_dir} evaluated weights {evaluated}; the series recorded {entry.model_hash}"]
-    current = model_fingerprint(entry.path)
+    current = model_fingerprint(entry.path, model_files.target_load_format(manifest.config, 0))
     if current is None and entry.model_hash is None:
         return [
             f"{entry.path} is gone and the series recorded no hash of it: which weights {run_dir} evaluated is unknown"
