@@ -112,6 +112,7 @@ def test_a_policy_judge_named_only_by_one_part_of_the_config_still_needs_its_gra
     path.write_text(json.dumps(manifest))
     code, output = gate(tmp_path / "run")
     assert code == 3 and "no grammar canary was recorded" in output, output
+    assert f"the run {tmp_path / 'run'}: refused, it does not verify" in output  # which run, beside a baseline
 
 
 @pytest.mark.parametrize("pairs", [3, 4])
