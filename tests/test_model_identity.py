@@ -63,14 +63,19 @@ def test_an_edit_changes_the_identity_exactly_when_a_run_loads_the_file(tmp_path
 
 
 def test_an_engines_load_format_picks_the_weights_its_identity_covers(tmp_path):
-    """`load_format: npcache` loads the .bin files, not the safetensors beside them."""
+    """`load_format: npcache` loads the .bin files, not the safetensors beside them; a model's own code may read
+    any weight file."""
     model = _checkpoint(tmp_path / "ckpt")
     npcache = EngineConfig(model=str(model), engine_kwargs={"load_format": "npcache"})
+    own_code = EngineConfig(model=str(model), trust_remote_code=True)
     auto = EngineConfig(model=str(model))
-    before = engine_identity(npcache).model_hash, engine_identity(auto).model_hash
+    before = [engine_identity(e).model_hash for e in (npcache, own_code, auto)]
     (model / "pytorch_model.bin").write_bytes(b"other pickled weights")
-    assert engine_identity(npcache).model_hash != before[0]
-    assert engine_identity(auto).model_hash == before[1]
+    assert [engine_identity(e).model_hash != h for e, h in zip((npcache, own_code, auto), before)] == [
+        True,
+        True,
+        False,
+    ]
 
 
 def test_an_adapters_identity_is_the_adapter_file_the_lora_loader_reads(tmp_path):

@@ -247,9 +247,14 @@ def test_pack_copies_only_the_files_a_run_loads_and_says_what_it_left_out(packab
     assert run.exit_code == 0, run.output
 
 
-def test_a_model_a_judge_validation_identifies_is_packed_whole(packable, tmp_path):  # noqa: F811
-    """A validation names its judge's model by the hash of all its files: a copy without some would be another
-    judge, which the validation does not cover."""
+def test_a_validated_judges_model_is_packed_by_the_files_a_run_loads_and_stays_that_judge(
+    packable,  # noqa: F811
+    tmp_path,
+):
+    """A validation names its judge's model by the hash of the files a run loads (`core.fingerprint`): the copy
+    without the rest is the judge it validated."""
+    from diagsafe_local.core.fingerprint import model_fingerprint
+
     judge = _snapshot(tmp_path / "judge-model", LOADED | {"README.md": b"# card", "pytorch_model.bin": b"w"})
     validation = tmp_path / "validated"
     validation.mkdir()
@@ -261,8 +266,9 @@ def test_a_model_a_judge_validation_identifies_is_packed_whole(packable, tmp_pat
     lock = PackLock.model_validate_json((out / LOCK).read_text())
     (part,) = [p for p in lock.parts if p.reference == str(judge)]
     packed = {f.path.removeprefix(f"{part.path}/") for f in lock.files if f.path.startswith(f"{part.path}/")}
-    assert packed == set(LOADED) | {"README.md", "pytorch_model.bin"}
-    assert f"model '{judge}' packed whole" in " ".join(result.output.split())
+    assert packed == set(LOADED)
+    assert f"left out of model '{judge}': README.md, pytorch_model.bin" in " ".join(result.output.split())
+    assert model_fingerprint(str(out / str(part.path))) == model_fingerprint(str(judge))
 
 
 @pytest.mark.slow

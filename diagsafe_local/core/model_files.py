@@ -9,7 +9,8 @@ Weights, by vLLM's own rule (vllm 0.32):
   (`weight_utils.filter_duplicate_safetensors_files`: model.safetensors.index.json, Mistral's
   consolidated.safetensors.index.json), the others lose the trainer's files
   (`weight_utils.filter_files_not_needed_for_inference`). The transformers engines read the `hf` choice too
-  (safetensors over pickles); a load format this rule does not know keeps every weight file;
+  (safetensors over pickles); a load format this rule does not know, or a model that runs its own code, keeps
+  every weight file;
 - a LoRA adapter: `vllm/lora/lora_model.py`, `LoRAModel.from_local_checkpoint`: adapter_model.safetensors, else
   adapter_model.bin, else adapter_model.pt.
 
@@ -48,16 +49,20 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 NOT_FOR_INFERENCE = ("training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt")
 REPOSITORY_FOLDERS = {".git", ".cache"}
 ADAPTER = "adapter"  # as a load format: the directory of a LoRA adapter, read by vLLM's LoRA loader
+OWN_CODE = "own-code"  # as a load format: a model that runs its own code, which may read any weight file
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
 
 
 def load_format(engine: Any) -> str:
     """The load format an engine config (or its JSON, as a run's manifest records the config) reads its model
-    with: a vLLM engine's `load_format` (vLLM's default `auto`); the transformers engines' own choice, `hf`."""
+    with: a vLLM engine's `load_format` (vLLM's default `auto`); the transformers engines' own choice, `hf`; for a
+    model that runs its own code, `OWN_CODE`."""
     if isinstance(engine, Mapping):
-        kind, settings = engine.get("kind"), engine.get("engine_kwargs") or {}
+        kind, settings, own = engine.get("kind"), engine.get("engine_kwargs") or {}, engine.get("trust_remote_code")
     else:
-        kind, settings = engine.kind, engine.engine_kwargs
+        kind, settings, own = engine.kind, engine.engine_kwargs, engine.trust_remote_code
+    if own:
+        return OWN_CODE
     return str(settings.get("load_format", "auto")) if kind == "vllm" else "hf"
 
 

@@ -317,8 +317,8 @@ Keep = Callable[[str], bool]
 
 def _selection(config: RunConfig, need: Need, source: Path, say: Callable[[str], None]) -> Keep:
     """Which files of a part to pack, by their path inside it: of a model or adapter directory, those a run loads
-    (`model_files`), saying what is left out; a model a judge validation identifies, or one that runs its own
-    code, whole (saying so where that keeps files no run loads); every file of any other part."""
+    (`model_files`, by which a model is identified: the copy is the same model), saying what is left out; one that
+    runs its own code whole (saying so where that keeps files no run loads); every file of any other part."""
     if need.kind not in ("model", "adapter") or not source.is_dir():
         return lambda relative: True
     engines = [m for m in local_models(config) if need.reference in (m.model, m.lora, _hub_id(m.lora or ""))]
@@ -331,7 +331,7 @@ def _selection(config: RunConfig, need: Need, source: Path, say: Callable[[str],
     left = [(relative, path) for path, relative in _files(source) if not model_files.is_loaded(relative, weights)]
     if not left:
         return lambda relative: True
-    whole = _packed_whole(config, need, engines)
+    whole = _packed_whole(engines)
     size = sum(path.stat().st_size for _, path in left) / 1e6
     names = ", ".join(relative for relative, _ in left[:12]) + (f" and {len(left) - 12} more" if len(left) > 12 else "")
     if whole:
@@ -341,13 +341,10 @@ def _selection(config: RunConfig, need: Need, source: Path, say: Callable[[str],
     return lambda relative: model_files.is_loaded(relative, weights)
 
 
-def _packed_whole(config: RunConfig, need: Need, engines: list[EngineConfig]) -> str | None:
+def _packed_whole(engines: list[EngineConfig]) -> str | None:
     """Why a model or adapter keeps every file, if it must."""
     if any(m.trust_remote_code for m in engines):
         return "it runs its own code (trust_remote_code), which may read any of its files"
-    judged = [j for j in _judges(config.judge) if need.reference in (j.model, j.lora, _hub_id(j.lora or ""))]
-    if config.judge.validation and judged:
-        return "the judge's validation identifies its model by the hash of all its files"
     return None
 
 

@@ -288,8 +288,8 @@ def public_key(path: Path) -> Any:
 
 
 def _digest(content_hash: str, where: str) -> dict[str, str]:
-    """A content hash of ours (`core.fingerprint`) as an in-toto DigestSet: `sha256` over every byte of the
-    directory's files, `diagsafe-sha256-sampled` over their sizes and first and last MiB (over 2 GiB)."""
+    """A content hash of ours (`core.fingerprint`) as an in-toto DigestSet: `sha256` over every byte of the files
+    a run loads of the directory, `diagsafe-sha256-sampled` over their sizes and first and last MiB (over 2 GiB)."""
     algorithm, _, digest = content_hash.partition(":")
     name = {"sha256": "sha256", "sha256-sampled": "diagsafe-sha256-sampled"}.get(algorithm)
     if name is None or not digest:
