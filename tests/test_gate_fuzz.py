@@ -395,7 +395,8 @@ def restore(undo: list[tuple[Path, bytes | None]]) -> None:
 
 def slow_per_kind() -> int | None:
     """The slow tier's sample: DIAGSAFE_FUZZ_PER_KIND mutations of each kind (default 25), or `all` of them (about
-    90,000 gate calls over both fuzz files: hours on 2 cores, so a run by hand, never CI's)."""
+    100,000 gate calls over both fuzz files: ~45 minutes of one core here under load, so a run by hand in shards,
+    never CI's; docs/benchmarks-log.md has the figures)."""
     given = os.environ.get("DIAGSAFE_FUZZ_PER_KIND", "25")
     return None if given == "all" else int(given)
 
