@@ -157,3 +157,13 @@ def test_a_series_knows_its_checkpoints_by_the_files_its_load_format_loads(tmp_p
     (train / "checkpoint-10" / "pytorch_model.bin").write_bytes(b"other pickled weights")
     refused = gate(train / "safety-series", "latest")
     assert refused.exit_code == 3 and "re-saved since its run" in refused.output, refused.output
+
+
+def test_only_a_hub_model_loaded_here_is_known_by_its_cached_snapshot(packable, tmp_path):  # noqa: F811
+    """An API model served under a hub id the cache holds is whatever the server serves: no snapshot hash."""
+    from diagsafe_local.engines.identity import hub_snapshot_hash
+
+    here = hub_snapshot_hash(EngineConfig(model=HUB_ID))
+    assert here is not None and here.startswith("sha256:")
+    assert hub_snapshot_hash(EngineConfig(model=HUB_ID, kind="openai", base_url="http://127.0.0.1:9/v1")) is None
+    assert hub_snapshot_hash(EngineConfig(model="acme/not-cached")) is None

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import model_files
 from diagsafe_local.core.fingerprint import model_fingerprint
+from diagsafe_local.engines.kinds import capabilities
 
 _FINGERPRINTS: dict[tuple[str, str, float], str | None] = {}
 
@@ -87,11 +88,11 @@ def engine_identity(config: Any) -> EngineIdentity:
 
 
 def hub_snapshot_hash(config: Any) -> str | None:
-    """A model named by hub id: the hub cache's snapshot of it by content (the files a run loads, as for a local
-    directory), which a copy of it (a pack's) is by content too. None: a local path, or no snapshot in the cache
-    (nothing is downloaded here)."""
+    """A model named by hub id and loaded here: the hub cache's snapshot of it by content (the files a run loads,
+    as for a local directory), which a copy of it (a pack's) is by content too. None: a local path, a model behind
+    an API (whatever it serves under that name), or no snapshot in the cache (nothing is downloaded here)."""
     model = config.model
-    if not model or Path(model).expanduser().exists():
+    if not model or not capabilities(config.kind).local or Path(model).expanduser().exists():
         return None
     from huggingface_hub import snapshot_download
 
