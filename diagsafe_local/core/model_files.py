@@ -60,7 +60,8 @@ def load_format(engine: Any) -> str:
     if isinstance(engine, Mapping):
         kind, settings, own = engine.get("kind"), engine.get("engine_kwargs") or {}, engine.get("trust_remote_code")
     else:
-        kind, settings, own = engine.kind, engine.engine_kwargs, engine.trust_remote_code
+        kind, settings = engine.kind, getattr(engine, "engine_kwargs", {})
+        own = getattr(engine, "trust_remote_code", False)
     if own:
         return OWN_CODE
     return str(settings.get("load_format", "auto")) if kind == "vllm" else "hf"
