@@ -182,3 +182,31 @@ def test_keys_sharing_one_half_are_paired_by_the_other():
     pairs = match(a, b)
     assert (pairs.keys_a, pairs.keys_b) == (4, 5)
     assert list(zip(pairs.a.tolist(), pairs.b.tolist())) == [(2, 0), (4, 1)]
+
+
+def test_a_paired_comparison_alone_keeps_only_the_rows_it_pairs(tmp_path):
+    """The series report's columns (`answers=False`) keep only the rows a paired comparison reads (final-turn
+    answers to harmful items) and hash no key the agreement would need, yet give each target the same side as the
+    full columns, a target with no such answer too (an empty side)."""
+    from test_paired import record
+
+    from diagsafe_local.runs.paired import RunColumns
+
+    records = [record("t", str(k), k % 3 / 2, category=f"c{k % 2}") for k in range(6)]
+    records += [record("t", "b1", 1.0, benign=True), record("t", "e1", 1.0, final_turn=False)]
+    records += [record("u", "b2", 0.0, benign=True)]  # a target with benign answers only
+    path = tmp_path / "results.jsonl"
+    jsonl.write(path, records)
+    full, paired_only = RunColumns(path), RunColumns(path, answers=False)
+    for line in jsonl.stream(path, ResultRecord):
+        full.add(line)
+        paired_only.add(line)
+    assert len(full.column) == 9 and len(paired_only.column) == 6
+    assert set(paired_only.sides) == set(full.sides) == {"t", "u"}
+    for target, side in full.sides.items():
+        kept = paired_only.sides[target]
+        assert (kept.keys() == side.keys()).all() and (kept.scores == side.scores).all()
+        assert [record.item_id for _, record in kept.column.read_rows(kept.rows)] == [
+            record.item_id for _, record in side.column.read_rows(side.rows)
+        ]
+    assert len(paired_only.sides["u"]) == 0

@@ -66,19 +66,24 @@ class RunColumns:
     """What `compare` needs of one run, gathered line by line (`add`) in the pass that verifies it: one column
     of every answer (of `targets`, default all), keyed by (item, sample, turn) for `runs.agreement` and, for the
     final-turn answers to harmful items, by (item, sample, prompt) for the paired comparison (`sides`, one view
-    a target). With `answers=False` no answer hashes are kept (a paired comparison alone, as the series report
-    makes, never reads them)."""
+    a target). With `answers=False` only the paired comparison's rows are kept, and no answer hashes nor keys
+    (a paired comparison alone, as the series report makes, never reads them)."""
 
     def __init__(self, path: Path, answers: bool = True, targets: set[str] | None = None) -> None:
-        self.column = Column(path, ("target", *BREAKDOWNS), answers=answers, pairs=True)
+        self.column = Column(path, ("target", *BREAKDOWNS), answers=answers, pairs=True, keys=answers)
+        self.answers_kept = answers
         self._targets = targets
+        self._seen: dict[str, None] = {}  # every target with a row, in the order first seen (one in no pair too)
 
     def add(self, line: Line[ResultRecord]) -> None:
         r = line.record
         if self._targets is not None and r.target not in self._targets:
             return
-        labels = (r.target, *[getattr(r, name) or "(none)" for name in BREAKDOWNS])  # the column's label order
+        self._seen[r.target] = None
         pair = (r.item_id, r.sample, prompt_key(r)) if r.final_turn and not r.benign else None
+        if pair is None and not self.answers_kept:
+            return  # in no pair, and no agreement reads it
+        labels = (r.target, *[getattr(r, name) or "(none)" for name in BREAKDOWNS])  # the column's label order
         self.column.add((r.item_id, r.sample, r.turn), line, labels, pair=pair)
 
     def side(self, target: str) -> Rows:
@@ -88,7 +93,7 @@ class RunColumns:
     @property
     def sides(self) -> dict[str, Rows]:
         """Every target's `side`."""
-        return {target: self.side(target) for target in self.column.label_names("target")}
+        return {target: self.side(target) for target in self._seen}
 
     @property
     def answers(self) -> Rows:

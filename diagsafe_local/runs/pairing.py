@@ -35,13 +35,16 @@ class Column:
     it lies in its file and a hash of its bytes, its string-valued columns (`labels`) as one small integer code
     of their combination, with `answers` a hash of its answer, and with `pairs` a second key hash (the key a
     paired comparison matches by; a row without one is in no pair). Held compactly, about 85 bytes a row with
-    everything; `rows` views a part of it under either key."""
+    everything; `rows` views a part of it under either key (with `keys=False`, under its pair key only: the key
+    is not hashed)."""
 
-    def __init__(self, path: Path, labels: tuple[str, ...] = (), answers: bool = False, pairs: bool = False) -> None:
+    def __init__(
+        self, path: Path, labels: tuple[str, ...] = (), answers: bool = False, pairs: bool = False, keys: bool = True
+    ) -> None:
         self.path = path
         self.answers = answers
         self.labels = labels
-        self._keys = bytearray()
+        self._keys = bytearray() if keys else None
         self._pairs = bytearray() if pairs else None
         self._answers = bytearray()
         self._digests = bytearray()
@@ -64,7 +67,8 @@ class Column:
         """One record: its key (a tuple of strings and numbers: its repr is hashed), its line, its label values
         (one for each of `labels`, in their order), the line's `line_digest` where the caller has it, and its pair
         key (None: none)."""
-        self._keys += _hashed(key)
+        if self._keys is not None:
+            self._keys += _hashed(key)
         self._digests += digest or line_digest(line.raw)
         if self.answers:
             self._answers += line_digest(line.record.answer.encode("utf-8", "surrogatepass"))
@@ -148,6 +152,8 @@ class Rows:
 
     def keys(self) -> np.ndarray:
         held = self.column._pairs if self.pairs else self.column._keys
+        if held is None and not self.pairs:
+            raise ValueError("a column of pair keys only has no keys")
         return self._take(np.frombuffer(held if held is not None else b"", dtype=_KEY))
 
     @property
