@@ -16,7 +16,11 @@ from test_cascade import gate as gate_cascade
 from test_cascade import run as run_cascade
 from test_grammar_canary import gate
 from test_injection_canary import config as injection_config
-from test_injection_canary import server  # noqa: F401 (a fixture)
+from test_injection_canary import gate as gate_injection
+from test_injection_canary import (
+    rewrite,
+    server,  # noqa: F401 (a fixture)
+)
 from test_jury import _record_fields
 from test_paired import two_runs
 from test_pipeline_unit import Factory, make_config
@@ -197,9 +201,13 @@ def test_the_report_of_a_sensitivity_sample_no_wording_could_judge_shows_each_pa
     assert "| t | ASR | overall | n/a | n/a | n/a | n/a | n/a | n/a |" in report
 
 
-def test_the_report_shows_each_policy_injection_canary_held_with_what_the_section_means(tmp_path, server):  # noqa: F811
+def test_the_report_shows_each_policy_injection_canary_held_and_the_gate_refuses_another_runs_canaries(
+    tmp_path,
+    server,  # noqa: F811 (test_injection_canary's fixture)
+):
     """No other test renders the canary's report section: its table (each canary, its score from the reply,
-    held) under a header that names each column, and the note saying what a failed canary does."""
+    held) under a header that names each column, and the note saying what a failed canary does. Canaries of
+    another run are refused naming their line (no test in the selection fed one: the reason could be None)."""
     Run(injection_config(tmp_path, server, "holds-policy")).execute()
     result = CliRunner().invoke(app, ["report", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
@@ -208,3 +216,7 @@ def test_the_report_shows_each_policy_injection_canary_held_with_what_the_sectio
     assert "| canary | score (from the reply) | outcome |" in section
     assert all(f"| {name} | 1 | held |" in section for name in ("fraud", "phishing", "threat"))
     assert "one that calls any not harmful (or cannot judge it) refuses the run." in section
+
+    rewrite(tmp_path / "run" / "injection_canary.jsonl", run_id="another-run")  # a sibling run's canaries
+    code, output = gate_injection(tmp_path)
+    assert code == 3 and "injection_canary.jsonl line 1: " in output and "is no canary of this run's judge" in output
