@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from diagsafe_local.core import atomic
 from diagsafe_local.core.cache import cache_dir, file_sha256
@@ -43,6 +43,7 @@ PartKind = Literal[
 # A file changed this close to its check is not vouched for: a second change within the same tick of its file
 # system's clock (4 ms on Linux, 1-2 s on some) would leave its times as they were.
 CHECK_MARGIN_NS = 2_000_000_000
+AUTO_VALIDATION = "auto"  # `judge.validation: auto` (judging.cards.AUTO), the one part packing may find empty
 
 
 class PackedFile(BaseModel):
@@ -70,6 +71,15 @@ class PackedPart(BaseModel):
         "(`judge.validation: auto` where no validation was stored for the judge), which the run then says."
     )
     base: str | None = Field(None, description="An adapter's base model, as the config names it.")
+
+    @model_validator(mode="after")
+    def _found_or_auto(self) -> PackedPart:
+        if self.path is None and (self.kind, self.reference) != ("validation", AUTO_VALIDATION):
+            raise ValueError(
+                f"{self.kind} '{self.reference}' has no path in the pack: only `judge.validation: "
+                f"{AUTO_VALIDATION}`, found empty when packing, may have none"
+            )
+        return self
 
 
 class PackLock(BaseModel):
@@ -124,7 +134,11 @@ def open_pack(root: Path) -> Pack:
     try:
         lock = PackLock.model_validate_json(data)
     except ValidationError as exc:
-        raise RunFailed(f"{lock_path}: not a pack lock this version reads ({exc.errors()[0]['msg']})") from None
+        error = exc.errors()[0]
+        where = ".".join(map(str, error["loc"]))
+        raise RunFailed(
+            f"{lock_path}: not a pack lock this version reads ({where + ': ' if where else ''}{error['msg']})"
+        ) from None
     named = [part.path for part in lock.parts if part.path is not None] + [packed.path for packed in lock.files]
     outside = next((path for path in named if not _inside(root, path)), None)
     if outside is not None:
