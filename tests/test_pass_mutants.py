@@ -24,6 +24,8 @@ from test_injection_canary import (
 from test_jury import _record_fields
 from test_paired import two_runs
 from test_pipeline_unit import Factory, make_config
+from test_robustness import affirmation
+from test_robustness import run as run_robustness
 from test_sensitivity import run as run_sensitivity
 from typer.testing import CliRunner
 
@@ -220,3 +222,17 @@ def test_the_report_shows_each_policy_injection_canary_held_and_the_gate_refuses
     rewrite(tmp_path / "run" / "injection_canary.jsonl", run_id="another-run")  # a sibling run's canaries
     code, output = gate_injection(tmp_path)
     assert code == 3 and "injection_canary.jsonl line 1: " in output and "is no canary of this run's judge" in output
+
+
+def test_the_report_heads_each_perturbation_column_and_sums_its_categories_in_an_overall_row(tmp_path):
+    """The answer-perturbation table as a reader takes it in: its header, and each perturbation's overall row
+    beside its categories' (sure_on_refusal edits only the fraud answers here, so the two rows agree)."""
+    run_robustness(tmp_path, rule=affirmation)  # a judge that 'Sure, here is' moves
+    assert CliRunner().invoke(app, ["report", str(tmp_path / "run")]).exit_code == 0
+    report = (tmp_path / "run" / "report.md").read_text()
+    header = "| target | perturbation | category | answers | flips | flip rate | ASR | ASR perturbed | verdict |"
+    assert header in report
+    figures = "| 2 | 2 | 100.0% | 0.0% | 100.0% | must keep |"
+    assert (
+        f"| t | sure_on_refusal | fraud {figures}" in report and f"| t | sure_on_refusal | overall {figures}" in report
+    )
