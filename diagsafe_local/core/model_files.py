@@ -8,9 +8,15 @@ Weights, by vLLM's own rule (vllm 0.32):
   `*.pt` (`fall_back_to_pt`). Safetensors are kept to those the index names
   (`weight_utils.filter_duplicate_safetensors_files`: model.safetensors.index.json, Mistral's
   consolidated.safetensors.index.json), the others lose the trainer's files
-  (`weight_utils.filter_files_not_needed_for_inference`). The transformers engines read the `hf` choice too
-  (safetensors over pickles); a load format this rule does not know, or a model that runs its own code, keeps
-  every weight file;
+  (`weight_utils.filter_files_not_needed_for_inference`). These are the formats of `DefaultModelLoader`
+  (`model_executor/model_loader/__init__.py`, `get_model_loader`'s `_LOAD_FORMAT_TO_MODEL_LOADER`; `LoadConfig`,
+  `vllm/config/load.py`): every other loader runs weights that are not the directory's (dummy: random ones;
+  tensorizer, ipc_cache, modelexpress, runai_streamer, sharded_state: read from elsewhere, or a plugin's), so an
+  engine config naming one is refused (`engines.config`). A model that runs its own code keeps every weight file;
+- the transformers engines (`transformers` and `classifier` kinds): `transformers/modeling_utils.py`,
+  `_get_resolved_checkpoint_files`: config.json's `transformers_weights` (a file or a safetensors index inside the
+  directory), else model.safetensors, else the shards model.safetensors.index.json names, else
+  pytorch_model.bin, else the shards pytorch_model.bin.index.json names;
 - a LoRA adapter: `vllm/lora/lora_model.py`, `LoRAModel.from_local_checkpoint`: adapter_model.safetensors, else
   adapter_model.bin, else adapter_model.pt.
 
@@ -43,20 +49,27 @@ PATTERNS: dict[str, tuple[str, ...]] = {
     "mistral": ("consolidated*.safetensors",),
     "pt": ("*.pt",),
     "npcache": ("*.bin", "*.pt"),
+    "fastsafetensors": ("*.safetensors",),
+    "instanttensor": ("*.safetensors",),
 }
+DIRECTORY_FORMATS = frozenset({"auto", *PATTERNS})  # vLLM's load formats that read the directory's own weights
 INDEX = {"mistral": "consolidated.safetensors.index.json"}
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 NOT_FOR_INFERENCE = ("training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt")
 REPOSITORY_FOLDERS = {".git", ".cache"}
 ADAPTER = "adapter"  # as a load format: the directory of a LoRA adapter, read by vLLM's LoRA loader
 OWN_CODE = "own-code"  # as a load format: a model that runs its own code, which may read any weight file
+TRANSFORMERS = "transformers"  # as a load format: transformers' from_pretrained, for the engine kinds that use it
+TRANSFORMERS_KINDS = ("transformers", "classifier")
+# from_pretrained's choice in a local directory, in its order: a file, or an index whose weight_map names shards
+TRANSFORMERS_WEIGHTS = ("model.safetensors", SAFETENSORS_INDEX, "pytorch_model.bin", "pytorch_model.bin.index.json")
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "adapter_model.pt")
 
 
 def load_format(engine: Any) -> str:
     """The load format an engine config (or its JSON, as a run's manifest records the config) reads its model
-    with: a vLLM engine's `load_format` (vLLM's default `auto`); the transformers engines' own choice, `hf`; for a
-    model that runs its own code, `OWN_CODE`."""
+    with: a vLLM engine's `load_format` (vLLM's default `auto`); the transformers engines' `TRANSFORMERS`; `hf`
+    for any other kind; for a model that runs its own code, `OWN_CODE`."""
     if isinstance(engine, Mapping):
         kind, settings, own = engine.get("kind"), engine.get("engine_kwargs") or {}, engine.get("trust_remote_code")
     else:
@@ -64,6 +77,8 @@ def load_format(engine: Any) -> str:
         own = getattr(engine, "trust_remote_code", False)
     if own:
         return OWN_CODE
+    if kind in TRANSFORMERS_KINDS:
+        return TRANSFORMERS
     return str(settings.get("load_format", "auto")) if kind == "vllm" else "hf"
 
 
@@ -86,6 +101,8 @@ def loaded_files(directory: Path, load_format: str) -> list[tuple[Path, str]]:
 def loaded_weights(directory: Path, load_format: str) -> set[str] | None:
     """The names of the weight files vLLM loads from `directory` with `load_format` (None: a format this rule
     does not know, or no file its patterns match: every weight file is kept)."""
+    if load_format == TRANSFORMERS:
+        return transformers_weights(directory)
     if load_format == "auto":
         load_format = "mistral" if glob.glob("consolidated*.safetensors", root_dir=directory) else "hf"
     found: list[str] = []
@@ -99,6 +116,28 @@ def loaded_weights(directory: Path, load_format: str) -> set[str] | None:
         listed = _indexed(directory / INDEX.get(load_format, SAFETENSORS_INDEX))
         return set(found) & listed if listed is not None else set(found)
     return {name for name in found if not name.endswith(NOT_FOR_INFERENCE)}
+
+
+def transformers_weights(directory: Path) -> set[str] | None:
+    """The weight files (paths inside `directory`) transformers' from_pretrained loads from it (None: none of its
+    names, or a transformers_weights it refuses: every weight file kept)."""
+    try:
+        named = json.loads((directory / "config.json").read_text(encoding="utf-8")).get("transformers_weights")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    if named is not None:
+        inside = isinstance(named, str) and ".." not in PurePosixPath(named).parts and not named.startswith("/")
+        if not inside or not named.endswith((".safetensors", ".safetensors.index.json")):
+            return None
+        candidates: tuple[str, ...] = (named,)
+    else:
+        candidates = TRANSFORMERS_WEIGHTS
+    found = next((name for name in candidates if (directory / name).is_file()), None)
+    if found is None or not found.endswith(".index.json"):
+        return {found} if found is not None else None
+    shards = _indexed(directory / found)
+    folder = PurePosixPath(found).parent
+    return {(folder / shard).as_posix() for shard in shards} if shards is not None else None
 
 
 def _indexed(index: Path) -> set[str] | None:
@@ -120,5 +159,5 @@ def is_loaded(relative: str, weights: set[str] | None) -> bool:
     if REPOSITORY_FOLDERS & set(path.parts) or any(path.match(pattern) for pattern in DOCUMENTS):
         return False
     if path.name.lower().endswith(WEIGHT_SUFFIXES):
-        return weights is None or (len(path.parts) == 1 and path.name in weights)
+        return weights is None or path.as_posix() in weights
     return True

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from diagsafe_local.core import model_files
 from diagsafe_local.core.hashing import request_seed
 from diagsafe_local.core.messages import Message
 from diagsafe_local.core.settings import StrictModel
@@ -16,6 +17,24 @@ from diagsafe_local.engines.base import GenerationRequest
 from diagsafe_local.engines.identity import model_json
 
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank values (its LoRAConfig)
+# vllm.LLM arguments (vllm/engine/arg_utils.py, EngineArgs) that would run something the model's identity (the files
+# a run loads of its directory, core.model_files) does not name, refused in engine_kwargs. Those that only change
+# how the same weights run (quantization, model_impl, parallelism, caches) stay: the run's config records them.
+UNIDENTIFIED_KWARGS = {
+    "trust_remote_code": "running a model's own code needs the explicit trust_remote_code: true (recorded in the "
+    "manifest)",
+    "tokenizer": "a tokenizer other than the model directory's is no part of the model's identity",
+    "tokenizer_revision": "a tokenizer other than the model's revision is no part of the model's identity",
+    "code_revision": "code other than the model's revision is no part of the model's identity",
+    "hf_config_path": "a config other than the model directory's is no part of the model's identity",
+    "hf_overrides": "it changes the model's config.json, which the model's identity holds as written",
+    "generation_config": "generation defaults other than the model directory's are no part of the model's identity",
+    "model_loader_extra_config": "it configures a loader of weights other than the model directory's",
+    "ignore_patterns": "the files a run loads are the rule the model's identity follows (core.model_files)",
+    "download_dir": "a hub model's files are the hub cache's, by which it is identified",
+    "speculative_config": "a draft model runs beside the model, outside its identity",
+    "logits_processors": "code that changes every token is no part of the model's identity",
+}
 
 
 class SamplingConfig(StrictModel):
@@ -153,10 +172,19 @@ class EngineConfig(StrictModel):
                 if rank <= LORA_RANKS[-1]
                 else f"the LoRA adapter {self.lora} has rank {rank}; vLLM serves ranks up to {LORA_RANKS[-1]}"
             )
-        if "trust_remote_code" in self.engine_kwargs:
+        fields = type(self).model_fields
+        for key in self.engine_kwargs:
+            why = UNIDENTIFIED_KWARGS.get(key) or (
+                f"it is the engine's own field, set {key} there" if key in fields else None
+            )
+            if why is not None:
+                raise ValueError(f"engine_kwargs cannot set {key}: {why}")
+        fmt = self.engine_kwargs.get("load_format", "auto")
+        if not isinstance(fmt, str) or fmt not in model_files.DIRECTORY_FORMATS:
             raise ValueError(
-                "engine_kwargs cannot set trust_remote_code: running a model's own code needs the "
-                "explicit trust_remote_code: true (recorded in the manifest)"
+                f"engine_kwargs cannot set load_format {fmt!r}: it does not load the model directory's own weights, "
+                "which identify the model (vLLM's DefaultModelLoader formats do: "
+                f"{', '.join(sorted(model_files.DIRECTORY_FORMATS))})"
             )
         return self
 
