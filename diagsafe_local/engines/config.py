@@ -35,6 +35,7 @@ UNIDENTIFIED_KWARGS = {
     "speculative_config": "a draft model runs beside the model, outside its identity",
     "logits_processors": "code that changes every token is no part of the model's identity",
 }
+MISTRAL_TEMPLATE_ARGUMENTS = ("reasoning_effort",)  # what mistral_common takes of chat_template_kwargs
 
 
 class SamplingConfig(StrictModel):
@@ -186,7 +187,24 @@ class EngineConfig(StrictModel):
                 "which identify the model (vLLM's DefaultModelLoader formats do: "
                 f"{', '.join(sorted(model_files.DIRECTORY_FORMATS))})"
             )
+        if self.chat_template and self.renders_with_mistral_common:
+            raise ValueError(
+                f"chat_template: tokenizer_mode mistral renders chats with mistral_common and ignores "
+                f"{self.chat_template}; set tokenizer_mode: hf to render with a template"
+            )
         return self
+
+    @property
+    def renders_with_mistral_common(self) -> bool:
+        """vLLM renders this engine's chats with mistral_common, whatever template is configured or its template
+        arguments say but reasoning_effort (vllm/tokenizers/mistral.py MistralTokenizer.apply_chat_template,
+        vllm/renderers/mistral.py MistralRenderer)."""
+        return self.kind == "vllm" and self.tokenizer_mode == "mistral"
+
+    def template_arguments(self) -> dict[str, str]:
+        """The chat template arguments this engine's requests send, each with who sends it (a judge's; none
+        here): the vLLM engine checks them against its template when it loads."""
+        return {}
 
 
 def _adapter_rank(lora: str | None) -> int | None:

@@ -23,10 +23,11 @@ from diagsafe_local.engines.base import (
     label_token_ids,
     local_model_path,
 )
-from diagsafe_local.engines.config import EngineConfig
+from diagsafe_local.engines.config import MISTRAL_TEMPLATE_ARGUMENTS, EngineConfig
 from diagsafe_local.engines.gpus import cuda_available, node_gpus
 from diagsafe_local.engines.identity import model_fingerprint, package_versions
 from diagsafe_local.engines.streams import run_all
+from diagsafe_local.engines.template_arguments import check_template_arguments
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,23 @@ def _tokenizer_mode(llm: Any) -> str:
         return "mistral"
     mode = str(llm.model_config.tokenizer_mode)
     return "hf" if mode == "auto" else mode
+
+
+def _check_template_arguments(llm: Any, config: EngineConfig, given: str | None, tokenizer_mode: str) -> None:
+    """Refuse, before any request, a template argument of the engine's judges that would not reach the template
+    vLLM renders its chats with (vllm/renderers/hf.py resolve_chat_template: the given one, else the processor's,
+    else the tokenizer's), which drops it silently (resolve_chat_template_kwargs); in mistral mode (vLLM's auto may
+    choose it), one that mistral_common does not take (tokenizers/mistral.py MistralTokenizer.apply_chat_template)."""
+    arguments = config.template_arguments()
+    if tokenizer_mode == "mistral":
+        ignored = {a: judge for a, judge in arguments.items() if a not in MISTRAL_TEMPLATE_ARGUMENTS}
+        check_template_arguments("", ignored, f"mistral_common (tokenizer mode mistral of '{config.model}')")
+    elif arguments:
+        from vllm.renderers.hf import resolve_chat_template
+
+        template = resolve_chat_template(llm.get_tokenizer(), given, None, model_config=llm.model_config)
+        where = f"the chat template {config.chat_template}" if given else f"the chat template of '{config.model}'"
+        check_template_arguments(template or "", arguments, where)
 
 
 def deterministic_mode(requested: bool) -> str | None:
@@ -147,6 +165,11 @@ class VLLMEngine(EngineBase):
         self._chat_template = Path(config.chat_template).read_text() if config.chat_template else None
         template = self._chat_template or getattr(self._llm.get_tokenizer(), "chat_template", None) or ""
         tokenizer_mode = _tokenizer_mode(self._llm)
+        try:
+            _check_template_arguments(self._llm, config, self._chat_template, tokenizer_mode)
+        except RunFailed:
+            self.close()
+            raise
         self.calls = 0
         self.steps = 0  # scheduler steps taken, by every stream (the benchmarks' hardware-independent measure)
         self._owners: dict[str, VLLMStream] = {}  # request id -> the stream that sent it (streams share steps)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from diagsafe_local.core.settings import StrictModel
-from diagsafe_local.engines.config import EngineConfig, SamplingConfig
+from diagsafe_local.engines.config import MISTRAL_TEMPLATE_ARGUMENTS, EngineConfig, SamplingConfig
 from diagsafe_local.judging.base import Decoding, Judge
 from diagsafe_local.judging.panel import JuryRule, PanelRule
 from diagsafe_local.runs.robustness import BY_NAME, PERTURBATIONS
@@ -320,6 +320,13 @@ class JudgeConfig(EngineConfig):
             raise ValueError(f"judge '{model_needed[0]}' needs a model: set model")
         harm.check_probability(self.probability)
         harm.check_reasoning(self.reasoning)
+        sent = self.template_arguments() if self.renders_with_mistral_common else {}
+        for argument, sender in sent.items():
+            if argument not in MISTRAL_TEMPLATE_ARGUMENTS:
+                raise ValueError(
+                    f"chat_template_kwargs: judge '{sender}' sends the template argument '{argument}', which "
+                    "tokenizer_mode mistral ignores (mistral_common takes reasoning_effort only); set tokenizer_mode: hf"
+                )
         if self.cascade is not None and (self.jury is not None or self.panel is not None):
             raise ValueError("cascade: the screen is this one judge; a jury or a panel belongs to no screen")
         if self.jury is not None and (self.panel is not None or self.sensitivity is not None):
@@ -449,9 +456,23 @@ class JudgeConfig(EngineConfig):
             reasoning_max_tokens=self.reasoning_max_tokens,
         )
 
+    def template_arguments(self) -> dict[str, str]:
+        """The chat template arguments its model judges' requests send, each with the judge that sends it: their
+        `chat_template_kwargs`, with `reasoning_template_kwargs` where they reason."""
+        from diagsafe_local.judging import JUDGES
+
+        names = [self.rubric_name, judge_name(self.benign_rubric), *(self.panel.names() if self.panel else [])]
+        judges = [JUDGES.get(n) for n in names]
+        return {
+            argument: judge.name
+            for judge in judges
+            if judge.needs_model and not judge.classifier
+            for argument in judge.template_kwargs(judge.reasons(self.decoding())) or {}
+        }
+
     def verdict_settings(self, rubric: str) -> dict[str, Any]:
-        """What besides the model and rubric decides a verdict, for the key a stored verdict is reused by
-        (empty without reasoning, so verdicts stored before reasoning existed stay valid)."""
+        """What besides the model and rubric decides a verdict, for the key a stored verdict is reused by (each
+        setting only where set: reasoning, a policy file, the tokenizer mode; so older stored verdicts stay valid)."""
         from diagsafe_local.judging import JUDGES
 
         if self.jury is not None and rubric == self.jury.label():
@@ -464,6 +485,8 @@ class JudgeConfig(EngineConfig):
         policies = {j.name: j.fingerprint for j in judges if j.fingerprint}
         if policies:  # a user's policy file, by content: an edited policy judges again
             settings["policies"] = policies
+        if self.tokenizer_mode is not None and any(j.needs_model for j in judges):
+            settings["tokenizer_mode"] = self.tokenizer_mode  # mistral and hf render different token ids
         return settings
 
 

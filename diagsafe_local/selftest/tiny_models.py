@@ -81,8 +81,12 @@ GUARD_FORMATS: dict[str, tuple[str, ChatFormat]] = {
                 "{% else %}{% set prefix = '' %}{% set turns = messages %}{% endif %}"
                 "{% for m in turns %}"
                 "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' }}"
-                "{{ (prefix if loop.first else '') + m['content'] | trim }}{{ '<end_of_turn>\n' }}{% endfor %}"
-                "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+                "{{ (prefix if loop.first else '') + m['content'] | trim }}"
+                # its arguments (NeMo Guardrails' tutorial), read as a stand-in: the released template's use is unknown
+                "{% if loop.first and request_categories is defined %}{{ '\n' + request_categories }}{% endif %}"
+                "{{ '<end_of_turn>\n' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}"
+                "{% if enable_thinking is defined and enable_thinking %}{{ '<think>\n' }}{% endif %}{% endif %}"
             ),
         ),
     ),
@@ -100,8 +104,19 @@ GUARD_FORMATS: dict[str, tuple[str, ChatFormat]] = {
             ),
         ),
     ),
-    # Sing-Guard-2b: Qwen turns (ChatML; it is Qwen3-VL-2B-Instruct based).
-    "singguard": ("qwen3", CHATML_FORMAT),
+    # Sing-Guard-2b: Qwen turns (ChatML; it is Qwen3-VL-2B-Instruct based); its arguments (inclusionAI's README):
+    # `policy`, the rules, as the system turn; `thinking_type`, its mode (thinking only when told, here).
+    "singguard": (
+        "qwen3",
+        CHATML_FORMAT.model_copy(
+            update={
+                "template": "{% if policy is defined %}{{ '<|im_start|>system\n' + policy + '<|im_end|>\n' }}{% endif %}"
+                + CHATML
+                + "{% if add_generation_prompt and thinking_type is defined and thinking_type != 'fast' %}"
+                "{{ '<think>\n' }}{% endif %}"
+            }
+        ),
+    ),
 }
 
 
