@@ -105,3 +105,34 @@ def test_a_transformers_engines_identity_covers_the_weights_from_pretrained_load
     (model / "sub" / "w.safetensors").write_bytes(b"the weights config.json names")
     assert _changes(model, fmt, "sub/w.safetensors")
     assert not _changes(model, fmt, "model-00001-of-00001.safetensors")
+
+
+VLLM_FETCHED = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")  # fmt: skip
+REPOSITORY_EXTRAS = {
+    "llama-3.1": ("original/params.json", "original/tokenizer.model", "original/consolidated.00.pth", "README.md",
+                  "LICENSE", "USE_POLICY.md"),
+    "gpt-oss": ("original/config.json", "original/dtypes.json", "original/model.safetensors", "metal/model.bin",
+                "README.md"),
+}  # fmt: skip
+
+
+def _tree(root: Path, names: tuple[str, ...]) -> Path:
+    for name in names:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(name)
+    shards = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shards}))
+    return root
+
+
+@pytest.mark.parametrize("repository", sorted(REPOSITORY_EXTRAS))
+def test_the_hub_snapshot_vllm_fetched_is_the_whole_repositorys_checkpoint(tmp_path, repository):
+    """validate hashes the hub cache's snapshot as vLLM fetched it, pack the whole repository: the folder
+    original/ (Meta's and OpenAI's own format) is what vLLM's LoadConfig.ignore_patterns leaves out by default
+    (vllm/config/load.py, "original/**/*"; engine_kwargs cannot change it), and nothing reads it: one checkpoint."""
+    fetched = _tree(tmp_path / "fetched", VLLM_FETCHED)
+    whole = _tree(tmp_path / "whole", VLLM_FETCHED + REPOSITORY_EXTRAS[repository])
+    assert model_fingerprint(str(fetched)) == model_fingerprint(str(whole)) is not None
+    own_code = load_format(EngineConfig(model=str(whole), trust_remote_code=True))
+    assert model_fingerprint(str(fetched), own_code) != model_fingerprint(str(whole), own_code)  # it may read any

@@ -21,8 +21,12 @@ Weights, by vLLM's own rule (vllm 0.32):
   adapter_model.bin, else adapter_model.pt.
 
 Every other file is loaded or may be (config, generation config, tokenizer files, chat templates, a pooling
-config in its folder, a model's own code), except a model card, licence texts, images and the repository's own
-files (.git*, and the folders .git and .cache that git and `hf download --local-dir` keep), which nothing loads.
+config in its folder, a model's own code), except a model card, licence texts, images, the repository's own
+files (.git*, and the folders .git and .cache that git and `hf download --local-dir` keep), which nothing loads,
+and, but for a model that runs its own code, the top-level folder original/ (Meta's and OpenAI's own format of
+the weights and tokenizer), which vLLM never fetches (`vllm/config/load.py`, `LoadConfig.ignore_patterns`'
+default "original/**/*", which engine_kwargs cannot change) nor reads: so the hub snapshot vLLM fetched and the
+whole repository `pack` fetches are one checkpoint.
 
 `pack` copies these files, and `core.fingerprint` hashes them: a checkpoint is what a run loads of it.
 """
@@ -57,6 +61,7 @@ INDEX = {"mistral": "consolidated.safetensors.index.json"}
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 NOT_FOR_INFERENCE = ("training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt")
 REPOSITORY_FOLDERS = {".git", ".cache"}
+IGNORED_FOLDER = "original"  # vLLM's LoadConfig.ignore_patterns default, "original/**/*"
 ADAPTER = "adapter"  # as a load format: the directory of a LoRA adapter, read by vLLM's LoRA loader
 OWN_CODE = "own-code"  # as a load format: a model that runs its own code, which may read any weight file
 TRANSFORMERS = "transformers"  # as a load format: transformers' from_pretrained, for the engine kinds that use it
@@ -94,8 +99,9 @@ def loaded_files(directory: Path, load_format: str) -> list[tuple[Path, str]]:
     """The files a run loads from a model directory read with `load_format` (`ADAPTER`: an adapter's), with their
     paths inside it, in path order."""
     weights = adapter_weights(directory) if load_format == ADAPTER else loaded_weights(directory, load_format)
+    own = load_format == OWN_CODE
     found = ((path, path.relative_to(directory).as_posix()) for path in sorted(directory.rglob("*")))
-    return [(path, relative) for path, relative in found if path.is_file() and is_loaded(relative, weights)]
+    return [(path, relative) for path, relative in found if path.is_file() and is_loaded(relative, weights, own)]
 
 
 def loaded_weights(directory: Path, load_format: str) -> set[str] | None:
@@ -153,10 +159,13 @@ def adapter_weights(directory: Path) -> set[str] | None:
     return {found} if found is not None else None
 
 
-def is_loaded(relative: str, weights: set[str] | None) -> bool:
-    """Whether a run loads the file at `relative` (inside the directory) where it loads `weights`."""
+def is_loaded(relative: str, weights: set[str] | None, own_code: bool = False) -> bool:
+    """Whether a run loads the file at `relative` (inside the directory) where it loads `weights` (`own_code`: a
+    model that runs its own code, which may read original/ too)."""
     path = PurePosixPath(relative)
     if REPOSITORY_FOLDERS & set(path.parts) or any(path.match(pattern) for pattern in DOCUMENTS):
+        return False
+    if path.parts[0] == IGNORED_FOLDER and len(path.parts) > 1 and not own_code:
         return False
     if path.name.lower().endswith(WEIGHT_SUFFIXES):
         return weights is None or path.as_posix() in weights
