@@ -162,12 +162,17 @@ def test_the_sensitivity_sample_gives_each_category_its_share_by_largest_remaind
 
 def test_a_cascade_whose_full_judge_has_no_name_verifies_under_the_name_its_records_bear(tmp_path):
     """A full judge the config does not name is called RUBRIC@MODEL in cascade.jsonl, by the run and by the gate
-    alike (`cascade.judge_label`; every other cascade test names its full judge)."""
+    alike (`cascade.judge_label`; every other cascade test names its full judge); a verdict in the wrong role is
+    refused (no test in the mutation selection fed one: the whole check could be dropped)."""
     run_cascade(tmp_path, judge={"rubric": "harmjudge", "model": "f"})
     records = [json.loads(line) for line in (tmp_path / "run" / "cascade.jsonl").read_text().splitlines()]
     assert records and {r["vote"]["rubric"] for r in records} == {"harmjudge@f"}
     code, output = gate_cascade(tmp_path, "--max-asr", "1")
     assert code == 0, output
+
+    rewrite(tmp_path / "run" / "cascade.jsonl", role="audit")  # the answers sent up now claim to be audited
+    code, output = gate_cascade(tmp_path, "--max-asr", "1")
+    assert code == 3 and "verdicts this run's cascade did not ask for" in output, output
 
 
 def test_a_panel_of_a_model_judge_then_a_metric_records_its_votes_in_member_order_and_verifies(tmp_path):
