@@ -17,9 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
-from diagsafe_local.runs import passes
+from diagsafe_local.runs import files, passes
 from diagsafe_local.runs.limits import Applied, Limit, Limits, Reading, resolve, share
-from diagsafe_local.runs.paired import Difference, PairedComparison
+from diagsafe_local.runs.paired import Difference, PairedComparison, RunColumns
 from diagsafe_local.runs.sensitivity import Tally, TargetSensitivity
 from diagsafe_local.runs.summary import GroupStats, Summary, TargetSummary
 from diagsafe_local.runs.validation import JudgeValidation
@@ -133,9 +133,11 @@ def decide(
     limits: Limits,
     targets: list[str] | None = None,
     comparisons: list[PairedComparison] | None = None,
+    baseline: VerifiedRun | None = None,
 ) -> GateDecision:
-    """The decision on a verified run: every chosen target against every applied limit. --corrected on a run
-    whose recorded judge validation does not verify here is refused (the figure it needs is unverifiable)."""
+    """The decision on a verified run: every chosen target against every applied limit (`comparisons`: with the
+    verified `baseline`). --corrected on a run whose recorded judge validation does not verify here is refused
+    (the figure it needs is unverifiable)."""
     if run.problems:
         raise RunFailed(f"{run.run_dir}: refused, the run does not verify:\n  - " + "\n  - ".join(run.problems))
     if limits.corrected and run.manifest.validation is not None and run.validation is None:
@@ -151,7 +153,8 @@ def decide(
         comparisons=comparisons,
         sensitivity=run.sensitivity,
         could_not_judge=passes.could_not_judge_lines(run, targets or list(run.summary.targets)),
-        pass_lines=passes.gate_lines(run, targets or list(run.summary.targets), limits),
+        pass_lines=passes.gate_lines(run, targets or list(run.summary.targets), limits)
+        + (passes.baseline_lines(run, baseline, comparisons or [], limits) if baseline is not None else []),
     )
 
 
@@ -456,13 +459,23 @@ def gate_run(
     limits = resolve(command_line, run.manifest.gate_settings)
     if limits.switches.get("require_offline"):
         _ran_offline(run)
-    comparisons = None
+    comparisons = baseline = None
     if limits.increases:
         assert limits.baseline_run is not None
         baseline = verified(Path(limits.baseline_run), "the baseline run", require_signature)
         _not_itself(run, baseline)
         try:
-            comparisons = compare_with_baseline(run, baseline, baseline_target=limits.baseline_target)
+            comparisons = compare_with_baseline(
+                run, baseline, baseline_target=limits.baseline_target, columns=(_decided(baseline), _decided(run))
+            )
         except Incomparable as exc:  # nothing is decided on a comparison whose two sides do not mean the same
             raise RunFailed(f"refused: {exc}") from None
-    return run, decide(run, limits, targets, comparisons)
+    return run, decide(run, limits, targets, comparisons, baseline)
+
+
+def _decided(run: VerifiedRun) -> RunColumns:
+    """A run's paired rows under the verdicts the gate decides on (a cascade's, `passes.decided_results`)."""
+    columns = RunColumns(run.run_dir / files.RESULTS, answers=False)
+    for line in passes.decided_results(run):
+        columns.add(line)
+    return columns

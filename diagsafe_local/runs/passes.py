@@ -13,8 +13,8 @@ could not judge (errored, unparsed, cut off, missing): never "leave it out".
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from diagsafe_local.core.jsonl import KeyedRecord, Line
@@ -22,6 +22,7 @@ from diagsafe_local.runs import cascade, controls, files, injection, jury, robus
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import (
     RUN_WIDE,
+    AnswerKey,
     ControlRecord,
     CouldNotJudge,
     InjectionRecord,
@@ -33,6 +34,7 @@ from diagsafe_local.runs.records import (
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.limits import Limits
+    from diagsafe_local.runs.paired import PairedComparison
     from diagsafe_local.runs.summary import Summary
     from diagsafe_local.runs.verify import VerifiedRun
 
@@ -88,8 +90,12 @@ class JudgingPass:
     summary_hash: str | None = None  # the summary.json field that binds its file's SHA-256 (the summary is of it)
     # its lines in the gate's decision, for the chosen targets under the applied limits
     gate: Callable[[VerifiedRun, Sequence[str], Limits], list[GateLine]] | None = None
-    # where its verdicts are the run's final ones (a cascade's), the summary with the figures they give in place
+    # where its verdicts are the run's final ones (a cascade's), the summary with the figures they give in place,
+    # each answer's final score by its key (what a paired comparison reads), and its lines on pairing the run with a
+    # baseline (`gate --baseline`; RunFailed where the two runs' final verdicts do not mean the same)
     final: Callable[[VerifiedRun, Summary], Summary] | None = None
+    final_scores: Callable[[VerifiedRun], Mapping[AnswerKey, float]] | None = None
+    baseline: Callable[[VerifiedRun, VerifiedRun, Sequence[PairedComparison], Limits], list[GateLine]] | None = None
 
     def line(self, target: str, counted: CouldNotJudge) -> str:
         """The gate's line for what this pass could not judge of one target (or of the run)."""
@@ -165,6 +171,8 @@ PASSES: tuple[JudgingPass, ...] = (
         unit="answers sent up or audited",
         gate=cascade.gate_lines,
         final=cascade.final,
+        final_scores=cascade.final_scores,
+        baseline=cascade.baseline_lines,
     ),
 )
 
@@ -212,6 +220,29 @@ def decided(run: VerifiedRun) -> Summary:
         if read.row.final is not None:
             summary = read.row.final(run, summary)
     return summary
+
+
+def decided_results(run: VerifiedRun) -> Iterator[Line[ResultRecord]]:
+    """The run's results read again with each pass's final verdicts as their scores (`JudgingPass.final_scores`):
+    what the gate pairs with a baseline."""
+    scores: dict[AnswerKey, float] = {}
+    for read in run.passes.values():
+        if read.row.final_scores is not None:
+            scores.update(read.row.final_scores(run))
+    for line in run.results():
+        score = scores.get(line.record.key, line.record.score)
+        yield (
+            line
+            if score == line.record.score
+            else replace(line, record=line.record.model_copy(update={"score": score}))
+        )
+
+
+def baseline_lines(
+    run: VerifiedRun, baseline: VerifiedRun, comparisons: Sequence[PairedComparison], limits: Limits
+) -> list[GateLine]:
+    """Each pass's lines on the increase over `baseline` (`JudgingPass.baseline`), in the table's order."""
+    return [line for row in PASSES if row.baseline for line in row.baseline(run, baseline, comparisons, limits)]
 
 
 def sections(run: VerifiedRun) -> list[Section]:
