@@ -136,3 +136,59 @@ def test_the_hub_snapshot_vllm_fetched_is_the_whole_repositorys_checkpoint(tmp_p
     assert model_fingerprint(str(fetched)) == model_fingerprint(str(whole)) is not None
     own_code = load_format(EngineConfig(model=str(whole), trust_remote_code=True))
     assert model_fingerprint(str(fetched), own_code) != model_fingerprint(str(whole), own_code)  # it may read any
+
+
+MISTRALISH = "org/mistralish"
+
+
+@pytest.fixture
+def mistralish(tmp_path, monkeypatch):
+    """A hub id in the hub cache (as `hf download` leaves it) with both Mistral's and HF's weights, offline."""
+    import huggingface_hub.constants as hub
+    from test_pack import _hub_cache
+
+    source = tmp_path / "source"
+    source.mkdir()
+    shards = json.dumps({"weight_map": {"w": "model-00001-of-00001.safetensors"}})
+    for name, text in {"config.json": "{}", "params.json": "{}", "consolidated.safetensors": "x",
+                       "model-00001-of-00001.safetensors": "y", "model.safetensors.index.json": shards}.items():  # fmt: skip
+        (source / name).write_text(text)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(_hub_cache(tmp_path / "hub", source, MISTRALISH)))
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    return next((tmp_path / "hub").glob("models--org--mistralish/snapshots/*"))
+
+
+def test_offline_a_hub_id_is_given_to_vllm_as_its_cached_snapshot(mistralish, tmp_path, monkeypatch):
+    """Offline, vLLM cannot list a hub repository and would load another choice of weights than its snapshot's
+    (the next test); given the snapshot's path, it applies the rule the model's identity follows. Online, or for a
+    model not in the cache, a local directory or an API's, the model is given as named."""
+    import huggingface_hub.constants as hub
+
+    from diagsafe_local.engines.identity import model_as_loaded
+
+    assert model_as_loaded(EngineConfig(model=MISTRALISH, revision="main")) == (str(mistralish), None)
+    local = str(_model(tmp_path / "ckpt"))
+    api = EngineConfig(model=MISTRALISH, kind="openai", base_url="http://127.0.0.1:9/v1")
+    for config in (EngineConfig(model="org/not-cached"), EngineConfig(model=local), api):
+        assert model_as_loaded(config) == (config.model, None)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    assert model_as_loaded(EngineConfig(model=MISTRALISH, revision="main")) == (MISTRALISH, "main")
+
+
+@pytest.mark.slow  # imports vLLM's model loader (~10 s)
+def test_offline_vllm_loads_the_weights_a_hub_models_identity_covers(mistralish, monkeypatch):
+    """vLLM's own choice (default_loader.py, DefaultModelLoader._prepare_weights, auto) of what it is given offline
+    is the weights model_files hashes of the snapshot: Mistral's consolidated.safetensors. Given the hub id
+    offline, it lists nothing (transformers_utils/repo_utils.py, list_repo_files), takes hf and loads the shards."""
+    from vllm.config.load import LoadConfig
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    from diagsafe_local.core.model_files import loaded_weights
+    from diagsafe_local.engines.identity import model_as_loaded
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, revision = model_as_loaded(EngineConfig(model=MISTRALISH))
+    _, files, _, _ = DefaultModelLoader(LoadConfig(load_format="auto"))._prepare_weights(
+        model, None, revision, True, None
+    )
+    assert {Path(f).name for f in files} == loaded_weights(mistralish, "auto") == {"consolidated.safetensors"}

@@ -87,9 +87,22 @@ def engine_identity(config: Any) -> EngineIdentity:
     )
 
 
-def hub_snapshot_hash(config: Any) -> str | None:
-    """A model named by hub id and loaded here: the hub cache's snapshot of it by content (the files a run loads,
-    as for a local directory), which a copy of it (a pack's) is by content too. None: a local path, a model behind
+def model_as_loaded(config: Any) -> tuple[str, str | None]:
+    """The model (and revision) a local engine is given: offline (HF_HUB_OFFLINE, which `run --offline` sets), a
+    hub id by its snapshot in the hub cache. vLLM cannot list an offline repository
+    (vllm/transformers_utils/repo_utils.py, `list_repo_files` returns []), so `load_format: auto` takes `hf`
+    and loads the HF-format weights where the snapshot holds Mistral's consolidated*.safetensors
+    (model_executor/model_loader/default_loader.py, `DefaultModelLoader._prepare_weights`), and its tokenizer
+    mode misses Mistral's likewise; given the snapshot's path, vLLM applies the rule the model's identity
+    (`hub_snapshot_hash`, `core.model_files`) follows, as it does online."""
+    from huggingface_hub import constants
+
+    root = hub_snapshot(config) if constants.HF_HUB_OFFLINE else None
+    return (str(root), None) if root is not None else (config.model, config.revision)
+
+
+def hub_snapshot(config: Any) -> Path | None:
+    """A model named by hub id and loaded here: the hub cache's snapshot of it. None: a local path, a model behind
     an API (whatever it serves under that name), or no snapshot in the cache (nothing is downloaded here)."""
     model = config.model
     if not model or not capabilities(config.kind).local or Path(model).expanduser().exists():
@@ -97,10 +110,16 @@ def hub_snapshot_hash(config: Any) -> str | None:
     from huggingface_hub import snapshot_download
 
     try:
-        root = snapshot_download(model, revision=config.revision, local_files_only=True)
+        return Path(snapshot_download(model, revision=config.revision, local_files_only=True))
     except (OSError, ValueError):  # not in the cache (LocalEntryNotFoundError), or not a hub id
         return None
-    return model_fingerprint(root, model_files.load_format(config))
+
+
+def hub_snapshot_hash(config: Any) -> str | None:
+    """A model named by hub id and loaded here (`hub_snapshot`): its snapshot by content (the files a run loads,
+    as for a local directory), which a copy of it (a pack's) is by content too."""
+    root = hub_snapshot(config)
+    return model_fingerprint(str(root), model_files.load_format(config)) if root is not None else None
 
 
 def _cached_fingerprint(path: str, load_format: str = "auto") -> str | None:

@@ -25,7 +25,7 @@ from diagsafe_local.engines.base import (
 )
 from diagsafe_local.engines.config import MISTRAL_TEMPLATE_ARGUMENTS, EngineConfig
 from diagsafe_local.engines.gpus import cuda_available, node_gpus
-from diagsafe_local.engines.identity import model_fingerprint, package_versions
+from diagsafe_local.engines.identity import model_as_loaded, model_fingerprint, package_versions
 from diagsafe_local.engines.streams import run_all
 from diagsafe_local.engines.template_arguments import check_template_arguments
 
@@ -113,9 +113,10 @@ class VLLMEngine(EngineBase):
             # On CPU, vLLM sizes its KV cache from this variable (GiB); its RAM-share default fails on small nodes.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         lora = config.lora
+        model, revision = model_as_loaded(config)
         kwargs: dict[str, Any] = dict(
-            model=config.model,
-            revision=config.revision,
+            model=model,
+            revision=revision,
             dtype=config.dtype,
             tensor_parallel_size=config.tensor_parallel_size,
             max_model_len=config.max_model_len,
