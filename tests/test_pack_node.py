@@ -142,7 +142,8 @@ def test_a_pack_is_hashed_once_per_node_and_a_file_changed_after_the_check_is_st
     hashed,
 ):
     """`run --shards N` opens the pack in the parent and in each of N shard processes: N + 1 full reads before.
-    The first check records each file's stat; the others hash only a file whose stat differs."""
+    The parent's check records each file's stat; the shards, handed its token, hash only a file whose stat differs
+    (a later run hashes every file: tests/test_adv4_pack.py)."""
     from diagsafe_local.core import pack
     from diagsafe_local.core.errors import RunFailed
 
@@ -150,9 +151,10 @@ def test_a_pack_is_hashed_once_per_node_and_a_file_changed_after_the_check_is_st
     lock = _pack(packable, out)
     size = sum(f.size for f in lock.files)
     monkeypatch.setattr(pack, "CHECK_MARGIN_NS", 0)  # files packed a moment ago count as settled
-    pack.open_pack(out)  # the parent
-    assert sum(hashed) == size
+    parent = pack.open_pack(out)
+    assert sum(hashed) == size and parent.check is not None
     hashed.clear()
+    monkeypatch.setenv(pack.CHECK_ENV, parent.check)
     for _ in range(4):  # four shard processes
         pack.open_pack(out)
     assert sum(hashed) == 0
@@ -174,15 +176,18 @@ def test_the_check_is_trusted_only_where_it_cannot_be_forged_or_raced(packable, 
     out = tmp_path / "pack"
     lock = _pack(packable, out)
     size = sum(f.size for f in lock.files)
-    pack.open_pack(out)
+    first = pack.open_pack(out)
+    assert first.check is not None
+    monkeypatch.setenv(pack.CHECK_ENV, first.check)
     pack.open_pack(out)
     assert sum(hashed) == 2 * size  # every file changed just now: none settled
     monkeypatch.setattr(pack, "CHECK_MARGIN_NS", 0)
-    pack.open_pack(out)
+    settled = pack.open_pack(out)
+    assert settled.check is not None
+    monkeypatch.setenv(pack.CHECK_ENV, settled.check)
     hashed.clear()
     records = tmp_path / "node-cache" / "pack-checks"
-    (record,) = records.rglob("*.json")
-    record.parent.chmod(0o770)
+    next(records.rglob(f"{settled.check}.json")).parent.chmod(0o770)
     pack.open_pack(out)
     assert sum(hashed) == size
 

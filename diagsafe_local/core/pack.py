@@ -7,12 +7,13 @@ finds each in the pack or refuses before anything loads. `open_pack` checks ever
 `using` puts a verified pack in force for this process (the parts that load outside the config, WordNet and the
 embedding model, ask `part`; a policy file the config names, `local_file`).
 
-A node hashes a pack once: the check records each file's stat (device, inode, size, modification and change
-times) in the user's cache, keyed by the node and the lock's SHA-256, and a later `open_pack` there (a shard's
-process, a later run) hashes only a file whose stat differs. Writing a file sets its change time, which no one
-but root can set back, so a changed file is hashed again; the record is read only where no other user could have
-written it, and a file changed too close to its check (within one tick of its file system's clock) is not vouched
-for.
+A run hashes a pack once: its process's check records each file's stat (device, inode, size, modification and
+change times) in the user's cache under a random token, which the run hands the processes it starts (its shard
+processes: `CHECK_ENV` in their environment, `Pack.check`); theirs hash only a file whose stat differs. Any other
+process, a later run among them, hashes every file: a stat vouches for the bytes only for a while (a write through
+a shared mapping's still-dirty page changes bytes and no time), so the record is trusted only by the run that
+made it, for `CHECK_LIFETIME_NS`, where no other user could have written it, and not for a file changed too close
+to its check (within one tick of its file system's clock).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
+import secrets
 import stat
 import time
 from collections.abc import Iterator
@@ -43,6 +46,9 @@ PartKind = Literal[
 # A file changed this close to its check is not vouched for: a second change within the same tick of its file
 # system's clock (4 ms on Linux, 1-2 s on some) would leave its times as they were.
 CHECK_MARGIN_NS = 2_000_000_000
+CHECK_ENV = "DIAGSAFE_PACK_CHECK"  # the token of the run's check, in the environment of the processes it starts
+CHECK_LIFETIME_NS = 3600 * 1_000_000_000  # a run's shard processes start within it; later, a process hashes again
+_TOKEN = re.compile(r"[0-9a-f]{32}")
 AUTO_VALIDATION = "auto"  # `judge.validation: auto` (judging.cards.AUTO), the one part packing may find empty
 
 
@@ -104,6 +110,7 @@ class Pack:
     root: Path
     lock: PackLock
     lock_sha256: str
+    check: str | None = None  # the token of the check this process made or was handed (None: none recorded)
 
     def part(self, kind: PartKind, reference: str, revision: str | None = None) -> Path | None:
         """Where the pack holds a part (None: it does not, or it records that packing found none)."""
@@ -151,7 +158,8 @@ def open_pack(root: Path) -> Pack:
             f"`diagsafe-local pack CONFIG --out {root}`"
         )
     lock_sha256 = hashlib.sha256(data).hexdigest()
-    vouched = _node_check(lock_sha256)
+    token = os.environ.get(CHECK_ENV)
+    vouched = _run_check(token, lock_sha256)
     checked: dict[str, FileStat] = {}
     for packed in lock.files:
         path = root / packed.path
@@ -171,9 +179,9 @@ def open_pack(root: Path) -> Pack:
             )
         if before.ctime_ns <= time.time_ns() - CHECK_MARGIN_NS:
             checked[packed.path] = before
-    if checked != vouched:
-        _record_check(PackCheck(lock_sha256=lock_sha256, files=checked))
-    return Pack(root=root, lock=lock, lock_sha256=lock_sha256)
+    if not vouched:  # this process's own check: its processes trust it
+        token = _record_check(PackCheck(lock_sha256=lock_sha256, made_ns=time.time_ns(), files=checked))
+    return Pack(root=root, lock=lock, lock_sha256=lock_sha256, check=token)
 
 
 class FileStat(BaseModel):
@@ -205,17 +213,21 @@ class PackCheck(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     lock_sha256: str
+    made_ns: int = Field(description="When it was made (ns since the epoch): trusted for CHECK_LIFETIME_NS.")
     files: dict[str, FileStat] = Field(description="The files vouched for, by their path in the pack.")
 
 
-def _check_file(lock_sha256: str) -> Path:
-    return cache_dir() / "pack-checks" / platform.node() / f"{lock_sha256}.json"
+def _check_file(token: str) -> Path:
+    return cache_dir() / "pack-checks" / platform.node() / f"{token}.json"
 
 
-def _node_check(lock_sha256: str) -> dict[str, FileStat]:
-    """The files this node's earlier check of the pack vouches for; none where the record could have been written
-    by another user (it or a folder holding it not ours, writable by others, or a link) or does not read."""
-    path = _check_file(lock_sha256)
+def _run_check(token: str | None, lock_sha256: str) -> dict[str, FileStat]:
+    """The files the check of the run this process belongs to (`token`) vouches for; none where there is no token,
+    its record is of another lock, expired, could have been written by another user (it or a folder holding it
+    not ours, writable by others, or a link) or does not read."""
+    if token is None or not _TOKEN.fullmatch(token):
+        return {}
+    path = _check_file(token)
     try:
         for held in (path, path.parent, path.parent.parent):
             found = held.lstat()
@@ -224,13 +236,16 @@ def _node_check(lock_sha256: str) -> dict[str, FileStat]:
         record = PackCheck.model_validate_json(path.read_bytes())
     except (OSError, ValueError):
         return {}
-    return dict(record.files) if record.lock_sha256 == lock_sha256 else {}
+    fresh = 0 <= time.time_ns() - record.made_ns <= CHECK_LIFETIME_NS
+    return dict(record.files) if record.lock_sha256 == lock_sha256 and fresh else {}
 
 
-def _record_check(record: PackCheck) -> None:
-    """Keep the check for this node's later processes, in folders only this user can write (a cache that
-    cannot be written: they hash the pack again)."""
-    path = _check_file(record.lock_sha256)
+def _record_check(record: PackCheck) -> str | None:
+    """Keep the check for the processes this one starts, under a new token, in folders only this user can write,
+    removing the records expired there; the token (None: a cache that cannot be written, and they hash the pack
+    again)."""
+    token = secrets.token_hex(16)
+    path = _check_file(token)
 
     def write(tmp: Path) -> None:
         tmp.chmod(0o600)
@@ -240,9 +255,13 @@ def _record_check(record: PackCheck) -> None:
         cache_dir().mkdir(parents=True, exist_ok=True)
         for folder in (path.parent.parent, path.parent):
             folder.mkdir(mode=0o700, exist_ok=True)
+        for old in path.parent.glob("*.json"):
+            if old.stat().st_mtime_ns < record.made_ns - CHECK_LIFETIME_NS:
+                old.unlink(missing_ok=True)
         atomic.write_with(path, write)
     except OSError:
-        return
+        return None
+    return token
 
 
 def _inside(root: Path, path: str) -> bool:

@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from diagsafe_local.core import atomic, model_files
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.locking import file_lock
-from diagsafe_local.core.pack import ENV as PACK_FOLDER
 from diagsafe_local.core.pack import (
+    CHECK_ENV,
     LOCK,
     Pack,
     PackedFile,
@@ -40,6 +40,7 @@ from diagsafe_local.core.pack import (
     refused,
     using,
 )
+from diagsafe_local.core.pack import ENV as PACK_FOLDER
 from diagsafe_local.core.settings import load_settings
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.evaluation.config import DatasetConfig, OfflineConfig, RunConfig, load_config
@@ -421,9 +422,12 @@ def packed(path: Path, overrides: list[str], root: Path) -> tuple[RunConfig, Pac
 
 
 def variables(pack: Pack) -> dict[str, str]:
-    """The variables that send the run's processes to the pack: its folder (a replica's `run --pack`), and the
-    folder of gpt-oss's vocabulary where it holds one (harmony reads it there)."""
+    """The variables that send the run's processes to the pack: its folder (a replica's `run --pack`), the token of
+    this run's check of it (they hash only what changed since), and the folder of gpt-oss's vocabulary where it
+    holds one (harmony reads it there)."""
     found = {PACK_FOLDER: str(pack.root.resolve())}
+    if pack.check is not None:
+        found[CHECK_ENV] = pack.check
     vocabulary = pack.part(VOCABULARY.kind, VOCABULARY.reference)
     if vocabulary is not None:
         found[harmony_vocab.ENV] = str(vocabulary.parent.resolve())
