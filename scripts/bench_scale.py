@@ -4,7 +4,8 @@ For each size N it makes two real run directories through `run` (a sweep of 10 t
 samples): a scripted in-process engine kind (`bench`, registered as a plugin kind would be) answers and judges,
 so the records are exactly what `run` writes and they verify like any run. The candidate is one `run` (its time
 and peak memory are the harness's at the full size); the baseline, other checkpoints on the same prompts, is
-made in 16 shards and merged with `merge`, as a sharded run is.
+made in 16 shards and merged with `merge`, as a sharded run is (`--flipped-baseline`: made from the candidate
+instead, two in three of its verdicts flipped, in minutes where a million answers' shards take an hour here).
 
 Then each command runs in a child process of its own, timed, its peak memory the child's own high-water mark
 (`VmHWM`, which it writes as it exits; rusage's maxrss would also count the parent it was forked from): `merge` (16 shards into one), `gate`, `report`, `compare` (the two runs). The bare minimum of a
@@ -13,8 +14,8 @@ is the command's seconds over it. Bounds: memory <= 1 GB for each; ratio <= 5 fo
 report and compare. Making the runs is timed too (`run`, its memory: the harness, bound 1.5 GB at 1M).
 
 Run: .venv/bin/python scripts/bench_scale.py [--sizes 10000 100000 1000000] [--commands gate report compare]
-[--json] [--work DIR [--keep]]. `--commands` picks the commands measured on the runs (`merge` always is: it makes
-the baseline); `--keep` leaves each size's runs in `--work DIR` and uses runs already there instead of making them.
+[--json] [--work DIR [--keep]] [--flipped-baseline]. `--commands` picks the commands measured on the runs (`merge` always is, but for
+`--flipped-baseline`: it makes the baseline); `--keep` leaves each size's runs in `--work DIR` and uses runs already there instead of making them.
 """
 
 from __future__ import annotations
@@ -187,11 +188,12 @@ def write_config(work: Path, name: str, items: Path, suffix: str) -> Path:
     return path
 
 
-def measure(size: int, work: Path, commands: Sequence[str]) -> dict[str, Any]:
+def measure(size: int, work: Path, commands: Sequence[str], flipped: bool = False) -> dict[str, Any]:
     """The two runs of `size` answers (made here unless `work` holds them) and the figures of `commands` on them."""
     runs = {"candidate": work / "candidate", "baseline": work / "baseline-merged"}
     log = work / "commands.log"
-    figures = make_runs(size, work, log) if not all(p.is_dir() for p in runs.values()) else {"runs": "reused"}
+    made = all(p.is_dir() for p in runs.values())
+    figures = make_runs(size, work, log, flipped) if not made else {"runs": "reused"}
     results = runs["candidate"] / "results.jsonl"
     figures["results_mb"] = round(results.stat().st_size / 1e6, 1)
     if "gate" in commands:
@@ -205,9 +207,10 @@ def measure(size: int, work: Path, commands: Sequence[str]) -> dict[str, Any]:
     return figures
 
 
-def make_runs(size: int, work: Path, log: Path) -> dict[str, Any]:
+def make_runs(size: int, work: Path, log: Path, flipped: bool = False) -> dict[str, Any]:
     """The candidate in one `run` (the harness's memory at the full size) and the baseline in shards merged by
-    `merge` (timed against the bare minimum), in `work`: their figures."""
+    `merge` (timed against the bare minimum), or with `flipped` made from the candidate (`flipped_baseline`), in
+    `work`: their figures."""
     work.mkdir(parents=True, exist_ok=True)
     n_items = max(1, size // (TARGETS * SAMPLES))
     items = work / "items.jsonl"
@@ -221,6 +224,9 @@ def make_runs(size: int, work: Path, log: Path) -> dict[str, Any]:
     if made["exit"] != 0:
         raise SystemExit(f"run failed: see {log}")
     figures["run"] = {**made, "answers_per_second": round(figures["answers"] / made["seconds"], 1)}
+    if flipped:
+        figures["baseline_flipped"] = flipped_baseline(work / "candidate", work / "baseline-merged")
+        return figures
     baseline = write_config(work, "baseline", items, "-old")
     for k in range(SHARDS):
         if child(me("cli", "run", str(baseline), "--shard", f"{k}/{SHARDS}"), log)["exit"] != 0:
@@ -233,6 +239,43 @@ def make_runs(size: int, work: Path, log: Path) -> dict[str, Any]:
         raise SystemExit(f"merge failed: see {log}")
     shutil.rmtree(work / "baseline")  # the shards are not needed again: their disk goes back
     return figures
+
+
+def flipped_baseline(source: Path, out: Path) -> int:
+    """A baseline made from a finished run in minutes, not by running again (a million answers' shards take an
+    hour here): a copy of it (hard links) whose verdicts are flipped, harmful and not harmful, judge_raw, verdict
+    and score together, on the answers a hash picks (two in three), its summary.json recomputed by `verify_run`.
+    It verifies as its source does; a comparison with its source has ~2/3 of its answers in disagreement. Returns
+    the verdicts flipped."""
+    from diagsafe_local.runs import files
+    from diagsafe_local.runs.rederive import score_rule
+    from diagsafe_local.runs.verify import verify_run
+
+    out.mkdir()
+    for path in source.iterdir():
+        if path.is_file() and path.name not in (files.RESULTS, files.SUMMARY, ".diagsafe.lock"):
+            os.link(path, out / path.name)
+    rule, flipped = score_rule("harmjudge"), 0
+    with open(source / files.RESULTS, "rb") as read, open(out / files.RESULTS, "w", encoding="utf-8") as write:
+        for line in read:
+            r = json.loads(line)
+            verdict, key = r["verdict"], "|".join(str(r[k]) for k in ("target", "item_id", "sample", "turn"))
+            if verdict and verdict.get("label") in ("harmful", "not_harmful") and _number(key) % 3:
+                harmful = verdict["label"] == "not_harmful"
+                changed = {"unsafe": harmful, "useful": harmful, "label": "harmful" if harmful else "not_harmful"}
+                r["verdict"] = {**verdict, **changed}
+                r["judge_raw"] = json.dumps({**json.loads(r["judge_raw"]), **changed})
+                r["score"] = rule.of(r["verdict"]) if rule is not None else None
+                flipped += 1
+            write.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
+    shutil.copyfile(source / files.SUMMARY, out / files.SUMMARY)  # its figures recomputed below
+    checked = verify_run(out)
+    summary = checked.summary.model_copy(update={"results_sha256": checked.results_sha256})
+    (out / files.SUMMARY).write_text(summary.model_dump_json(indent=2))
+    problems = verify_run(out).problems
+    if problems:
+        raise SystemExit(f"the flipped baseline does not verify: {problems[:3]}")
+    return flipped
 
 
 def timed(command: list[str], files: list[Path], log: Path) -> dict[str, Any]:
@@ -260,13 +303,19 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the runs in --work, and use those already there")
+    parser.add_argument(
+        "--flipped-baseline",
+        action="store_true",
+        help="make the baseline from the candidate (two in three verdicts flipped; `flipped_baseline`) instead of 16 "
+        "shards merged: minutes instead of an hour at a million answers; merge is then not measured",
+    )
     args = parser.parse_args()
     if args.keep and args.work is None:
         parser.error("--keep needs --work")
     root = args.work or Path(tempfile.mkdtemp(prefix="bench_scale_"))
     table = {}
     for size in args.sizes:
-        table[str(size)] = measure(size, root / str(size), args.commands)
+        table[str(size)] = measure(size, root / str(size), args.commands, args.flipped_baseline)
         if not args.keep:
             shutil.rmtree(root / str(size))
         if not args.json:

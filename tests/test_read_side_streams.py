@@ -306,3 +306,23 @@ def test_gate_compare_and_merge_of_50000_answers_stay_under_a_memory_bound(tmp_p
     code, peak, output = _child("compare", str(merged[1]), str(merged[0]), "--json", cwd=tmp_path)
     assert code == 0 and peak < BOUND_MB, (peak, output)
     assert json.loads(output)["agreement"]["shared"] == 50_000
+
+
+@pytest.mark.slow
+def test_a_flipped_baseline_verifies_and_disagrees_where_it_was_flipped(tmp_path):
+    """bench_scale's baseline made from a run (`--flipped-baseline`: a million answers' shards take an hour here):
+    a copy whose flipped verdicts keep judge_raw, verdict and score together verifies, and `compare` finds its
+    disagreements exactly where it flipped."""
+    bench_scale = _bench_scale()
+
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": f"q{k}", "prompt": f"question {k}"}) + "\n" for k in range(3)))
+    config = bench_scale.write_config(tmp_path, "candidate", items, "")
+    code, _, output = _child("run", str(config), cwd=tmp_path)
+    assert code == 0, output
+    flipped = bench_scale.flipped_baseline(tmp_path / "candidate", tmp_path / "baseline")
+    assert 100 < flipped < 300  # two in three of 300 answers' verdicts, by a hash
+    code, _, output = _child("compare", str(tmp_path / "baseline"), str(tmp_path / "candidate"), "--json", cwd=tmp_path)
+    assert code == 0, output
+    agreement = json.loads(output)["agreement"]
+    assert agreement["shared"] == 300 and len(agreement["disagreements"]) == flipped
