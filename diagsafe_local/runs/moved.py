@@ -5,8 +5,8 @@ the same limit under another name.
 
 An absolute limit (max_asr, max_asr_category) is moved where the figure read and the interval do not all fall on
 one side of it. An increase limit (max_asr_increase, max_relative_increase overall; max_asr_increase_category for
-its categories) reads the paired increase over a baseline, on the same verdicts, which a pass does not see: it is
-moved wherever the figure may move at all (fail closed).
+its categories) reads the paired increase over a baseline, on the same verdicts (a cascade's: `passes.decided_results`),
+which the pass bounds as a level, not as a difference: it is moved wherever the figure may move at all (fail closed).
 """
 
 from __future__ import annotations
