@@ -190,9 +190,10 @@ def asked_hash(asked: Sequence[str]) -> str:
     return _asked_hash(tuple(asked))
 
 
-# A run asks each prompt of its dataset of every target and sample, and verify hashes each result's twice (its
-# coverage of the dataset, its pairing key): the recent ones are kept (a hit costs the tuple's string hashes).
-@functools.lru_cache(maxsize=1024)
+# verify hashes each result's prompt twice, one call after the other (its coverage of the dataset, its pairing
+# key): the last few are kept (a hit costs the tuple's string hashes). Few: a kept prompt holds on to the memory
+# it was parsed into while a million records stream past it.
+@functools.lru_cache(maxsize=64)
 def _asked_hash(asked: tuple[str, ...]) -> str:
     return hashlib.sha256(repr(list(asked)).encode("utf-8", "surrogatepass")).hexdigest()[:16]  # repr: unambiguous
 
