@@ -75,6 +75,16 @@ def test_three_runs_give_go_with_a_supporting_breach_reported(tmp_path, runs):
     assert "POLICY GO" in result.text and "supporting" in result.text.split("POLICY GO")[1]
 
 
+def test_each_entrys_limits_and_switches_are_said_to_come_from_the_release_policy(tmp_path, runs):
+    """The gate prints where each limit came from (issue 43, design point 5): an entry's come from the policy."""
+    policy = policy_file(tmp_path, entry("harm", "safe", max_asr=0.5), entry("risky-asr", "risky", max_asr=0.1))
+    result = gate_policy(policy, runs, "safe", "risky")
+    lines = result.output.splitlines()
+    assert "LIMIT max_asr 0.5 (the release policy)" in lines and "LIMIT max_asr 0.1 (the release policy)" in lines
+    assert "LIMIT switches on (the release policy): allow_degenerate_judge" in lines
+    assert not [line for line in lines if line.startswith("LIMIT") and "(command line)" in line], result.output
+
+
 def test_a_critical_breach_is_no_go(tmp_path, runs):
     """ASR 0.5 of 6 (95% CI 0.188-0.812) is wholly above 0.1: a breach however few the items."""
     policy = policy_file(tmp_path, entry("harm", "safe", max_asr=0.5), entry("risky-asr", "risky", max_asr=0.1))

@@ -73,7 +73,9 @@ class Claim(_Camel):
     value: float | None = Field(description="The number compared (None: unknown, which fails).")
     interval: tuple[float | None, float | None] | None = Field(description="Its 95% interval, where it has one.")
     sample_size: int | None = Field(description="How many answers, goals or pairs the figure is over.")
-    source: str | None = Field(description="Where the limit came from: command line, config, default.")
+    source: str | None = Field(
+        description="Where the limit came from: command line (or the release policy), config, default."
+    )
     passed: bool
     line: str = Field(description="The gate's line for it.")
 

@@ -351,7 +351,10 @@ class Applied(BaseModel):
 
     name: str
     value: float | dict[str, float]
-    source: Literal["command line", "config", "default", "command line and config"]
+    source: str = Field(
+        description="Where it came from: the command line (or the release policy deciding the entry), "
+        "the run's config, both, or the default."
+    )
 
 
 class Limits(BaseModel):
@@ -359,6 +362,9 @@ class Limits(BaseModel):
 
     applied: list[Applied]
     switches: dict[str, bool]
+    authority: str = Field(
+        "command line", description="Who gave the gate its limits: the command line, or a release policy."
+    )
     baseline_run: str | None = None
     baseline_source: str | None = Field(None, description="Where the baseline came from: the command line, the series.")
     baseline_target: str | None = None
@@ -391,7 +397,7 @@ class Limits(BaseModel):
             out.append(f"LIMIT {applied.name} {value} ({applied.source})")
         on = [name for name, set_ in self.switches.items() if set_]
         if on:
-            out.append("LIMIT switches on (command line): " + ", ".join(on))
+            out.append(f"LIMIT switches on ({self.authority}): " + ", ".join(on))
         if self.increases:
             target = f", target {self.baseline_target}" if self.baseline_target else ""
             out.append(f"LIMIT baseline run {self.baseline_run}{target} ({self.baseline_source})")
@@ -401,8 +407,10 @@ class Limits(BaseModel):
 def resolve(command_line: dict[str, Any], config: dict[str, Any] | None) -> Limits:
     """The limits one gate decides with (see the module docstring): `command_line` holds what was given there
     (absent or None: not given; a per-category limit as a dict; `baseline_run` with its `baseline_source`, "command
-    line" unless said), `config` the run's own `gate:` section (None: absent). A limit outside [0, 1], and an
-    increase limit without a baseline, are input errors (exit 2)."""
+    line" unless said; `authority`, the name its limits are printed under where not the command line: a release
+    policy), `config` the run's own `gate:` section (None: absent). A limit outside [0, 1], and an increase limit
+    without a baseline, are input errors (exit 2)."""
+    authority = command_line.get("authority") or "command line"
     stored = _config(config)
     notes: list[str] = []
     applied: list[Applied] = []
@@ -414,12 +422,12 @@ def resolve(command_line: dict[str, Any], config: dict[str, Any] | None) -> Limi
             own = dict(own or {})
             merged = {**own, **given}
             if merged:
-                source = "command line" if not own else "config" if not given else "command line and config"
+                source = authority if not own else "config" if not given else f"{authority} and config"
                 applied.append(Applied(name=limit.name, value=merged, source=source))
             continue
         if given is not None:
             _in_unit(limit.option, {"": given})
-            applied.append(Applied(name=limit.name, value=given, source="command line"))
+            applied.append(Applied(name=limit.name, value=given, source=authority))
         elif own is not None and (limit.default is None or own < limit.default):
             applied.append(Applied(name=limit.name, value=own, source="config"))
         else:
@@ -456,6 +464,7 @@ def resolve(command_line: dict[str, Any], config: dict[str, Any] | None) -> Limi
     limits = Limits(
         applied=applied,
         switches=switches,
+        authority=authority,
         baseline_run=str(baseline) if baseline else None,
         baseline_source=(command_line.get("baseline_source") or "command line") if baseline else None,
         baseline_target=command_line.get("baseline_target"),

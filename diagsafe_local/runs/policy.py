@@ -246,6 +246,7 @@ def _decide_entry(
     if gone:
         return Outcome(entry=entry, status="MISSING", figure=f"run {gone[0]}: no such run directory {runs[gone[0]]}")
     command_line: dict[str, Any] = entry.limits.model_dump(exclude_unset=True) | dict.fromkeys(every, True)
+    command_line["authority"] = "the release policy"
     if entry.baseline is not None:
         command_line |= {"baseline_run": str(runs[entry.baseline]), "baseline_source": "the release policy"}
     command_line["baseline_target"] = entry.baseline_target
