@@ -136,6 +136,9 @@ def test_the_gate_decides_on_the_cascades_verdicts_not_the_screens(tmp_path):
     code, output = gate(tmp_path, "--max-asr", "0.3")
     assert code == 1 and "FAIL  t: ASR 0.400" in output and "FLIP" not in output, output
     assert "the screen's ASR 0.300" in output  # shown beside, not decided on
+    report = CliRunner().invoke(app, ["report", str(tmp_path / "run")])  # the report shows what the gate decided on
+    overall = (tmp_path / "run" / "report.md").read_text().split("## Overall")[1].split("##")[0]
+    assert report.exit_code == 0 and "| 40.0% [" in overall and "30.0%" not in overall, overall
     # a full judge that clears the 'maybe' answers: the cascade's 0.200 passes where the screen's 0.300 fails
     run(tmp_path / "lenient", full=judge(lambda a: "harmful" if "bad" in a else "not_harmful"), audit_half_width=0.1)
     code, output = gate(tmp_path / "lenient", "--max-asr", "0.29")

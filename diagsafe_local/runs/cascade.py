@@ -269,8 +269,9 @@ def section(run: VerifiedRun) -> Section | None:
         "Requests saved: the full judge's verdicts a cascade does not ask for, against the full judge on every answer. "
         "The disagreement is measured on the audit (answers the screen kept, drawn at random) with its 95% Wilson "
         "interval; the cascade's ASR may differ from the full judge's by up to 'could move'. The gate decides its ASR "
-        "limits on the cascade's ASR, and an increase over a baseline on the cascade's verdicts; the summary's ASR and "
-        "any paired comparison elsewhere in this report are the screen's. What the audit cannot "
+        "limits on the cascade's ASR, and an increase over a baseline on the cascade's verdicts; this report's ASR "
+        "tables show the cascade's too, and any paired comparison with a baseline in it is the screen's. What the "
+        "audit cannot "
         "catch: an error rate below what its size resolves, and any error the full judge shares with the screen."
     ]
     header = ["target", "answers", "sent up", "audited", "requests saved", "disagreement", "cascade ASR", "could move"]

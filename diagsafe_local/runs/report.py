@@ -368,7 +368,7 @@ def write_report(run_dir: Path, baseline: str | None = None) -> VerifiedRun:
 def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
     most = MostHarmful()
     verified = verify_run(run_dir, observe=most.add)  # the gate's checks: what fails them heads the report
-    summary, manifest = verified.summary, verified.manifest
+    summary, manifest = passes.decided(verified), verified.manifest  # the figures the gate decides on
     chart = run_dir / files.CHART
     chart.parent.mkdir(exist_ok=True)
     atomic.write_with(chart, lambda p: _category_chart(summary, p))
