@@ -12,10 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import model_files
-from diagsafe_local.core.fingerprint import model_fingerprint
+from diagsafe_local.core.fingerprint import cached_fingerprint, model_fingerprint
 from diagsafe_local.engines.kinds import capabilities
-
-_FINGERPRINTS: dict[tuple[str, str, float], str | None] = {}
 
 
 def package_versions(*names: str) -> dict[str, str]:
@@ -79,11 +77,11 @@ def engine_identity(config: Any) -> EngineIdentity:
         model=config.model,
         revision=config.revision,
         lora=lora,
-        model_hash=_cached_fingerprint(config.model, model_files.load_format(config)) if config.model else None,
-        lora_hash=_cached_fingerprint(lora, model_files.ADAPTER) if lora else None,
+        model_hash=cached_fingerprint(config.model, model_files.load_format(config)) if config.model else None,
+        lora_hash=cached_fingerprint(lora, model_files.ADAPTER) if lora else None,
         base_url=config.base_url,
         chat_template=template,
-        chat_template_hash=_cached_fingerprint(template) if template else None,
+        chat_template_hash=cached_fingerprint(template) if template else None,
     )
 
 
@@ -120,19 +118,3 @@ def hub_snapshot_hash(config: Any) -> str | None:
     as for a local directory), which a copy of it (a pack's) is by content too."""
     root = hub_snapshot(config)
     return model_fingerprint(str(root), model_files.load_format(config)) if root is not None else None
-
-
-def _cached_fingerprint(path: str, load_format: str = "auto") -> str | None:
-    root = Path(path)
-    try:
-        stamp = (
-            max((p.stat().st_mtime for p in root.rglob("*") if p.is_file()), default=0.0)
-            if root.is_dir()
-            else (root.stat().st_mtime if root.exists() else 0.0)
-        )
-    except OSError:  # a name no file system holds (an API model name of 300 characters): not a local model
-        return None
-    key = (str(root.resolve()) if root.exists() else path, load_format, stamp)
-    if key not in _FINGERPRINTS:
-        _FINGERPRINTS[key] = model_fingerprint(path, load_format)
-    return _FINGERPRINTS[key]

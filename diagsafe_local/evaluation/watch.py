@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from diagsafe_local.core import model_files
 from diagsafe_local.core.errors import DiagsafeError
-from diagsafe_local.core.fingerprint import model_fingerprint
+from diagsafe_local.core.fingerprint import cached_fingerprint
 from diagsafe_local.core.resources import slurm_file
 from diagsafe_local.evaluation.config import RunConfig, load_config
 from diagsafe_local.evaluation.slurm import Resources, sbatch
@@ -67,12 +67,11 @@ def _signature(path: Path) -> tuple:
 
 class Scanner:
     """Finds the complete checkpoints of a directory; a plain model directory must look the same at two scans
-    `settle` seconds apart. Knows each checkpoint's weights by content, hashed again only when its files change."""
+    `settle` seconds apart. Knows each checkpoint's weights by content (`cached_fingerprint`)."""
 
     def __init__(self, directory: Path, settle: float, load_format: str = "auto") -> None:
         self.directory, self.settle, self.load_format = directory, settle, load_format
         self._seen: dict[Path, tuple[tuple, float]] = {}
-        self._hashes: dict[Path, tuple[tuple, str | None]] = {}
 
     def complete(self) -> list[Checkpoint]:
         found = []
@@ -99,14 +98,7 @@ class Scanner:
 
     def weights(self, path: Path) -> str | None:
         """The checkpoint's content hash, as a run's manifest records it (None: it is gone)."""
-        try:
-            signature = _signature(path)
-        except OSError:
-            return None
-        cached = self._hashes.get(path)
-        if cached is None or cached[0] != signature:
-            cached = self._hashes[path] = (signature, model_fingerprint(str(path), self.load_format))
-        return cached[1]
+        return cached_fingerprint(str(path), self.load_format)
 
 
 class SeriesSpec:
