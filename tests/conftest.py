@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
 os.environ.pop("DIAGSAFE_PROGRESS_SECONDS", None)
 # `validate` stores each validation by the judge's identity; the suite keeps those in a folder of its own, never in
 # the user's cache, where a later run with `judge.validation: auto` would find them.
-os.environ["DIAGSAFE_JUDGE_CACHE"] = tempfile.mkdtemp(prefix="diagsafe-judge-cache-")
+_JUDGE_CACHE = tempfile.mkdtemp(prefix="diagsafe-judge-cache-")
+os.environ["DIAGSAFE_JUDGE_CACHE"] = _JUDGE_CACHE
 # A test that fires the built-in hooks without choosing their stores writes W&B and MLflow's database here, not
 # into the working directory (an MLflow sqlite store still puts artifacts in MLflow's default ./mlruns, which
 # .gitignore names); tests that read a store set their own.
@@ -44,6 +46,12 @@ settings.load_profile("diagsafe")
 # signature); tests invoke the CLI tens of thousands of times (the gate fuzzer alone ~33,000), so each app's
 # command is built once, as a process that runs one command builds it once.
 typer.testing._get_command = functools.cache(typer.testing._get_command)
+
+
+def pytest_unconfigure(config) -> None:
+    """The session's own folders above go with it: one pytest process left two in /tmp, and they piled up."""
+    for folder in (_JUDGE_CACHE, _STORES):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -67,7 +75,8 @@ class SharedVLLMFactory:
     all ten it loads was OOM-killed on this 24 GB machine (the kernel killed vLLM workers mid-test; every later call
     on them was EngineDeadError). Before a load, the least recently used engines that the current test has not
     borrowed are shut down while more than DIAGSAFE_TEST_ENGINES (default 4) would be kept, or while less than
-    DIAGSAFE_TEST_FREE_GB (default 6) of memory is available.
+    DIAGSAFE_TEST_FREE_GB (default 6) of memory is available. With DIAGSAFE_TEST_ENGINE_LOG naming a file, each
+    load and eviction appends a line to it: `load MODEL TEST` or `evict MODEL TEST` (the test that caused it).
     """
 
     def __init__(self) -> None:
@@ -78,11 +87,19 @@ class SharedVLLMFactory:
         self._last_borrowed: dict[tuple, int] = {}
         self.keep = int(os.environ.get("DIAGSAFE_TEST_ENGINES", "4"))
         self.free_bytes = float(os.environ.get("DIAGSAFE_TEST_FREE_GB", "6")) * 2**30
+        self.log = os.environ.get("DIAGSAFE_TEST_ENGINE_LOG") or None
+        self.test = ""
 
-    def new_test(self) -> None:
+    def new_test(self, test: str = "") -> None:
         """Mark the start of a test's setup: what it borrows from here on is in use until the next test starts."""
         self._clock += 1
         self.borrowed_since = self._clock
+        self.test = test
+
+    def _note(self, event: str, key: tuple) -> None:
+        if self.log:
+            with open(self.log, "a") as log:
+                log.write(" ".join([event, *(str(part) for part in key if part), self.test]) + "\n")
 
     def __call__(self, config, **options):
         from diagsafe_local.engines.vllm_engine import VLLMEngine
@@ -90,6 +107,7 @@ class SharedVLLMFactory:
         key = (config.model, getattr(config, "lora", None))
         if key not in self.engines:
             self._make_room()
+            self._note("load", key)
             self.loads += 1
             self.engines[key] = VLLMEngine(config, structured_backend="xgrammar")
         self.engines[key] = self.engines.pop(key)  # most recently used last
@@ -102,6 +120,7 @@ class SharedVLLMFactory:
         idle = [key for key in self.engines if self._last_borrowed[key] < self.borrowed_since]
         while idle and (len(self.engines) >= self.keep or psutil.virtual_memory().available < self.free_bytes):
             key = idle.pop(0)
+            self._note("evict", key)
             self.engines.pop(key).close()
             del self._last_borrowed[key]
 
@@ -141,4 +160,4 @@ def vllm_engines():
 def pytest_runtest_setup(item) -> None:
     """Before a test's fixtures are set up: the engines it borrows from now on are the ones it may be using."""
     if _FACTORY is not None:
-        _FACTORY.new_test()
+        _FACTORY.new_test(item.nodeid)

@@ -1,0 +1,84 @@
+"""The suite's own costs: what a pytest process leaves in the temporary folder, and the shared engine factory's
+loads and evictions, told in a log when DIAGSAFE_TEST_ENGINE_LOG names one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SharedVLLMFactory
+
+from diagsafe_local.engines.config import EngineConfig
+
+TESTS = Path(__file__).parent
+
+
+@pytest.mark.slow  # a pytest process of its own: ~4 s
+def test_a_pytest_process_leaves_no_folder_of_its_own_in_the_temporary_folder(tmp_path):
+    """conftest.py makes a judge cache and a hook-store folder for the session (under TMPDIR); both go at its end."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    command = [sys.executable, "-m", "pytest", str(TESTS / "test_jsonl.py"), "-q", "-p", "no:cacheprovider"]
+    proc = subprocess.run(
+        [*command, "-k", "no_test_has_this_name", "--basetemp", str(tmp_path / "base")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 5, proc.stdout[-2000:] + proc.stderr[-2000:]  # 5: no test selected, as asked
+    assert sorted(p.name for p in scratch.iterdir()) == []
+
+
+class FakeEngine:
+    """Stands for a VLLMEngine: the factory only creates and closes its engines."""
+
+    def __init__(self, config: EngineConfig, **options: object) -> None:
+        self.info = None
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+
+def test_the_shared_factory_logs_each_load_and_eviction_with_the_test_that_caused_it(tmp_path, monkeypatch):
+    import diagsafe_local.engines.vllm_engine as vllm_engine
+
+    log = tmp_path / "engines.log"
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", FakeEngine)
+    monkeypatch.setenv("DIAGSAFE_TEST_ENGINE_LOG", str(log))
+    monkeypatch.setenv("DIAGSAFE_TEST_ENGINES", "2")
+    monkeypatch.setenv("DIAGSAFE_TEST_FREE_GB", "0")
+    factory = SharedVLLMFactory()
+    for test, model in [("t1", "a"), ("t2", "b"), ("t3", "a"), ("t4", "c"), ("t5", "b")]:
+        factory.new_test(test)
+        factory(EngineConfig(model=model))
+    assert log.read_text().splitlines() == [
+        "load a t1",
+        "load b t2",
+        "evict b t4",  # a was used by t3: b is the least recently used
+        "load c t4",
+        "evict a t5",
+        "load b t5",
+    ]
+    assert factory.loads == 4
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_without_the_variable_the_factory_writes_no_log(tmp_path, monkeypatch, value):
+    import diagsafe_local.engines.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", FakeEngine)
+    monkeypatch.chdir(tmp_path)
+    if value is None:
+        monkeypatch.delenv("DIAGSAFE_TEST_ENGINE_LOG", raising=False)
+    else:
+        monkeypatch.setenv("DIAGSAFE_TEST_ENGINE_LOG", value)
+    factory = SharedVLLMFactory()
+    factory.new_test("t1")
+    factory(EngineConfig(model="a"))
+    assert factory.loads == 1 and list(tmp_path.iterdir()) == []
