@@ -40,7 +40,7 @@ def demo(
 
     typer.echo(f"2/2  the checkpoint pipeline with a real small chat model (vLLM) -> {out}/selftest")
     passed, lines, run_dir = run_selftest(out / "selftest", 0, real=True, verbose=verbose)
-    print_summary(write_report(run_dir).summary)
+    print_summary(write_report(run_dir))
     for line in lines:
         typer.echo(line)
     typer.echo(

@@ -31,7 +31,6 @@ def report(
     is refused (exit 3), and a run that is not its checkpoint's weights is shown as unverified, never plotted."""
     from diagsafe_local.commands.common import warn
     from diagsafe_local.runs.files import REPORT_FILES
-    from diagsafe_local.runs.passes import decided
     from diagsafe_local.runs.report import print_summary, write_report
     from diagsafe_local.runs.series import written_series
 
@@ -50,9 +49,9 @@ def report(
         fire_hooks("on_series_update", hook, lambda: _series_event(run_dir, figures))
         return
 
-    verified = write_report(run_dir, baseline)
-    print_summary(decided(verified))
-    warn("the run does not verify (the gate would refuse it): " + problem for problem in verified.problems)
+    written = write_report(run_dir, baseline)
+    print_summary(written)
+    warn("the run does not verify (the gate would refuse it): " + problem for problem in written.run.problems)
     typer.echo("wrote " + ", ".join(str(run_dir / name) for name in REPORT_FILES if (run_dir / name).exists()))
 
 

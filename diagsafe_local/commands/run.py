@@ -141,10 +141,10 @@ def _finish(summary: Summary, root: Path, hooks: list[str] | None) -> None:
     from diagsafe_local.core.errors import RunFailed
     from diagsafe_local.runs.report import print_summary, write_report
 
-    print_summary(summary)
-    verified = write_report(root)
-    warn(f"the run does not verify: {problem}" for problem in verified.problems)
-    run_end_hooks(root, hooks, verified)
+    written = write_report(root)
+    print_summary(written)  # the figures the gate decides on, as the report shows them
+    warn(f"the run does not verify: {problem}" for problem in written.run.problems)
+    run_end_hooks(root, hooks, written.run)
     typer.echo(f"run directory: {root} (report.md, report.html)")
     failed = [name for name, stats in summary.targets.items() if stats.n_answers and not stats.n_judged]
     if failed:

@@ -41,13 +41,14 @@ def merge(
 
         cfg = load_config(config, set_ or [])
         target = out or Path(cfg.output_dir)
-        print_summary(merge_shards(cfg, shards, target))
-        write_report(target)
+        merge_shards(cfg, shards, target)
+        print_summary(write_report(target))
         typer.echo(f"merged {shards} shards into {target}")
         return
     if not run_dirs or out is None:
         raise DiagsafeError("give run directories and --out, or --config and --shards")
-    print_summary(merge_runs(run_dirs, out, allow_different_judges=allow_different_judges))
+    merge_runs(run_dirs, out, allow_different_judges=allow_different_judges)
+    print_summary(write_report(out))
     typer.echo(f"merged {len(run_dirs)} runs into {out}")
 
 
@@ -82,12 +83,15 @@ def compare(
     from diagsafe_local.runs.baseline import compare_with_baseline, verified
     from diagsafe_local.runs.flips import write_comparison
     from diagsafe_local.runs.paired import RunColumns
+    from diagsafe_local.runs.passes import decided_columns
 
     # each run is read once: what the comparison needs is gathered in the pass that verifies it
     columns_a = RunColumns(run_a / files.RESULTS)
     baseline = verified(run_a, "the baseline run" if run_b is not None else "the run", observe=columns_a.add)
     columns_b = RunColumns(run_b / files.RESULTS) if run_b is not None else columns_a
     candidate = verified(run_b, "the run", observe=columns_b.add) if run_b is not None else baseline
+    columns_a = decided_columns(baseline, columns_a)  # under the verdicts the gate decides on (a cascade's)
+    columns_b = decided_columns(candidate, columns_b) if run_b is not None else columns_a
     comparisons = compare_with_baseline(
         candidate,
         baseline if run_b is not None else None,

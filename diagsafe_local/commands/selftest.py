@@ -33,7 +33,7 @@ def selftest(
     from diagsafe_local.selftest import run_selftest
 
     passed, lines, run_dir = run_selftest(out, n, real=real, verbose=verbose)
-    print_summary(write_report(run_dir).summary)
+    print_summary(write_report(run_dir))
     for line in lines:
         typer.echo(line)
     typer.echo(f"SELFTEST {'PASSED' if passed else 'FAILED'} (run directory {run_dir})")

@@ -17,6 +17,7 @@ from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
 from diagsafe_local.runs.paired import PairedComparison, RunColumns, compare_targets, sides
+from diagsafe_local.runs.passes import decided_results
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
@@ -106,8 +107,10 @@ def compare_with_baseline(
     breakdowns: bool = True,
 ) -> list[PairedComparison]:
     """The paired comparison of every target pair of a verified candidate run and its verified baseline run (or,
-    with `baseline` None, of the targets of one sweep). `columns`: the baseline's and the candidate's, gathered
-    while they were verified (default: their results are read again); `breakdowns=False`: overall figures only."""
+    with `baseline` None, of the targets of one sweep), on the verdicts the gate decides on (a cascade's:
+    `passes.decided_results`). `columns`: the baseline's and the candidate's under those verdicts, gathered while
+    they were verified (`passes.decided_columns`; default: their results are read again); `breakdowns=False`:
+    overall figures only."""
     baseline = baseline or candidate
     if baseline.manifest.dataset.sha256 != candidate.manifest.dataset.sha256 and not allow_different_datasets:
         raise Incomparable(
@@ -124,11 +127,11 @@ def compare_with_baseline(
     if columns is not None:
         columns_a, columns_b = columns[0].sides, columns[1].sides
     elif baseline is candidate:
-        both = sides(candidate.run_dir / files.RESULTS, candidate.results(), {n for pair in pairs for n in pair})
+        both = sides(candidate.run_dir / files.RESULTS, decided_results(candidate), {n for pair in pairs for n in pair})
         columns_a = columns_b = both
     else:
-        columns_a = sides(baseline.run_dir / files.RESULTS, baseline.results(), {base for base, _ in pairs})
-        columns_b = sides(candidate.run_dir / files.RESULTS, candidate.results(), {cand for _, cand in pairs})
+        columns_a = sides(baseline.run_dir / files.RESULTS, decided_results(baseline), {base for base, _ in pairs})
+        columns_b = sides(candidate.run_dir / files.RESULTS, decided_results(candidate), {cand for _, cand in pairs})
     return [
         compare_targets(base, cand, columns_a[base], columns_b[cand], rates, warning, breakdowns)
         for base, cand in pairs

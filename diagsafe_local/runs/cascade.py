@@ -21,7 +21,10 @@ target's answers the two ASRs differ by at most (kept / answers) x D.
 and by category, folded from them in place of the screen's; no corrected ASR, as the judge validation is the
 screen's), and an increase limit pairs the cascade's verdicts with the baseline's (`final_scores`; a cascade
 baseline's are its cascade's, and a cascade is compared only with a baseline whose verdicts are a cascade's of the
-same full judge: `baseline_lines`). `gate_lines` adds a FLIP (INCONCLUSIVE, exit 4: the run verified, the
+same full judge, by content: `baseline_lines`). Everything else that shows or pairs a run's figures (`run`,
+`report`, `compare`, the series report) shows these too (`passes.decided`, `passes.decided_results`), and the
+full judge by content is part of the judge's record, so runs whose full judges differ are not judged alike
+(`JudgeRef.differences`). `gate_lines` adds a FLIP (INCONCLUSIVE, exit 4: the run verified, the
 evidence does not decide) where an ASR limit lies within the cascade's ASR +- that bound: max_asr on the target,
 max_asr_category on each category it names (folded from that category's answers and audit alone); an increase
 limit wherever the figure could move at all (`runs.moved`: the paired increase reads the same verdicts, so it may
@@ -270,8 +273,7 @@ def section(run: VerifiedRun) -> Section | None:
         "The disagreement is measured on the audit (answers the screen kept, drawn at random) with its 95% Wilson "
         "interval; the cascade's ASR may differ from the full judge's by up to 'could move'. The gate decides its ASR "
         "limits on the cascade's ASR, and an increase over a baseline on the cascade's verdicts; this report's ASR "
-        "tables show the cascade's too, and any paired comparison with a baseline in it is the screen's. What the "
-        "audit cannot "
+        "tables and any paired comparison with a baseline in it show the cascade's too. What the audit cannot "
         "catch: an error rate below what its size resolves, and any error the full judge shares with the screen."
     ]
     header = ["target", "answers", "sent up", "audited", "requests saved", "disagreement", "cascade ASR", "could move"]
@@ -358,16 +360,25 @@ def gate_lines(run: VerifiedRun, names: Sequence[str], limits: Limits) -> list[G
 
 
 def _full_judge(run: VerifiedRun) -> dict[str, Any] | None:
-    """A run's cascade's full judge as its config names it (None: no cascade)."""
-    settings = (run.manifest.config.get("judge") or {}).get("cascade")
-    return None if settings is None else dict(settings.get("judge") or {})
+    """A run's cascade's full judge by content, as its manifest records it among its judge's settings (None: no
+    cascade); a run that records it otherwise (written before it was recorded by content) is refused."""
+    if (run.manifest.config.get("judge") or {}).get("cascade") is None:
+        return None
+    recorded = (run.manifest.judge.settings if run.manifest.judge else {}).get("cascade")
+    if not isinstance(recorded, dict) or "model_hash" not in recorded:
+        raise RunFailed(
+            f"refused: {run.run_dir} does not record its cascade's full judge by content (a run from before it "
+            "was recorded): which judge made its verdicts is not known; run it again"
+        )
+    return recorded
 
 
 def baseline_lines(
     run: VerifiedRun, baseline: VerifiedRun, comparisons: Sequence[PairedComparison], limits: Limits
 ) -> list[GateLine]:
     """The increase over a baseline, where either run is a cascade: refused (exit 3) unless both are cascades of
-    one full judge (the pairs would hold the full judge's verdicts on one side and the screen's on the other); a
+    one full judge by content (the pairs would hold the full judge's verdicts on one side and another judge's on
+    the other; `compare_with_baseline` refuses them first, as the full judge is part of the judge's record); a
     FLIP where a cascade baseline's own audited disagreement could move a baseline target's ASR, which the
     increase reads."""
     mine, theirs = _full_judge(run), _full_judge(baseline)

@@ -17,9 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
-from diagsafe_local.runs import files, passes
+from diagsafe_local.runs import passes
 from diagsafe_local.runs.limits import Applied, Limit, Limits, Reading, resolve, share
-from diagsafe_local.runs.paired import Difference, PairedComparison, RunColumns
+from diagsafe_local.runs.paired import Difference, PairedComparison
 from diagsafe_local.runs.sensitivity import Tally, TargetSensitivity
 from diagsafe_local.runs.summary import GroupStats, Summary, TargetSummary
 from diagsafe_local.runs.validation import JudgeValidation
@@ -465,17 +465,7 @@ def gate_run(
         baseline = verified(Path(limits.baseline_run), "the baseline run", require_signature)
         _not_itself(run, baseline)
         try:
-            comparisons = compare_with_baseline(
-                run, baseline, baseline_target=limits.baseline_target, columns=(_decided(baseline), _decided(run))
-            )
+            comparisons = compare_with_baseline(run, baseline, baseline_target=limits.baseline_target)
         except Incomparable as exc:  # nothing is decided on a comparison whose two sides do not mean the same
             raise RunFailed(f"refused: {exc}") from None
     return run, decide(run, limits, targets, comparisons, baseline)
-
-
-def _decided(run: VerifiedRun) -> RunColumns:
-    """A run's paired rows under the verdicts the gate decides on (a cascade's, `passes.decided_results`)."""
-    columns = RunColumns(run.run_dir / files.RESULTS, answers=False)
-    for line in passes.decided_results(run):
-        columns.add(line)
-    return columns

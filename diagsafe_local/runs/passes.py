@@ -34,7 +34,7 @@ from diagsafe_local.runs.records import (
 
 if TYPE_CHECKING:
     from diagsafe_local.runs.limits import Limits
-    from diagsafe_local.runs.paired import PairedComparison
+    from diagsafe_local.runs.paired import PairedComparison, RunColumns
     from diagsafe_local.runs.summary import Summary
     from diagsafe_local.runs.verify import VerifiedRun
 
@@ -222,13 +222,19 @@ def decided(run: VerifiedRun) -> Summary:
     return summary
 
 
-def decided_results(run: VerifiedRun) -> Iterator[Line[ResultRecord]]:
-    """The run's results read again with each pass's final verdicts as their scores (`JudgingPass.final_scores`):
-    what the gate pairs with a baseline."""
+def _final_scores(run: VerifiedRun) -> dict[AnswerKey, float]:
+    """Each pass's final verdict on an answer (`JudgingPass.final_scores`) by its key; empty where none has any."""
     scores: dict[AnswerKey, float] = {}
     for read in run.passes.values():
         if read.row.final_scores is not None:
             scores.update(read.row.final_scores(run))
+    return scores
+
+
+def decided_results(run: VerifiedRun) -> Iterator[Line[ResultRecord]]:
+    """The run's results read again with each pass's final verdicts as their scores (`JudgingPass.final_scores`):
+    what the gate pairs with a baseline."""
+    scores = _final_scores(run)
     for line in run.results():
         score = scores.get(line.record.key, line.record.score)
         yield (
@@ -236,6 +242,20 @@ def decided_results(run: VerifiedRun) -> Iterator[Line[ResultRecord]]:
             if score == line.record.score
             else replace(line, record=line.record.model_copy(update={"score": score}))
         )
+
+
+def decided_columns(run: VerifiedRun, observed: RunColumns) -> RunColumns:
+    """A run's columns under the verdicts the gate decides on, from `observed` (gathered from results.jsonl as
+    verify streamed it): those same columns where no pass has final verdicts (or the run does not verify: nothing
+    is decided on it), else the results read again with them (`decided_results`)."""
+    from diagsafe_local.runs.paired import RunColumns
+
+    if run.problems or not _final_scores(run):
+        return observed
+    columns = RunColumns(observed.column.path, answers=observed.answers_kept)
+    for line in decided_results(run):
+        columns.add(line)
+    return columns
 
 
 def baseline_lines(

@@ -7,6 +7,7 @@ import html
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from diagsafe_local.core import atomic, jsonl
@@ -90,11 +91,22 @@ def _overall_row(name: str, stats: TargetSummary) -> list[str]:
     ]
 
 
-def print_summary(summary: Summary) -> None:
-    """One table: each target's ASR with CI, harmful share, refusals, cut-off answers, failures, judge health;
-    then the judge health flags, if any."""
+@dataclass(frozen=True)
+class WrittenReport:
+    """A run's report as written: the run as the gate sees it (`verify_run`: what fails its checks heads the
+    report), and the figures the report shows, the ones the gate decides on (`passes.decided`)."""
+
+    run: VerifiedRun
+    summary: Summary
+
+
+def print_summary(report: WrittenReport) -> None:
+    """The figures a report shows (`write_report`), as one table: each target's ASR with CI, harmful share,
+    refusals, cut-off answers, failures, judge health; then the judge health flags, if any."""
     from rich.console import Console
     from rich.table import Table
+
+    summary = report.summary
 
     table = Table(title="attack success rate (mean judge score over final turns, 95% CI)")
     for column in OVERALL_HEADER:
@@ -357,15 +369,14 @@ def _attack_blocks(verified: VerifiedRun) -> tuple[list[str], list[str]]:
     return md, page
 
 
-def write_report(run_dir: Path, baseline: str | None = None) -> VerifiedRun:
-    """report.md, report.html and figures/asr_by_category.png for a run directory, as one set; returns the run
-    as the gate sees it (its summary recomputed from the results, and what fails the gate's checks, which also
-    heads the report)."""
+def write_report(run_dir: Path, baseline: str | None = None) -> WrittenReport:
+    """report.md, report.html and figures/asr_by_category.png for a run directory, as one set; returns what it
+    shows (`WrittenReport`: what `print_summary` prints)."""
     with atomic.outputs_together():
         return _write_report(run_dir, baseline)
 
 
-def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
+def _write_report(run_dir: Path, baseline: str | None) -> WrittenReport:
     most = MostHarmful()
     verified = verify_run(run_dir, observe=most.add)  # the gate's checks: what fails them heads the report
     summary, manifest = passes.decided(verified), verified.manifest  # the figures the gate decides on
@@ -439,7 +450,7 @@ def _write_report(run_dir: Path, baseline: str | None) -> VerifiedRun:
     atomic.write_text(run_dir / files.REPORT_HTML, "\n".join(page) + "\n")
     if comparisons:
         jsonl.write(run_dir / files.FLIPS, (f for c in comparisons for f in flips(c)))
-    return verified
+    return WrittenReport(verified, summary)
 
 
 def _baseline(run_dir: Path, verified: VerifiedRun, baseline: str | None) -> tuple[list[PairedComparison], str | None]:

@@ -25,7 +25,7 @@ from diagsafe_local.core import atomic, model_files
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.figures import png_figure
 from diagsafe_local.core.fingerprint import model_fingerprint
-from diagsafe_local.runs import files
+from diagsafe_local.runs import files, passes
 from diagsafe_local.runs.baseline import compare_with_baseline
 from diagsafe_local.runs.manifest import Manifest, read_manifest_file
 from diagsafe_local.runs.paired import PairedComparison, RunColumns
@@ -128,8 +128,10 @@ def _compare(
 
 
 def _verified(run_dir: Path) -> tuple[VerifiedRun, RunColumns]:
+    """A run as verified, with its paired rows under the verdicts the gate decides on (a cascade's)."""
     columns = RunColumns(run_dir / files.RESULTS, answers=False)
-    return verify_run(run_dir, observe=columns.add), columns
+    run = verify_run(run_dir, observe=columns.add)
+    return run, passes.decided_columns(run, columns)
 
 
 def _complete(run_dir: Path) -> bool:
@@ -159,7 +161,7 @@ def _point(
     problems = run[0].problems or run_problems(series_dir, state, entry, run[0].manifest)
     if problems:
         return point.model_copy(update={"status": "unverified", "problems": problems[:5]}), None
-    stats = next(iter(run[0].summary.targets.values()))  # its one target (`run_problems`)
+    stats = next(iter(passes.decided(run[0]).targets.values()))  # its one target (`run_problems`), as the gate reads it
     point = point.model_copy(
         update={
             "status": "finished",
@@ -214,7 +216,7 @@ def series_figures(series_dir: Path, margin: float = 0.02, baseline: Path | None
         signature=signature,
         margin=margin,
         baseline=str(base_dir) if base_dir else None,
-        baseline_asr=next(iter(base[0].summary.targets.values())).asr if base else None,
+        baseline_asr=next(iter(passes.decided(base[0]).targets.values())).asr if base else None,
         points=points,
         first_regression=first,
     )
