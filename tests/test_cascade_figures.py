@@ -75,6 +75,8 @@ def test_compare_and_report_baseline_pair_the_cascades_verdicts(tmp_path):
     assert reported.exit_code == 0, reported.output
     paired = (candidate / "report.md").read_text().split("compared with baseline")[1].split("\n## ")[0]
     assert "| overall | 40 | 40.0% | 70.0% | +30.0 [" in paired, paired
+    flips = [json.loads(line) for line in (candidate / "flips.jsonl").read_text().splitlines()]
+    assert [(f["direction"], f["score_a"], f["score_b"]) for f in flips] == [("now_harmful", 0.0, 1.0)] * 12, flips
     code, output = _gate(candidate, baseline, margin="0.05")  # the gate reads the same pairs
     assert code == 1 and "ASR increase +30.0 points" in output, output
 

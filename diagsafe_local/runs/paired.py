@@ -214,10 +214,16 @@ class PairedComparison:
         return next((d for d in self.differences if d.group == name), None)
 
     def flips(self, direction: Direction, limit: int | None = None) -> Iterator[tuple[ResultRecord, ResultRecord]]:
-        """(baseline, candidate) records of the flips one way, in the baseline's order, read back one at a time."""
+        """(baseline, candidate) records of the flips one way, in the baseline's order, read back one at a time,
+        each with the score it was paired by (a cascade's verdict, where the record holds the screen's)."""
         rows = self.up if direction == "up" else self.down
         for row_a, row_b in rows[:limit]:
-            yield self.side_a.read(int(row_a)), self.side_b.read(int(row_b))
+            yield _paired_record(self.side_a, int(row_a)), _paired_record(self.side_b, int(row_b))
+
+
+def _paired_record(side: Rows, row: int) -> ResultRecord:
+    record, score = side.read(row), float(side.scores[row])  # a flip's score is never NaN: both sides scored
+    return record if record.score == score else record.model_copy(update={"score": score})
 
 
 def compare_targets(
