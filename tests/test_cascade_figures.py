@@ -177,3 +177,16 @@ def test_a_series_of_cascades_plots_and_compares_the_cascades_figures(tmp_path, 
     assert [points[n]["asr"]["value"] for n in ("checkpoint-10", "checkpoint-40")] == [1.0, 1.0], points
     assert points["checkpoint-40"]["vs_previous"]["diff"] == 0.0 and not points["checkpoint-40"]["regression"]
     assert points["checkpoint-40"]["by_category"]["cyber"]["value"] == 1.0
+
+
+def test_a_cascade_that_records_its_full_judge_only_by_config_is_refused_as_a_baseline_pair(tmp_path):
+    """Runs written before the full judge was recorded by content (their judge's settings hold no identity of it):
+    which judge made their verdicts is not known, so the gate decides no increase on them (exit 3)."""
+    candidate, baseline = cascade_run(tmp_path / "cand", sly=12), cascade_run(tmp_path / "base", sly=12)
+    for run_dir in (candidate, baseline):
+        path = run_dir / "manifest.json"
+        manifest = json.loads(path.read_text())
+        assert manifest["judge"]["settings"].pop("cascade")["rubric"] == "harmjudge"
+        path.write_text(json.dumps(manifest))
+    code, output = _gate(candidate, baseline, margin="0.2")
+    assert code == 3 and "does not record its cascade's full judge by content" in output, output
