@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Literal
@@ -122,7 +122,10 @@ class Host:
         share = self.target_memory if self.mode != "sequential" else None
         return self._open(role, config, memory_share=share, enable_sleep=self.mode == "sleep")
 
-    def open_judge(self, config: EngineConfig, structured_backend: str) -> Engine:
+    def open_judge(
+        self, config: EngineConfig, structured_backend: str, template_arguments: Mapping[str, str] | None = None
+    ) -> Engine:
+        """`template_arguments`: those of every judge that renders through it (default: `config`'s own)."""
         share = self.judge_memory if self.mode != "sequential" else None
         return self._open(
             "judge",
@@ -130,11 +133,20 @@ class Host:
             memory_share=share,
             structured_backend=structured_backend,
             enable_sleep=self.mode == "sleep",
+            template_arguments=template_arguments,
         )
 
-    def open_juror(self, name: str, config: EngineConfig, structured_backend: str) -> Engine:
+    def open_juror(
+        self,
+        name: str,
+        config: EngineConfig,
+        structured_backend: str,
+        template_arguments: Mapping[str, str] | None = None,
+    ) -> Engine:
         """A jury member's model, loaded alone (the run's other engines are closed while the jury sits)."""
-        return self._open(f"jury:{name}", config, structured_backend=structured_backend)
+        return self._open(
+            f"jury:{name}", config, structured_backend=structured_backend, template_arguments=template_arguments
+        )
 
     def open_attacker(self, config: EngineConfig, memory: float, structured_backend: str) -> Engine:
         """An attacker model of its own, resident beside target and judge (its replies are JSON-constrained)."""

@@ -1,8 +1,10 @@
 """Which chat template arguments a template reads: vLLM keeps a request's `chat_template_kwargs` only where the
 template reads them (vllm/renderers/hf.py, resolve_chat_template_kwargs: jinja2.meta.find_undeclared_variables on
 the template parsed in its sandbox) and drops the others silently, so a judge whose template does not read its
-mode (SingGuard's `policy`, `thinking_type`) would judge in the template's defaults. An engine checks a judge's
-arguments against its template when it loads, before any request."""
+mode (SingGuard's `policy`, `thinking_type`) would judge in the template's defaults; transformers'
+apply_chat_template drops them alike. An engine (vLLM's, transformers') checks the arguments of every judge that
+renders through it against its template when it loads, before any request. Behind an OpenAI-compatible endpoint
+the template is the server's, unknown here: nothing can be checked."""
 
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def check_template_arguments(template: str, arguments: Mapping[str, str], where:
     for name, judge in arguments.items():
         if name not in read:
             raise RunFailed(
-                f"judge '{judge}' sends the chat template argument '{name}', which {where} does not read: vLLM "
-                "would drop it and the judge would run in the template's default mode; give it a template that "
+                f"judge '{judge}' sends the chat template argument '{name}', which {where} does not read: the "
+                "engine would drop it and the judge would run in the template's default mode; give it a template that "
                 "reads it (the model's own, as released)"
             )

@@ -6,7 +6,7 @@ runs, laptops and nodes where vLLM does not install.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from diagsafe_local.engines.base import (
 )
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import model_fingerprint, package_versions
+from diagsafe_local.engines.template_arguments import check_template_arguments
 
 # outlines' default JSON grammar allows unbounded whitespace, the same loop vLLM avoids with
 # disable_any_whitespace; at most one space between tokens keeps replies compact and finite.
@@ -34,7 +35,9 @@ COMPACT_WHITESPACE = r"[ ]?"
 class TransformersEngine(EngineBase):
     """transformers `generate` (plain) and outlines (schema-constrained) behind the Engine interface."""
 
-    def __init__(self, config: EngineConfig, **_: Any) -> None:
+    def __init__(self, config: EngineConfig, *, template_arguments: Mapping[str, str] | None = None, **_: Any) -> None:
+        """`template_arguments`: those of every judge that renders through this engine, each with the judge that
+        sends it (default: `config`'s own)."""
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -50,6 +53,21 @@ class TransformersEngine(EngineBase):
             self._tokenizer = AutoTokenizer.from_pretrained(
                 config.model, revision=config.revision, trust_remote_code=config.trust_remote_code
             )
+        except (OSError, ValueError) as exc:
+            raise DiagsafeError(f"could not load '{config.model}' with transformers: {exc}") from None
+        template = Path(config.chat_template).read_text() if config.chat_template else None
+        self._template = template
+        arguments = config.template_arguments() if template_arguments is None else template_arguments
+        if arguments:  # apply_chat_template, like vLLM, drops a keyword argument its template does not read
+            try:
+                rendered = self._tokenizer.get_chat_template(template)
+            except ValueError:  # no template at all
+                rendered = ""
+            where = (
+                f"the chat template {config.chat_template}" if template else f"the chat template of '{config.model}'"
+            )
+            check_template_arguments(rendered, arguments, where)
+        try:
             self._model = AutoModelForCausalLM.from_pretrained(
                 config.model, revision=config.revision, torch_dtype=dtype, trust_remote_code=config.trust_remote_code
             ).eval()
@@ -59,8 +77,6 @@ class TransformersEngine(EngineBase):
             from peft import PeftModel
 
             self._model = PeftModel.from_pretrained(self._model, config.lora).eval()
-        template = Path(config.chat_template).read_text() if config.chat_template else None
-        self._template = template
         self._outlines_model: Any = None
         self._generators: dict[str, Any] = {}
         import hashlib

@@ -7,7 +7,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +64,14 @@ def _tokenizer_mode(llm: Any) -> str:
     return "hf" if mode == "auto" else mode
 
 
-def _check_template_arguments(llm: Any, config: EngineConfig, given: str | None, tokenizer_mode: str) -> None:
-    """Refuse, before any request, a template argument of the engine's judges that would not reach the template
+def _check_template_arguments(
+    llm: Any, config: EngineConfig, arguments: Mapping[str, str], given: str | None, tokenizer_mode: str
+) -> None:
+    """Refuse, before any request, a template argument of the engine's judges (`arguments`: every judge's that
+    renders through it, each with the judge that sends it) that would not reach the template
     vLLM renders its chats with (vllm/renderers/hf.py resolve_chat_template: the given one, else the processor's,
     else the tokenizer's), which drops it silently (resolve_chat_template_kwargs); in mistral mode (vLLM's auto may
     choose it), one that mistral_common does not take (tokenizers/mistral.py MistralTokenizer.apply_chat_template)."""
-    arguments = config.template_arguments()
     if tokenizer_mode == "mistral":
         ignored = {a: judge for a, judge in arguments.items() if a not in MISTRAL_TEMPLATE_ARGUMENTS}
         check_template_arguments("", ignored, f"mistral_common (tokenizer mode mistral of '{config.model}')")
@@ -103,7 +105,10 @@ class VLLMEngine(EngineBase):
         memory_share: float | None = None,
         structured_backend: str | None = None,
         enable_sleep: bool = False,
+        template_arguments: Mapping[str, str] | None = None,
     ) -> None:
+        """`template_arguments`: those of every judge that renders through this engine, each with the judge that
+        sends it (default: `config`'s own)."""
         try:
             import vllm
         except ImportError:
@@ -167,7 +172,8 @@ class VLLMEngine(EngineBase):
         template = self._chat_template or getattr(self._llm.get_tokenizer(), "chat_template", None) or ""
         tokenizer_mode = _tokenizer_mode(self._llm)
         try:
-            _check_template_arguments(self._llm, config, self._chat_template, tokenizer_mode)
+            arguments = config.template_arguments() if template_arguments is None else template_arguments
+            _check_template_arguments(self._llm, config, arguments, self._chat_template, tokenizer_mode)
         except RunFailed:
             self.close()
             raise

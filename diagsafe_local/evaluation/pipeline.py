@@ -189,7 +189,14 @@ class Run:
     # -- engines -------------------------------------------------------------------------------
     def _open_judge(self) -> Engine:
         backend = self.config.judge.structured_output_backend
-        return self.host.open_judge(self.config.judge, backend)
+        return self.host.open_judge(self.config.judge, backend, self._template_arguments(self.config.judge))
+
+    def _template_arguments(self, config: JudgeConfig) -> dict[str, str]:
+        """The chat template arguments of every judge of the run that renders through an engine loaded from
+        `config` (served the same way: the judge, the passes' seats), each with the judge that sends it: the
+        engine checks them all against its template when it loads."""
+        judges = [self.config.judge, *(seat.config for judging in self.passes for seat in judging.seats(self))]
+        return {a: j for c in judges if shares_engine(c, config) for a, j in c.template_arguments().items()}
 
     def _generation_done(self, target: TargetConfig) -> bool:
         return generation_done(self.ctx, target)
@@ -319,7 +326,8 @@ class Run:
                                 held[1].close()
                                 held = None
                             backend = seat.config.structured_output_backend
-                            held = (seat, self.host.open_juror(seat.label, seat.config, backend))
+                            arguments = self._template_arguments(seat.config)
+                            held = (seat, self.host.open_juror(seat.label, seat.config, backend, arguments))
                         engine = held[1]
                     self._drain(judging, seat, engine, work)
         finally:
