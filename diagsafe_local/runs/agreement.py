@@ -89,21 +89,33 @@ class Disagreement(BaseModel):
 
 class Disagreements:
     """The disagreements in key order, made one at a time from compact columns (a million answers can disagree on
-    half a million): per disagreement, its target's and item's codes, sample, turn and both scores."""
+    half a million): per disagreement, its target's and item's codes, sample, turn and its rows in A's and B's
+    scores, each 4 bytes (8 where a sample or turn, or a row, passes 32 bits)."""
 
     BLOCK = 4096  # made this many at a time
 
-    def __init__(self, targets: list[str], items: dict[str, int], columns: dict[str, np.ndarray]) -> None:
+    def __init__(
+        self, targets: list[str], items: dict[str, int], columns: dict[str, np.ndarray], scores: tuple[Rows, Rows]
+    ) -> None:
         self._targets = targets
         self._items = list(items)
         target_rank, item_rank = _ranks(targets), _ranks(self._items)
         self._columns = columns
-        self._order = np.lexsort(
-            (columns["turn"], columns["sample"], item_rank[columns["item"]], target_rank[columns["target"]])
+        self._scores = scores[0].scores, scores[1].scores
+        self._order = _narrow(
+            np.lexsort(
+                (columns["turn"], columns["sample"], item_rank[columns["item"]], target_rank[columns["target"]])
+            ),
+            len(columns["item"]),
         )
 
     def __len__(self) -> int:
         return len(self._order)
+
+    @property
+    def nbytes(self) -> int:
+        """What the disagreements take here (their scores are the columns')."""
+        return self._order.nbytes + sum(values.nbytes for values in self._columns.values())
 
     def __iter__(self) -> Iterator[Disagreement]:
         return (Disagreement.model_validate(row) for row in self.rows())
@@ -112,9 +124,12 @@ class Disagreements:
         """Each disagreement as the document lists it (a `Disagreement`'s fields, its key a list)."""
         for start in range(0, len(self), self.BLOCK):
             places = self._order[start : start + self.BLOCK]
-            block = {name: values[places].tolist() for name, values in self._columns.items()}
+            block = {name: values[places] for name, values in self._columns.items()}
+            scores_a = self._scores[0][block.pop("row_a")].tolist()
+            scores_b = self._scores[1][block.pop("row_b")].tolist()
+            listed = {name: values.tolist() for name, values in block.items()}
             for target, item, sample, turn, score_a, score_b in zip(
-                block["target"], block["item"], block["sample"], block["turn"], block["score_a"], block["score_b"]
+                listed["target"], listed["item"], listed["sample"], listed["turn"], scores_a, scores_b
             ):
                 yield {
                     "key": [self._targets[target], self._items[item], sample, turn],
@@ -174,10 +189,10 @@ def agreement(a: Rows, b: Rows) -> Agreement:
         cohen_kappa=kappa,
         cohen_kappa_note=kappa_note,
     )
-    rows = (left if n_scored == shared else left[scored])[differ]
-    scores_a, scores_b = both_a[differ], both_b[differ]
+    rows_a = _narrow((left if n_scored == shared else left[scored])[differ], len(a))
+    rows_b = _narrow((right if n_scored == shared else right[scored])[differ], len(b))
     del left, right, scored, both_a, both_b, differ  # what the disagreements are made from is all that is left
-    return Agreement(figures, _disagreements(a, rows, scores_a, scores_b, by_target))
+    return Agreement(figures, _disagreements(a, b, rows_a, rows_b, by_target))
 
 
 def _mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -218,19 +233,28 @@ def _cohen_kappa(a: np.ndarray, b: np.ndarray, names: dict[str, int]) -> float:
     return float(1 - np.sum(w_mat * confusion) / np.sum(w_mat * expected))
 
 
-def _disagreements(
-    a: Rows, rows: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, by_target: bool
-) -> Disagreements:
-    """The disagreements at these rows of A (with both scores): only they are read back from the file, for their
-    keys, each kept as codes and numbers."""
+def _disagreements(a: Rows, b: Rows, rows_a: np.ndarray, rows_b: np.ndarray, by_target: bool) -> Disagreements:
+    """The disagreements at these rows of A and B: only A's are read back from its file, for their keys, each
+    kept as codes and numbers."""
     items: dict[str, int] = {}
-    item, sample, turn = np.empty(len(rows), np.int32), np.empty(len(rows), np.int64), np.empty(len(rows), np.int64)
-    for k, r in a.read_rows(rows):
-        item[k], sample[k], turn[k] = items.setdefault(r.item_id, len(items)), r.sample, r.turn
+    item = np.empty(len(rows_a), np.int32)
+    sample, turn = np.empty(len(rows_a), np.int32), np.empty(len(rows_a), np.int32)
+    for k, r in a.read_rows(rows_a):
+        item[k] = items.setdefault(r.item_id, len(items))
+        try:
+            sample[k], turn[k] = r.sample, r.turn
+        except OverflowError:  # past 32 bits (never in a run that verifies: its samples and turns are few)
+            sample, turn = sample.astype(np.int64), turn.astype(np.int64)
+            sample[k], turn[k] = r.sample, r.turn
     targets = a.label_names("target") if by_target else [""]
-    target = a.codes("target", rows) if by_target else np.zeros(len(rows), np.int64)
-    columns = {"target": target, "item": item, "sample": sample, "turn": turn, "score_a": scores_a, "score_b": scores_b}
-    return Disagreements(targets, items, columns)
+    target = a.codes("target", rows_a) if by_target else np.zeros(len(rows_a), np.int32)
+    columns = {"target": target, "item": item, "sample": sample, "turn": turn, "row_a": rows_a, "row_b": rows_b}
+    return Disagreements(targets, items, columns, (a, b))
+
+
+def _narrow(rows: np.ndarray, length: int) -> np.ndarray:
+    """Row numbers into a side of `length` rows, 4 bytes each where they fit."""
+    return rows.astype(np.int32) if length < 2**31 else rows
 
 
 def _ranks(names: list[str]) -> np.ndarray:

@@ -3,11 +3,14 @@ pairing key, its score, where it lies in its file and a hash of its bytes), the 
 hashes, and the few records a report shows read back from their files by place.
 
 A 128-bit BLAKE2b key hash makes an accidental match of two different keys impossible in practice, and a crafted
-one as hard as a BLAKE2b collision; a record read back whose bytes changed since it was paired stops the reader.
+one as hard as a BLAKE2b collision; a record read back whose bytes changed since it was paired stops the reader
+(a 128-bit digest of its line). An answer's hash is 64 bits: it only counts the identical answers `compare`
+prints, which nothing decides on (two different answers of one key share it with probability 2^-64).
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from array import array
 from collections.abc import Iterator
@@ -25,18 +28,24 @@ _KEY = np.dtype([("hi", ">u8"), ("lo", ">u8")])
 
 
 def line_digest(data: bytes) -> bytes:
-    """A 128-bit digest of a line or an answer (what a line read back is checked against): SHA-256's first half
-    (with the CPU's SHA extensions, twice BLAKE2b's speed on a line of a results file)."""
+    """A 128-bit digest of a line (what a line read back is checked against): SHA-256's first half (with the
+    CPU's SHA extensions, twice BLAKE2b's speed on a line of a results file)."""
     return hashlib.sha256(data).digest()[:16]
+
+
+def answer_digest(answer: str) -> bytes:
+    """A 64-bit digest of an answer (the identical answers' count alone reads it): SHA-256's first quarter."""
+    return hashlib.sha256(answer.encode("utf-8", "surrogatepass")).digest()[:8]
 
 
 class Column:
     """The rows of one run, gathered line by line (`add`): per row a key hash, its score (NaN: unscored), where
     it lies in its file and a hash of its bytes, its string-valued columns (`labels`) as one small integer code
     of their combination, with `answers` a hash of its answer, and with `pairs` a second key hash (the key a
-    paired comparison matches by; a row without one is in no pair). Held compactly, about 85 bytes a row with
-    everything; `rows` views a part of it under either key (with `keys=False`, under its pair key only: the key
-    is not hashed)."""
+    paired comparison matches by; a row without one is in no pair). Held compactly, 72 bytes a row with
+    everything (its offset as its low 32 bits, the high ones kept once for each run of rows that share them);
+    `rows` views a part of it under either key (with `keys=False`, under its pair key only: the key is not
+    hashed)."""
 
     def __init__(
         self, path: Path, labels: tuple[str, ...] = (), answers: bool = False, pairs: bool = False, keys: bool = True
@@ -49,7 +58,8 @@ class Column:
         self._answers = bytearray()
         self._digests = bytearray()
         self.scores = array("d")
-        self.offsets = array("q")
+        self._low = array("I")  # each row's offset, its low 32 bits
+        self._high_rows, self._high = [0], [0]  # from row _high_rows[k] on, the offsets' high bits are _high[k]
         self._combos: dict[tuple[str, ...], int] = {}
         self._combo = array("I")
 
@@ -71,12 +81,15 @@ class Column:
             self._keys += _hashed(key)
         self._digests += digest or line_digest(line.raw)
         if self.answers:
-            self._answers += line_digest(line.record.answer.encode("utf-8", "surrogatepass"))
+            self._answers += answer_digest(line.record.answer)
         if self._pairs is not None:
             self._pairs += _hashed(pair) if pair is not None else _NONE
         score = line.record.score
         self.scores.append(float("nan") if score is None else float(score))
-        self.offsets.append(line.offset)
+        if line.offset >> 32 != self._high[-1]:
+            self._high_rows.append(len(self._low))
+            self._high.append(line.offset >> 32)
+        self._low.append(line.offset & 0xFFFFFFFF)
         if self.labels:
             values = labels or ("",) * len(self.labels)
             self._combo.append(self._combos.setdefault(values, len(self._combos)))
@@ -103,13 +116,18 @@ class Column:
         k = self.labels.index(name)
         return list(dict.fromkeys(values[k] for values in self._combos))
 
+    def offsets(self, rows: np.ndarray) -> np.ndarray:
+        """Where these rows lie in the file."""
+        high = np.asarray(self._high, dtype=np.int64)[np.searchsorted(self._high_rows, rows, "right") - 1]
+        return (high << 32) | np.frombuffer(self._low, dtype=np.uint32)[rows]
+
     def read(self, row: int) -> ResultRecord:
         """The record of one row, read again from its file; bytes that changed since stop the reader."""
         with open(self.path, "rb") as handle:
             return self._read(handle, row)
 
     def _read(self, handle: BinaryIO, row: int) -> ResultRecord:
-        handle.seek(self.offsets[row])
+        handle.seek((self._high[bisect.bisect_right(self._high_rows, row) - 1] << 32) | self._low[row])
         raw = handle.readline()
         if line_digest(raw) != bytes(self._digests[16 * row : 16 * row + 16]):
             raise RunFailed(f"{self.path} changed after it was read: nothing is shown from it")
@@ -117,7 +135,7 @@ class Column:
 
     def read_rows(self, rows: np.ndarray) -> Iterator[tuple[int, ResultRecord]]:
         """(index into `rows`, record) of many rows, read one at a time through one handle, in file order."""
-        order = np.argsort(np.asarray(self.offsets)[rows], kind="stable")
+        order = np.argsort(self.offsets(rows), kind="stable")
         with open(self.path, "rb") as handle:
             for k in order.tolist():
                 yield k, self._read(handle, int(rows[k]))
@@ -164,7 +182,7 @@ class Rows:
         """Each row's value of a label column (of the rows at `part`) as its place in `label_names(name)`."""
         k = self.column.labels.index(name)
         place = {value: n for n, value in enumerate(self.column.label_names(name))}
-        lookup = np.array([place[values[k]] for values in self.column._combos], dtype=np.int64)
+        lookup = np.array([place[values[k]] for values in self.column._combos], dtype=np.int32)
         combos = np.frombuffer(self.column._combo, dtype=np.uint32)
         return lookup[combos[part] if self.rows is None else combos[self.rows[part]]]
 
@@ -172,8 +190,8 @@ class Rows:
         return self.column.label_names(name)
 
     def answer_digests(self) -> np.ndarray:
-        """A hash of each row's answer (a column made with `answers=True`)."""
-        return self._take(np.frombuffer(self.column._answers, dtype="V16"))
+        """A hash of each row's answer (`answer_digest`; a column made with `answers=True`)."""
+        return self._take(np.frombuffer(self.column._answers, dtype=np.uint64))
 
     def read(self, row: int) -> ResultRecord:
         return self.column.read(row if self.rows is None else int(self.rows[row]))

@@ -1,0 +1,85 @@
+"""What `compare` holds per answer (issue 48: `compare --json` at a million answers under 0.3 GB): a run's column
+keeps a row's offset in 4 bytes and its answer's hash in 8, the disagreements are kept in 4-byte numbers, and
+none of it changes what is read back or written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from test_paired import record
+
+from diagsafe_local.core import jsonl
+from diagsafe_local.runs.agreement import agreement, answers_column
+from diagsafe_local.runs.pairing import Column
+from diagsafe_local.runs.records import ResultRecord
+
+
+def test_rows_past_4_gib_are_read_back_from_their_places(tmp_path):
+    """A column keeps each row's offset as its low 32 bits and the high bits once per run of rows sharing them:
+    rows of a sparse file past 4 GiB and 8 GiB (a gap of over 4 GiB between two rows too) read back as written."""
+    path = tmp_path / "results.jsonl"
+    places = [0, 4096, (5 << 30) + 7, (5 << 30) + 9000, (9 << 30) + 3, (13 << 30) + 1]
+    records = [record("t", f"i{k}", k % 2) for k in range(len(places))]
+    with open(path, "wb") as handle:  # sparse: the gaps take no disk
+        for place, one in zip(places, records):
+            handle.seek(place)
+            handle.write(one.model_dump_json().encode() + b"\n")
+    column = Column(path)
+    with open(path, "rb") as handle:
+        for place, one in zip(places, records):
+            handle.seek(place)
+            raw = handle.readline()
+            column.add(one.item_id, jsonl.Line(number=1, offset=place, raw=raw, record=one))
+    assert column.offsets(np.arange(len(places))).tolist() == places
+    assert [column.read(row).item_id for row in range(len(places))] == [r.item_id for r in records]
+    rows = np.array([4, 1, 5, 2])
+    assert [(k, r.item_id) for k, r in column.read_rows(rows)] == [(1, "i1"), (3, "i2"), (0, "i4"), (2, "i5")]
+
+
+def _agreement_of(tmp_path: Path, sides: list[list[ResultRecord]]) -> list[dict]:
+    columns = []
+    for name, records in zip("ab", sides):
+        jsonl.write(tmp_path / f"{name}.jsonl", records)
+        columns.append(answers_column(tmp_path / f"{name}.jsonl"))
+    return agreement(*columns).disagreements
+
+
+def test_disagreements_are_held_in_under_30_bytes_each(tmp_path):
+    """Each disagreement is kept as 4-byte numbers (its target's and item's codes, sample, turn, its rows in A and
+    B, its place in the key order): 28 bytes, where 8-byte ones took 52. They are written in key order."""
+    sides = [[record("t", f"i{k}", float((k + flip) % 2)) for k in range(3000)] for flip in (0, 1)]
+    held = _agreement_of(tmp_path, sides)
+    assert len(held) == 3000
+    assert held.nbytes / len(held) < 30, held.nbytes / len(held)
+    expected = sorted((r.item_id, r.score, b.score) for r, b in zip(*sides))
+    assert [(d["key"][1], d["score_a"], d["score_b"]) for d in held.rows()] == expected
+
+
+def test_a_sample_or_turn_past_32_bits_is_written_as_it_is(tmp_path):
+    """No run that verifies has one (its samples and turns are the config's and the dataset's), yet a column of
+    any results file keeps it whole: the disagreements' numbers widen to 8 bytes where it comes."""
+    big = {"sample": 2**40, "turn": 2**33}
+    sides = [
+        [record("t", f"i{k}", float((k + flip) % 2)).model_copy(update=big if k == 7 else {}) for k in range(20)]
+        for flip in (0, 1)
+    ]
+    rows = list(_agreement_of(tmp_path, sides).rows())
+    keys = [["t", f"i{k}", *((2**40, 2**33) if k == 7 else (0, 1))] for k in range(20)]
+    assert [d["key"] for d in rows] == sorted(keys)
+
+
+def test_identical_answers_are_counted_by_their_64_bit_hashes(tmp_path):
+    """The identical answers' count (the one figure that reads the answers' hashes) counts equal answers of a key
+    and no others, answers differing in one character or only past their first 8 bytes among them."""
+    answers = ["same", "differs at the end.", "x" * 50 + "a", "ünïcode ☃"]
+    others = ["same", "differs at the end!", "x" * 50 + "b", "ünïcode ☃"]
+    columns = []
+    for name, texts in (("a", answers), ("b", others)):
+        path = tmp_path / f"{name}.jsonl"
+        jsonl.write(path, [record("t", f"i{k}", 1.0, answer=text) for k, text in enumerate(texts)])
+        columns.append(answers_column(path))
+    figures = agreement(*columns).figures
+    assert (figures.shared, figures.identical_answers) == (4, 2)
+    assert json.loads(figures.model_dump_json())["identical_answers"] == 2
