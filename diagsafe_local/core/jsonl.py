@@ -145,12 +145,17 @@ def stream(path: Path, model: type[M], digest: Any = None) -> Iterator[Line[M]]:
     if not path.is_file():
         raise DataError(path, None, None, "no such file")
     offset = 0
+    validate = model.__pydantic_validator__.validate_json
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):  # binary lines split on \n only
             if digest is not None:
                 digest.update(raw)
             if raw.strip():
-                yield Line(number, offset, raw, _validate_line(path, number, raw, model))
+                try:
+                    record = validate(raw)
+                except ValidationError:
+                    record = _validate_line(path, number, raw, model)  # says why, naming the line
+                yield Line(number, offset, raw, record)
             offset += len(raw)
 
 
