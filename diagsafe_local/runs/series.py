@@ -7,7 +7,9 @@ from the recomputed summary. Each checkpoint is compared, paired over the same i
 checkpoint and with the production baseline run (`runs.paired`: the difference with its interval, McNemar's
 test, the flips). A regression beyond the margin appears at the first checkpoint whose ASR exceeds the
 reference's (the baseline, else the series' first checkpoint) by more than `margin`, with the paired interval
-above zero. Runs are read one at a time; only the previous checkpoint's and the baseline's columns are held.
+above zero. Runs are verified in up to `WORKERS` processes at once (one per CPU this process may use; with one
+CPU, here), a few ahead of the one compared: the figures are the same whatever their number. Only the previous
+checkpoint's and the baseline's columns are held.
 Writes `series.json` (every figure, for programs), `report.md`, `report.html` and `figures/` into the series
 directory.
 """
@@ -15,7 +17,12 @@ directory.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Sequence
+import multiprocessing
+import os
+import sys
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -49,6 +56,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 T = TypeVar("T")
+WORKERS = 4  # at most this many processes verify a series' runs at once (each holds one run's verification)
 SERIES_FILES = (SERIES_JSON, "report.md", "report.html", "figures/series_asr.png", "figures/series_refusal.png")
 
 
@@ -175,9 +183,70 @@ def _point(
     return point, run
 
 
-def series_figures(series_dir: Path, margin: float = 0.02, baseline: Path | None = None) -> SeriesFigures:
-    """Every figure of a series (see the module docstring); `baseline` replaces the series' own. A state that
-    does not verify is refused (exit 3), as the gate refuses it."""
+Checked = tuple[SeriesPoint, tuple[VerifiedRun, RunColumns] | None]
+
+
+def _checked(series_dir: Path, state: SeriesState, entry: CheckpointEntry) -> Checked:
+    """An entry's point and, where it verified, its run as the comparisons read it (`compare_with_baseline`: its
+    manifest's dataset hash and judge, summary and validation, with its columns; not its tallies and passes, which
+    only `_point` reads, nor its dataset's items, which cost more than the rest to hand from a worker)."""
+    point, run = _point(series_dir, state, entry)
+    if run is None:
+        return point, None
+    verified, columns = run
+    manifest = verified.manifest
+    dataset = manifest.dataset.model_copy(update={"items": None})
+    light = verified.model_copy(
+        update={"manifest": manifest.model_copy(update={"dataset": dataset}), "tallies": None, "passes": {}}
+    )
+    return point, (light, columns)
+
+
+def _checked_in_worker(series_dir: Path, state: SeriesState, entry: CheckpointEntry) -> Checked:
+    """`_checked` in a worker process: an error is handed back as one that pickles (its message and exit status;
+    `DataError` and others cannot be rebuilt from their message)."""
+    try:
+        return _checked(series_dir, state, entry)
+    except RunFailed as exc:
+        raise RunFailed(str(exc)) from None
+    except DiagsafeError as exc:
+        raise DiagsafeError(str(exc)) from None
+
+
+def default_workers() -> int:
+    """One process per CPU this process may run on, at most `WORKERS`."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, WORKERS))
+
+
+def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry], workers: int) -> Iterator[Checked]:
+    """`_checked` of each entry, in their order: here with one worker, else in `workers` processes, at most two a
+    worker ahead of the one handed over (memory holds a few runs' columns, not the series')."""
+    if workers <= 1 or len(entries) <= 1:
+        for entry in entries:
+            yield _checked(series_dir, state, entry)
+        return
+    # fork where it is the safe default (Linux): the workers start with what is imported here, no import again
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
+    pool = ProcessPoolExecutor(workers, mp_context=context)
+    try:
+        ahead: deque[Future[Checked]] = deque()
+        for entry in entries:
+            ahead.append(pool.submit(_checked_in_worker, series_dir, state, entry))
+            if len(ahead) == 2 * workers:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def series_figures(
+    series_dir: Path, margin: float = 0.02, baseline: Path | None = None, workers: int | None = None
+) -> SeriesFigures:
+    """Every figure of a series (see the module docstring); `baseline` replaces the series' own; `workers`: the
+    processes verifying its runs (default `default_workers()`). A state that does not verify is refused (exit 3),
+    as the gate refuses it."""
     if not is_series(series_dir):
         raise _state_missing(series_dir)
     state, signature = _unverifiable(series_dir, lambda: signed_series(series_dir, require_signature=False))
@@ -191,8 +260,8 @@ def series_figures(series_dir: Path, margin: float = 0.02, baseline: Path | None
     previous: tuple[str, tuple[VerifiedRun, RunColumns]] | None = None
     reference = ("baseline", base) if base is not None else None
     first = None
-    for entry in state.ordered():
-        point, run = _point(series_dir, state, entry)
+    entries = state.ordered()
+    for entry, (point, run) in zip(entries, _points(series_dir, state, entries, workers or default_workers())):
         if run is not None:
             update: dict[str, object] = {}
             if previous is not None:
@@ -286,9 +355,12 @@ def _charts(figures: SeriesFigures, directory: Path) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
-def write_series_report(series_dir: Path, margin: float = 0.02, baseline: Path | None = None) -> SeriesFigures:
-    """series.json, report.md, report.html and figures/ of a series directory; returns the figures."""
-    figures = series_figures(series_dir, margin, baseline)
+def write_series_report(
+    series_dir: Path, margin: float = 0.02, baseline: Path | None = None, workers: int | None = None
+) -> SeriesFigures:
+    """series.json, report.md, report.html and figures/ of a series directory; returns the figures (`workers`: as
+    `series_figures`)."""
+    figures = series_figures(series_dir, margin, baseline, workers)
     header = ["step", "checkpoint", "status", "ASR [95% CI]", "over-refusal", "attack success", "vs previous",
               "vs baseline" if figures.baseline else "vs first checkpoint"]  # fmt: skip
     rows = [

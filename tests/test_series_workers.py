@@ -1,0 +1,75 @@
+"""A series report verifies its checkpoints' runs in worker processes: the same documents as in one process, and
+what does not verify, or cannot be read, said as in one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakes import ScriptedEngine
+from test_series import by_step, checkpoint, recorded_series, watch
+from typer.testing import CliRunner
+
+from diagsafe_local.cli import app
+from diagsafe_local.core.errors import DataError
+from diagsafe_local.runs import series
+from diagsafe_local.runs.series import write_series_report
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A series of five checkpoints (made once, by scripted engines): one whose results were damaged, one whose
+    weights were saved again since its run, one whose run is still being written, two that verify."""
+    tmp_path = tmp_path_factory.mktemp("series")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            "diagsafe_local.evaluation.pipeline.create_engine",
+            lambda config, **_: ScriptedEngine(lambda r: by_step(r, config.model), model=config.model),
+        )
+        train, spec = recorded_series(tmp_path)  # checkpoints 10 and 20
+        for step in (30, 40, 50):
+            checkpoint(train, f"checkpoint-{step}")
+        assert watch(tmp_path).exit_code == 0
+    runs = spec.series_dir / "runs"
+    with open(runs / "checkpoint-20" / "results.jsonl", "a") as handle:
+        handle.write("{not json\n")
+    (train / "checkpoint-30" / "model.safetensors").write_bytes(b"other weights")
+    manifest = runs / "checkpoint-40" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "status": "running"}))
+    return spec.series_dir
+
+
+def test_the_series_documents_are_the_same_verified_in_one_process_or_several(damaged):
+    written = {}
+    for workers in (1, 3):
+        write_series_report(damaged, workers=workers)
+        written[workers] = [(damaged / name).read_bytes() for name in ("series.json", "report.md", "report.html")]
+    assert written[1] == written[3]
+    points = {p["name"]: p for p in json.loads(written[3][0])["points"]}
+    assert (
+        points["checkpoint-20"]["status"] == "unverified" and "results.jsonl" in points["checkpoint-20"]["problems"][0]
+    )
+    assert points["checkpoint-30"]["status"] == "unverified" and "re-saved" in points["checkpoint-30"]["problems"][0]
+    assert points["checkpoint-40"]["asr"] is None and not points["checkpoint-40"]["problems"]
+    assert points["checkpoint-50"]["vs_previous"]["against"] == "checkpoint-10"  # the last one that verified
+    assert [p["status"] for p in points.values()].count("finished") == 3
+
+
+def test_an_error_met_in_a_worker_exits_as_it_does_in_one_process(damaged, monkeypatch):
+    """An error that stops the report (here one naming a file's line, whose class does not pickle as itself) ends
+    the command with the same line and exit status whatever the number of workers, never a traceback."""
+
+    def unreadable(series_dir, state, entry, manifest):
+        if entry.name == "checkpoint-50":
+            raise DataError(Path(entry.path) / "model.safetensors", 3, None, "unreadable weights")
+        return []
+
+    monkeypatch.setattr(series, "run_problems", unreadable)
+    outputs = []
+    for workers in (1, 3):
+        monkeypatch.setattr(series, "default_workers", lambda workers=workers: workers)
+        result = CliRunner().invoke(app, ["report", str(damaged)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        outputs.append(result.output)
+    assert outputs[0] == outputs[1] and "checkpoint-50/model.safetensors line 3: unreadable weights" in outputs[0]
