@@ -190,3 +190,12 @@ def test_a_cascade_that_records_its_full_judge_only_by_config_is_refused_as_a_ba
         path.write_text(json.dumps(manifest))
     code, output = _gate(candidate, baseline, margin="0.2")
     assert code == 3 and "does not record its cascade's full judge by content" in output, output
+
+
+def test_a_hook_is_given_the_figures_the_gate_decides_on(tmp_path):
+    """What `run` hands the trackers (mlflow, W&B, a plugin's hook) of a cascade is the cascade's ASR, 0.700, not
+    the screen's 0.300."""
+    from diagsafe_local.hooks import RunEvent
+
+    event = RunEvent.of(cascade_run(tmp_path / "cand", sly=12))
+    assert event.summary.targets["t"].asr.value == pytest.approx(0.7)

@@ -32,6 +32,7 @@ from diagsafe_local.core.errors import RunFailed
 from diagsafe_local.core.registry import Registry
 from diagsafe_local.runs.gate import GateDecision
 from diagsafe_local.runs.manifest import Manifest
+from diagsafe_local.runs.passes import decided
 from diagsafe_local.runs.series import SeriesFigures, SeriesPoint
 from diagsafe_local.runs.series_state import RUNS, is_series
 from diagsafe_local.runs.summary import Summary
@@ -61,7 +62,8 @@ class Unverified(RunFailed):
 
 @dataclass(frozen=True)
 class RunEvent:
-    """A run finished (`run`, `watch --local`, a series' SLURM task), and verified."""
+    """A run finished (`run`, `watch --local`, a series' SLURM task), and verified; its summary is the figures the
+    gate decides on (`passes.decided`)."""
 
     run_dir: Path
     summary: Summary
@@ -74,7 +76,7 @@ class RunEvent:
         run = verified or verify_run(run_dir)
         if run.problems:
             raise Unverified(f"{run_dir} does not verify: {run.problems[0]}")
-        return cls(run_dir, run.summary.model_copy(deep=True), run.manifest.model_copy(deep=True))
+        return cls(run_dir, decided(run).model_copy(deep=True), run.manifest.model_copy(deep=True))
 
     @property
     def key(self) -> str:
