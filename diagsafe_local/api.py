@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 
 
 class RunResult(BaseModel):
-    """A finished run: its directory, its verified summary (every figure recomputed from its records) and manifest,
-    and what did not verify (empty for a run the gate will decide on)."""
+    """A finished run: its directory, its verified summary (every figure recomputed from its records, as the gate
+    decides on them: `runs.passes.decided`) and manifest, and what did not verify (empty for a run the gate will
+    decide on)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -65,6 +66,7 @@ def evaluate(
     `overrides` are `key.path=value` settings as `--set` takes them."""
     from diagsafe_local.evaluation.config import RunConfig, load_config
     from diagsafe_local.evaluation.pipeline import Run
+    from diagsafe_local.runs.passes import decided
     from diagsafe_local.runs.verify import verify_run
 
     settings = [*overrides]
@@ -82,7 +84,7 @@ def evaluate(
     run.execute()
     verified = verify_run(run.dir.root)
     return RunResult(
-        run_dir=run.dir.root, summary=verified.summary, manifest=verified.manifest, problems=verified.problems
+        run_dir=run.dir.root, summary=decided(verified), manifest=verified.manifest, problems=verified.problems
     )
 
 

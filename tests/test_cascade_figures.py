@@ -102,12 +102,13 @@ def _weights(path: Path, value: float) -> Path:
     return path
 
 
-def _cascade_by_path(out: Path, full_model: Path) -> Path:
-    """40 items screened by SCREEN, everything sent up to the full judge FULL at `full_model` (a directory)."""
+def _cascade_config(out: Path, full_model: str) -> tuple[RunConfig, Callable[..., ScriptedEngine]]:
+    """40 items screened by SCREEN, everything sent up to the full judge FULL at `full_model`: the config, and the
+    engine factory that scripts its models."""
     out.mkdir(parents=True)
     dataset = out / "items.jsonl"
     dataset.write_text("".join(json.dumps(i) + "\n" for i in items(40, 0)))
-    full = {"rubric": "harmjudge", "model": str(full_model), "name": "full"}
+    full = {"rubric": "harmjudge", "model": full_model, "name": "full"}
     config = RunConfig.model_validate(
         {
             "dataset": {"path": str(dataset)},
@@ -119,11 +120,15 @@ def _cascade_by_path(out: Path, full_model: Path) -> Path:
     responders: dict[str, Callable[[GenerationRequest], Completion]] = {
         "t": lambda r: Completion(text=f"answer: {r.messages[-1].content}", finish_reason="stop"),
         "j": SCREEN,
-        str(full_model): FULL,
+        full_model: FULL,
     }
-    Run(
-        config, engine_factory=lambda engine, **_: ScriptedEngine(responders[engine.model], model=engine.model)
-    ).execute()
+    return config, lambda engine, **_: ScriptedEngine(responders[engine.model], model=engine.model)
+
+
+def _cascade_by_path(out: Path, full_model: Path) -> Path:
+    """`_cascade_config`'s run, its full judge's model a directory."""
+    config, factory = _cascade_config(out, str(full_model))
+    Run(config, engine_factory=factory).execute()
     return out / "run"
 
 
@@ -199,3 +204,24 @@ def test_a_hook_is_given_the_figures_the_gate_decides_on(tmp_path):
 
     event = RunEvent.of(cascade_run(tmp_path / "cand", sly=12))
     assert event.summary.targets["t"].asr.value == pytest.approx(0.7)
+
+
+def test_the_python_api_and_the_inspect_export_give_the_figures_the_gate_decides_on(tmp_path):
+    """`api.evaluate`'s summary and an Inspect log's metrics and sample scores are the cascade's: every answer
+    goes up and the full judge calls the 8 'maybe' answers harmful (ASR 0.400), which the screen called
+    uncertain (0.300)."""
+    pytest.importorskip("inspect_ai")
+    from inspect_ai.log import read_eval_log
+
+    from diagsafe_local import api
+
+    config, factory = _cascade_config(tmp_path / "cascade", "f")
+    result = api.evaluate(config, engine_factory=factory)
+    assert result.summary.targets["t"].asr.value == pytest.approx(0.4)
+    out = tmp_path / "run.eval"
+    exported = CliRunner().invoke(app, ["export", str(result.run_dir), "--format", "inspect", "--out", str(out)])
+    assert exported.exit_code == 0, exported.output
+    log = read_eval_log(str(out))
+    assert log.results is not None and log.results.scores[0].metrics["asr"].value == pytest.approx(0.4)
+    maybe = [s for s in log.samples or [] if "maybe" in s.output.completion]
+    assert len(maybe) == 8 and {s.scores["judge"].value for s in maybe if s.scores} == {1.0}

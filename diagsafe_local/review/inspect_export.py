@@ -14,6 +14,7 @@ from typing import Any
 
 from diagsafe_local import __version__
 from diagsafe_local.core.errors import DiagsafeError, MissingDependencyError
+from diagsafe_local.runs.passes import decided, decided_results
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verdicts import rationale
 from diagsafe_local.runs.verify import VerifiedRun
@@ -84,12 +85,13 @@ def inspect_log(run: VerifiedRun, targets: list[str] | None = None) -> Any:
     unknown = [n for n in names if n not in run.summary.targets]
     if unknown:
         raise DiagsafeError(f"unknown target(s) {unknown}; this run has {list(run.summary.targets)}")
-    # Inspect's writer takes the whole log: its samples are held, built as the verified results stream past
-    samples = [_sample(line.record) for line in run.results() if line.record.target in names]
-    manifest = run.manifest
+    # Inspect's writer takes the whole log: its samples are held, built as the verified results stream past, each
+    # scored as the gate decides on it (a cascade's verdict), as are the metrics
+    samples = [_sample(line.record) for line in decided_results(run) if line.record.target in names]
+    manifest, summary = run.manifest, decided(run)
     metrics: dict[str, Any] = {}
     for name in names:
-        stats = run.summary.targets[name]
+        stats = summary.targets[name]
         prefix = f"{name}/" if len(names) > 1 else ""
         figures = {
             "asr": stats.asr.value,
