@@ -76,7 +76,7 @@ def judges(
         typer.echo("  published:   no published figure")
     for stored in card.validations:
         typer.echo(
-            f"  validated:   {stored.judge} on {stored.gold} (n={stored.n:g}): FPR {_rate(stored.fpr)}, FNR "
+            f"  validated:   {stored.judge} on {stored.gold} {_judged(stored)}: FPR {_rate(stored.fpr)}, FNR "
             f"{_rate(stored.fnr)}; identity {stored.identity[:12]}, {stored.stored_at}, stored in {stored.directory}"
         )
     if not card.validations:
@@ -95,5 +95,12 @@ def _local(validations: list[LocalValidation]) -> str:
     more = f" (+{len(validations) - 1} more)" if len(validations) > 1 else ""
     return (
         f"validated here: {newest.judge} FPR {_rate(newest.fpr)} FNR {_rate(newest.fnr)} "
-        f"(n={newest.n:g}, identity {newest.identity[:12]}){more}"
+        f"{_judged(newest)[:-1]}, identity {newest.identity[:12]}){more}"
     )
+
+
+def _judged(validation: LocalValidation) -> str:
+    """'(n=40)', or '(n=36 of 40: no verdict on 4)' where the judge gave none on some gold items."""
+    if not validation.missing:
+        return f"(n={validation.n:g})"
+    return f"(n={validation.n:g} of {validation.n + validation.missing:g}: no verdict on {validation.missing})"

@@ -140,6 +140,11 @@ def validate(
             row["judge"], str(row["n"]), str(row["n_missing"]), *("–" if c != c else f"{c:.3f}" for c in cells)
         )
     Console().print(table)
+    from diagsafe_local.runs.validation import read_validation
+
+    for judged in read_validation(out).judges:  # a run's gate does not decide --corrected on such rates
+        if judged.incomplete:
+            typer.echo(f"NOTE  {judged.incomplete}; `gate --corrected` on a run corrected by it is INCONCLUSIVE")
     typer.echo(
         f"wrote {out}/agreement.csv, agreement.md, disagreements.jsonl, roc.png, calibration.png, validation.json"
     )

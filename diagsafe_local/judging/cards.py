@@ -135,6 +135,7 @@ class LocalValidation(BaseModel):
     gold: str
     task: str
     n: float = Field(description="Labelled items with a verdict.")
+    missing: int = Field(0, description="Labelled items it gave no verdict on (its rates are measured without them).")
     fpr: float | None
     fnr: float | None
 
@@ -295,7 +296,8 @@ def stored_validations(identity: str | None = None, rubric: str | None = None) -
                 directory=str(directory),
                 gold=validation.gold,
                 task=validation.task,
-                n=entry.tp + entry.fp + entry.tn + entry.fn,
+                n=entry.judged,
+                missing=entry.missing,
                 fpr=entry.fpr,
                 fnr=entry.fnr,
             )

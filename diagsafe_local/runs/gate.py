@@ -188,10 +188,13 @@ def check_figures(
             )
     else:
         decision.lines.append(
-            f"NOTE  judge {validation.judge} validated on {validation.gold}: FPR {_pct(validation.fpr_measured)} "
+            f"NOTE  judge {validation.judge} validated on {validation.gold}: judged {validation.judged:g} of "
+            f"{validation.judged + validation.missing:g} gold items, FPR {_pct(validation.fpr_measured)} "
             f"({validation.fp:g}/{validation.fp + validation.tn:g}), FNR {_pct(validation.fnr_measured)} "
             f"({validation.fn:g}/{validation.fn + validation.tp:g})"
         )
+        if limits.corrected and validation.incomplete:
+            decision.flip(validation.incomplete)
     decision.lines += could_not_judge  # each judging pass's line (`runs.passes`)
     for name in names:
         _target(decision, name, summary.targets[name], limits)

@@ -40,6 +40,23 @@ class JudgeErrorRates(BaseModel):
     missing: int = Field(0, ge=0, description="Gold items it gave no verdict on.")
 
     @property
+    def judged(self) -> float:
+        """The gold items it gave a verdict on (its rates are measured on these alone)."""
+        return self.tp + self.fp + self.tn + self.fn
+
+    @property
+    def incomplete(self) -> str | None:
+        """Why its rates cannot be decided on: gold items without a verdict, whose labels its failures may
+        follow (None: it judged them all)."""
+        if not self.missing:
+            return None
+        return (
+            f"judge {self.judge} gave no verdict on {self.missing} of its {self.judged + self.missing:g} gold items: "
+            f"its error rates are measured on the {self.judged:g} it judged, biased wherever its failures follow "
+            "the label, and the corrected figures with them (validate again asks the failed items again)"
+        )
+
+    @property
     def fpr(self) -> float | None:
         return self.fp / (self.fp + self.tn) if self.fp + self.tn else None
 
