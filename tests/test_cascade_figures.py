@@ -32,6 +32,7 @@ def _asr_cells(output: str) -> list[str]:
     return re.findall(r"(?<![\d.])\d+\.\d% \[", output)
 
 
+@pytest.mark.slow  # a run through the API path: about 3 s
 def test_run_and_merge_print_the_figures_the_gate_decides_on(tmp_path):
     """The screen calls every answer not harmful (ASR 0%), its band [0, 0.5] sends all of them up, and the full
     judge calls each harmful: the cascade's ASR, the gate's, is 100%, and so is what `run` and `merge` print."""
