@@ -83,3 +83,19 @@ def test_identical_answers_are_counted_by_their_64_bit_hashes(tmp_path):
     figures = agreement(*columns).figures
     assert (figures.shared, figures.identical_answers) == (4, 2)
     assert json.loads(figures.model_dump_json())["identical_answers"] == 2
+
+
+def test_a_verified_run_compare_and_the_gate_hold_keeps_no_tallies(tmp_path, monkeypatch):
+    """What a run's summary was folded from (its tallies: a count of every distinct verdict, ~100 bytes each, a
+    million in a run whose rationales all differ) is merge's alone: the run `compare` and the gate hold keeps none,
+    and the summary is the same."""
+    from test_paired import two_runs
+
+    from diagsafe_local.runs.baseline import verified
+    from diagsafe_local.runs.verify import verify_run
+
+    prod, _ = two_runs(tmp_path, monkeypatch)
+    whole = verify_run(prod)
+    held = verified(prod, "the run")
+    assert whole.tallies is not None and held.tallies is None
+    assert held.summary == whole.summary and held.passes.keys() == whole.passes.keys()

@@ -33,11 +33,12 @@ def verified(
     require_signature: bool = False,
     observe: Callable[[Line[ResultRecord]], None] | None = None,
 ) -> VerifiedRun:
-    """A run that verifies, or exit 3 naming what does not (`observe`: see `verify_run`)."""
+    """A run that verifies, or exit 3 naming what does not (`observe`: see `verify_run`), without the tallies its
+    summary was folded from (merge's alone: a count of each distinct verdict, a million in a large run)."""
     run = verify_run(run_dir, require_signature, observe=observe)
     if run.problems:
         raise RunFailed(f"{what} {run_dir}: refused, it does not verify:\n  - " + "\n  - ".join(run.problems))
-    return run
+    return run.model_copy(update={"tallies": None})
 
 
 def judge_warning(baseline: VerifiedRun, candidate: VerifiedRun, allow_different_judges: bool) -> str | None:
