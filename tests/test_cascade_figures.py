@@ -226,3 +226,18 @@ def test_the_python_api_and_the_inspect_export_give_the_figures_the_gate_decides
     assert log.results is not None and log.results.scores[0].metrics["asr"].value == pytest.approx(0.4)
     maybe = [s for s in log.samples or [] if "maybe" in s.output.completion]
     assert len(maybe) == 8 and {s.scores["judge"].value for s in maybe if s.scores} == {1.0}
+
+
+def test_a_full_judge_behind_an_api_is_its_name_wherever_it_is_served():
+    """As the run's judge: two endpoints serving one model name are one full judge; another name is another."""
+    from diagsafe_local.engines.identity import engine_identity
+    from diagsafe_local.evaluation.manifest import judge_ref
+    from diagsafe_local.judging.config import JudgeConfig
+
+    def ref(model: str, base_url: str):
+        full = {"kind": "openai", "model": model, "base_url": base_url, "rubric": "harmjudge"}
+        judge = JudgeConfig.model_validate({"model": "j", "cascade": {"judge": full}})
+        return judge_ref(judge, engine_identity(judge))
+
+    assert ref("f", "http://127.0.0.1:1/v1").differences(ref("f", "http://127.0.0.1:2/v1")) == []
+    assert "'model': 'f'" in " ".join(ref("f", "http://127.0.0.1:1/v1").differences(ref("g", "http://127.0.0.1:1/v1")))

@@ -89,20 +89,21 @@ def _jurors(judge: JudgeConfig) -> dict[str, Any]:
 
 
 # Of a model known by content, where it lies and how it is served (`JudgeRef.differences` does not compare the
-# run judge's model and kind then either); of an adapter known by content, its path
-_WHERE = {"model_hash": ("model", "revision", "kind", "base_url"), "lora_hash": ("lora",)}
+# run judge's model and kind then either); of an adapter known by content, its path. An endpoint is never part of
+# a judge (the run's judge records none: a model behind an API is its name, wherever it is served).
+_WHERE = {"model_hash": ("model", "revision", "kind"), "lora_hash": ("lora",)}
 
 
 def _cascade(judge: JudgeConfig) -> dict[str, Any]:
     """A cascade's full judge as two runs must share it to mean the same, as the run's judge is compared: its
     judge, scoring and verdict settings (a policy file's content hash: the read side reads its replies again under
     the file only while it is the one the run judged with), and its model by content (`engine_identity`: the
-    weights' hash, the adapter's and chat template's), by name, kind and endpoint only where it has no hash."""
+    weights' hash, the adapter's and chat template's), by name and kind only where it has no hash."""
     if judge.cascade is None:
         return {}
     full = judge.cascade.judge
     identity = engine_identity(full).key()
-    where = {name for content, names in _WHERE.items() if identity[content] for name in names}
+    where = {"base_url", *(name for content, names in _WHERE.items() if identity[content] for name in names)}
     identity = {k: v for k, v in identity.items() if k not in where}
     settings = full.verdict_settings(full.rubric_name)
     return {"cascade": {"rubric": full.rubric_name, "scoring": full.scoring, **identity, **settings}}
