@@ -118,18 +118,23 @@ def test_coverage_names_the_same_problems_whatever_its_lookup_block(block, monke
 
     from diagsafe_local.runs import verify
 
-    expected = [("t", f"i{k}", 1, 1) for k in range(12)]
+    expected = [("t", f"i{k}", 0, 1) for k in range(12)]
+    items = [SimpleNamespace(id=f"i{k}", turns=[1]) for k in range(12)]
     manifest = SimpleNamespace(
-        expected_keys=lambda whole: iter(expected), dataset=SimpleNamespace(items=[]), shard=None, merged_from=None
+        expected_keys=lambda whole: iter(expected),
+        samples=lambda: {"t": 1},
+        dataset=SimpleNamespace(items=items),
+        shard=None,
+        merged_from=None,
     )
     monkeypatch.setattr(verify._Coverage, "_BLOCK", block)
     coverage = verify._Coverage(manifest, whole=True)
     for key in [*expected[:8], expected[2], ("t", "stranger", 1, 1), expected[5], expected[5]]:
         coverage.see(key)
     assert coverage.problems() == [
-        "answers have more than one result, e.g. ('t', 'i2', 1, 1)",
-        "4 of 12 judged answers are missing: t 4; e.g. t/i10 sample 1 turn 1, t/i11 sample 1 turn 1, t/i8 sample 1 "
-        "turn 1, t/i9 sample 1 turn 1; resume the run to complete it",
+        "answers have more than one result, e.g. ('t', 'i2', 0, 1)",
+        "4 of 12 judged answers are missing: t 4; e.g. t/i10 sample 0 turn 1, t/i11 sample 0 turn 1, t/i8 sample 0 "
+        "turn 1, t/i9 sample 0 turn 1; resume the run to complete it",
         "1 results are for answers the run's dataset does not have: t/stranger sample 1 turn 1",
     ]
     assert coverage.duplicated == [expected[2], expected[5], expected[5]]

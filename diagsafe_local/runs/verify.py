@@ -416,9 +416,10 @@ class _Asked(WrongResults):
 
 class _Coverage:
     """Which answers the results cover, seen one key at a time: every (target, item, sample, judged turn) of the
-    manifest's dataset (with `whole=False`, of a shard's own items) once, and nothing else. Keys are held as
-    64-bit hashes in one array, not as tuples: a million answers cost 8 MB. They are looked up a block at a time
-    (one numpy search for 8,192 keys costs what one search per key costs for a handful)."""
+    manifest's dataset (with `whole=False`, of a shard's own items) once, and nothing else. Each expected answer has
+    a place worked out from its key (its target's first place, its sample, its item's turn: exact, no hash, so no
+    two keys share one), and the places seen are one boolean each: a million answers cost 1 MB. They are marked a
+    block at a time (one numpy step for 8,192 keys costs what one a key costs for a handful)."""
 
     _BLOCK = 8192
 
@@ -426,33 +427,55 @@ class _Coverage:
         self.manifest, self.whole = manifest, whole
         self.extra: list[AnswerKey] = []
         self.duplicated: list[AnswerKey] = []
-        self.expected = np.sort(np.fromiter((_key_hash(k) for k in manifest.expected_keys(whole)), dtype=np.uint64))
-        self.seen = np.zeros(len(self.expected), dtype=bool)
-        self._hashes = array("Q")
+        turns = [
+            (item.id, turn)
+            for item in manifest.dataset.items or []
+            if whole or manifest.owns(item.id)
+            for turn in item.turns
+        ]
+        self._per_sample = len(turns)
+        self._turns: dict[tuple[str, int], int] = {}  # (item, turn) -> its place among one sample's answers
+        for place, key in enumerate(turns):
+            self._turns.setdefault(key, place)
+        self._targets: dict[str, tuple[int, int]] = {}  # target -> (its first place, its samples)
+        size = 0
+        for target, samples in manifest.samples().items():
+            self._targets[target] = (size, samples)
+            size += samples * self._per_sample
+        self.seen = np.zeros(size, dtype=bool)
+        self._places = array("q")
         self._keys: list[AnswerKey] = []
 
+    def _place(self, key: AnswerKey) -> int:
+        """Where an expected answer lies (-1: the dataset has no such answer)."""
+        target, item, sample, turn = key
+        first = self._targets.get(target)
+        at = self._turns.get((item, turn))
+        if first is None or at is None or not 0 <= sample < first[1]:
+            return -1
+        return first[0] + sample * self._per_sample + at
+
     def see(self, key: AnswerKey) -> None:
-        self._hashes.append(_key_hash(key))
+        self._places.append(self._place(key))
         self._keys.append(key)
         if len(self._keys) == self._BLOCK:
             self._look_up()
 
     def _look_up(self) -> None:
         """Mark the held keys seen; name the first few seen twice, and every key the dataset does not have."""
-        hashes = np.frombuffer(self._hashes, dtype=np.uint64)
-        at = np.minimum(np.searchsorted(self.expected, hashes), max(len(self.expected) - 1, 0))
-        found = self.expected[at] == hashes if len(self.expected) else np.zeros(len(hashes), dtype=bool)
-        places = at[found]
-        if self.seen[places].any() or len(np.unique(places)) < len(places):  # a key seen twice: name it, in order
+        places = np.frombuffer(self._places, dtype=np.int64)
+        found = places >= 0
+        at = places[found]
+        if self.seen[at].any() or len(np.unique(at)) < len(at):  # a key seen twice: name it, in order
             for index in np.flatnonzero(found):
-                place = at[index]
+                place = places[index]
                 if self.seen[place] and len(self.duplicated) < SHOWN:
                     self.duplicated.append(self._keys[index])
                 self.seen[place] = True
         else:
-            self.seen[places] = True
+            self.seen[at] = True
         self.extra += [self._keys[index] for index in np.flatnonzero(~found)]  # counted; the first few are named
-        self._hashes, self._keys = array("Q"), []
+        self._places, self._keys = array("q"), []
 
     def problems(self) -> list[str]:
         self._look_up()
@@ -467,7 +490,7 @@ class _Coverage:
             missing = self._missing()
             by_target = Counter(key[0] for key in missing)
             problems.append(
-                f"{missing_count} of {len(self.expected)} judged answers are missing"
+                f"{missing_count} of {len(self.seen)} judged answers are missing"
                 + (f" (this is shard {shard.index} of {shard.count})" if shard and self.whole else "")
                 + ": "
                 + ", ".join(f"{target} {n}" for target, n in sorted(by_target.items()))
@@ -488,14 +511,7 @@ class _Coverage:
 
     def _missing(self) -> list[AnswerKey]:
         """The expected keys not seen (worked out again from the manifest: only when some are missing)."""
-        unseen = set(self.expected[~self.seen].tolist())
-        return [k for k in self.manifest.expected_keys(self.whole) if _key_hash(k) in unseen]
-
-
-def _key_hash(key: AnswerKey) -> int:
-    """A 64-bit hash of an answer's key, the same in every process (Python's own hash() is salted)."""
-    text = "\x1f".join(map(str, key)).encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+        return [k for k in self.manifest.expected_keys(self.whole) if not self.seen[self._place(k)]]
 
 
 def _validation(manifest: Manifest) -> tuple[JudgeValidation | None, list[str]]:
