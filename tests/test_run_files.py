@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
+from diagsafe_local.core import signing
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.jsonfile import read_model
 from diagsafe_local.runs import files
@@ -40,3 +42,18 @@ def test_a_run_file_reads_as_the_json_reader_and_the_records_validation_read_it(
     except RunFailed as exc:
         read = str(exc)
     assert read == expected
+
+
+def test_a_streamed_run_file_is_recorded_by_every_byte_read(tmp_path: Path) -> None:
+    """What a signature is checked against: the SHA-256 and length of the whole file as streamed, blank lines and a
+    last line without its newline included."""
+    raw = b'{"key": 1, "text": "a"}\n\n  \n{"key": 2, "text": "\xc3\xa9"}\r\n{"key": 3, "text": "c"}'
+    (tmp_path / files.RESULTS).write_bytes(raw)
+
+    class Row(BaseModel):
+        key: int
+        text: str
+
+    held = files.RunFiles(tmp_path)
+    assert [line.record.key for line in held.stream(files.RESULTS, Row)] == [1, 2, 3]
+    assert held.read[files.RESULTS] == signing.digest_of(raw)

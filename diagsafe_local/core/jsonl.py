@@ -17,7 +17,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -138,10 +138,11 @@ class Line(Generic[M]):
     record: M
 
 
-def stream(path: Path, model: type[M], digest: Any = None) -> Iterator[Line[M]]:
+def stream(path: Path, model: type[M], digest: Any = None) -> Generator[Line[M], None, int]:
     """Every line of `path` validated as `model`, one at a time (memory does not grow with the file); `digest`
-    (a hashlib object) is fed every byte read, so a reader gets the file's hash from the same pass. A line that is
-    not valid JSON, not UTF-8 or not a `model` is an error naming the file, line and field."""
+    (a hashlib object) is fed every byte read, so a reader gets the file's hash from the same pass, and the
+    generator returns how many bytes it read (`yield from`'s value). A line that is not valid JSON, not UTF-8 or
+    not a `model` is an error naming the file, line and field."""
     if not path.is_file():
         raise DataError(path, None, None, "no such file")
     offset = 0
@@ -157,6 +158,7 @@ def stream(path: Path, model: type[M], digest: Any = None) -> Iterator[Line[M]]:
                     record = _validate_line(path, number, raw, model)  # says why, naming the line
                 yield Line(number, offset, raw, record)
             offset += len(raw)
+    return offset
 
 
 def _validate_line(path: Path, number: int, raw: bytes, model: type[M]) -> M:

@@ -43,18 +43,6 @@ SIGNED_FILES = (MANIFEST, CONFIG, GENERATIONS, RESULTS, ATTACKS, SUMMARY)
 CONFIG_HEADER = "# written by diagsafe-local: the resolved config of run"
 
 
-class _Digest:
-    """The SHA-256 and length of the bytes fed to it, as a signature records a file."""
-
-    def __init__(self) -> None:
-        self.sha256 = hashlib.sha256()
-        self.bytes = 0
-
-    def update(self, data: bytes) -> None:
-        self.sha256.update(data)
-        self.bytes += len(data)
-
-
 class RunFiles:
     """A run directory's files, each read once: what is parsed is what was hashed, and the signature is checked
     against these hashes (`read`; None: absent), never against the files read again. A file that does not read
@@ -101,12 +89,12 @@ class RunFiles:
         if not path.is_file():
             self.read[name] = None
             return
-        digest = _Digest()
+        digest = hashlib.sha256()
         try:
-            yield from jsonl.stream(path, model, digest)
+            size = yield from jsonl.stream(path, model, digest)
         except DiagsafeError as exc:
             raise RunFailed(f"refused, {name} does not read: {exc}") from None
-        self.read[name] = signing.Signed(sha256=digest.sha256.hexdigest(), bytes=digest.bytes)
+        self.read[name] = signing.Signed(sha256=digest.hexdigest(), bytes=size)
 
     def records(self, name: str, model: type[M]) -> list[Line[M]] | None:
         """A small JSONL file's records, read whole (None: there is none)."""
