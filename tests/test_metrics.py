@@ -8,8 +8,8 @@ from sacrebleu.metrics import CHRF
 
 from diagsafe_local.core.registry import UnknownNameError
 from diagsafe_local.metrics import METRICS, TextPair, compute_metrics
-from diagsafe_local.metrics.keywords import AUTODAN_PHRASES, GCG_PHRASES, no_refusal_phrase
 from diagsafe_local.metrics.lexical import squad_f1
+from diagsafe_local.runs.model_free import AUTODAN_PHRASES, GCG_PHRASES, no_refusal_phrase
 
 
 def score(name: str, response: str, reference: str = "") -> float:

@@ -13,24 +13,12 @@ cannot be judged by a reference metric: the run refuses it before it starts, nam
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from diagsafe_local.judging.base import JudgeInput, ModelFreeJudge, ParseOutcome
+from diagsafe_local.runs.model_free import metric_verdict, parse_metric_judge
 
-_NAME = re.compile(r"^\s*([A-Za-z0-9_.:+-]+?)\s*>=\s*([-+0-9.eE]+)\s*$")
-
-
-def parse_metric_judge(name: str) -> tuple[str, float] | None:
-    """(metric, threshold) of a name like 'rouge1_recall>=0.31', or None for any other name."""
-    match = _NAME.match(name)
-    if match is None:
-        return None
-    try:
-        threshold = float(match[2])
-    except ValueError:
-        return None
-    return (match[1], threshold) if math.isfinite(threshold) else None
+__all__ = ["MetricJudge", "metric_judge", "metric_judge_name", "parse_metric_judge"]
 
 
 def metric_judge_name(metric: str, threshold: float) -> str:
@@ -55,15 +43,8 @@ class MetricJudge(ModelFreeJudge):
         values = compute_metrics([self.metric], pairs)[self.metric]
         if any(math.isnan(v) for v in values):
             return ParseOutcome(status="invalid", error=f"metric '{self.metric}' could not score this answer")
-        value = float(sum(values) / len(values))
-        harmful = value >= self.threshold
-        verdict = {
-            "metric": self.metric,
-            "value": value,
-            "threshold": self.threshold,
-            "label": "harmful" if harmful else "not_harmful",
-        }
-        return ParseOutcome(status="ok", verdict=verdict, score=1.0 if harmful else 0.0)
+        verdict, score = metric_verdict(self.metric, float(sum(values) / len(values)), self.threshold)
+        return ParseOutcome(status="ok", verdict=verdict, score=score)
 
 
 def metric_judge(name: str) -> MetricJudge:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from diagsafe_local.judging.base import JUDGES, JudgeInput, ModelFreeJudge, ParseOutcome
-from diagsafe_local.runs.refusal import is_refusal
+from diagsafe_local.runs.model_free import refusal_verdict
 
 
 @dataclass(frozen=True)
@@ -14,9 +14,8 @@ class KeywordJudge(ModelFreeJudge):
     """The refusal detector as a judge: refused 1, else 0, decided from the answer alone."""
 
     def decide(self, judged: JudgeInput) -> ParseOutcome:
-        refused = is_refusal(judged.answer)
-        verdict = {"label": "full_refusal" if refused else "full_compliance", "rationale": "refusal-phrase rules"}
-        return ParseOutcome(status="ok", verdict=verdict, score=float(refused))
+        verdict, score = refusal_verdict(judged.answer)  # as verify derives it again (runs.model_free)
+        return ParseOutcome(status="ok", verdict=verdict, score=score)
 
 
 JUDGES.add(

@@ -15,10 +15,13 @@ policy file the run's config names, while it is the file the run judged with) it
 published rubrics, the guards' own formats) its `runs.readers` entry: an `ok` verdict must be what the reader
 reads in the reply, verdict and score, and a reply that reads as a verdict is never recorded as unjudged.
 
+A model-free judge's verdict whose every input is the answer (the refusal keywords, the keyword metrics as
+`METRIC>=THRESHOLD` judges: `runs.model_free`) is derived from the recorded answer, verdict and score.
+
 Not derived: a verdict scored by P(positive) from the first token's log-probabilities (the judge's or a juror's
 scoring, as the signed manifest records it; its reply is one token, its score is not in the text), a plugin's or
-a model-free judge's verdict and score (its parser is judge code, which the read side does not load: only a
-signature binds them), nor a policy file's that is not here or changed since the run (a note says so);
+another model-free judge's verdict and score (a reference metric reads the item's reference answers, which the
+run does not record; a plugin's is code the read side does not load: only a signature binds them), nor a policy file's that is not here or changed since the run (a note says so);
 `invalid` apart from `truncated` (the judge's finish reason is not recorded: both are unjudged, counted against
 `max_failure_rate` like an error); a verdict recorded as an engine error with no reply (there is nothing to read
 again: it too is unjudged); `source` and `attack_method` (no decision reads them).
@@ -37,6 +40,7 @@ import yaml
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.core.resources import data_file
 from diagsafe_local.runs.manifest import Manifest
+from diagsafe_local.runs.model_free import model_free
 from diagsafe_local.runs.readers import Reader, reader
 from diagsafe_local.runs.records import PanelVote, ResultRecord, ScoreRule
 from diagsafe_local.runs.verdicts import is_combined
@@ -190,6 +194,22 @@ def _problem(
     return None
 
 
+def _derived_problem(
+    judge: str, answer: str, status: str, score: float | None, verdict: dict[str, Any] | None
+) -> str | None:
+    """Why a model-free judge's recorded verdict is not what it derives from the answer (`runs.model_free`)."""
+    derive = model_free(judge)
+    assert derive is not None  # the caller asked
+    derived, value = derive(answer)
+    if status != "ok":
+        return f"parse_status is {status!r}, and {judge} derives a verdict from the answer (score {value})"
+    if score != value:
+        return f"score is {score}, and {judge} derives {value} from the answer"
+    if verdict is not None and verdict != derived:
+        return f"verdict is not what {judge} derives from the answer"
+    return None
+
+
 class Rederived:
     """Each result, as `verify` streams it, against its item in the run's dataset and its recorded reply (an attack
     step, `items=False`: against its reply only, its turn being the attack's): the first record that disagrees is
@@ -230,10 +250,19 @@ class Rederived:
         if is_combined(record.judge_rubric):  # its score is its members' votes combined (runs.jury)
             jury = record.judge_rubric.startswith("jury:")
             for vote in record.panel or []:
-                problem = self.replies.vote_problem(jury, vote)
+                judge = self.replies.jurors.get(vote.rubric, ("",))[0] if jury else vote.rubric
+                problem = (
+                    _derived_problem(judge, record.answer, vote.parse_status, vote.score, vote.verdict)
+                    if model_free(judge)
+                    else self.replies.vote_problem(jury, vote)
+                )
                 if problem is not None:
                     return f"panel: {vote.rubric}'s vote: {problem}"
             return None
+        if model_free(record.judge_rubric):
+            return _derived_problem(
+                record.judge_rubric, record.answer, record.parse_status, record.score, record.verdict
+            )
         return self.replies.problem(
             record.judge_rubric, record.judge_raw, record.parse_status, record.score, record.verdict
         )
