@@ -198,6 +198,10 @@ def _derived_problem(
     judge: str, answer: str, status: str, score: float | None, verdict: dict[str, Any] | None
 ) -> str | None:
     """Why a model-free judge's recorded verdict is not what it derives from the answer (`runs.model_free`)."""
+    if (status == "ok") != (score is not None):
+        return f"parse_status is {status!r} with score {score!r} (only an ok verdict has a score)"
+    if status == "error":  # no answer to judge (its turn could not be generated): unjudged, never a verdict
+        return None
     derive = model_free(judge)
     assert derive is not None  # the caller asked
     derived, value = derive(answer)
