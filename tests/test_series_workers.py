@@ -73,3 +73,22 @@ def test_an_error_met_in_a_worker_exits_as_it_does_in_one_process(damaged, monke
         assert result.exit_code == 2 and "Traceback" not in result.output
         outputs.append(result.output)
     assert outputs[0] == outputs[1] and "checkpoint-50/model.safetensors line 3: unreadable weights" in outputs[0]
+
+
+def test_a_worker_that_dies_stops_the_report_with_one_line(damaged, monkeypatch):
+    """A worker killed while it verifies (the kernel's out-of-memory killer, a signal) is a run that cannot be
+    completed: exit 3, one line, no traceback, and no document written from the runs it did not verify."""
+    import os
+
+    def killed(series_dir, state, entry, manifest):
+        if entry.name == "checkpoint-50":
+            os._exit(9)
+        return []
+
+    monkeypatch.setattr(series, "run_problems", killed)
+    monkeypatch.setattr(series, "default_workers", lambda: 2)
+    before = (damaged / "series.json").read_bytes()
+    result = CliRunner().invoke(app, ["report", str(damaged)])
+    assert result.exit_code == 3 and "Traceback" not in result.output, result.output
+    assert "a process verifying the series' runs ended before it was done" in result.output
+    assert (damaged / "series.json").read_bytes() == before

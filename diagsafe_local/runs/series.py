@@ -23,6 +23,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -237,6 +238,11 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
                 yield ahead.popleft().result()
         while ahead:
             yield ahead.popleft().result()
+    except BrokenProcessPool:
+        raise RunFailed(
+            f"{series_dir}: a process verifying the series' runs ended before it was done (killed, or out of memory): "
+            "nothing was written"
+        ) from None
     finally:
         pool.shutdown(cancel_futures=True)
 
