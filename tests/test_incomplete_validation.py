@@ -10,12 +10,11 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedEngine, default_responder
 from helpers import judge_spec
+from test_judge_cards import _run as run_judged
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
 from diagsafe_local.engines.base import GenerationRequest, error_completion
-from diagsafe_local.evaluation.config import RunConfig
-from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.judging.cards import JudgeCard
 from diagsafe_local.validation.gold import load_gold
 from diagsafe_local.validation.validate import run_validate
@@ -52,19 +51,7 @@ def _validation(tmp_path: Path, failing: bool) -> Path:
 
 
 def _run(tmp_path: Path, validation: Path, name: str) -> Path:
-    items = tmp_path / "items.jsonl"
-    items.write_text(
-        "".join(json.dumps({"id": f"h{k}", "prompt": ("Sure " if k < 3 else "") + f"p{k}"}) + "\n" for k in range(10))
-    )
-    config = RunConfig.model_validate(
-        {
-            "dataset": {"path": str(items)},
-            "target": {"model": "t", "name": "t"},
-            "judge": {"model": "j", "max_attempts": 1, "validation": str(validation)},
-            "output_dir": str(tmp_path / name),
-        }
-    )
-    Run(config, engine_factory=lambda c, **_: ScriptedEngine(model=c.model)).execute()
+    run_judged(tmp_path, name, {"model": "j", "max_attempts": 1, "validation": str(validation)})
     return tmp_path / name
 
 
