@@ -92,3 +92,16 @@ def test_a_worker_that_dies_stops_the_report_with_one_line(damaged, monkeypatch)
     assert result.exit_code == 3 and "Traceback" not in result.output, result.output
     assert "a process verifying the series' runs ended before it was done" in result.output
     assert (damaged / "series.json").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("cpus", "load", "workers"),
+    [(1, 0.0, 1), (2, 0.1, 2), (2, 1.2, 1), (2, 3.5, 1), (16, 2.7, 4), (16, 13.2, 3), (16, 15.5, 1), (3, 0.0, 3)],
+)
+def test_workers_are_the_cpus_the_load_leaves_idle(monkeypatch, cpus, load, workers):
+    """One worker per CPU this process may use that the load average leaves idle (as `make -l` holds back jobs: on
+    a busy machine more processes only share the same CPUs, and each spends more CPU on the same work), at most
+    `series.WORKERS`, at least one (verified here)."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
+    assert series.default_workers() == workers
