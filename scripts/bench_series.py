@@ -1,6 +1,6 @@
 """Benchmark the series report and the training callback.
 
-    python scripts/bench_series.py [--checkpoints 100] [--items 1000] [--work DIR] [--json]
+    python scripts/bench_series.py [--checkpoints 100] [--items 1000] [--work DIR] [--json] [--ab CHECKOUT --repeat N]
 
 Makes a series of N checkpoints of M items each through `watch --local` with bench_scale's scripted in-process
 engine (the run directories as `run` writes them), then times, in child processes, `report SERIES_DIR` (every
@@ -10,13 +10,20 @@ and prints its seconds, its ratio to that minimum and its own peak memory, and t
 loaded machine the wall ratio follows the share of the CPU each child got; the CPU ratio does not). It also
 times the training callback's `on_save` (recording a checkpoint in the series; `submit=False`, so no `sbatch` is
 in the figure). `--work DIR` keeps the series in DIR and reuses one already made there.
+`--ab CHECKOUT` compares this code (or the checkout first on PYTHONPATH) with another checkout's (a `git worktree`
+of an earlier commit) on the same series instead: `report SERIES_DIR` of each, and of this code held to one CPU
+(`taskset`: its runs verified in its own process, no workers), in turn, `--repeat` times, with the bare minimum after
+each round (on a shared machine the load moves: compare the least seconds of each, taken within one run), and
+whether they all wrote the same series.json byte for byte.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -28,6 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scale import ENDPOINT, bench_engine_kind, child, me, report_peak_at_exit  # noqa: E402
+
+from diagsafe_local.runs.series_state import SERIES_JSON  # noqa: E402
 
 BOUND_SECONDS = 30.0  # "builds in seconds" for 100 checkpoints of 1,000 items
 
@@ -98,6 +107,43 @@ def cpu_child(command: list[str], log: Path) -> dict[str, Any]:
     return {**done, "cpu_seconds": round(cpu, 2)}
 
 
+def ab_figures(series: Path, other: Path, repeat: int, log: Path) -> dict[str, Any]:
+    """`report SERIES_DIR` of the code of `other` (first on PYTHONPATH), of this code, and of this code on one CPU
+    where `taskset` is there, in turn (the order reversed every other round), with the bare minimum after each
+    round: the least wall and CPU seconds of each, their ratios to the bare minimum's, the load averages seen, and
+    whether all wrote the same series.json."""
+    report = me("cli", "report", str(series))
+    commands = {"before": ["env", f"PYTHONPATH={other.resolve()}", *report], "after": report}
+    if shutil.which("taskset"):
+        commands["after_one_cpu"] = ["taskset", "-c", str(min(os.sched_getaffinity(0))), *report]
+    bare = me("bare", *map(str, sorted(series.glob("runs/*/results.jsonl"))))
+    taken: dict[str, list[dict[str, Any]]] = {side: [] for side in [*commands, "bare"]}
+    written: dict[str, bytes] = {}
+    loads = []
+    for k in range(repeat):
+        for side in list(commands) if k % 2 == 0 else list(reversed(commands)):
+            loads.append(os.getloadavg()[0])
+            done = cpu_child(commands[side], log)
+            if done["exit"] != 0:
+                raise SystemExit(f"report ({side}) failed: see {log}")
+            taken[side].append(done)
+            written[side] = (series / SERIES_JSON).read_bytes()
+        taken["bare"].append(cpu_child(bare, log))
+    least = {
+        side: {what: min(run[what] for run in runs) for what in ("seconds", "cpu_seconds")}
+        for side, runs in taken.items()
+    }
+    for side in commands:
+        least[side]["wall_ratio"] = round(least[side]["seconds"] / least["bare"]["seconds"], 2)
+        least[side]["cpu_ratio"] = round(least[side]["cpu_seconds"] / least["bare"]["cpu_seconds"], 2)
+    return {
+        **least,
+        "repeat": repeat,
+        "load_1min": [round(min(loads), 1), round(max(loads), 1)],
+        "series_json_identical": len(set(written.values())) == 1,
+    }
+
+
 def callback_seconds(config: Path, work: Path, saves: int = 50) -> list[float]:
     """The callback's on_save, timed over `saves` new checkpoints (recorded only)."""
     from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -128,6 +174,8 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--work", type=Path, help="keep the series here, and reuse one already made here")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--ab", type=Path, help="compare with this checkout's code on the series (see the docstring)")
+    parser.add_argument("--repeat", type=int, default=3, help="--ab: reports of each side")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_series_"))
     start = time.perf_counter()
@@ -137,6 +185,11 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         train, series, config = make_series(work, args.checkpoints, args.items)
     made_seconds = time.perf_counter() - start
+    if args.ab is not None:
+        print(
+            json.dumps(ab_figures(series, args.ab, args.repeat, work / "commands.log"), indent=None if args.json else 2)
+        )
+        return
     log = work / "commands.log"
     report = cpu_child(me("cli", "report", str(series)), log)
     if report["exit"] != 0:
