@@ -99,3 +99,43 @@ def test_a_verified_run_compare_and_the_gate_hold_keeps_no_tallies(tmp_path, mon
     held = verified(prod, "the run")
     assert whole.tallies is not None and held.tallies is None
     assert held.summary == whole.summary and held.passes.keys() == whole.passes.keys()
+
+
+def test_compare_holds_of_each_run_what_the_paired_comparison_reads(tmp_path, monkeypatch):
+    """Once a run's columns are under the verdicts the gate decides on, `compare` keeps of the run what
+    `compare_with_baseline` reads: its manifest without the dataset's items (14 MB a run of 10,000 items), no
+    passes, no tallies; the comparison is the same."""
+    from test_paired import two_runs
+
+    from diagsafe_local.runs.baseline import comparable, compare_with_baseline, verified
+
+    prod, new = two_runs(tmp_path, monkeypatch)
+    runs = [verified(run, "the run") for run in (prod, new)]
+    light = [comparable(run) for run in runs]
+    for run, kept in zip(runs, light):
+        assert run.manifest.dataset.items and run.passes
+        assert kept.manifest.dataset.items is None and not kept.passes and kept.tallies is None
+        assert kept.manifest.dataset.sha256 == run.manifest.dataset.sha256 and kept.summary == run.summary
+    whole, held = compare_with_baseline(runs[1], runs[0]), compare_with_baseline(light[1], light[0])
+    assert [c.differences for c in held] == [c.differences for c in whole] and held[0].flips_up == 2
+
+
+def test_row_numbers_are_held_in_4_bytes(tmp_path):
+    """The rows a side views, the pairs matched and the flips kept are row numbers of 4 bytes where a column
+    has under 2^31 rows (8 before: 8 MB a million more for each)."""
+    from diagsafe_local.runs.paired import RunColumns, compare_targets
+    from diagsafe_local.runs.pairing import match
+
+    sides = []
+    for name, flip in (("a", 0), ("b", 1)):
+        path = tmp_path / f"{name}.jsonl"
+        jsonl.write(path, [record("t", f"i{k}", float((k + flip) % 3 == 0)) for k in range(300)])
+        columns = RunColumns(path)
+        for line in jsonl.stream(path, ResultRecord):
+            columns.add(line)
+        sides.append(columns.side("t"))
+    pairs = match(sides[0].keys(), sides[1].keys())
+    comparison = compare_targets("t", "t", *sides)
+    assert len(pairs.a) == 300 and comparison.flips_up == comparison.flips_down == 100
+    held = [sides[0].rows, pairs.a, pairs.b, comparison.up, comparison.down]
+    assert [a.nbytes for a in held] == [4 * a.size for a in held]

@@ -80,7 +80,7 @@ def compare(
     from diagsafe_local.runs import files
     from diagsafe_local.runs.agreement import agreement as agreement_of
     from diagsafe_local.runs.agreement import write_document
-    from diagsafe_local.runs.baseline import compare_with_baseline, verified
+    from diagsafe_local.runs.baseline import comparable, compare_with_baseline, verified
     from diagsafe_local.runs.flips import write_comparison
     from diagsafe_local.runs.paired import RunColumns
     from diagsafe_local.runs.passes import decided_columns
@@ -88,10 +88,12 @@ def compare(
     # each run is read once: what the comparison needs is gathered in the pass that verifies it
     columns_a = RunColumns(run_a / files.RESULTS)
     baseline = verified(run_a, "the baseline run" if run_b is not None else "the run", observe=columns_a.add)
+    columns_a = decided_columns(baseline, columns_a)  # under the verdicts the gate decides on (a cascade's)
+    baseline = comparable(baseline)  # what is left to read of it (not its dataset's items), before B is read
     columns_b = RunColumns(run_b / files.RESULTS) if run_b is not None else columns_a
     candidate = verified(run_b, "the run", observe=columns_b.add) if run_b is not None else baseline
-    columns_a = decided_columns(baseline, columns_a)  # under the verdicts the gate decides on (a cascade's)
     columns_b = decided_columns(candidate, columns_b) if run_b is not None else columns_a
+    candidate = comparable(candidate) if run_b is not None else baseline
     comparisons = compare_with_baseline(
         candidate,
         baseline if run_b is not None else None,

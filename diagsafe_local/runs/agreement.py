@@ -29,7 +29,7 @@ from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.runs import files
 from diagsafe_local.runs.merge import read_manifest
-from diagsafe_local.runs.pairing import Column, Rows, match
+from diagsafe_local.runs.pairing import Column, Rows, match, row_numbers
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verdicts import score_class
 
@@ -102,7 +102,7 @@ class Disagreements:
         target_rank, item_rank = _ranks(targets), _ranks(self._items)
         self._columns = columns
         self._scores = scores[0].scores, scores[1].scores
-        self._order = _narrow(
+        self._order = row_numbers(
             np.lexsort(
                 (columns["turn"], columns["sample"], item_rank[columns["item"]], target_rank[columns["target"]])
             ),
@@ -189,8 +189,8 @@ def agreement(a: Rows, b: Rows) -> Agreement:
         cohen_kappa=kappa,
         cohen_kappa_note=kappa_note,
     )
-    rows_a = _narrow((left if n_scored == shared else left[scored])[differ], len(a))
-    rows_b = _narrow((right if n_scored == shared else right[scored])[differ], len(b))
+    rows_a = (left if n_scored == shared else left[scored])[differ]
+    rows_b = (right if n_scored == shared else right[scored])[differ]
     del left, right, scored, both_a, both_b, differ  # what the disagreements are made from is all that is left
     return Agreement(figures, _disagreements(a, b, rows_a, rows_b, by_target))
 
@@ -250,11 +250,6 @@ def _disagreements(a: Rows, b: Rows, rows_a: np.ndarray, rows_b: np.ndarray, by_
     target = a.codes("target", rows_a) if by_target else np.zeros(len(rows_a), np.int32)
     columns = {"target": target, "item": item, "sample": sample, "turn": turn, "row_a": rows_a, "row_b": rows_b}
     return Disagreements(targets, items, columns, (a, b))
-
-
-def _narrow(rows: np.ndarray, length: int) -> np.ndarray:
-    """Row numbers into a side of `length` rows, 4 bytes each where they fit."""
-    return rows.astype(np.int32) if length < 2**31 else rows
 
 
 def _ranks(names: list[str]) -> np.ndarray:

@@ -109,7 +109,7 @@ class Column:
             combos = [code for values, code in self._combos.items() if values[k] == value]
             matches = np.isin(np.frombuffer(self._combo, dtype=np.uint32), combos)
             keep = matches if keep is None else keep & matches
-        return Rows(self, pairs, None if keep is None else np.flatnonzero(keep))
+        return Rows(self, pairs, None if keep is None else row_numbers(np.flatnonzero(keep), len(self)))
 
     def label_names(self, name: str) -> list[str]:
         """The values a label column takes, by code (see `Rows.codes`)."""
@@ -218,18 +218,19 @@ _BLOCK = 1 << 16  # A's keys looked up this many at a time
 def match(a: np.ndarray, b: np.ndarray) -> Pairs:
     """Pair the rows of two sides by key. B's rows are sorted by key, and A's looked up in them in row order, a
     block at a time, one half of the key after the other (of a repeated key, each side keeps its last row): no
-    copy of both sides' keys is made, so the peak is about 33 bytes a row besides the columns."""
+    copy of both sides' keys is made, and the row numbers kept are `row_numbers`, so the peak is about 25 bytes
+    a row besides the columns."""
     order_a = _by_key(a)
     kept_a = np.zeros(len(order_a), dtype=bool)
     kept_a[order_a[_last_in_runs(a, order_a)]] = True
     del order_a
-    rows = np.flatnonzero(kept_a)  # A's rows to look up, in row order
+    rows = row_numbers(np.flatnonzero(kept_a), len(a))  # A's rows to look up, in row order
     del kept_a
     order_b = _by_key(b)
-    unique_b = order_b[_last_in_runs(b, order_b)]
+    unique_b = row_numbers(order_b[_last_in_runs(b, order_b)], len(b))
     del order_b
     hi_b = b["hi"][unique_b]
-    at = np.full(len(rows), -1, dtype=np.int64)  # each A row's place in unique_b, -1: none
+    at = np.full(len(rows), -1, dtype=unique_b.dtype)  # each A row's place in unique_b, -1: none
     for start in range(0, len(rows), _BLOCK):
         hi, lo = a["hi"][rows[start : start + _BLOCK]], a["lo"][rows[start : start + _BLOCK]]
         first, last = np.searchsorted(hi_b, hi, "left"), np.searchsorted(hi_b, hi, "right")
@@ -248,6 +249,11 @@ def match(a: np.ndarray, b: np.ndarray) -> Pairs:
     rows_b = unique_b[at]
     del unique_b, at
     return Pairs(rows[found], rows_b, keys_a, keys_b)
+
+
+def row_numbers(rows: np.ndarray, length: int) -> np.ndarray:
+    """Row numbers into `length` rows, 4 bytes each where they fit (a million rows' take 4 MB, not 8)."""
+    return rows.astype(np.int32) if length < 2**31 else rows
 
 
 def _by_key(keys: np.ndarray) -> np.ndarray:
