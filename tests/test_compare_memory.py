@@ -139,3 +139,26 @@ def test_row_numbers_are_held_in_4_bytes(tmp_path):
     assert len(pairs.a) == 300 and comparison.flips_up == comparison.flips_down == 100
     held = [sides[0].rows, pairs.a, pairs.b, comparison.up, comparison.down]
     assert [a.nbytes for a in held] == [4 * a.size for a in held]
+
+
+def test_the_agreement_is_the_same_whatever_its_block(tmp_path, monkeypatch):
+    """The agreement is folded a block of pairs at a time: every figure (kappa and the exact mean difference to
+    the last bit) and every disagreement is the same in blocks of 7 pairs as in one block."""
+    from diagsafe_local.runs import agreement as module
+
+    rng = np.random.default_rng(11)
+    choices = [0.0, 0.1, 0.5, 0.5, 0.7, 1.0, 1.0, None]
+    columns = []
+    for name in "ab":
+        picks = rng.integers(len(choices), size=500)
+        records = [
+            record("t", f"i{k}", choices[pick], answer=f"answer {pick % 2}") for k, pick in enumerate(picks.tolist())
+        ]
+        jsonl.write(tmp_path / f"{name}.jsonl", records[: 480 if name == "a" else 500])
+        columns.append(answers_column(tmp_path / f"{name}.jsonl"))
+    whole = agreement(*columns)
+    monkeypatch.setattr(module, "_BLOCK", 7)
+    blocked = agreement(*columns)
+    assert blocked.figures == whole.figures and whole.figures.shared == 480
+    assert 0 < whole.figures.identical_answers < whole.figures.both_scored < 480
+    assert list(blocked.disagreements.rows()) == list(whole.disagreements.rows()) != []

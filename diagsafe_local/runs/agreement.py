@@ -16,9 +16,10 @@ import itertools
 import json
 import math
 import secrets
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -153,60 +154,75 @@ class Agreement:
 
 
 def agreement(a: Rows, b: Rows) -> Agreement:
-    """The agreement of two runs' answer columns."""
+    """The agreement of two runs' answer columns, folded a block of pairs at a time (`_Tally`): a million pairs'
+    scores and classes are never held at once."""
     targets_a, targets_b = set(a.label_names("target")), set(b.label_names("target"))
     by_target = not (len(targets_a) == len(targets_b) == 1 and targets_a != targets_b)
     with _keyed(a, by_target) as keys_a, _keyed(b, by_target) as keys_b:
         pairs = match(keys_a, keys_b)
-    left, right = pairs.a, pairs.b
-    scores_a, scores_b = a.scores[left], b.scores[right]
-    scored = ~np.isnan(scores_a) & ~np.isnan(scores_b)
-    both_a, both_b = (scores_a, scores_b) if scored.all() else (scores_a[scored], scores_b[scored])
-    del scores_a, scores_b
-    # Agreement on what the scores mean (every judge maps to [0, 1]), not on a "label" key that only some
-    # judges write: two judges without one would otherwise agree trivially ("None" == "None").
-    names: dict[str, int] = {}
-    classes_a, classes_b = _classes(both_a, names), _classes(both_b, names)
-    n_scored = len(both_a)
-    agree = int((classes_a == classes_b).sum())
+    tally = _Tally()
+    total = math.fsum(itertools.chain.from_iterable(tally.differences(a, b, pairs.a, pairs.b)))
+    names, n_scored = tally.names, tally.scored
     kappa, kappa_note = None, None
     if len(names) == 1:
         # Cohen's kappa is 0/0 when both runs use one class only: agreement beyond chance is undefined, not 1
         kappa_note = f"undefined: every verdict of both runs is '{next(iter(names))}'"
     elif n_scored:
-        kappa = _cohen_kappa(classes_a, classes_b, names)
-    differ = np.flatnonzero(classes_a != classes_b)
-    del classes_a, classes_b
-    shared = len(left)
+        kappa = _cohen_kappa(tally.confusion, names)
+    shared = len(pairs.a)
+    agree = sum(count for (x, y), count in tally.confusion.items() if x == y)
     figures = AgreementFigures(
         only_in_a=pairs.keys_a - shared,
         only_in_b=pairs.keys_b - shared,
         shared=shared,
         both_scored=n_scored,
         label_agreement=agree / n_scored if n_scored else None,
-        score_mean_abs_diff=_mean_abs_difference(both_a, both_b),
-        identical_answers=_identical(a.answer_digests(), b.answer_digests(), left, right),
+        score_mean_abs_diff=total / n_scored if n_scored else None,
+        identical_answers=tally.identical,
         cohen_kappa=kappa,
         cohen_kappa_note=kappa_note,
     )
-    rows_a = (left if n_scored == shared else left[scored])[differ]
-    rows_b = (right if n_scored == shared else right[scored])[differ]
-    del left, right, scored, both_a, both_b, differ  # what the disagreements are made from is all that is left
+    rows_a, rows_b = (
+        np.concatenate([side[:0], *kept]) for side, kept in ((pairs.a, tally.rows_a), (pairs.b, tally.rows_b))
+    )
+    del pairs, tally  # what the disagreements are made from is all that is left
     return Agreement(figures, _disagreements(a, b, rows_a, rows_b, by_target))
 
 
-def _mean_abs_difference(a: np.ndarray, b: np.ndarray) -> float | None:
-    """The mean of |a - b|, summed exactly (`math.fsum`) a block at a time: a million pairs are never a million
-    Python floats at once."""
-    if not len(a):
-        return None
-    blocks = (np.abs(a[k : k + _BLOCK] - b[k : k + _BLOCK]).tolist() for k in range(0, len(a), _BLOCK))
-    return math.fsum(itertools.chain.from_iterable(blocks)) / len(a)
+@dataclass
+class _Tally:
+    """The agreement's figures, folded a block of pairs at a time by `differences`: the classes of the scores
+    (every judge maps to [0, 1]; not a "label" key only some judges write, which two judges without one would
+    agree on trivially) by code in `names`, the pairs of codes counted, and the rows where they differ."""
 
+    names: dict[str, int] = field(default_factory=dict)
+    confusion: Counter[tuple[int, int]] = field(default_factory=Counter)  # (code in A, code in B): pairs
+    scored: int = 0
+    identical: int = 0  # pairs holding the same answer hash
+    rows_a: list[np.ndarray] = field(default_factory=list)
+    rows_b: list[np.ndarray] = field(default_factory=list)
 
-def _identical(a: np.ndarray, b: np.ndarray, left: np.ndarray, right: np.ndarray) -> int:
-    """How many pairs (rows `left` of `a`, `right` of `b`) hold the same answer hash, a block at a time."""
-    return sum(int((a[left[k : k + _BLOCK]] == b[right[k : k + _BLOCK]]).sum()) for k in range(0, len(left), _BLOCK))
+    def differences(self, a: Rows, b: Rows, left: np.ndarray, right: np.ndarray) -> Iterator[list[float]]:
+        """Fold the pairs (rows `left` of A, `right` of B) in blocks, yielding each block's absolute score
+        differences of the pairs both scored: `math.fsum` sums them exactly only as one iterable."""
+        scores_a, scores_b = a.scores, b.scores
+        digests_a, digests_b = a.answer_digests(), b.answer_digests()
+        for start in range(0, len(left), _BLOCK):
+            rows_a, rows_b = left[start : start + _BLOCK], right[start : start + _BLOCK]
+            self.identical += int((digests_a[rows_a] == digests_b[rows_b]).sum())
+            block_a, block_b = scores_a[rows_a], scores_b[rows_b]
+            scored = ~np.isnan(block_a) & ~np.isnan(block_b)
+            if not scored.all():
+                rows_a, rows_b, block_a, block_b = rows_a[scored], rows_b[scored], block_a[scored], block_b[scored]
+            classes_a, classes_b = _classes(block_a, self.names), _classes(block_b, self.names)
+            self.scored += len(block_a)
+            codes, counts = np.unique(classes_a.astype(np.uint16) << 8 | classes_b, return_counts=True)
+            for code, count in zip(codes.tolist(), counts.tolist()):
+                self.confusion[code >> 8, code & 0xFF] += count
+            differ = classes_a != classes_b
+            self.rows_a.append(rows_a[differ])
+            self.rows_b.append(rows_b[differ])
+            yield np.abs(block_a - block_b).tolist()
 
 
 _BLOCK = 1 << 16
@@ -220,12 +236,14 @@ def _classes(scores: np.ndarray, names: dict[str, int]) -> np.ndarray:
     return np.asarray(codes, dtype=np.uint8)[np.searchsorted(values, scores)]  # three classes: a byte each
 
 
-def _cohen_kappa(a: np.ndarray, b: np.ndarray, names: dict[str, int]) -> float:
-    """Cohen's kappa of two class-code arrays, worked out as sklearn's `cohen_kappa_score` does on the class names
-    (classes in name order, the same sums in the same order: the same figure to the last bit), without importing
-    sklearn (21 MB) or making its arrays of label strings."""
+def _cohen_kappa(pairs: Counter[tuple[int, int]], names: dict[str, int]) -> float:
+    """Cohen's kappa of the pairs of class codes counted, worked out as sklearn's `cohen_kappa_score` does on the
+    class names (classes in name order, the same sums in the same order: the same figure to the last bit),
+    without importing sklearn (21 MB) or making its arrays of label strings."""
     n, rank = len(names), _ranks(list(names))
-    confusion = np.bincount(rank[a] * n + rank[b], minlength=n * n).reshape(n, n)
+    confusion = np.zeros((n, n), dtype=np.int64)
+    for (x, y), count in pairs.items():
+        confusion[rank[x], rank[y]] = count
     sum0, sum1 = confusion.sum(axis=0), confusion.sum(axis=1)
     expected = np.outer(sum0, sum1) / np.sum(sum0)
     w_mat = np.ones([n, n], dtype=int)
@@ -254,7 +272,7 @@ def _disagreements(a: Rows, b: Rows, rows_a: np.ndarray, rows_b: np.ndarray, by_
 
 def _ranks(names: list[str]) -> np.ndarray:
     """Each name's place in sorted order, by its code (its place in `names`)."""
-    ranks = np.empty(len(names), np.int64)
+    ranks = np.empty(len(names), np.int32)
     ranks[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
     return ranks
 
