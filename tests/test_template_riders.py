@@ -94,3 +94,13 @@ def test_a_cascades_full_judge_on_the_screens_engine_is_checked_with_its_own_arg
     with pytest.raises(RunFailed, match="judge 'singguard' sends the chat template argument"):
         run.execute()
     assert [e.calls for e in engines.scripted] in ([], [0])
+
+
+def test_the_vllm_engine_checks_the_arguments_it_is_given_for_its_riders(tiny_models):
+    """The real vLLM engine (its own start, ~45 s): the arguments the run gives it (a rider's) are checked against
+    the template vLLM resolves, not its config's own (none here)."""
+    from diagsafe_local.engines.vllm_engine import VLLMEngine
+
+    config = JudgeConfig(model=str(tiny_models["judge"]), max_model_len=256)
+    with pytest.raises(RunFailed, match="judge 'singguard' sends the chat template argument 'policy'"):
+        VLLMEngine(config, template_arguments={"policy": "singguard"})
