@@ -71,6 +71,9 @@ def test_the_gate_does_not_decide_on_a_validation_missing_gold_verdicts(
     assert "judged 36 of 40 gold items" in said
     plain = runner.invoke(app, ["gate", str(tmp_path / "run"), "--max-asr", "0.95", "--allow-degenerate-judge"])
     assert plain.exit_code == 0, plain.output  # the uncorrected ASR does not read the validation's rates
+    runner.invoke(app, ["report", str(tmp_path / "run")])
+    shown = " ".join((tmp_path / "run" / "report.md").read_text().split())
+    assert "corrected" in shown and "Not to be decided on: judge" in shown, shown  # the report says so too
 
     card = runner.invoke(app, ["judges", "harmjudge", "--judge-model", "j", "--engine", "vllm", "--json"])
     found = JudgeCard.model_validate_json(card.output).validations
