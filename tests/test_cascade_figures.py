@@ -241,3 +241,10 @@ def test_a_full_judge_behind_an_api_is_its_name_wherever_it_is_served():
 
     assert ref("f", "http://127.0.0.1:1/v1").differences(ref("f", "http://127.0.0.1:2/v1")) == []
     assert "'model': 'f'" in " ".join(ref("f", "http://127.0.0.1:1/v1").differences(ref("g", "http://127.0.0.1:1/v1")))
+
+
+def test_merges_help_says_it_writes_a_report_into_the_merged_directory():
+    """`merge RUN_DIRS --out` writes report.md, report.html and figures/ into --out (the figures the gate decides
+    on); its --help, and so the generated command reference, says so."""
+    shown = " ".join(CliRunner().invoke(app, ["merge", "--help"]).output.replace("│", " ").split())
+    assert "report.md" in shown and "report.html" in shown, shown

@@ -28,7 +28,9 @@ def merge(
         typer.Option(help="Merge runs judged by different judges (or naming two models alike) all the same."),
     ] = False,
 ) -> None:
-    """Merge run directories (a local and an API run, say), or all N shards of a config; duplicates are refused."""
+    """Merge run directories (a local and an API run, say), or all N shards of a config; duplicates are refused.
+    Writes the merged run's report (report.md, report.html, figures/: the figures the gate decides on) into the
+    merged directory and prints its summary."""
     from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.runs.merge import merge_runs
     from diagsafe_local.runs.report import print_summary, write_report
