@@ -7,14 +7,11 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 import typer.testing
-from helpers import current_rows, wide_rows, write_jsonl
+from helpers import SharedVLLMFactory, current_rows, wide_rows, write_jsonl
 from hypothesis import settings
-
-from diagsafe_local.engines.base import BorrowedEngine
 
 # vLLM attaches its log handler to whatever sys.stdout is when it is first imported; inside a CliRunner call
 # that stream is closed when the call returns, and vLLM's later log lines then break pytest's capture. Tests
@@ -64,70 +61,7 @@ def wide_file(tmp_path: Path) -> Path:
     return write_jsonl(tmp_path / "bench_v1.jsonl", wide_rows())
 
 
-# -- the real vLLM engine, shared across tests (each start costs ~45 s on this machine) --------------
-
-
-class SharedVLLMFactory:
-    """An engine factory that loads each (model, adapter) once and keeps it for later tests, with the judge's
-    structured-output backend (requests without a schema are unaffected by it).
-
-    Kept engines are bounded: each holds ~2-3 GB (weights, torch, a 1 GiB KV cache), and a whole-suite run that kept
-    all ten it loads was OOM-killed on this 24 GB machine (the kernel killed vLLM workers mid-test; every later call
-    on them was EngineDeadError). Before a load, the least recently used engines that the current test has not
-    borrowed are shut down while more than DIAGSAFE_TEST_ENGINES (default 4) would be kept, or while less than
-    DIAGSAFE_TEST_FREE_GB (default 6) of memory is available. With DIAGSAFE_TEST_ENGINE_LOG naming a file, each
-    load and eviction appends a line to it: `load MODEL TEST` or `evict MODEL TEST` (the test that caused it).
-    """
-
-    def __init__(self) -> None:
-        self.engines: dict[tuple, Any] = {}  # in order of last use, oldest first
-        self.loads = 0
-        self.borrowed_since = 0  # a counter value: engines borrowed at or after it belong to the current test
-        self._clock = 0
-        self._last_borrowed: dict[tuple, int] = {}
-        self.keep = int(os.environ.get("DIAGSAFE_TEST_ENGINES", "4"))
-        self.free_bytes = float(os.environ.get("DIAGSAFE_TEST_FREE_GB", "6")) * 2**30
-        self.log = os.environ.get("DIAGSAFE_TEST_ENGINE_LOG") or None
-        self.test = ""
-
-    def new_test(self, test: str = "") -> None:
-        """Mark the start of a test's setup: what it borrows from here on is in use until the next test starts."""
-        self._clock += 1
-        self.borrowed_since = self._clock
-        self.test = test
-
-    def _note(self, event: str, key: tuple) -> None:
-        if self.log:
-            with open(self.log, "a") as log:
-                log.write(" ".join([event, *(str(part) for part in key if part), self.test]) + "\n")
-
-    def __call__(self, config, **options):
-        from diagsafe_local.engines.vllm_engine import VLLMEngine
-
-        key = (config.model, getattr(config, "lora", None))
-        if key not in self.engines:
-            self._make_room()
-            self._note("load", key)
-            self.loads += 1
-            self.engines[key] = VLLMEngine(config, structured_backend="xgrammar")
-        self.engines[key] = self.engines.pop(key)  # most recently used last
-        self._last_borrowed[key] = self._clock
-        return BorrowedEngine(self.engines[key])
-
-    def _make_room(self) -> None:
-        import psutil
-
-        idle = [key for key in self.engines if self._last_borrowed[key] < self.borrowed_since]
-        while idle and (len(self.engines) >= self.keep or psutil.virtual_memory().available < self.free_bytes):
-            key = idle.pop(0)
-            self._note("evict", key)
-            self.engines.pop(key).close()
-            del self._last_borrowed[key]
-
-    def close(self) -> None:
-        for engine in self.engines.values():
-            engine.close()
-        self.engines.clear()
+# -- the real vLLM engine, shared across tests (each start costs ~45 s on this machine; helpers.SharedVLLMFactory)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SharedVLLMFactory
+from helpers import SharedVLLMFactory, in_process_vllm_for_children
 
 from diagsafe_local.engines.config import EngineConfig
 
@@ -82,3 +82,19 @@ def test_without_the_variable_the_factory_writes_no_log(tmp_path, monkeypatch, v
     factory.new_test("t1")
     factory(EngineConfig(model="a"))
     assert factory.loads == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("before", [None, "1"])
+def test_in_process_vllm_is_in_the_environment_of_the_block_only(monkeypatch, before):
+    if before is None:
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", before)
+    with in_process_vllm_for_children():
+        child = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'])"],
+            capture_output=True,
+            text=True,
+        )
+    assert child.stdout.strip() == "0"
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == before
