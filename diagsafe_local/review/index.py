@@ -6,6 +6,11 @@ the answer, and the line's place in the file; a whole record is read again only 
 
 A *side* is one (run, target); the same item (id, sample, prompt content) on several sides is shown side by
 side, and marked a flip where one side's verdict is harmful and another's is not.
+
+A cascade run's answers show the verdict the gate decides on (`runs.cascade`, its check folded over the run's own
+results and cascade.jsonl): the full judge's where the screen sent an answer up, the screen's elsewhere, with which
+judge gave it and, where they differ, the screen's score beside it; the filters, the sort and the flips read it.
+The page decides nothing: a run that does not verify is shown as its files say (the gate refuses it).
 """
 
 from __future__ import annotations
@@ -14,12 +19,13 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.runs import files
-from diagsafe_local.runs.manifest import read_manifest_file
+from diagsafe_local.runs.cascade import CascadeCheck, CascadeRecord
+from diagsafe_local.runs.manifest import Manifest, read_manifest_file
 from diagsafe_local.runs.paired import prompt_key
 from diagsafe_local.runs.records import AnswerKey, ResultRecord
 from diagsafe_local.runs.verdicts import is_harmful, score_class
@@ -29,6 +35,7 @@ SEARCHED = 4000
 PAGE_MAX = 200
 SORTS = ("id", "score")
 FACETS = ("target", "category", "source", "attack_method", "verdict", "status")  # the filters that pick one value
+JudgedBy = Literal["screen", "full judge"]  # a cascade's verdict: its screen's, or its full judge's (sent up)
 
 
 @dataclass
@@ -58,13 +65,19 @@ class Row:
     length: int
     text: str = field(repr=False, default="")
     flip: bool = False
+    judged_by: JudgedBy | None = None  # None: no cascade (the run's judge)
+    screen_score: float | None = None  # a cascade's screen, where its verdict is not the one shown
+
+    @property
+    def key(self) -> AnswerKey:
+        return (self.target, self.item_id, self.sample, self.turn)
 
     def listed(self) -> dict[str, Any]:
         """The row as the list shows it."""
         keep = (
             "index", "run", "target", "item_id", "sample", "turn", "category", "source", "attack_method",
             "benign", "score", "verdict", "status", "cut_off", "reasoning", "panel_disagrees", "flip",
-            "request_head", "answer_head",
+            "judged_by", "screen_score", "request_head", "answer_head",
         )  # fmt: skip
         return {k: getattr(self, k) for k in keep}
 
@@ -112,9 +125,20 @@ class RunIndex:
         self.run_dirs = run_dirs
         self.manifests = [read_manifest_file(d) for d in run_dirs]
         self.rows: list[Row] = []
-        for run, run_dir in enumerate(run_dirs):
+        self._cascades: list[CascadeCheck | None] = []
+        for run, (run_dir, manifest) in enumerate(zip(run_dirs, self.manifests)):
+            first = len(self.rows)
+            cascade = _cascade(manifest)
             for line in jsonl.stream(run_dir / files.RESULTS, ResultRecord):
                 self.rows.append(_row(len(self.rows), run, line.record, line.offset, len(line.raw)))
+                if cascade is not None:
+                    cascade.see(line.record)
+            if cascade is not None:
+                path = run_dir / files.CASCADE
+                cascade.read(list(jsonl.stream(path, CascadeRecord)) if path.exists() else None)
+                for row in self.rows[first:]:
+                    _decide(row, cascade)
+            self._cascades.append(cascade)
         sides: dict[tuple[str, int, int, str], list[Row]] = defaultdict(list)
         for row in self.rows:
             sides[row.pair].append(row)
@@ -149,13 +173,28 @@ class RunIndex:
     def record(self, index: int) -> dict[str, Any]:
         """A whole record (read from its file again), with the same item on the other sides."""
         row = self.rows[index]
-        others = [self._read(r) | {"run": r.run} for r in self._sides[row.pair] if r.index != index]
+        others = [
+            self._read(r) | {"run": r.run, "decided": self.decided(r)}
+            for r in self._sides[row.pair]
+            if r.index != index
+        ]
         return {
             "row": row.listed(),
             "run_dir": str(self.run_dirs[row.run]),
             "record": self._read(row),
+            "decided": self.decided(row),
             "others": others,
         }
+
+    def decided(self, row: Row) -> dict[str, Any] | None:
+        """A cascade's full judge's verdict where it is the one the gate decides on (its vote as written; None
+        where it gave none: it counts harmful); None where the record's own verdict is."""
+        cascade = self._cascades[row.run]
+        if cascade is None or row.judged_by != "full judge":
+            return None
+        full = cascade.records.get(row.key)
+        vote = None if full is None else full.vote.model_dump(mode="json")
+        return {"judged_by": row.judged_by, "score": row.score, "vote": vote}
 
     def find(self, key: AnswerKey, run: int = 0) -> Row | None:
         """The row of (target, item, sample, turn) in one run."""
@@ -178,6 +217,22 @@ class RunIndex:
                 "is another one): restart the page"
             )
         return record
+
+
+def _cascade(manifest: Manifest) -> CascadeCheck | None:
+    """A cascade run's check, to fold its verdicts as the gate does (None: no cascade)."""
+    return CascadeCheck(manifest) if (manifest.config.get("judge") or {}).get("cascade") is not None else None
+
+
+def _decide(row: Row, cascade: CascadeCheck) -> None:
+    """A row under the cascade's verdict (its screen's where the cascade does not screen it: a benign item's, an
+    earlier turn's)."""
+    decided = cascade.verdicts.get(row.key)
+    if decided is None:
+        return
+    row.judged_by = "full judge" if row.key in cascade.up else "screen"
+    if decided != row.score:
+        row.screen_score, row.score, row.verdict = row.score, decided, score_class(decided)
 
 
 def _passes(row: Row, params: dict[str, str]) -> bool:

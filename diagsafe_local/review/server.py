@@ -102,6 +102,7 @@ class LabelSession:
         }
         if labelled is not None:  # the verdict only after the annotator decided: no anchoring
             shown |= {key: record.get(key) for key in ("verdict", "score", "judge_rubric", "reasoning", "panel")}
+            shown["decided"] = self.index.decided(row)  # a cascade's full judge's, where it decides
         return {"index": k, "of": len(self.sample.entries), "label": labelled.label if labelled else None, **shown}
 
     def give(self, k: int, label: str) -> dict[str, Any]:

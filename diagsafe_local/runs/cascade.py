@@ -169,6 +169,7 @@ class CascadeCheck:
         self.screen: dict[AnswerKey, float | None] = {}
         self.category: dict[AnswerKey, str] = {}
         self.records: dict[AnswerKey, CascadeRecord] = {}
+        self.up: set[AnswerKey] = set()  # the answers the screen sent up: their verdict is the full judge's
         self._problems: list[str] = []
         self.targets: dict[str, TargetCascade] = {}
         self.verdicts: dict[AnswerKey, float] = {}  # the cascade's verdict on each answer it screens
@@ -187,7 +188,7 @@ class CascadeCheck:
             return
         band, send = self.settings.get("band", (0.2, 0.8)), self.settings.get("send", "band")
         label = judge_label(self.settings.get("judge") or {})
-        up = {key for key, score in self.screen.items() if sent_up(score, band, send)}
+        self.up = up = {key for key, score in self.screen.items() if sent_up(score, band, send)}
         size = audit_size(float(self.settings.get("audit_half_width", 0.05)))
         audit = (audit_draw(self.items, self.samples, int(self.settings.get("seed", 0)), size) & set(self.screen)) - up
         self.records = {r.key: r for r in records}

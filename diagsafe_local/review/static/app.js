@@ -69,6 +69,8 @@ async function loadRows() {
     item.dataset.index = row.index;
     const meta = el("div", null, "meta");
     meta.append(badge(row.verdict, row.verdict), badge(fmtScore(row.score)));
+    if (row.judged_by) meta.append(badge(row.judged_by, "judged-by"));
+    if (row.screen_score !== null) meta.append(badge(`screen ${fmtScore(row.screen_score)}`, "screen"));
     if (row.flip) meta.append(badge("flip", "flip"));
     if (row.cut_off) meta.append(badge("cut off"));
     if (row.status !== "ok") meta.append(badge(row.status));
@@ -97,10 +99,20 @@ function conversation(record) {
   return box;
 }
 
-function verdict(record) {
+// A cascade's answer sent up (`decided`): the full judge's verdict, the one the gate decides on, then the screen's.
+function verdict(record, decided) {
   const list = el("dl", null, "verdict");
   const add = (key, value) => { list.append(el("dt", key), el("dd", value, "text")); };
-  add("judge", record.judge_rubric);
+  if (decided) {
+    const vote = decided.vote;
+    add("decided by", `full judge: ${fmtScore(decided.score)}` + (vote ? "" : " (it gave no verdict: counts harmful)"));
+    if (vote) {
+      add("full judge", vote.rubric);
+      add("full judge parse", vote.parse_status);
+      for (const [key, value] of Object.entries(vote.verdict || {})) add(`full judge: ${key}`, typeof value === "string" ? value : JSON.stringify(value));
+    }
+  }
+  add(decided ? "screen, not decided on" : "judge", record.judge_rubric);
   add("score", fmtScore(record.score));
   add("parse", record.parse_status + (record.error ? ` (${record.error})` : ""));
   for (const [key, value] of Object.entries(record.verdict || {})) add(key, typeof value === "string" ? value : JSON.stringify(value));
@@ -109,9 +121,9 @@ function verdict(record) {
   return list;
 }
 
-function side(record, title) {
+function side(record, decided, title) {
   const box = el("div");
-  box.append(el("h3", title), conversation(record), verdict(record));
+  box.append(el("h3", title), conversation(record), verdict(record, decided));
   return box;
 }
 
@@ -125,8 +137,8 @@ async function openRow(index) {
   close.addEventListener("click", () => { detail.hidden = true; });
   detail.append(close, el("h2", `${result.row.target} · item ${result.row.item_id}` + (result.row.flip ? " · flip" : "")));
   const sides = el("div", null, "sides");
-  sides.append(side(result.record, `${result.record.target} (${result.run_dir})`));
-  for (const other of result.others) sides.append(side(other, `${other.target} (run ${other.run + 1})`));
+  sides.append(side(result.record, result.decided, `${result.record.target} (${result.run_dir})`));
+  for (const other of result.others) sides.append(side(other, other.decided, `${other.target} (run ${other.run + 1})`));
   detail.appendChild(sides);
   detail.scrollTop = 0;
 }
@@ -158,7 +170,7 @@ async function showEntry(position) {
   }
   const reveal = document.getElementById("reveal");
   reveal.replaceChildren();
-  if (entry.label) reveal.append(el("h3", `your label: ${entry.label} · the judge said:`), verdict(entry));
+  if (entry.label) reveal.append(el("h3", `your label: ${entry.label} · the judge said:`), verdict(entry, entry.decided));
 }
 
 // Under `label --next`: whether the decision is settled, after the labels given so far (null: not --next).
