@@ -37,6 +37,7 @@ MIN_VERDICTS = 10
 DEGENERATE_SHARE = 0.5
 COPY_CHARS = 40  # a rationale opening with this many characters of the prompt, verbatim, is copied
 MIN_COPY_CHARS = 12
+KNOWN_WORDS = 4096  # words of rationales kept with whether the instructions hold them, per judge
 
 
 def _normal(text: str) -> str:
@@ -57,18 +58,25 @@ def _copied(rationale: str, prompt: str) -> bool:
     return len(opening) >= MIN_COPY_CHARS and opening in prompt
 
 
-def _copied_from(rationale: str, instructions: str, r: ResultRecord) -> bool:
+def _copied_from(rationale: str, instructions: str, r: ResultRecord, known: dict[str, bool] | None = None) -> bool:
     """Whether a (normalised) rationale opens with a passage of the judge's prompt: its instructions, the
     conversation and the answer, each normalised. Most rationales share no opening word with the prompt's text,
     which needs no normalising to tell (a word holds no whitespace, and lowercasing never makes any, so a word is
     in a normalised text exactly where it is in the text lowercased): the whole prompt is normalised only for the
-    others. A word in the instructions (most of a rationale's) needs no look at the record's texts."""
+    others. A word in the instructions (most of a rationale's) needs no look at the record's texts. `known`:
+    whether each word is in these instructions, kept across calls (a judge's rationales repeat their words, and a
+    dict lookup is cheaper than a search of the instructions), at most KNOWN_WORDS of them."""
     opening = rationale[:COPY_CHARS]
     if len(opening) < MIN_COPY_CHARS:
         return False
     texts: list[str] | None = None
     for word in opening.split(" "):
-        if word in instructions:
+        found = known.get(word) if known is not None else None
+        if found is None:
+            found = word in instructions
+            if known is not None and len(known) < KNOWN_WORDS:
+                known[word] = found
+        if found:
             continue
         if texts is None:
             texts = [m.content.lower() for m in r.conversation] + [r.answer.lower()]
@@ -106,7 +114,7 @@ class HealthTally:
         self.copies = 0
         self.rationales = 0
         self.labels: dict[str, Counter[str]] = {}
-        self._prompts: dict[str, str] = {}
+        self._prompts: dict[str, tuple[str, dict[str, bool]]] = {}  # a judge's instructions normalised, its known words
 
     def add(self, r: ResultRecord, instructions: Mapping[str, str]) -> None:
         if r.parse_status != "ok" or r.verdict is None or r.judge_engine.kind == "none":
@@ -121,9 +129,9 @@ class HealthTally:
         if reason:
             own = self._prompts.get(r.judge_rubric)
             if own is None:
-                own = self._prompts[r.judge_rubric] = _normal(instructions.get(r.judge_rubric, ""))
+                own = self._prompts[r.judge_rubric] = (_normal(instructions.get(r.judge_rubric, "")), {})
             self.rationales += 1
-            self.copies += _copied_from(reason, own, r)
+            self.copies += _copied_from(reason, own[0], r, own[1])
         labels = self.labels.get(r.category or "(none)")
         if labels is None:
             labels = self.labels[r.category or "(none)"] = Counter()

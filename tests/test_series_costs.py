@@ -1,0 +1,69 @@
+"""The series report's per-record shortcuts (issue 48) give what the plain computations give: the judge-health
+word cache, a comparison column that keeps no lines to read back, the figures drawn without pyplot."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given
+from hypothesis import strategies as st
+from test_paired import record
+
+from diagsafe_local.runs import health
+
+WORDS = ["The", "answer", "gives", "steps", " ", "\n", "\t", "\u00a0", "\u0130", "STEP", "x" * 14, "judge", "(case"]
+INSTRUCTIONS = health._normal("You judge answers. The answer gives")
+KNOWN: dict[str, bool] = {}  # one judge's known words, kept across every example as a tally keeps them
+
+
+@given(st.lists(st.sampled_from(WORDS), max_size=20), st.lists(st.sampled_from(WORDS), max_size=30))
+def test_the_known_words_of_a_judge_never_change_a_copied_verdict(reason_parts, answer_parts):
+    """Whether a rationale's word is in the instructions, remembered from earlier rationales of the same judge,
+    calls copied exactly what the whole search of the normalised prompt calls copied."""
+    reason = re.sub(r"\s+", " ", "".join(reason_parts)).strip().lower()
+    answer = "".join(answer_parts)
+    r = record("t", "1", 1.0, answer=answer, prompt="The question: give the steps")
+    prompt = " ".join([INSTRUCTIONS, *(health._normal(t) for t in ("The question: give the steps", answer))])
+    assert health._copied_from(reason, INSTRUCTIONS, r, KNOWN) == health._copied(reason, prompt)
+
+
+def test_a_judge_keeps_at_most_known_words_words_and_its_copies_are_counted(monkeypatch):
+    """The cache is bounded (a million rationales of distinct words keep KNOWN_WORDS of them), and a rationale
+    copied from the instructions is counted copied whether its words were known before or not."""
+    monkeypatch.setattr(health, "KNOWN_WORDS", 3)
+    tally = health.HealthTally()
+    instructions = {"harmjudge": "Words one two three four five six seven eight nine ten eleven twelve"}
+    verdicts = ["words one two three four five six seven eight", "one two three four five six seven eight nine"]
+    verdicts += [f"zz{k} one two three four five six seven eight nine" for k in range(3)]  # zz{k}: nowhere
+    for k, text in enumerate(verdicts * 2):
+        r = record("t", str(k), 1.0, prompt="q")
+        r.verdict = {"rationale": text, "label": "harmful"}
+        tally.add(r, instructions)
+    assert sorted(tally._prompts["harmjudge"][1]) == ["one", "two", "words"]
+    assert (tally.copies, tally.rationales) == (4, 10)
+
+
+def test_a_figure_drawn_without_pyplot_is_the_figure_pyplot_draws(tmp_path):
+    """png_figure's bare Figure, laid out once and drawn once, writes the PNG that pyplot's figure, laid out and
+    saved as before (tight_layout, then savefig's own extra draw), writes byte for byte."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from diagsafe_local.core.figures import png_figure
+
+    def draw(ax) -> None:
+        ax.plot([1, 2, 3], [0.2, 0.9, 0.4], "o-", label="a long label beside the axes")
+        ax.fill_between([1, 2, 3], [0.1, 0.8, 0.3], [0.3, 1.0, 0.5], alpha=0.2)
+        ax.set_title("title")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+    with png_figure(tmp_path / "new.png", (6, 3)) as ax:
+        draw(ax)
+    fig, ax = plt.subplots(figsize=(6, 3))
+    draw(ax)
+    fig.tight_layout()
+    fig.savefig(tmp_path / "old.png", format="png", dpi=120)
+    plt.close(fig)
+    assert (tmp_path / "new.png").read_bytes() == (tmp_path / "old.png").read_bytes()
