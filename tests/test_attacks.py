@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fakes import ScriptedEngine, canary_reply, default_responder
-from helpers import run_cut_at
+from helpers import IN_PROCESS_VLLM, run_cut_at
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -533,6 +533,7 @@ def _comparable(path: Path) -> list[dict]:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_sigkill_mid_attack_resumes_the_chains_to_the_records_of_an_unbroken_run(tiny_models, vllm_engines, tmp_path):
+    import os
     import signal
     import subprocess
     import sys
@@ -554,7 +555,9 @@ def test_sigkill_mid_attack_resumes_the_chains_to_the_records_of_an_unbroken_run
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     partial = _comparable(attacks)
     assert partial and json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env={**os.environ, **IN_PROCESS_VLLM}
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     data["output_dir"] = str(tmp_path / "clean")
     Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from fakes import ScriptedEngine, default_responder
-from helpers import SAMPLE
+from helpers import SAMPLE, write_jsonl
 from typer.testing import CliRunner
 
 from diagsafe_local.benchmark.dataset import load_dataset
@@ -89,12 +89,14 @@ def test_judge_options_are_checked():
 
 @pytest.mark.vllm
 def test_bench_judge_end_to_end_with_a_tiny_judge(tiny_models, tmp_path):
+    rows = [row for row in map(json.loads, SAMPLE.open()) if row["prompt_id"] in (1, 2)]  # every answer of two
+    sample = write_jsonl(tmp_path / "sample.jsonl", rows)
     result = CliRunner().invoke(
         app,
         [
             "bench",
             "--dataset",
-            str(SAMPLE),
+            str(sample),
             "--judge",
             "harmjudge",
             "--judge-model",
@@ -108,18 +110,20 @@ def test_bench_judge_end_to_end_with_a_tiny_judge(tiny_models, tmp_path):
             "--missing",
             "worst-case",
             "--out",
-            str(tmp_path),
+            str(tmp_path / "out"),
         ],
     )
     assert result.exit_code == 0, result.output
-    board = pd.read_csv(tmp_path / "leaderboard.csv")
+    out = tmp_path / "out"
+    board = pd.read_csv(out / "leaderboard.csv")
     name = f"judge:harmjudge@{tiny_models['judge'].name}"
     assert set(board["metric"]) == {"rouge1_recall", name}
     row = board.set_index("metric").loc[name]
-    assert row["n_prompts"] == 10 and 0.0 <= row["overall"] <= 1.0
-    judgments = [json.loads(line) for line in (tmp_path / "judgments.jsonl").read_text().splitlines()]
-    assert len(judgments) == 120 and all(j["status"] == "ok" for j in judgments)
-    assert name in set(pd.read_csv(tmp_path / "failure_analysis.csv")["metric"])
+    assert row["n_prompts"] == 2 and 0.0 <= row["overall"] <= 1.0
+    judgments = [json.loads(line) for line in (out / "judgments.jsonl").read_text().splitlines()]
+    answers = [row for row in rows if row["response_category"] != "reference response"]  # the reference is not judged
+    assert len(judgments) == len(answers) == 24 and all(j["status"] == "ok" for j in judgments)
+    assert name in set(pd.read_csv(out / "failure_analysis.csv")["metric"])
 
 
 EXPECTED_USER_MESSAGE = """<<<CONVERSATION>>>

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ACME_POLICY, SAMPLE, tiny_engine, write_jsonl, write_plugin
+from helpers import ACME_POLICY, IN_PROCESS_VLLM, SAMPLE, tiny_engine, write_jsonl, write_plugin
 
 
 def cli(*args, plugin: Path | None = None, env: dict | None = None, timeout: int = 600):
@@ -236,7 +236,7 @@ def test_a_policy_file_and_a_plugin_run_end_to_end_on_the_real_engine(plugin, ti
             }
         )
     )
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", **IN_PROCESS_VLLM}
     run = cli("run", config, plugin=plugin, env=env)
     assert run.returncode == 0, run.text[-3000:]
     records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").open()]
@@ -251,8 +251,10 @@ def test_a_policy_file_and_a_plugin_run_end_to_end_on_the_real_engine(plugin, ti
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["judge"]["settings"]["policies"]["acme-policy"].startswith("sha256:")
 
+    two_prompts = [row for row in map(json.loads, SAMPLE.open()) if row["prompt_id"] in (1, 2)]
+    sample = write_jsonl(tmp_path / "sample.jsonl", two_prompts)  # every answer of 2 prompts: 26 verdicts, not 130
     bench = cli(
-        "bench", "--dataset", SAMPLE, "--metrics", "acme_overlap", "--judge", policy,
+        "bench", "--dataset", sample, "--metrics", "acme_overlap", "--judge", policy,
         "--judge-model", judge["model"], "--judge-max-model-len", "2048", "--judge-dtype", "float32",
         "--out", tmp_path / "bench", plugin=plugin, env=env,
     )  # fmt: skip

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from helpers import run_cut_at, tiny_engine
+from helpers import IN_PROCESS_VLLM, run_cut_at, tiny_engine
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -145,7 +145,9 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
     assert partial <= len(results.read_text().splitlines()) < total
 
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env={**os.environ, **IN_PROCESS_VLLM}
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
     data["output_dir"] = str(tmp_path / "clean")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, tiny_engine
+from helpers import REPO, in_process_vllm_for_children, tiny_engine
 from slurm_cluster import LocalSlurm
 from typer.testing import CliRunner
 
@@ -97,7 +97,8 @@ def test_array_and_merge_match_an_unsharded_run_and_a_failed_shard_is_resubmitte
     dry = runner.invoke(app, [*args, "--dry-run"])
     assert dry.exit_code == 0 and "--array=0,1" in dry.output and "afterok:<array job id>" in dry.output
 
-    first = runner.invoke(app, args)
+    with in_process_vllm_for_children():  # each job's two engines start in seconds
+        first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
     array_id, merge_id = _job_ids(first.output)
     slurm.wait([array_id, merge_id])
@@ -108,7 +109,8 @@ def test_array_and_merge_match_an_unsharded_run_and_a_failed_shard_is_resubmitte
     assert report.exit_code == 2 and "shard 1 of 2 is missing" in " ".join(report.output.split())
 
     blocker.unlink()
-    second = runner.invoke(app, args)
+    with in_process_vllm_for_children():
+        second = runner.invoke(app, args)
     assert second.exit_code == 0 and "shards 1 of 2 (1 already complete, skipped)" in second.output, second.output
     array_id, merge_id = _job_ids(second.output)
     slurm.wait([array_id, merge_id])
@@ -189,7 +191,8 @@ def test_a_training_run_with_the_callback_evaluates_its_checkpoints_on_slurm(slu
         processing_class=tokenizer,
         callbacks=[callback],
     )
-    trainer.train()
+    with in_process_vllm_for_children():  # the callback submits each checkpoint's run
+        trainer.train()
     state = read_series(series)
     assert [(e.name, e.status) for e in state.ordered()] == [
         ("checkpoint-2", "submitted"),
