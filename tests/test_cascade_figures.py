@@ -248,3 +248,20 @@ def test_merges_help_says_it_writes_a_report_into_the_merged_directory():
     on); its --help, and so the generated command reference, says so."""
     shown = " ".join(CliRunner().invoke(app, ["merge", "--help"]).output.replace("│", " ").split())
     assert "report.md" in shown and "report.html" in shown, shown
+
+
+def test_a_flip_shows_the_verdict_its_score_came_from(tmp_path):
+    """The candidate's 12 'sly' answers flip on the full judge's verdicts (harmful), which the screen called not
+    harmful: each flip's verdict is the full judge's, in compare --out's flips.jsonl and report --baseline's."""
+    candidate, baseline = cascade_run(tmp_path / "cand", sly=12), cascade_run(tmp_path / "base")
+    out = tmp_path / "cmp"
+    compared = CliRunner().invoke(app, ["compare", str(baseline), str(candidate), "--out", str(out)])
+    assert compared.exit_code == 0, compared.output
+    reported = CliRunner().invoke(app, ["report", str(candidate), "--baseline", str(baseline)])
+    assert reported.exit_code == 0, reported.output
+    for path in (out / "flips.jsonl", candidate / "flips.jsonl"):
+        flips = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(flips) == 12, path
+        assert {(f["score_b"], f["verdict_b"]["label"], f["verdict_a"]["label"]) for f in flips} == {
+            (1.0, "harmful", "not_harmful")
+        }, (path, flips[0])

@@ -17,7 +17,7 @@ from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
 from diagsafe_local.runs.paired import PairedComparison, RunColumns, compare_targets, sides
-from diagsafe_local.runs.passes import decided_results
+from diagsafe_local.runs.passes import decided_results, decided_verdicts
 from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.verify import VerifiedRun, verify_run
 
@@ -136,11 +136,22 @@ def compare_with_baseline(
     if columns is not None:
         columns_a, columns_b = columns[0].sides, columns[1].sides
     elif baseline is candidate:
-        both = sides(candidate.run_dir / files.RESULTS, decided_results(candidate), {n for pair in pairs for n in pair})
+        named = {n for pair in pairs for n in pair}
+        both = sides(candidate.run_dir / files.RESULTS, decided_results(candidate), named, decided_verdicts(candidate))
         columns_a = columns_b = both
     else:
-        columns_a = sides(baseline.run_dir / files.RESULTS, decided_results(baseline), {base for base, _ in pairs})
-        columns_b = sides(candidate.run_dir / files.RESULTS, decided_results(candidate), {cand for _, cand in pairs})
+        columns_a = sides(
+            baseline.run_dir / files.RESULTS,
+            decided_results(baseline),
+            {b for b, _ in pairs},
+            decided_verdicts(baseline),
+        )
+        columns_b = sides(
+            candidate.run_dir / files.RESULTS,
+            decided_results(candidate),
+            {c for _, c in pairs},
+            decided_verdicts(candidate),
+        )
     return [
         compare_targets(base, cand, columns_a[base], columns_b[cand], rates, warning, breakdowns)
         for base, cand in pairs

@@ -307,6 +307,14 @@ def final_scores(run: VerifiedRun) -> dict[AnswerKey, float]:
     return check.verdicts
 
 
+def final_verdicts(run: VerifiedRun) -> dict[AnswerKey, dict[str, Any] | None]:
+    """The full judge's verdict (its reply parsed; None: it gave none) on each answer the screen sent up, by its
+    key: the verdict the cascade's score of that answer came from."""
+    check = run.passes["cascade"].check
+    assert isinstance(check, CascadeCheck)
+    return {key: full.vote.verdict if (full := check.records.get(key)) else None for key in check.up}
+
+
 def _increases_moved(
     check: CascadeCheck, target: str, limits: Limits
 ) -> Iterator[tuple[str, TargetCascade, list[tuple[str, float]]]]:

@@ -23,17 +23,17 @@ corrected ASRs, with a validated judge); `plan --baseline-asr --margin` sizes a 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.pairing import Column, Rows, match
-from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.records import AnswerKey, ResultRecord
 from diagsafe_local.runs.summary import BREAKDOWNS
 from diagsafe_local.runs.validation import JudgeErrorRates
 from diagsafe_local.runs.verdicts import HARMFUL_ABOVE
@@ -52,11 +52,16 @@ def prompt_key(record: ResultRecord) -> str:
     return record.asked()
 
 
-def sides(path: Path, lines: Iterable[Line[ResultRecord]], targets: Iterable[str]) -> dict[str, Rows]:
+def sides(
+    path: Path,
+    lines: Iterable[Line[ResultRecord]],
+    targets: Iterable[str],
+    verdicts: Mapping[AnswerKey, dict[str, Any] | None] | None = None,
+) -> dict[str, Rows]:
     """Each named target's final-turn answers to harmful items, read in one pass, as rows paired by (item id,
-    sample, prompt), with the breakdown labels the groups are formed by."""
+    sample, prompt), with the breakdown labels the groups are formed by (`verdicts`: see `RunColumns`)."""
     wanted = set(targets)
-    columns = RunColumns(path, answers=False, targets=wanted)
+    columns = RunColumns(path, answers=False, targets=wanted, verdicts=verdicts)
     for line in lines:
         columns.add(line)
     return {target: columns.side(target) for target in wanted}
@@ -67,12 +72,21 @@ class RunColumns:
     of every answer (of `targets`, default all), keyed by (item, sample, turn) for `runs.agreement` and, for the
     final-turn answers to harmful items, by (item, sample, prompt) for the paired comparison (`sides`, one view
     a target). With `answers=False` only the paired comparison's rows are kept, and no answer hashes nor keys
-    (a paired comparison alone, as the series report makes, never reads them)."""
+    (a paired comparison alone, as the series report makes, never reads them). `verdicts`: the verdict an
+    answer's score came from where another judge than results.jsonl's gave it (`passes.decided_verdicts`), what a
+    side's record read back carries."""
 
-    def __init__(self, path: Path, answers: bool = True, targets: set[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        answers: bool = True,
+        targets: set[str] | None = None,
+        verdicts: Mapping[AnswerKey, dict[str, Any] | None] | None = None,
+    ) -> None:
         self.column = Column(path, ("target", *BREAKDOWNS), answers=answers, pairs=True, keys=answers)
         self.answers_kept = answers
         self._targets = targets
+        self.verdicts = verdicts or {}
         self._seen: dict[str, None] = {}  # every target with a row, in the order first seen (one in no pair too)
 
     def add(self, line: Line[ResultRecord]) -> None:
@@ -88,7 +102,8 @@ class RunColumns:
 
     def side(self, target: str) -> Rows:
         """A target's final-turn answers to harmful items, paired by (item id, sample, prompt)."""
-        return self.column.rows(pairs=True, target=target)
+        rows = self.column.rows(pairs=True, target=target)
+        return Side(rows.column, rows.pairs, rows.rows, self.verdicts) if self.verdicts else rows
 
     @property
     def sides(self) -> dict[str, Rows]:
@@ -99,6 +114,18 @@ class RunColumns:
     def answers(self) -> Rows:
         """Every answer, keyed by (item, sample, turn), with its target."""
         return self.column.rows()
+
+
+@dataclass(frozen=True)
+class Side(Rows):
+    """A side's rows whose records read back carry the verdict their score came from (`RunColumns.verdicts`)."""
+
+    verdicts: Mapping[AnswerKey, dict[str, Any] | None] = field(default_factory=dict)
+
+    def read(self, row: int) -> ResultRecord:
+        record = super().read(row)
+        key = record.key
+        return record.model_copy(update={"verdict": self.verdicts[key]}) if key in self.verdicts else record
 
 
 class Difference(BaseModel):
@@ -215,7 +242,8 @@ class PairedComparison:
 
     def flips(self, direction: Direction, limit: int | None = None) -> Iterator[tuple[ResultRecord, ResultRecord]]:
         """(baseline, candidate) records of the flips one way, in the baseline's order, read back one at a time,
-        each with the score it was paired by (a cascade's verdict, where the record holds the screen's)."""
+        each with the score it was paired by and the verdict that score came from (a cascade's full judge's,
+        where the record holds the screen's)."""
         rows = self.up if direction == "up" else self.down
         for row_a, row_b in rows[:limit]:
             yield _paired_record(self.side_a, int(row_a)), _paired_record(self.side_b, int(row_b))

@@ -95,6 +95,8 @@ class JudgingPass:
     # baseline (`gate --baseline`; RunFailed where the two runs' final verdicts do not mean the same)
     final: Callable[[VerifiedRun, Summary], Summary] | None = None
     final_scores: Callable[[VerifiedRun], Mapping[AnswerKey, float]] | None = None
+    # the verdict (a judge's reply parsed) each final score came from, where another judge than the run's gave it
+    final_verdicts: Callable[[VerifiedRun], Mapping[AnswerKey, dict[str, Any] | None]] | None = None
     baseline: Callable[[VerifiedRun, VerifiedRun, Sequence[PairedComparison], Limits], list[GateLine]] | None = None
 
     def line(self, target: str, counted: CouldNotJudge) -> str:
@@ -172,6 +174,7 @@ PASSES: tuple[JudgingPass, ...] = (
         gate=cascade.gate_lines,
         final=cascade.final,
         final_scores=cascade.final_scores,
+        final_verdicts=cascade.final_verdicts,
         baseline=cascade.baseline_lines,
     ),
 )
@@ -231,17 +234,28 @@ def _final_scores(run: VerifiedRun) -> dict[AnswerKey, float]:
     return scores
 
 
+def decided_verdicts(run: VerifiedRun) -> dict[AnswerKey, dict[str, Any] | None]:
+    """The verdict each pass's final score came from where another judge gave it (`JudgingPass.final_verdicts`)
+    by the answer's key; empty where none has any."""
+    verdicts: dict[AnswerKey, dict[str, Any] | None] = {}
+    for read in run.passes.values():
+        if read.row.final_verdicts is not None:
+            verdicts.update(read.row.final_verdicts(run))
+    return verdicts
+
+
 def decided_results(run: VerifiedRun) -> Iterator[Line[ResultRecord]]:
-    """The run's results read again with each pass's final verdicts as their scores (`JudgingPass.final_scores`):
-    what the gate pairs with a baseline."""
-    scores = _final_scores(run)
+    """The run's results read again with each pass's final verdicts as their scores and verdicts
+    (`JudgingPass.final_scores`, `final_verdicts`): what the gate pairs with a baseline."""
+    scores, verdicts = _final_scores(run), decided_verdicts(run)
     for line in run.results():
-        score = scores.get(line.record.key, line.record.score)
-        yield (
-            line
-            if score == line.record.score
-            else replace(line, record=line.record.model_copy(update={"score": score}))
-        )
+        key = line.record.key
+        score = scores.get(key, line.record.score)
+        if score == line.record.score and key not in verdicts:
+            yield line
+            continue
+        update = {"score": score} | ({"verdict": verdicts[key]} if key in verdicts else {})
+        yield replace(line, record=line.record.model_copy(update=update))
 
 
 def decided_columns(run: VerifiedRun, observed: RunColumns) -> RunColumns:
@@ -252,7 +266,7 @@ def decided_columns(run: VerifiedRun, observed: RunColumns) -> RunColumns:
 
     if run.problems or not _final_scores(run):
         return observed
-    columns = RunColumns(observed.column.path, answers=observed.answers_kept)
+    columns = RunColumns(observed.column.path, answers=observed.answers_kept, verdicts=decided_verdicts(run))
     for line in decided_results(run):
         columns.add(line)
     return columns
