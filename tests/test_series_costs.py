@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 from test_paired import record
@@ -67,3 +68,33 @@ def test_a_figure_drawn_without_pyplot_is_the_figure_pyplot_draws(tmp_path):
     fig.savefig(tmp_path / "old.png", format="png", dpi=120)
     plt.close(fig)
     assert (tmp_path / "new.png").read_bytes() == (tmp_path / "old.png").read_bytes()
+
+
+def test_a_column_that_keeps_no_lines_pairs_as_one_that_does_and_reads_nothing_back(tmp_path):
+    """The series report's columns keep no line's place nor hash: the same sides (keys, scores, labels) as
+    columns that keep them, and a row read back is refused (exit 3), never taken unchecked."""
+    import pytest
+
+    from diagsafe_local.core import jsonl
+    from diagsafe_local.core.errors import RunFailed
+    from diagsafe_local.runs.paired import RunColumns
+    from diagsafe_local.runs.records import ResultRecord
+
+    records = [record("t", str(k), k % 3 / 2, category=f"c{k % 2}") for k in range(7)]
+    path = tmp_path / "results.jsonl"
+    jsonl.write(path, records)
+    kept, lineless = RunColumns(path, answers=False), RunColumns(path, answers=False)
+    lineless.column.keep_no_lines()
+    for line in jsonl.stream(path, ResultRecord):
+        kept.add(line)
+        lineless.add(line)
+    side, bare = kept.side("t"), lineless.side("t")
+    assert (bare.keys() == side.keys()).all() and (bare.scores == side.scores).all()
+    assert (bare.codes("category") == side.codes("category")).all()
+    assert len(lineless.column._low) == 0 and len(kept.column._low) == 7
+    with pytest.raises(RunFailed, match="without their lines"):
+        bare.read(0)
+    with pytest.raises(RunFailed, match="without their lines"):
+        next(bare.read_rows(np.arange(2)))
+    with pytest.raises(ValueError):
+        kept.column.keep_no_lines()  # rows already kept with their lines

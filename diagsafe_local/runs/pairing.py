@@ -45,7 +45,7 @@ class Column:
     paired comparison matches by; a row without one is in no pair). Held compactly, 72 bytes a row with
     everything (its offset as its low 32 bits, the high ones kept once for each run of rows that share them);
     `rows` views a part of it under either key (with `keys=False`, under its pair key only: the key is not
-    hashed)."""
+    hashed). `keep_no_lines`: no place nor hash of a line (20 bytes a row less), no row read back."""
 
     def __init__(
         self, path: Path, labels: tuple[str, ...] = (), answers: bool = False, pairs: bool = False, keys: bool = True
@@ -56,7 +56,7 @@ class Column:
         self._keys = bytearray() if keys else None
         self._pairs = bytearray() if pairs else None
         self._answers = bytearray()
-        self._digests = bytearray()
+        self._digests: bytearray | None = bytearray()  # None: no lines kept (`keep_no_lines`)
         self.scores = array("d")
         self._low = array("I")  # each row's offset, its low 32 bits
         self._high_rows, self._high = [0], [0]  # from row _high_rows[k] on, the offsets' high bits are _high[k]
@@ -65,6 +65,14 @@ class Column:
 
     def __len__(self) -> int:
         return len(self.scores)
+
+    def keep_no_lines(self) -> None:
+        """Keep of the rows added from now on neither where they lie nor their bytes' hash, so that no row can be
+        read back (`read` refuses): for a comparison that shows no record, only figures (the series report's),
+        which then spends no SHA-256 of each line. Call it before the first row."""
+        if len(self):
+            raise ValueError("keep_no_lines: the column already has rows")
+        self._digests = None
 
     def add(
         self,
@@ -79,17 +87,18 @@ class Column:
         key (None: none)."""
         if self._keys is not None:
             self._keys += _hashed(key)
-        self._digests += digest or line_digest(line.raw)
+        if self._digests is not None:
+            self._digests += digest or line_digest(line.raw)
+            if line.offset >> 32 != self._high[-1]:
+                self._high_rows.append(len(self._low))
+                self._high.append(line.offset >> 32)
+            self._low.append(line.offset & 0xFFFFFFFF)
         if self.answers:
             self._answers += answer_digest(line.record.answer)
         if self._pairs is not None:
             self._pairs += _hashed(pair) if pair is not None else _NONE
         score = line.record.score
         self.scores.append(float("nan") if score is None else float(score))
-        if line.offset >> 32 != self._high[-1]:
-            self._high_rows.append(len(self._low))
-            self._high.append(line.offset >> 32)
-        self._low.append(line.offset & 0xFFFFFFFF)
         if self.labels:
             values = labels or ("",) * len(self.labels)
             self._combo.append(self._combos.setdefault(values, len(self._combos)))
@@ -118,8 +127,15 @@ class Column:
 
     def offsets(self, rows: np.ndarray) -> np.ndarray:
         """Where these rows lie in the file."""
+        self._lines()
         high = np.asarray(self._high, dtype=np.int64)[np.searchsorted(self._high_rows, rows, "right") - 1]
         return (high << 32) | np.frombuffer(self._low, dtype=np.uint32)[rows]
+
+    def _lines(self) -> bytearray:
+        """The lines' digests (a column that kept none refuses: no row of it is read back)."""
+        if self._digests is None:
+            raise RunFailed(f"{self.path}: its rows were gathered without their lines (keep_no_lines): none is read")
+        return self._digests
 
     def read(self, row: int) -> ResultRecord:
         """The record of one row, read again from its file; bytes that changed since stop the reader."""
@@ -127,9 +143,10 @@ class Column:
             return self._read(handle, row)
 
     def _read(self, handle: BinaryIO, row: int) -> ResultRecord:
+        digests = self._lines()
         handle.seek((self._high[bisect.bisect_right(self._high_rows, row) - 1] << 32) | self._low[row])
         raw = handle.readline()
-        if line_digest(raw) != bytes(self._digests[16 * row : 16 * row + 16]):
+        if line_digest(raw) != bytes(digests[16 * row : 16 * row + 16]):
             raise RunFailed(f"{self.path} changed after it was read: nothing is shown from it")
         return ResultRecord.model_validate_json(raw)
 

@@ -139,6 +139,7 @@ def _compare(
 def _verified(run_dir: Path) -> tuple[VerifiedRun, RunColumns]:
     """A run as verified, with its paired rows under the verdicts the gate decides on (a cascade's)."""
     columns = RunColumns(run_dir / files.RESULTS, answers=False)
+    columns.column.keep_no_lines()  # the series shows counts of flips, never a record read back
     run = verify_run(run_dir, observe=columns.add)
     return run, passes.decided_columns(run, columns)
 
