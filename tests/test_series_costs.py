@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_paired import record
@@ -98,3 +99,25 @@ def test_a_column_that_keeps_no_lines_pairs_as_one_that_does_and_reads_nothing_b
         next(bare.read_rows(np.arange(2)))
     with pytest.raises(ValueError):
         kept.column.keep_no_lines()  # rows already kept with their lines
+
+
+JSON_PIECES = ['{"label": "harmful", "rationale": "x\x1fy"}', "[1, 2]", '"s"', "1.5", "true", "null", " ", "\n", "\t"]
+JSON_PIECES += ["{", "}", '"', ",", "\ufeff", "x", "1e400", '{"a": NaN}', "\\u00e9", "  {}", "{} {}"]
+
+
+@given(st.lists(st.one_of(st.sampled_from(JSON_PIECES), st.text(max_size=6)), max_size=6))
+def test_a_reply_parsed_by_the_scanner_alone_is_what_json_loads_parses(parts):
+    """A recorded reply read again (`ScoreRule.read`) parses to what json.loads(strict=False) gives, and fails
+    where it fails."""
+    import json
+
+    from diagsafe_local.runs import records
+
+    reply = "".join(parts)
+    try:
+        expected = json.loads(reply, strict=False)
+    except ValueError:
+        with pytest.raises(ValueError):
+            records._lenient_json(reply)
+        return
+    assert repr(records._lenient_json(reply)) == repr(expected)  # repr: 1 is not 1.0 nor True, NaN is NaN

@@ -325,6 +325,17 @@ class RobustnessRecord(AnswerVerdict):
 _LENIENT = json.JSONDecoder(strict=False)
 
 
+def _lenient_json(reply: str) -> Any:
+    """`json.loads(reply, strict=False)` (a ValueError where that raises one): by the C scanner alone where the
+    reply is one JSON value with nothing around it (nearly every judge reply: 0.7 against 1.2 us, no regex for
+    the whitespace around it), else by the decoder's whole path (whitespace around it, extra data, no value)."""
+    try:
+        value, end = _LENIENT.scan_once(reply, 0)
+    except StopIteration:
+        return _LENIENT.decode(reply)
+    return value if end == len(reply) else _LENIENT.decode(reply)
+
+
 class ScoreRule(Record):
     """How a policy judge's verdict becomes a score (its policy file's `score:`): the value of one field, mapped
     to [0, 1]; what the read side parses a recorded reply again with."""
@@ -347,7 +358,7 @@ class ScoreRule(Record):
     def read(self, reply: str) -> Read | None:
         """The reply as JSON and its score (a `runs.readers.Reader`; None: it does not read as a verdict)."""
         try:
-            verdict = _LENIENT.decode(reply)  # json.loads(reply, strict=False) without a decoder made per reply
+            verdict = _lenient_json(reply)
         except ValueError:
             return None
         score = self.of(verdict)
