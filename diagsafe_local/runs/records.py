@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -323,6 +323,8 @@ class RobustnessRecord(AnswerVerdict):
 
 # strict=False admits raw control characters inside strings, as the judges' own parsing does (`runs.readers`)
 _LENIENT = json.JSONDecoder(strict=False)
+# what its decode calls on the value (the C scanner where there is one); typeshed does not declare it
+_SCAN: Callable[[str, int], tuple[Any, int]] = _LENIENT.scan_once  # type: ignore[attr-defined]
 
 
 def _lenient_json(reply: str) -> Any:
@@ -330,7 +332,7 @@ def _lenient_json(reply: str) -> Any:
     reply is one JSON value with nothing around it (nearly every judge reply: 0.7 against 1.2 us, no regex for
     the whitespace around it), else by the decoder's whole path (whitespace around it, extra data, no value)."""
     try:
-        value, end = _LENIENT.scan_once(reply, 0)
+        value, end = _SCAN(reply, 0)
     except StopIteration:
         return _LENIENT.decode(reply)
     return value if end == len(reply) else _LENIENT.decode(reply)
