@@ -202,7 +202,7 @@ def training(tiny_models, tmp_path_factory):
         "base_model": str(tiny_models["judge"]),
         "data": str(SAMPLE),
         "output_dir": str(out),
-        "examples": 48,
+        "examples": 32,
         "hard_labels": 16,
         "training.epochs": 3,
         "training.learning_rate": 0.01,
@@ -239,8 +239,8 @@ def test_training_tells_its_progress_in_a_log_first_last_and_every_step_with_los
         assert counts[0].startswith(f"{stage}: 0/{held}") and counts[-1].startswith(f"{stage}: {held}/{held}, ")
         assert "/s" in counts[-1]  # with its rate
     steps = [line for line in lines if line.startswith("training, optimizer steps: ")]
-    assert steps[0].startswith("training, optimizer steps: 1/18") and steps[-1].startswith(
-        "training, optimizer steps: 18/18"
+    assert steps[0].startswith("training, optimizer steps: 1/12") and steps[-1].startswith(
+        "training, optimizer steps: 12/12"
     )
     assert re.search(r"; epoch 3, loss \d+\.\d{4}, lr \d\.\d\de[-+]\d\d$", steps[-1])
     assert len(steps) == 2  # a log gets the first and the last line, and one a DIAGSAFE_PROGRESS_SECONDS between
@@ -254,7 +254,7 @@ def test_training_lowers_the_loss_and_writes_every_output(trained):
     assert per_epoch[2] < per_epoch[0]
     held = [r["held_out_loss"] for r in log if r["kind"] == "epoch"]
     assert len(held) == 3 and held[2] < held[0]
-    assert sum(r["kind"] == "step" for r in log) == 3 * 6  # 48 pairs / effective batch 8, three epochs
+    assert sum(r["kind"] == "step" for r in log) == 3 * 4  # 32 pairs / effective batch 8, three epochs
     adapter = json.loads((trained / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 16 and adapter["lora_alpha"] == 32 and adapter["lora_dropout"] == 0.05
     assert set(adapter["target_modules"]) == {
