@@ -14,19 +14,31 @@ from test_paired import record
 from diagsafe_local.runs import health
 
 WORDS = ["The", "answer", "gives", "steps", " ", "\n", "\t", "\u00a0", "\u0130", "STEP", "x" * 14, "judge", "(case"]
+WORDS += ["\u03a3", "\u039f\u03a3", "\u03c3", "\u03c2", "'", ".", "\u0301", "\u212a"]  # final sigma, case-ignorables
 INSTRUCTIONS = health._normal("You judge answers. The answer gives")
 KNOWN: dict[str, bool] = {}  # one judge's known words, kept across every example as a tally keeps them
 
 
-@given(st.lists(st.sampled_from(WORDS), max_size=20), st.lists(st.sampled_from(WORDS), max_size=30))
-def test_the_known_words_of_a_judge_never_change_a_copied_verdict(reason_parts, answer_parts):
+@given(*(st.lists(st.sampled_from(WORDS), max_size=size) for size in (20, 30, 8)))
+def test_the_known_words_of_a_judge_never_change_a_copied_verdict(reason_parts, answer_parts, prompt_parts):
     """Whether a rationale's word is in the instructions, remembered from earlier rationales of the same judge,
-    calls copied exactly what the whole search of the normalised prompt calls copied."""
+    and whether it is in the record's texts (lowered as one), calls copied exactly what the whole search of the
+    normalised prompt calls copied."""
     reason = re.sub(r"\s+", " ", "".join(reason_parts)).strip().lower()
-    answer = "".join(answer_parts)
-    r = record("t", "1", 1.0, answer=answer, prompt="The question: give the steps")
-    prompt = " ".join([INSTRUCTIONS, *(health._normal(t) for t in ("The question: give the steps", answer))])
+    answer, asked = "".join(answer_parts), "".join(prompt_parts) or "q"
+    r = record("t", "1", 1.0, answer=answer, prompt=asked)
+    prompt = " ".join([INSTRUCTIONS, *(health._normal(t) for t in (asked, answer))])
     assert health._copied_from(reason, INSTRUCTIONS, r, KNOWN) == health._copied(reason, prompt)
+
+
+def test_a_final_sigma_is_lowered_in_the_record_s_texts_as_in_each_text_alone():
+    """The record's texts are lowered as one, yet as each alone (a prompt ending in a capital sigma lowers it
+    to a final sigma, which a word of the rationale copied from it holds): still counted copied."""
+    r = record("t", "1", 1.0, answer="\u0391\u0392\u0393\u0394\u0395 long answer", prompt="\u039f\u03a3")
+    reason = "\u03bf\u03c2 \u03b1\u03b2\u03b3\u03b4\u03b5 long"
+    prompt = " ".join([INSTRUCTIONS, *(health._normal(t) for t in (r.conversation[0].content, r.answer))])
+    assert health._copied(reason, prompt)
+    assert health._copied_from(reason, INSTRUCTIONS, r)
 
 
 def test_a_judge_keeps_at_most_known_words_words_and_its_copies_are_counted(monkeypatch):

@@ -69,7 +69,7 @@ def _copied_from(rationale: str, instructions: str, r: ResultRecord, known: dict
     opening = rationale[:COPY_CHARS]
     if len(opening) < MIN_COPY_CHARS:
         return False
-    texts: list[str] | None = None
+    texts: str | None = None
     for word in opening.split(" "):
         found = known.get(word) if known is not None else None
         if found is None:
@@ -78,9 +78,9 @@ def _copied_from(rationale: str, instructions: str, r: ResultRecord, known: dict
                 known[word] = found
         if found:
             continue
-        if texts is None:
-            texts = [m.content.lower() for m in r.conversation] + [r.answer.lower()]
-        if not any(word in text for text in texts):
+        if texts is None:  # one text lowered once: a word (no whitespace) is in it where it is in one of its parts
+            texts = "\n".join([*(m.content for m in r.conversation), r.answer]).lower()
+        if word not in texts:
             return False
     return _copied(
         rationale, " ".join([instructions, *(_normal(m.content) for m in r.conversation), _normal(r.answer)])
