@@ -47,7 +47,7 @@ def test_only_a_load_format_that_reads_the_directorys_own_weights_is_accepted(tm
     loaders = _vllm_loaders()
     assert "dummy" in loaders and loaders["auto"] == "DefaultModelLoader"
     for fmt, loader in [*loaders.items(), ("a_plugins_format", "?"), ({"a": "mapping"}, "?")]:
-        if loader == "DefaultModelLoader":
+        if loader == "DefaultModelLoader" and fmt != "npcache":  # npcache: its np/ cache (test_gpu5_engine_checks)
             config = EngineConfig(model=model, engine_kwargs={"load_format": fmt})
             assert model_fingerprint(model, load_format(config)) is not None
         else:

@@ -63,15 +63,16 @@ def test_an_edit_changes_the_identity_exactly_when_a_run_loads_the_file(tmp_path
 
 
 def test_an_engines_load_format_picks_the_weights_its_identity_covers(tmp_path):
-    """`load_format: npcache` loads the .bin files, not the safetensors beside them; a model's own code may read
+    """`load_format: pt` loads the .pt files, not the safetensors beside them; a model's own code may read
     any weight file."""
     model = _checkpoint(tmp_path / "ckpt")
-    npcache = EngineConfig(model=str(model), engine_kwargs={"load_format": "npcache"})
+    (model / "model.pt").write_bytes(b"pickled weights")
+    pt = EngineConfig(model=str(model), engine_kwargs={"load_format": "pt"})
     own_code = EngineConfig(model=str(model), trust_remote_code=True)
     auto = EngineConfig(model=str(model))
-    before = [engine_identity(e).model_hash for e in (npcache, own_code, auto)]
-    (model / "pytorch_model.bin").write_bytes(b"other pickled weights")
-    assert [engine_identity(e).model_hash != h for e, h in zip((npcache, own_code, auto), before)] == [
+    before = [engine_identity(e).model_hash for e in (pt, own_code, auto)]
+    (model / "model.pt").write_bytes(b"other pickled weights")
+    assert [engine_identity(e).model_hash != h for e, h in zip((pt, own_code, auto), before)] == [
         True,
         True,
         False,
@@ -139,22 +140,22 @@ def test_a_hub_judge_validated_by_its_name_keeps_its_validation_run_from_a_pack(
 
 
 def test_a_series_knows_its_checkpoints_by_the_files_its_load_format_loads(tmp_path, scripted):
-    """A config reading the .bin files (`load_format: npcache`): watch and the gate hash those, as the run did; an
+    """A config reading the .pt files (`load_format: pt`): watch and the gate hash those, as the run did; an
     unchanged checkpoint is not evaluated again, a model card the trainer's hub push writes into it after its run
-    is no re-save, and a .bin re-saved is refused."""
+    is no re-save, and a .pt re-saved is refused."""
     config = series_config(tmp_path)
     data = json.loads(config.read_text())
-    data["target"]["engine_kwargs"] = {"load_format": "npcache"}
+    data["target"]["engine_kwargs"] = {"load_format": "pt"}
     config.write_text(json.dumps(data))
     train = tmp_path / "train"
-    (checkpoint(train, "checkpoint-10") / "pytorch_model.bin").write_bytes(b"pickled weights")
+    (checkpoint(train, "checkpoint-10") / "model.pt").write_bytes(b"pickled weights")
     assert watch(tmp_path).exit_code == 0
     again = watch(tmp_path)
     assert again.exit_code == 0 and "weights changed" not in again.output, again.output
     assert gate(train / "safety-series", "latest").exit_code == 0
     (train / "checkpoint-10" / "README.md").write_text("# model card")
     assert gate(train / "safety-series", "latest").exit_code == 0
-    (train / "checkpoint-10" / "pytorch_model.bin").write_bytes(b"other pickled weights")
+    (train / "checkpoint-10" / "model.pt").write_bytes(b"other pickled weights")
     refused = gate(train / "safety-series", "latest")
     assert refused.exit_code == 3 and "re-saved since its run" in refused.output, refused.output
 

@@ -10,9 +10,11 @@ Weights, by vLLM's own rule (vllm 0.32):
   consolidated.safetensors.index.json), the others lose the trainer's files
   (`weight_utils.filter_files_not_needed_for_inference`). These are the formats of `DefaultModelLoader`
   (`model_executor/model_loader/__init__.py`, `get_model_loader`'s `_LOAD_FORMAT_TO_MODEL_LOADER`; `LoadConfig`,
-  `vllm/config/load.py`): every other loader runs weights that are not the directory's (dummy: random ones;
-  tensorizer, ipc_cache, modelexpress, runai_streamer, sharded_state: read from elsewhere, or a plugin's), so an
-  engine config naming one is refused (`engines.config`). A model that runs its own code keeps every weight file;
+  `vllm/config/load.py`) but npcache, which loads a cache of the .bin files it writes into the directory (np/) on
+  its first load and never renews: every other loader runs weights that are not the directory's (dummy: random
+  ones; tensorizer, ipc_cache, modelexpress, runai_streamer, sharded_state: read from elsewhere, or a plugin's), so
+  an engine config naming one, or npcache, is refused (`engines.config`). A model that runs its own code keeps
+  every weight file;
 - the transformers engines (`transformers` and `classifier` kinds): `transformers/modeling_utils.py`,
   `_get_resolved_checkpoint_files`: config.json's `transformers_weights` (a file or a safetensors index inside the
   directory), else model.safetensors, else the shards model.safetensors.index.json names, else
@@ -52,7 +54,6 @@ PATTERNS: dict[str, tuple[str, ...]] = {
     "safetensors": ("*.safetensors",),
     "mistral": ("consolidated*.safetensors",),
     "pt": ("*.pt",),
-    "npcache": ("*.bin", "*.pt"),
     "fastsafetensors": ("*.safetensors",),
     "instanttensor": ("*.safetensors",),
 }

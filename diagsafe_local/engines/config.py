@@ -35,6 +35,12 @@ UNIDENTIFIED_KWARGS = {
     "speculative_config": "a draft model runs beside the model, outside its identity",
     "logits_processors": "code that changes every token is no part of the model's identity",
 }
+# DefaultModelLoader's formats that still do not load the directory's weights as they are now
+REFUSED_LOAD_FORMATS = {
+    "npcache": "vLLM converts the .bin files into np/ inside the model directory on its first load and loads np/ "
+    "on every later one, whatever the .bin files hold then (model_loader/weight_utils.py, np_cache_weights_iterator): "
+    "a checkpoint re-saved at that path would run its stale cache",
+}
 MISTRAL_TEMPLATE_ARGUMENTS = ("reasoning_effort",)  # what mistral_common takes of chat_template_kwargs
 
 
@@ -182,10 +188,10 @@ class EngineConfig(StrictModel):
                 raise ValueError(f"engine_kwargs cannot set {key}: {why}")
         fmt = self.engine_kwargs.get("load_format", "auto")
         if not isinstance(fmt, str) or fmt not in model_files.DIRECTORY_FORMATS:
+            why = REFUSED_LOAD_FORMATS.get(str(fmt), "it does not load the model directory's own weights")
             raise ValueError(
-                f"engine_kwargs cannot set load_format {fmt!r}: it does not load the model directory's own weights, "
-                "which identify the model (vLLM's DefaultModelLoader formats do: "
-                f"{', '.join(sorted(model_files.DIRECTORY_FORMATS))})"
+                f"engine_kwargs cannot set load_format {fmt!r}: {why}, and those weights identify the model (these "
+                f"formats load them: {', '.join(sorted(model_files.DIRECTORY_FORMATS))})"
             )
         if self.chat_template and self.renders_with_mistral_common:
             raise ValueError(

