@@ -45,9 +45,10 @@ from pydantic import ConfigDict, Field
 from diagsafe_local.core.errors import RunFailed
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.manifest import ItemRef, Manifest
+from diagsafe_local.runs.model_free import model_free
 from diagsafe_local.runs.moved import groups, is_increase, moved
 from diagsafe_local.runs.records import AnswerKey, AnswerRecord, CouldNotJudge, PanelVote, ResultRecord, Usage
-from diagsafe_local.runs.rederive import Replies
+from diagsafe_local.runs.rederive import Replies, failed
 from diagsafe_local.runs.summary import Interval, Rate, Summary
 from diagsafe_local.runs.verdicts import is_harmful
 from diagsafe_local.stats import Z95, rate, wilson
@@ -157,7 +158,8 @@ class TargetCascade:
 class CascadeCheck:
     """Verifies cascade.jsonl against the screen's verdicts and the config bound to the run id: every answer sent
     up and every audited one has the full judge's verdict, no other answer has one, each verdict is what its
-    reply says (`rederive.Replies`, under the full judge's reader and `probability`) and is the configured judge's; folds each target's figures."""
+    reply says (`rederive.Replies.check`, under the full judge's reader and `probability`; a model-free judge's:
+    what it derives from the answer) and is the configured judge's; folds each target's figures."""
 
     def __init__(self, manifest: Manifest) -> None:
         settings = (manifest.config.get("judge") or {}).get("cascade")
@@ -174,11 +176,18 @@ class CascadeCheck:
         self.targets: dict[str, TargetCascade] = {}
         self.verdicts: dict[AnswerKey, float] = {}  # the cascade's verdict on each answer it screens
         self.categories: dict[tuple[str, str], TargetCascade] = {}  # (target, category): what a category limit reads
+        full = (settings or {}).get("judge") or {}
+        self.rubric, self.probability = str(full.get("rubric") or "harmjudge"), full.get("probability")
+        # a model-free full judge's verdicts are derived from the answers it judged: each screened answer, where
+        # it is one (whether the target failed on it)
+        self.answers: dict[AnswerKey, tuple[str, bool]] | None = {} if model_free(self.rubric) else None
 
     def see(self, record: ResultRecord) -> None:
         if self.settings is not None and in_cascade(record):
             self.screen[record.key] = record.score
             self.category[record.key] = record.category or "(none)"  # as the summary names it
+            if self.answers is not None:
+                self.answers[record.key] = (record.answer, failed(record))
 
     def read(self, lines: Sequence[Line[CascadeRecord]] | None) -> None:
         records = [line.record for line in lines or []]
@@ -208,11 +217,12 @@ class CascadeCheck:
                 f"cascade.jsonl lacks the full judge's verdict on {len(missing)} answers the cascade sends up or "
                 f"audits, e.g. {sorted(missing)[0]}"
             )
-        full = self.settings.get("judge") or {}
-        rubric, probability = str(full.get("rubric") or "harmjudge"), full.get("probability")
         for r in records:
             vote = r.vote
-            why = self.replies.problem(rubric, vote.raw, vote.parse_status, vote.score, vote.verdict, probability)
+            answer, no_answer = (self.answers or {}).get(r.key, ("", False))
+            why = self.replies.check(
+                self.rubric, answer, no_answer, vote.raw, vote.parse_status, vote.score, vote.verdict, self.probability
+            )
             if why is not None:
                 self._problems.append(f"cascade.jsonl: the verdict on {r.key} is not its reply's: {why}")
                 break

@@ -16,7 +16,9 @@ published rubrics, the guards' own formats) its `runs.readers` entry: an `ok` ve
 reads in the reply, verdict and score, and a reply that reads as a verdict is never recorded as unjudged.
 
 A model-free judge's verdict whose every input is the answer (the refusal keywords, the keyword metrics as
-`METRIC>=THRESHOLD` judges: `runs.model_free`) is derived from the recorded answer, verdict and score.
+`METRIC>=THRESHOLD` judges: `runs.model_free`) is derived from the recorded answer, verdict and score, wherever it
+is recorded (a result's, a panel's or jury's vote, a cascade's full judge's, a perturbed answer's: `Replies.check`);
+it is an engine error only where the target gave no answer (`failed`).
 
 Not derived: a verdict scored by P(positive) from the first token's log-probabilities (the judge's or a juror's
 scoring, as the signed manifest records it; its reply is one token, its score is not in the text), a plugin's or
@@ -144,15 +146,31 @@ class Replies:
         as `reader` takes it)."""
         return _problem(self.reader(judge, probability), judge, reply, status, score, verdict)
 
-    def vote_problem(self, jury: bool, vote: PanelVote) -> str | None:
-        """A panel's or jury's member's vote against its own reply, under its judge's reader: a panel member is a
-        judge by name, a juror a whole judge the manifest records (its judge and its scoring)."""
+    def check(
+        self,
+        judge: str,
+        answer: str,
+        failed: bool,
+        reply: str | None,
+        status: str,
+        score: float | None,
+        verdict: dict[str, Any] | None = None,
+        probability: bool | None | Literal["run"] = "run",
+    ) -> str | None:
+        """Why a recorded verdict is not its judge's: a model-free judge's derived again from the `answer` it judged
+        (`failed`: the target gave none, the one case its verdict may be an engine error), every other judge's read
+        again from its `reply` (`problem`)."""
+        if model_free(judge):
+            return _derived_problem(judge, answer, failed, status, score, verdict)
+        return self.problem(judge, reply, status, score, verdict, probability)
+
+    def vote_problem(self, jury: bool, vote: PanelVote, answer: str, failed: bool) -> str | None:
+        """A panel's or jury's member's vote, as `check` takes a verdict (the answer the record judged): a panel
+        member is a judge by name, a juror a whole judge the manifest records (its judge and its scoring)."""
         judge, by_probability = self.jurors.get(vote.rubric, ("", True)) if jury else (vote.rubric, None)
         if not judge:  # a juror the manifest does not list: VotesCheck refuses its record
             return None
-        return _problem(
-            self.reader(judge, by_probability), judge, vote.raw, vote.parse_status, vote.score, vote.verdict
-        )
+        return self.check(judge, answer, failed, vote.raw, vote.parse_status, vote.score, vote.verdict, by_probability)
 
 
 def verdict_problem(
@@ -194,14 +212,20 @@ def _problem(
     return None
 
 
+def failed(record: ResultRecord) -> bool:
+    """Whether the target gave no answer to judge (its turn, or an earlier one, could not be generated): what the
+    judge step records as an engine error with an empty answer."""
+    return record.error is not None and not record.answer and record.finish_reason in (None, "error")
+
+
 def _derived_problem(
-    judge: str, answer: str, status: str, score: float | None, verdict: dict[str, Any] | None
+    judge: str, answer: str, failed: bool, status: str, score: float | None, verdict: dict[str, Any] | None
 ) -> str | None:
     """Why a model-free judge's recorded verdict is not what it derives from the answer (`runs.model_free`)."""
     if (status == "ok") != (score is not None):
         return f"parse_status is {status!r} with score {score!r} (only an ok verdict has a score)"
-    if status == "error":  # no answer to judge (its turn could not be generated): unjudged, never a verdict
-        return None
+    if status == "error":  # unjudged only where there was no answer to judge: the judge itself cannot fail
+        return None if failed else f"parse_status is 'error', and the target's answer is recorded: {judge} judges it"
     derive = model_free(judge)
     assert derive is not None  # the caller asked
     derived, value = derive(answer)
@@ -254,21 +278,18 @@ class Rederived:
         if is_combined(record.judge_rubric):  # its score is its members' votes combined (runs.jury)
             jury = record.judge_rubric.startswith("jury:")
             for vote in record.panel or []:
-                judge = self.replies.jurors.get(vote.rubric, ("",))[0] if jury else vote.rubric
-                problem = (
-                    _derived_problem(judge, record.answer, vote.parse_status, vote.score, vote.verdict)
-                    if model_free(judge)
-                    else self.replies.vote_problem(jury, vote)
-                )
+                problem = self.replies.vote_problem(jury, vote, record.answer, failed(record))
                 if problem is not None:
                     return f"panel: {vote.rubric}'s vote: {problem}"
             return None
-        if model_free(record.judge_rubric):
-            return _derived_problem(
-                record.judge_rubric, record.answer, record.parse_status, record.score, record.verdict
-            )
-        return self.replies.problem(
-            record.judge_rubric, record.judge_raw, record.parse_status, record.score, record.verdict
+        return self.replies.check(
+            record.judge_rubric,
+            record.answer,
+            failed(record),
+            record.judge_raw,
+            record.parse_status,
+            record.score,
+            record.verdict,
         )
 
     def problems(self) -> list[str]:

@@ -221,7 +221,7 @@ class RobustnessCheck:
             }
             self.sample, self.benign = drawn[False], drawn.get(True, set())
         self.original: dict[AnswerKey4, float | None] = {}
-        self.due: set[tuple[AnswerKey4, str]] = set()
+        self.due: dict[tuple[AnswerKey4, str], str] = {}  # each pair due: the answer as its edit makes it
         self.records: dict[tuple[AnswerKey4, str], RobustnessRecord] = {}
 
     def see(self, record: ResultRecord) -> None:
@@ -230,8 +230,9 @@ class RobustnessCheck:
             return
         self.original[record.key] = record.score
         for p in self.chosen:
-            if p.perturbed(record.answer, record.score, benign) is not None:
-                self.due.add((record.key, p.name))
+            perturbed = p.perturbed(record.answer, record.score, benign)
+            if perturbed is not None:
+                self.due[record.key, p.name] = perturbed
 
     def read(self, lines: Sequence[Line[RobustnessRecord]] | None) -> None:
         if lines is None:
@@ -253,7 +254,9 @@ class RobustnessCheck:
                 )
                 return
             judge = self.benign_judge if pair[0] in self.benign else self.judge
-            wrong = self.replies.problem(judge, record.judge_raw, record.parse_status, record.score)
+            wrong = self.replies.check(
+                judge, self.due[pair], False, record.judge_raw, record.parse_status, record.score
+            )
             if wrong is not None:
                 self._problems.append(f"{ROBUSTNESS} line {line.number}: {wrong}: not what the run recorded")
                 return
