@@ -123,13 +123,13 @@ def test_a_reply_parsed_by_the_scanner_alone_is_what_json_loads_parses(parts):
     where it fails."""
     import json
 
-    from diagsafe_local.runs import records
+    from diagsafe_local.runs import readers
 
     reply = "".join(parts)
     try:
         expected = json.loads(reply, strict=False)
     except ValueError:
         with pytest.raises(ValueError):
-            records._lenient_json(reply)
+            readers.lenient_json(reply)
         return
-    assert repr(records._lenient_json(reply)) == repr(expected)  # repr: 1 is not 1.0 nor True, NaN is NaN
+    assert repr(readers.lenient_json(reply)) == repr(expected)  # repr: 1 is not 1.0 nor True, NaN is NaN

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol
@@ -36,6 +37,29 @@ class Reader(Protocol):
     def read(self, reply: str) -> Read | None: ...
 
 
+# strict=False admits raw control characters inside strings: xgrammar's JSON grammar lets a model emit them (seen:
+# U+001F in a rationale), and Python's strict parser would reject a sound verdict
+_LENIENT = json.JSONDecoder(strict=False)
+# what its decode calls on the value (the C scanner where there is one); typeshed does not declare it
+_SCAN: Callable[[str, int], tuple[Any, int]] = _LENIENT.scan_once  # type: ignore[attr-defined]
+
+
+def lenient_json(reply: str) -> Any:
+    """`json.loads(reply, strict=False)`, a ValueError where that raises one and where the reply nests deeper than
+    the recursion limit (a reply of 3,000 '[': a judge's reply that reads as no verdict, never a crash): by the C
+    scanner alone where the reply is one JSON value with nothing around it (nearly every judge reply: 0.7 against
+    1.2 us, no regex for the whitespace around it), else by the decoder's whole path (whitespace around it, extra
+    data, no value)."""
+    try:
+        try:
+            value, end = _SCAN(reply, 0)
+        except StopIteration:
+            return _LENIENT.decode(reply)
+        return value if end == len(reply) else _LENIENT.decode(reply)
+    except RecursionError as exc:
+        raise ValueError(f"the reply nests deeper than {sys.getrecursionlimit()} levels") from exc
+
+
 @dataclass(frozen=True)
 class ModelReader:
     """A JSON verdict: the reply validates as `verdict_model`, scored by `to_score`."""
@@ -46,10 +70,8 @@ class ModelReader:
     def parse(self, reply: str) -> Read | str:
         """The reply read, or why it does not read."""
         try:
-            # strict=False admits raw control characters inside strings: xgrammar's JSON grammar lets a model
-            # emit them (seen: U+001F in a rationale), and Python's strict parser would reject a sound verdict.
-            verdict = self.verdict_model.model_validate(json.loads(reply, strict=False))
-        except (json.JSONDecodeError, ValidationError) as exc:
+            verdict = self.verdict_model.model_validate(lenient_json(reply))
+        except (ValueError, ValidationError) as exc:
             return str(exc).splitlines()[0][:300]
         return Read(verdict.model_dump(mode="json"), self.to_score(verdict))
 

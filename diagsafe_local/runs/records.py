@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -22,7 +21,7 @@ from diagsafe_local.core import jsonl
 from diagsafe_local.core.jsonl import KeyedRecord
 from diagsafe_local.core.messages import Message
 from diagsafe_local.runs.files import ATTACKS, CONTROLS, GENERATIONS
-from diagsafe_local.runs.readers import Read
+from diagsafe_local.runs.readers import Read, lenient_json
 
 SCHEMA_VERSION = 1
 ParseStatus = Literal["ok", "truncated", "invalid", "error"]
@@ -321,23 +320,6 @@ class RobustnessRecord(AnswerVerdict):
         return self.perturbation
 
 
-# strict=False admits raw control characters inside strings, as the judges' own parsing does (`runs.readers`)
-_LENIENT = json.JSONDecoder(strict=False)
-# what its decode calls on the value (the C scanner where there is one); typeshed does not declare it
-_SCAN: Callable[[str, int], tuple[Any, int]] = _LENIENT.scan_once  # type: ignore[attr-defined]
-
-
-def _lenient_json(reply: str) -> Any:
-    """`json.loads(reply, strict=False)` (a ValueError where that raises one): by the C scanner alone where the
-    reply is one JSON value with nothing around it (nearly every judge reply: 0.7 against 1.2 us, no regex for
-    the whitespace around it), else by the decoder's whole path (whitespace around it, extra data, no value)."""
-    try:
-        value, end = _SCAN(reply, 0)
-    except StopIteration:
-        return _LENIENT.decode(reply)
-    return value if end == len(reply) else _LENIENT.decode(reply)
-
-
 class ScoreRule(Record):
     """How a policy judge's verdict becomes a score (its policy file's `score:`): the value of one field, mapped
     to [0, 1]; what the read side parses a recorded reply again with."""
@@ -360,7 +342,7 @@ class ScoreRule(Record):
     def read(self, reply: str) -> Read | None:
         """The reply as JSON and its score (a `runs.readers.Reader`; None: it does not read as a verdict)."""
         try:
-            verdict = _lenient_json(reply)
+            verdict = lenient_json(reply)
         except ValueError:
             return None
         score = self.of(verdict)
