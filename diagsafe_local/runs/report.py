@@ -380,6 +380,11 @@ def write_report(run_dir: Path, baseline: str | None = None) -> WrittenReport:
 def _write_report(run_dir: Path, baseline: str | None) -> WrittenReport:
     most = MostHarmful()
     verified = verify_run(run_dir, observe=most.add)  # the gate's checks: what fails them heads the report
+    if passes.decided_verdicts(verified):  # a cascade's full judge decided answers: rank by what the gate decides on
+        most = MostHarmful()
+        for line in passes.decided_results(verified):
+            if line.record.verdict is not None:  # an answer the full judge could not judge counts as harmful, unshown
+                most.add(line)
     summary, manifest = passes.decided(verified), verified.manifest  # the figures the gate decides on
     chart = run_dir / files.CHART
     chart.parent.mkdir(exist_ok=True)
