@@ -69,6 +69,7 @@ def judge_ref(judge: JudgeConfig, identity: EngineIdentity) -> JudgeRef:
                 judge_name(judge.benign_rubric),
                 *(judge.panel.names() if judge.panel else []),
                 *(m.rubric_name for m in (judge.jury.members if judge.jury else [])),
+                *([judge.cascade.judge.rubric_name] if judge.cascade else []),
             }
             for judge in [JUDGES.get(name)]
             if judge.own_prompt
