@@ -87,11 +87,56 @@ def test_a_worker_that_dies_stops_the_report_with_one_line(damaged, monkeypatch)
 
     monkeypatch.setattr(series, "run_problems", killed)
     monkeypatch.setattr(series, "default_workers", lambda: 2)
+    monkeypatch.setattr("threading.active_count", lambda: 1)  # workers, whatever threads the suite left running
     before = (damaged / "series.json").read_bytes()
     result = CliRunner().invoke(app, ["report", str(damaged)])
     assert result.exit_code == 3 and "Traceback" not in result.output, result.output
     assert "a process verifying the series' runs ended before it was done" in result.output
     assert (damaged / "series.json").read_bytes() == before
+
+
+class Unpicklable(Exception):
+    """An error that pickles and does not unpickle (its __init__ takes two arguments, its args hold one)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+
+
+def _unpicklable(series_dir, state, entry, manifest):
+    if entry.name == "checkpoint-50":
+        raise Unpicklable("no way back", "detail")
+    return []
+
+
+def test_a_result_a_worker_cannot_hand_back_is_said_as_what_it_was(damaged, monkeypatch):
+    """A worker whose result (here an error) does not unpickle here breaks the pool as a killed one does: exit 3,
+    one line, saying what it was, not 'killed, or out of memory'."""
+    monkeypatch.setattr(series, "run_problems", _unpicklable)
+    monkeypatch.setattr(series, "default_workers", lambda: 2)
+    monkeypatch.setattr("threading.active_count", lambda: 1)
+    result = CliRunner().invoke(app, ["report", str(damaged)])
+    assert result.exit_code == 3 and "Traceback" not in result.output, result.output
+    assert "out of memory" not in result.output and "TypeError" in result.output, result.output
+
+
+def test_a_process_with_other_threads_verifies_in_itself(damaged, monkeypatch):
+    """A process with other threads running (a training loop's: CUDA, data loaders) is never forked: a child
+    of it may wait forever on a lock another thread held; the series is verified in this process."""
+    import threading
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a process with other threads was forked")
+
+    monkeypatch.setattr(series, "ProcessPoolExecutor", no_pool)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        write_series_report(damaged, workers=3)
+    finally:
+        stop.set()
+        thread.join()
+    assert json.loads((damaged / "series.json").read_text())["points"]
 
 
 @pytest.mark.parametrize(

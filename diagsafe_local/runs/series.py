@@ -20,6 +20,7 @@ import html
 import multiprocessing
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -225,9 +226,12 @@ def default_workers() -> int:
 
 
 def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry], workers: int) -> Iterator[Checked]:
-    """`_checked` of each entry, in their order: here with one worker, else in `workers` processes, at most two a
-    worker ahead of the one handed over (memory holds a few runs' columns, not the series')."""
-    if workers <= 1 or len(entries) <= 1:
+    """`_checked` of each entry, in their order: here with one worker (or with other threads running), else in
+    `workers` processes, at most two a worker ahead of the one handed over (memory holds a few runs' columns, not
+    the series')."""
+    # a process with other threads (api.series_report from a training loop: CUDA's, data loaders') is never
+    # forked: its child may wait forever on a lock one of them held
+    if workers <= 1 or len(entries) <= 1 or threading.active_count() > 1:
         for entry in entries:
             yield _checked(series_dir, state, entry)
         return
@@ -242,11 +246,15 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
                 yield ahead.popleft().result()
         while ahead:
             yield ahead.popleft().result()
-    except BrokenProcessPool:
-        raise RunFailed(
-            f"{series_dir}: a process verifying the series' runs ended before it was done (killed, or out of memory): "
-            "nothing was written"
-        ) from None
+    except BrokenProcessPool as exc:
+        # its cause: the traceback of reading a worker's result here (it did not unpickle); none: a worker died
+        lines = [line for line in str(exc.__cause__ or "").splitlines() if line.strip(" '")]
+        what = (
+            f"sent back a result that could not be read here ({lines[-1][:300]})"
+            if lines
+            else "ended before it was done (killed, or out of memory)"
+        )
+        raise RunFailed(f"{series_dir}: a process verifying the series' runs {what}: nothing was written") from None
     finally:
         pool.shutdown(cancel_futures=True)
 
