@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -238,6 +239,14 @@ def _derived_problem(
     return None
 
 
+EDITED = "not what the run recorded (the record was edited)"
+MIXED = (
+    "a merged run holding another judge's verdicts (runs judged by different judges merged with merge "
+    "--allow-different-judges, where no record was edited): verdicts of different judges do not mean the same, and "
+    "the gate decides on no mix of judges"
+)
+
+
 class Rederived:
     """Each result, as `verify` streams it, against its item in the run's dataset and its recorded reply (an attack
     step, `items=False`: against its reply only, its turn being the attack's): the first record that disagrees is
@@ -252,14 +261,26 @@ class Rederived:
         judge = manifest.judge
         self.judges = {False: judge.rubric, True: judge.benign_rubric} if judge else {}
         self.replies = Replies(manifest)
-        self.first: str | None = None
-        self.count = 0
+        self.merged = manifest.merged_from is not None
+        self.first: dict[str, str] = {}  # by why it is wrong (`EDITED`, `MIXED`): the first record's line, problem
+        self.count: Counter[str] = Counter()
 
     def see(self, line: Line[ResultRecord]) -> None:
-        problem = self._problem(line.record)
+        other = self._other_judge(line.record)
+        problem = other or self._problem(line.record)
         if problem is not None:
-            self.count += 1
-            self.first = self.first or f"{self.file} line {line.number}: {problem}"
+            why = MIXED if other and self.merged else EDITED
+            self.count[why] += 1
+            self.first.setdefault(why, f"{self.file} line {line.number}: {problem}")
+
+    def _other_judge(self, record: ResultRecord) -> str | None:
+        """Why the record is another judge's than the run's of its kind of item (None: it is not): which judge gave
+        a verdict decides how it is read again, so a merge of runs of other judges (merge --allow-different-judges)
+        is refused for it too."""
+        expected = self.judges.get(record.benign)
+        if expected is not None and record.judge_rubric != expected and not is_combined(expected):
+            return f"judge_rubric is {record.judge_rubric!r}, the run's judge of these items is {expected!r}"
+        return None
 
     def _problem(self, record: ResultRecord) -> str | None:
         item = self.items.get(record.item_id) if self.of_items else None
@@ -270,11 +291,6 @@ class Rederived:
                 for field, value in zip(("benign", "category", "final_turn"), derived):
                     if getattr(record, field) != value:
                         return f"{field} is {getattr(record, field)!r}, the run's dataset says {value!r}"
-        expected = self.judges.get(record.benign)
-        if expected is not None and record.judge_rubric != expected and not is_combined(expected):
-            # a merge of runs of other judges (merge --allow-different-judges) is refused here too: which judge
-            # gave a verdict is what decides how it is read again
-            return f"judge_rubric is {record.judge_rubric!r}, the run's judge of these items is {expected!r}"
         if is_combined(record.judge_rubric):  # its score is its members' votes combined (runs.jury)
             jury = record.judge_rubric.startswith("jury:")
             for vote in record.panel or []:
@@ -293,7 +309,5 @@ class Rederived:
         )
 
     def problems(self) -> list[str]:
-        if self.first is None:
-            return []
-        more = f" (and {self.count - 1} more records)" if self.count > 1 else ""
-        return [f"{self.first}{more}: not what the run recorded (the record was edited)"]
+        more = {why: f" (and {n - 1} more records)" if n > 1 else "" for why, n in self.count.items()}
+        return [f"{first}{more[why]}: {why}" for why, first in self.first.items()]

@@ -103,7 +103,8 @@ class WrittenReport:
 
 def print_summary(report: WrittenReport) -> None:
     """The figures a report shows (`write_report`), as one table: each target's ASR with CI, harmful share,
-    refusals, cut-off answers, failures, judge health; then the judge health flags, if any."""
+    refusals, cut-off answers, failures, judge health; then the judge health flags, if any; then, on stderr, why
+    the run does not verify, if it does not (the figures are then of a run the gate refuses)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -122,6 +123,13 @@ def print_summary(report: WrittenReport) -> None:
             console.print(f"[bold yellow]warning:[/] {name}: degenerate judge: {flag}", highlight=False, soft_wrap=True)
         for line in attack_warnings(name, stats):
             console.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+    errors = Console(stderr=True)
+    for problem in report.run.problems:
+        errors.print(
+            f"[bold yellow]warning:[/] the run does not verify (the gate would refuse it): {problem}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def attack_warnings(name: str, stats: TargetSummary) -> list[str]:
