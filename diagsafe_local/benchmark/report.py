@@ -110,8 +110,9 @@ def print_leaderboard(board: pd.DataFrame) -> None:
     """Rich table of the leaderboard, best metric first."""
     import sys
 
-    from rich.console import Console
     from rich.table import Table
+
+    from diagsafe_local.core.console import rich_console
 
     short = {
         "prevention": "prevent.",
@@ -131,4 +132,4 @@ def print_leaderboard(board: pd.DataFrame) -> None:
             *(f"{row[n]:.3f}" for n in SCORE_NAMES[1:]),
             str(row["n_prompts_affected"]),
         )
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    rich_console(width=None if sys.stdout.isatty() else 160).print(table)

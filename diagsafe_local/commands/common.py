@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from diagsafe_local.core.console import percent
+from diagsafe_local.core.console import percent, rich_console, warning_line
 from diagsafe_local.core.errors import DiagsafeError, Interrupted, RunFailed
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -71,12 +71,10 @@ def user_errors(fn: F) -> F:
 
 
 def warn(lines: Iterable[str]) -> None:
-    """Each line as a yellow warning on stderr."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
+    """Each line as a yellow warning on stderr, as written (a line may quote run data: never read as markup)."""
+    console = rich_console(stderr=True)
     for line in lines:
-        console.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
+        console.print(warning_line(line), highlight=False, soft_wrap=True)
 
 
 def print_listing(title: str, rows: list[dict[str, Any]], columns: list[str], as_json: bool = False) -> None:
@@ -90,7 +88,6 @@ def print_listing(title: str, rows: list[dict[str, Any]], columns: list[str], as
         return
     import sys
 
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -101,14 +98,13 @@ def print_listing(title: str, rows: list[dict[str, Any]], columns: list[str], as
             table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(row.get(c)) for c in columns))
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    rich_console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
 def print_paired(comparison: Any) -> None:
     """A paired comparison as a table (rich on a terminal, plain aligned text when piped)."""
     import sys
 
-    from rich.console import Console
     from rich.table import Table
 
     def p(v: float | None) -> str:
@@ -147,7 +143,7 @@ def print_paired(comparison: Any) -> None:
             table.add_column(column, no_wrap=column == "group")
         for row in rows:
             table.add_row(*row)
-        console = Console()
+        console = rich_console()
         console.print(table)
         for note in notes + ([f"warning: {warning}"] if warning else []):
             console.print(note, highlight=False, soft_wrap=True)

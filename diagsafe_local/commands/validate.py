@@ -128,8 +128,9 @@ def validate(
         samples=samples,
         jury=jurors,
     )
-    from rich.console import Console
     from rich.table import Table
+
+    from diagsafe_local.core.console import rich_console
 
     table = Table(title=f"agreement with {gold} ({len(data.labelled)} labelled items)")
     for column in ("judge", "n", "missing", "accuracy", "kappa", "FPR", "FNR", "AUROC"):
@@ -139,7 +140,7 @@ def validate(
         table.add_row(
             row["judge"], str(row["n"]), str(row["n_missing"]), *("–" if c != c else f"{c:.3f}" for c in cells)
         )
-    Console().print(table)
+    rich_console().print(table)  # judge names as written, never markup
     from diagsafe_local.runs.validation import read_validation
 
     for judged in read_validation(out).judges:  # a run's gate does not decide --corrected on such rates

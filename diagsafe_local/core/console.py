@@ -15,7 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from rich.console import Console as RichConsole
+    from rich.text import Text
 
 INTERVAL_ENV = "DIAGSAFE_PROGRESS_SECONDS"
 DEFAULT_INTERVAL = 10.0
@@ -24,6 +28,21 @@ DEFAULT_INTERVAL = 10.0
 def percent(value: float | None) -> str:
     """A share as a percentage with one decimal ("n/a" where unknown), as tables and reports show it."""
     return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def rich_console(stderr: bool = False, width: int | None = None) -> RichConsole:
+    """A rich console for tables and lines that quote run data (names, problems, answers): it reads no markup, so
+    what a run wrote (`ckpt[/oops]`, `[link=...]`) is shown as written, never parsed as tags."""
+    import rich.console
+
+    return rich.console.Console(stderr=stderr, width=width, markup=False)
+
+
+def warning_line(message: str) -> Text:
+    """`warning: message`, the prefix in bold yellow and the message as written (for `rich_console`)."""
+    import rich.text
+
+    return rich.text.Text.assemble(("warning:", "bold yellow"), " ", message)
 
 
 def progress_interval() -> float:

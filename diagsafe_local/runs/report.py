@@ -12,6 +12,7 @@ from pathlib import Path
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.core.console import percent as _pct
+from diagsafe_local.core.console import rich_console, warning_line
 from diagsafe_local.core.figures import png_figure
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files, passes
@@ -105,7 +106,6 @@ def print_summary(report: WrittenReport) -> None:
     """The figures a report shows (`write_report`), as one table: each target's ASR with CI, harmful share,
     refusals, cut-off answers, failures, judge health; then the judge health flags, if any; then, on stderr, why
     the run does not verify, if it does not (the figures are then of a run the gate refuses)."""
-    from rich.console import Console
     from rich.table import Table
 
     summary = report.summary
@@ -115,18 +115,18 @@ def print_summary(report: WrittenReport) -> None:
         table.add_column(column, justify="left" if column == "target" else "right", no_wrap=True)
     for name, stats in summary.targets.items():
         table.add_row(*_overall_row(name, stats))
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = rich_console(width=None if sys.stdout.isatty() else 160)
     console.print(table)
     console.print(judge_error_note(summary), highlight=False, soft_wrap=True)
     for name, stats in summary.targets.items():
         for flag in stats.judge_health.flags:
-            console.print(f"[bold yellow]warning:[/] {name}: degenerate judge: {flag}", highlight=False, soft_wrap=True)
+            console.print(warning_line(f"{name}: degenerate judge: {flag}"), highlight=False, soft_wrap=True)
         for line in attack_warnings(name, stats):
-            console.print(f"[bold yellow]warning:[/] {line}", highlight=False, soft_wrap=True)
-    errors = Console(stderr=True)
+            console.print(warning_line(line), highlight=False, soft_wrap=True)
+    errors = rich_console(stderr=True)
     for problem in report.run.problems:
         errors.print(
-            f"[bold yellow]warning:[/] the run does not verify (the gate would refuse it): {problem}",
+            warning_line(f"the run does not verify (the gate would refuse it): {problem}"),
             highlight=False,
             soft_wrap=True,
         )
