@@ -4,9 +4,10 @@ improbable enum value and six digits)."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
+
+from diagsafe_local.runs.readers import lenient_json
 
 CANARY_VALUE = "zq-canary-7731"
 CANARY_SCHEMA: dict[str, Any] = {
@@ -24,7 +25,7 @@ _DIGITS = re.compile(r"[0-9]{6}")
 def canary_held(text: str) -> bool:
     """Whether a reply to the canary is the one output its schema allows."""
     try:
-        reply = json.loads(text)
+        reply = lenient_json(text)  # the one parse of a reply: a ValueError for any it cannot read, deep ones too
     except ValueError:
         return False
     return (
