@@ -37,12 +37,19 @@ from diagsafe_local.engines.template_arguments import (
 COMPACT_WHITESPACE = r"[ ]?"
 
 
+# transformers' class for a tekken.json tokenizer: 5's name, then 4.54-4.57's (older ones have no such module)
+_MISTRAL_COMMON_CLASSES = ("MistralCommonBackend", "MistralCommonTokenizer")
+
+
 def _renders_with_mistral_common(tokenizer: Any) -> bool:
     """transformers' tokenizer for a folder with Mistral's tekken.json: mistral_common renders its chats, with no
     template (its get_chat_template raises NotImplementedError by design)."""
-    from transformers.tokenization_mistral_common import MistralCommonBackend
-
-    return isinstance(tokenizer, MistralCommonBackend)
+    try:
+        import transformers.tokenization_mistral_common as module
+    except ImportError:  # a transformers before 4.54, or one without mistral_common: no such tokenizer
+        return False
+    classes = tuple(getattr(module, name) for name in _MISTRAL_COMMON_CLASSES if hasattr(module, name))
+    return isinstance(tokenizer, classes)
 
 
 def _rendered_template(tokenizer: Any, template: str | None) -> str:
