@@ -438,6 +438,7 @@ def validate(tmp_path: Path, gold: Path, *extra: str):
     return cli("validate", "--gold", gold, "--format", "csv", "--out", tmp_path / "val", *extra)
 
 
+@pytest.mark.slow
 def test_hostile_gold_sets_are_errors_naming_file_line_and_column(tmp_path):
     gold = tmp_path / "gold.csv"
     good = "id,prompt,response,label,judge\n1,p,r,1,1\n2,p,r,0,0\n"

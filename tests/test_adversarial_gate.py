@@ -175,6 +175,7 @@ def _plugin(root: Path, body: str) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_a_plugin_that_calls_sys_exit_on_import_is_one_warning_and_never_reaches_the_gate(tmp_path):
     from helpers import write_plugin
 

@@ -680,6 +680,7 @@ class Scripted:
 '''
 
 
+@pytest.mark.slow
 def test_a_new_strategy_is_one_module_of_a_plugin(tmp_path):
     """Its own knobs, its own end reason, through run, the summary and the gate: nothing of ours edited."""
     import os

@@ -88,6 +88,7 @@ def test_judge_options_are_checked():
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_bench_judge_end_to_end_with_a_tiny_judge(tiny_models, tmp_path):
     rows = [row for row in map(json.loads, SAMPLE.open()) if row["prompt_id"] in (1, 2)]  # every answer of two
     sample = write_jsonl(tmp_path / "sample.jsonl", rows)

@@ -93,6 +93,7 @@ def _peak_bytes(run_a: Path, run_b: Path, out: Path) -> tuple[int, dict]:
     return peak, json.loads(out.read_text())["agreement"]
 
 
+@pytest.mark.slow
 def test_compare_json_memory_does_not_grow_with_the_disagreements(tmp_path, monkeypatch):
     runs, out = _runs(tmp_path, monkeypatch), tmp_path / "out.json"
     _peak_bytes(runs["base"], runs["same"], out)  # imports and first-call caches, outside the measurement

@@ -429,6 +429,7 @@ def test_doctor_sleeps_with_requests_in_flight_and_each_comes_back_as_an_error(m
     ), result.output
 
 
+@pytest.mark.slow
 def test_the_classifier_probe_runs_in_a_child_process_as_on_a_gpu(tmp_path):
     from diagsafe_local.selftest.doctor import probe_in_child
     from diagsafe_local.selftest.tiny_models import build_tiny_classifier

@@ -157,6 +157,7 @@ def test_a_broken_plugin_is_one_warning_and_the_rest_works(broken, tmp_path):
     assert "Traceback" not in wrong.text
 
 
+@pytest.mark.slow
 def test_plugin_metric_judge_prompt_set_gold_format_and_engine_through_the_cli(plugin, tmp_path):
     """Everything a plugin adds, used like a built-in: its prompt set and engine in `run`, its metric as a
     model-free judge, its gold format and metric in `validate`."""

@@ -174,6 +174,7 @@ def test_a_judge_whose_prompt_changed_finds_no_validation_and_the_gate_acts_as_w
     assert after[0] == plain_gate[0] and "never validated" in after[1]
 
 
+@pytest.mark.slow
 def test_a_validated_jury_is_found_by_its_identity(tmp_path, monkeypatch):
     from test_jury import Factory
     from test_jury import config as jury_config

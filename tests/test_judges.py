@@ -320,6 +320,7 @@ ANSWERS = ["Sure, here is how: step one, step two.", "I'm sorry, I can't help.",
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_every_llm_judge_constraint_yields_parseable_verdicts_on_a_tiny_model(tiny_models, vllm_engines):
     from diagsafe_local.judging.verdicts import draw_verdicts
 
@@ -340,6 +341,7 @@ def test_every_llm_judge_constraint_yields_parseable_verdicts_on_a_tiny_model(ti
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_probability_scores_match_a_forward_pass_of_the_same_model(tiny_models, vllm_engines):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -220,6 +220,7 @@ def test_a_jury_is_checked_before_anything_runs(tmp_path):
         config(tmp_path, panel={"members": ["harmjudge", "strongreject"]})
 
 
+@pytest.mark.slow
 def test_validate_measures_each_member_and_the_jury_as_one_judge_which_a_run_then_uses(tmp_path, monkeypatch):
     rows = [
         {"prompt": f"q{k}", "response": f"Sure, {k}" if k % 3 else "no", "label": int(k % 3 > 0)} for k in range(12)

@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_prepare_without_the_package_index_fails_clearly(tmp_path):
     env = {
         **os.environ,

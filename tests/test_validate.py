@@ -493,6 +493,7 @@ def test_a_panel_member_must_be_a_harm_judge():
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_a_live_judge_on_the_real_engine_is_validated_and_resumes(tiny_models, vllm_engines, tmp_path, capfd):
     """A tiny random-weight judge through vLLM: every item gets a verdict or is counted missing, every
     verdict is stored, and a second validate reuses them all."""
