@@ -73,11 +73,20 @@ class Mutation:
     path: Path
     kind: str  # the family, for a sample of each
     what: str
-    content: bytes
-    also: tuple[tuple[Path, bytes], ...] = ()  # a second file rewritten to match (the summary's results hash)
+    made: bytes | Callable[[], bytes]  # the new content, or how to make it (only a sampled one is made)
+    # A second file rewritten to match (the summary's results hash), or how to make it.
+    also: tuple[tuple[Path, bytes], ...] | Callable[[], tuple[tuple[Path, bytes], ...]] = ()
     refuse: bool = False  # it must be refused (exit 3), not merely decided the same
     link: Path | None = None  # the file is replaced by a symlink to this one
     resummarise: bool = False  # summary.json is then recomputed from the edited records, as `run` writes it
+
+    @property
+    def content(self) -> bytes:
+        return self.made if isinstance(self.made, bytes) else self.made()
+
+    def rewrites(self) -> tuple[tuple[Path, bytes], ...]:
+        """Each file it writes, with its new content."""
+        return ((self.path, self.content), *(self.also() if callable(self.also) else self.also))
 
 
 def gate(case: Case, monkeypatch: pytest.MonkeyPatch) -> tuple[int, tuple[str, ...]]:
@@ -240,21 +249,22 @@ def _field_mutations(
             continue
         value, name = _at(doc, leaf), where + ".".join(map(str, leaf))
         broken = decisive and _is_hash(leaf[-1]) and isinstance(value, str)  # a hash the gate checks
+        # Each edit is made (a copy of the document dumped) only if the sample tries it: a case has thousands.
+        setter = lambda other, leaf=leaf: lambda: dump(_set(doc, leaf, other))  # noqa: E731
         for other in _changed(value):
-            yield Mutation(path, "field", f"{name} = {other!r}", dump(_set(doc, leaf, other)), refuse=signed or broken)
+            yield Mutation(path, "field", f"{name} = {other!r}", setter(other), refuse=signed or broken)
         if isinstance(value, str):
             for other in SWAPS.get(value, ()):
-                yield Mutation(path, "swap", f"{name} = {other!r}", dump(_set(doc, leaf, other)), refuse=signed)
+                yield Mutation(path, "swap", f"{name} = {other!r}", setter(other), refuse=signed)
         if leaf[-1] == "run_id" and case.foreign_id not in (None, value):
-            foreign = dump(_set(doc, leaf, case.foreign_id))
+            foreign = setter(case.foreign_id)
             yield Mutation(path, "foreign", f"{name} = a sibling's run id", foreign, refuse=signed or decisive)
-        yield Mutation(path, "field", f"{name} deleted", dump(_edited(doc, leaf, lambda p, k: p.__delitem__(k))),
-                       refuse=signed)  # fmt: skip
+        deleted = lambda leaf=leaf: dump(_edited(doc, leaf, lambda p, k: p.__delitem__(k)))  # noqa: E731
+        yield Mutation(path, "field", f"{name} deleted", deleted, refuse=signed)
     for node in _dicts(doc):
         where_added = where + (".".join(map(str, node)) or "top level")
-        added = json.loads(json.dumps(doc))
-        _at(added, node)["zz_added"] = 1
-        yield Mutation(path, "added key", f"{where_added}: key added", dump(added), refuse=signed)
+        added = lambda node=node: dump(_set(doc, (*node, "zz_added"), 1))  # noqa: E731
+        yield Mutation(path, "added key", f"{where_added}: key added", added, refuse=signed)
 
 
 def _resummarised(mutation: Mutation) -> Mutation:
@@ -266,10 +276,14 @@ def _resummarised(mutation: Mutation) -> Mutation:
 def _rehashed(mutation: Mutation) -> Mutation:
     """A results edit with the summary's hash of the results rewritten to match."""
     summary_path = mutation.path.parent / "summary.json"
-    summary = json.loads(summary_path.read_text())
-    summary["results_sha256"] = hashlib.sha256(mutation.content).hexdigest()
-    return Mutation(mutation.path, "rehashed", mutation.what + " (summary's hash rewritten)", mutation.content,
-                    ((summary_path, json.dumps(summary).encode()),), refuse=mutation.refuse)  # fmt: skip
+
+    def rehash() -> tuple[tuple[Path, bytes], ...]:
+        summary = json.loads(summary_path.read_text())
+        summary["results_sha256"] = hashlib.sha256(mutation.content).hexdigest()
+        return ((summary_path, json.dumps(summary).encode()),)
+
+    return Mutation(mutation.path, "rehashed", mutation.what + " (summary's hash rewritten)", mutation.made, rehash,
+                    refuse=mutation.refuse)  # fmt: skip
 
 
 def _line_id(line: str) -> Any:
@@ -366,7 +380,7 @@ def mutations(case: Case) -> list[Mutation]:
 def apply(mutation: Mutation) -> list[tuple[Path, bytes | None]]:
     """Apply a mutation; return what to put back."""
     undo = []
-    for path, content in ((mutation.path, mutation.content), *mutation.also):
+    for path, content in mutation.rewrites():  # made before any is written (the summary is read as it was)
         undo.append((path, path.read_bytes() if path.exists() else None))
         path.unlink(missing_ok=True)
         if mutation.link is not None and path == mutation.path:
