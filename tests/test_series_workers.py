@@ -40,7 +40,8 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return spec.series_dir
 
 
-def test_the_series_documents_are_the_same_verified_in_one_process_or_several(damaged):
+def test_the_series_documents_are_the_same_verified_in_one_process_or_several(damaged, monkeypatch):
+    monkeypatch.setattr(series, "threads_running", lambda: 1)  # workers, whatever threads the suite left running
     written = {}
     for workers in (1, 3):
         write_series_report(damaged, workers=workers)
@@ -87,7 +88,7 @@ def test_a_worker_that_dies_stops_the_report_with_one_line(damaged, monkeypatch)
 
     monkeypatch.setattr(series, "run_problems", killed)
     monkeypatch.setattr(series, "default_workers", lambda: 2)
-    monkeypatch.setattr("threading.active_count", lambda: 1)  # workers, whatever threads the suite left running
+    monkeypatch.setattr(series, "threads_running", lambda: 1)  # workers, whatever threads the suite left running
     before = (damaged / "series.json").read_bytes()
     result = CliRunner().invoke(app, ["report", str(damaged)])
     assert result.exit_code == 3 and "Traceback" not in result.output, result.output
@@ -113,7 +114,7 @@ def test_a_result_a_worker_cannot_hand_back_is_said_as_what_it_was(damaged, monk
     one line, saying what it was, not 'killed, or out of memory'."""
     monkeypatch.setattr(series, "run_problems", _unpicklable)
     monkeypatch.setattr(series, "default_workers", lambda: 2)
-    monkeypatch.setattr("threading.active_count", lambda: 1)
+    monkeypatch.setattr(series, "threads_running", lambda: 1)
     result = CliRunner().invoke(app, ["report", str(damaged)])
     assert result.exit_code == 3 and "Traceback" not in result.output, result.output
     assert "out of memory" not in result.output and "TypeError" in result.output, result.output
@@ -136,6 +137,28 @@ def test_a_process_with_other_threads_verifies_in_itself(damaged, monkeypatch):
     finally:
         stop.set()
         thread.join()
+    assert json.loads((damaged / "series.json").read_text())["points"]
+
+
+def test_series_report_forks_from_a_process_with_native_threads(damaged, monkeypatch):
+    """Threads Python does not know of (torch's OpenMP pool, CUDA's: most of a training process's) count as others
+    running: the series is verified in this process, never forked."""
+    import os
+    import threading
+
+    import torch
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a process with other (native) threads was forked")
+
+    monkeypatch.setattr(series, "ProcessPoolExecutor", no_pool)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    torch.ones(300, 300) @ torch.ones(300, 300)  # starts torch's OpenMP threads
+    torch.set_num_threads(before)
+    assert len(os.listdir("/proc/self/task")) > threading.active_count()
+    monkeypatch.setattr("threading.active_count", lambda: 1)  # none of Python's: only the native ones count
+    write_series_report(damaged, workers=3)
     assert json.loads((damaged / "series.json").read_text())["points"]
 
 

@@ -225,13 +225,22 @@ def default_workers() -> int:
     return max(1, min(cpus - busy, WORKERS))
 
 
+def threads_running() -> int:
+    """This process's threads, native ones too (torch's OpenMP pool, CUDA's: most of a training process's, which
+    `threading` does not see): the kernel's count where it gives one (Linux), else Python's."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
 def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry], workers: int) -> Iterator[Checked]:
     """`_checked` of each entry, in their order: here with one worker (or with other threads running), else in
     `workers` processes, at most two a worker ahead of the one handed over (memory holds a few runs' columns, not
     the series')."""
     # a process with other threads (api.series_report from a training loop: CUDA's, data loaders') is never
     # forked: its child may wait forever on a lock one of them held
-    if workers <= 1 or len(entries) <= 1 or threading.active_count() > 1:
+    if workers <= 1 or len(entries) <= 1 or threads_running() > 1:
         for entry in entries:
             yield _checked(series_dir, state, entry)
         return
