@@ -27,9 +27,10 @@ os.environ["DIAGSAFE_JUDGE_CACHE"] = _JUDGE_CACHE
 # into the working directory (an MLflow sqlite store still puts artifacts in MLflow's default ./mlruns, which
 # .gitignore names); tests that read a store set their own.
 _STORES = tempfile.mkdtemp(prefix="diagsafe-hook-stores-")
-os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{_STORES}/mlflow.db")
-os.environ.setdefault("WANDB_DIR", _STORES)
-os.environ.setdefault("WANDB_MODE", "offline")
+# Set whatever the developer's environment holds: a test must never log to their real server or project.
+os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{_STORES}/mlflow.db"
+os.environ["WANDB_DIR"] = _STORES
+os.environ["WANDB_MODE"] = "offline"
 # A hook's first MLflow call creates and migrates a fresh sqlite store: on a loaded 2-core machine that passed the
 # 30 s default, the hook's process was killed mid-migration, and the next call found a half-made database ("table
 # already exists"). Tests of the time limit set their own.
