@@ -172,7 +172,9 @@ def test_published_judges_render_and_score(name, first_words, reply, score):
     assert user.content == EXPECTED_USER_MESSAGE
     outcome = rubric.parse(Completion(text=reply, finish_reason="stop"), None)
     assert outcome.status == "ok" and outcome.score == pytest.approx(score)
-    assert rubric.parse(Completion(text=reply, finish_reason="length"), None).status == "truncated"
+    # a complete verdict whose last token is the max_tokens-th is a verdict; a reply cut off is truncated
+    assert rubric.parse(Completion(text=reply, finish_reason="length"), None) == outcome
+    assert rubric.parse(Completion(text=reply[:-1], finish_reason="length"), None).status == "truncated"
     assert rubric.schema["additionalProperties"] is False and rubric.source
 
 

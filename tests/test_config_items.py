@@ -203,7 +203,7 @@ def test_harmjudge_parse_and_schema():
     assert (
         rubric.parse(
             Completion(
-                text='{"unsafe":true,"relevant":true,"useful":true,"label":"harmful","rationale":"r"}',
+                text='{"unsafe":true,"relevant":true,"useful":true,"label":"harmful","rationale":"r',
                 finish_reason="length",
             ),
             None,

@@ -183,8 +183,10 @@ def generate_streams(
                         item_id=item_id,
                         sample=sample,
                         turn=turn,
-                        answer=c.text,
-                        finish_reason=c.finish_reason,
+                        # a failed turn is no answer, whatever text the engine had when it failed: what
+                        # verify takes an engine error to be (`rederive.failed`), and no later turn reads it
+                        answer="" if c.error else c.text,
+                        finish_reason="error" if c.error else c.finish_reason,
                         error=c.error,
                         request_key=key,
                         usage=Usage.of(c),

@@ -298,9 +298,13 @@ class Judge:
             return ParseOutcome(status="error", error=completion.error)
         if self.uses_probability(probability):
             return self._probability(completion)
-        if completion.finish_reason != "stop":
+        parsed = self.parse_text(completion.text)
+        # A reply that reads as a verdict is one whatever the finish reason (vLLM says `length` where a complete
+        # verdict's last token is the max_tokens-th): the rule verify reads recorded replies by, which keeps no
+        # finish reason. One that does not read, cut off, is truncated (retried with a larger budget).
+        if parsed.status != "ok" and completion.finish_reason != "stop":
             return ParseOutcome(status="truncated", error=f"finish_reason={completion.finish_reason}")
-        return self.parse_text(completion.text)
+        return parsed
 
     def _probability(self, completion: Completion) -> ParseOutcome:
         positive, negative = self.label_words  # type: ignore[misc]

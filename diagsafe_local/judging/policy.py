@@ -26,18 +26,17 @@ such files, shipped with the package (`data/policy_*.yaml`).
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.core.resources import data_file
 from diagsafe_local.core.settings import StrictModel, load_settings
 from diagsafe_local.judging.base import JUDGES, Thinking
 from diagsafe_local.judging.rubrics import Rubric
-from diagsafe_local.runs.records import ScoreRule
+from diagsafe_local.runs.records import ScoreRule, verdict_model
 from diagsafe_local.runs.verdicts import is_harmful
 
 MAX_STRING = 2000
@@ -135,21 +134,6 @@ class PolicyFile(StrictModel):
         return self
 
 
-def _verdict_model(policy: PolicyFile) -> type[BaseModel]:
-    """The pydantic model of the policy's verdict: fields in order, closed, bounded."""
-    fields: dict[str, Any] = {}
-    for name, spec in policy.fields.items():
-        if spec.enum is not None:
-            kind: Any = Literal[tuple(spec.enum)]
-            fields[name] = (kind, Field(description=spec.description))
-        elif spec.type == "boolean":
-            fields[name] = (bool, Field(description=spec.description))
-        else:
-            fields[name] = (str, Field(max_length=spec.max_length, description=spec.description))
-    title = re.sub(r"\W", "_", policy.name)
-    return create_model(title, __config__=ConfigDict(extra="forbid"), **fields)
-
-
 def policy_judge(policy: PolicyFile, fingerprint: str | None = None) -> Rubric:
     """The judge a policy describes; `fingerprint` (the file's hash) makes an edited file a new judge."""
     rule = ScoreRule(field=policy.score.field, values=dict(policy.score.values))
@@ -165,7 +149,7 @@ def policy_judge(policy: PolicyFile, fingerprint: str | None = None) -> Rubric:
         source=policy.source,
         measures=policy.measures,
         instructions=policy.instructions.strip(),
-        verdict_model=_verdict_model(policy),
+        verdict_model=verdict_model(policy.name, {name: spec.model_dump() for name, spec in policy.fields.items()}),
         to_score=to_score,
         thinking=Thinking() if policy.reasoning else None,
         context=policy.context,

@@ -22,7 +22,14 @@ from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.files import INJECTION
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.readers import Reader
-from diagsafe_local.runs.records import RUN_WIDE, CouldNotJudge, InjectionRecord, ResultRecord, ScoreRule
+from diagsafe_local.runs.records import (
+    RUN_WIDE,
+    CouldNotJudge,
+    InjectionRecord,
+    PolicyVerdicts,
+    ResultRecord,
+    ScoreRule,
+)
 from diagsafe_local.runs.rederive import Replies
 from diagsafe_local.runs.verdicts import is_harmful
 
@@ -132,7 +139,7 @@ class InjectionCheck:
             return
         # the shipped policy's rule, the run's policy file's, or a built-in judge's reader
         policy = self.replies.reader(self.judge or "")
-        if isinstance(policy, ScoreRule) and self.rule != policy:
+        if isinstance(policy, PolicyVerdicts) and self.rule != policy.rule:
             self._problems.append(f"{INJECTION}: its score rule is not the {self.judge} policy's")
             return
         self.reader = self.rule or policy

@@ -25,6 +25,7 @@ from pydantic import Field
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.records import CouldNotJudge, JuryVote, Record, ResultRecord, WrongResults
+from diagsafe_local.runs.rederive import failed
 from diagsafe_local.runs.verdicts import combined_score, combined_status, is_combined, is_harmful
 
 if TYPE_CHECKING:
@@ -213,8 +214,8 @@ class VotesCheck(WrongResults):
         votes = record.panel or []
         if not combined or (not record.benign and label != self.rubric):
             right = False
-        elif not votes:  # an answer that could not be judged at all
-            right = record.parse_status == "error" and record.score is None
+        elif not votes:  # an answer the target did not give: no member had one to judge
+            right = record.parse_status == "error" and record.score is None and failed(record)
         else:
             try:
                 score = combined_score(label, [v.score for v in votes])

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.jsonl import KeyedRecord
@@ -334,11 +335,6 @@ class ScoreRule(Record):
         value = verdict[self.field]
         return self.values.get(str(value).lower() if isinstance(value, bool) else str(value))
 
-    def score(self, reply: str | None) -> float | None:
-        """The score of a reply as written (None: it does not parse, or the rule does not map it)."""
-        read = self.read(reply or "")
-        return None if read is None else read.score
-
     def read(self, reply: str) -> Read | None:
         """The reply as JSON and its score (a `runs.readers.Reader`; None: it does not read as a verdict)."""
         try:
@@ -347,6 +343,68 @@ class ScoreRule(Record):
             return None
         score = self.of(verdict)
         return None if score is None else Read(verdict, score)
+
+
+def verdict_model(name: str, fields: Mapping[str, Mapping[str, Any]]) -> type[BaseModel]:
+    """A policy's verdict as a pydantic model, from its file's `fields:` (each an `enum`, a `type: boolean`, or
+    a `type: string` with `max_length`): in order, closed, bounded. The one model a policy judge's replies are
+    parsed by, when written (`judging.policy`) and read again (`PolicyVerdicts`)."""
+    made: dict[str, Any] = {}
+    for field, spec in fields.items():
+        description = spec.get("description", "")
+        if spec.get("enum") is not None:
+            made[field] = (Literal[tuple(spec["enum"])], Field(description=description))
+        elif spec.get("type") == "boolean":
+            made[field] = (bool, Field(description=description))
+        else:
+            made[field] = (str, Field(max_length=spec.get("max_length"), description=description))
+    return create_model(re.sub(r"\W", "_", name), __config__=ConfigDict(extra="forbid"), **made)
+
+
+class PolicyVerdicts:
+    """A policy judge's replies read again as its judge parsed them: the same lenient JSON, the same verdict model
+    (`verdict_model`: extra fields refused, pydantic's lax coercions), scored by the policy's `rule`. A reply of
+    the exact shape (every field, no other, each value of its own JSON type within its bounds: what an engine that
+    holds the schema writes) is taken as it is, without pydantic: such a value validates to itself, so the verdict
+    and score are the model's (verify reads every recorded reply: a series report reads thousands a run)."""
+
+    def __init__(self, name: str, fields: Mapping[str, Mapping[str, Any]], rule: ScoreRule) -> None:
+        self.rule = rule
+        self.model = verdict_model(name, fields)
+        self._keys = set(fields)
+        kinds = {f: ("enum" if s.get("enum") is not None else s.get("type")) for f, s in fields.items()}
+        self._words = [(f, frozenset(fields[f]["enum"])) for f, kind in kinds.items() if kind == "enum"]
+        self._bools = [f for f, kind in kinds.items() if kind == "boolean"]
+        self._texts = [(f, fields[f].get("max_length")) for f, kind in kinds.items() if kind not in ("enum", "boolean")]
+
+    def _exact(self, value: Any) -> bool:
+        """Whether a JSON value is a verdict of the exact shape (it validates to itself)."""
+        if type(value) is not dict or value.keys() != self._keys:
+            return False
+        for field in self._bools:
+            if type(value[field]) is not bool:
+                return False
+        for field, words in self._words:
+            if type(value[field]) is not str or value[field] not in words:
+                return False
+        for field, longest in self._texts:
+            if type(value[field]) is not str or (longest is not None and len(value[field]) > longest):
+                return False
+        return True
+
+    def read(self, reply: str) -> Read | None:
+        """The reply's verdict and score (a `runs.readers.Reader`; None: it does not read as a verdict)."""
+        try:
+            value = lenient_json(reply)
+        except ValueError:
+            return None
+        if not self._exact(value):
+            try:
+                value = self.model.model_validate(value).model_dump(mode="json")
+            except ValidationError:
+                return None
+        score = self.rule.of(value)
+        return None if score is None else Read(value, score)
 
 
 class InjectionRecord(KeyedRecord):

@@ -45,7 +45,7 @@ from diagsafe_local.core.resources import data_file
 from diagsafe_local.runs.manifest import Manifest
 from diagsafe_local.runs.model_free import model_free
 from diagsafe_local.runs.readers import Reader, reader
-from diagsafe_local.runs.records import PanelVote, ResultRecord, ScoreRule
+from diagsafe_local.runs.records import PanelVote, PolicyVerdicts, ResultRecord, ScoreRule
 from diagsafe_local.runs.verdicts import is_combined
 
 BUNDLED = ("harmjudge", "refusal")  # the policy judges shipped as data/policy_NAME.yaml
@@ -53,13 +53,17 @@ _PARAPHRASE = re.compile(r"(.+)~[0-9]+")
 
 
 @functools.cache
-def score_rule(judge: str) -> ScoreRule | None:
-    """The score rule of a shipped policy judge, or of one of its paraphrases (None: not one)."""
+def score_rule(judge: str) -> PolicyVerdicts | None:
+    """What reads a shipped policy judge's replies again, or one of its paraphrases' (None: not one)."""
     name = _base(judge)
     if name not in BUNDLED:
         return None
-    policy = yaml.safe_load(data_file(f"policy_{name}.yaml").read_text(encoding="utf-8"))
-    return ScoreRule.model_validate(policy["score"])
+    return _verdicts(yaml.safe_load(data_file(f"policy_{name}.yaml").read_text(encoding="utf-8")))
+
+
+def _verdicts(policy: dict[str, Any]) -> PolicyVerdicts:
+    """A policy file's reader (its verdict model and score rule), from the file as YAML reads it."""
+    return PolicyVerdicts(policy["name"], policy["fields"], ScoreRule.model_validate(policy["score"]))
 
 
 def looks_like_path(name: str) -> bool:
@@ -94,7 +98,7 @@ class Replies:
     recorded."""
 
     def __init__(self, manifest: Manifest) -> None:
-        self.rules: dict[str, ScoreRule] = {}
+        self.rules: dict[str, PolicyVerdicts] = {}
         self.notes: list[str] = []
         judge = manifest.config.get("judge") or {}
         self.probability: bool | None = judge.get("probability")
@@ -117,8 +121,8 @@ class Replies:
                     raise ValueError("its content is not the one the run judged with")
                 policy = yaml.safe_load(raw)
                 # by its name (what records call it) and its path (what a config calls it)
-                self.rules[policy["name"]] = self.rules[name] = ScoreRule.model_validate(policy["score"])
-            except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError) as exc:
+                self.rules[policy["name"]] = self.rules[name] = _verdicts(policy)
+            except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, AttributeError) as exc:
                 self.notes.append(
                     f"the judge's policy file {name} is not read again ({str(exc)[:120]}): its verdicts are taken as recorded"
                 )
