@@ -10,19 +10,24 @@ side, and marked a flip where one side's verdict is harmful and another's is not
 A cascade run's answers show the verdict the gate decides on (`runs.cascade`, its check folded over the run's own
 results and cascade.jsonl): the full judge's where the screen sent an answer up, the screen's elsewhere, with which
 judge gave it and, where they differ, the screen's score beside it; the filters, the sort and the flips read it.
-The page decides nothing: a run that does not verify is shown as its files say (the gate refuses it).
+The page decides nothing: a run that does not verify is shown as its files say (the gate refuses it). A run killed
+midway is shown as far as it got: a torn last line (results.jsonl's, cascade.jsonl's) is left out with a note, and
+an answer sent up that its full judge has not judged yet claims no score.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel
 
 from diagsafe_local.core import jsonl
-from diagsafe_local.core.errors import DiagsafeError
+from diagsafe_local.core.errors import DataError, DiagsafeError
 from diagsafe_local.runs import files
 from diagsafe_local.runs.cascade import CascadeCheck, CascadeRecord
 from diagsafe_local.runs.manifest import Manifest, read_manifest_file
@@ -35,7 +40,10 @@ SEARCHED = 4000
 PAGE_MAX = 200
 SORTS = ("id", "score")
 FACETS = ("target", "category", "source", "attack_method", "verdict", "status")  # the filters that pick one value
-JudgedBy = Literal["screen", "full judge"]  # a cascade's verdict: its screen's, or its full judge's (sent up)
+# a cascade's verdict: its screen's, its full judge's (sent up), or none yet (sent up in a run not complete)
+JudgedBy = Literal["screen", "full judge", "sent up, not judged yet"]
+NOT_YET: JudgedBy = "sent up, not judged yet"
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass
@@ -125,19 +133,27 @@ class RunIndex:
         self.run_dirs = run_dirs
         self.manifests = [read_manifest_file(d) for d in run_dirs]
         self.rows: list[Row] = []
+        self.notes: list[str] = []  # what the page shows of the runs' files in part, and why
         self._cascades: list[CascadeCheck | None] = []
         for run, (run_dir, manifest) in enumerate(zip(run_dirs, self.manifests)):
             first = len(self.rows)
             cascade = _cascade(manifest)
-            for line in jsonl.stream(run_dir / files.RESULTS, ResultRecord):
+            for line in _browsed(run_dir / files.RESULTS, ResultRecord, self.notes):
                 self.rows.append(_row(len(self.rows), run, line.record, line.offset, len(line.raw)))
                 if cascade is not None:
                     cascade.see(line.record)
             if cascade is not None:
-                path = run_dir / files.CASCADE
-                cascade.read(list(jsonl.stream(path, CascadeRecord)) if path.exists() else None)
+                path, pending = run_dir / files.CASCADE, manifest.status != "complete"
+                if path.exists():
+                    cascade.read(list(_browsed(path, CascadeRecord, self.notes)))
+                else:
+                    cascade.read(None)
+                    if pending:
+                        self.notes.append(
+                            f"{path}: not written yet (the run is not complete): no answer sent up is judged"
+                        )
                 for row in self.rows[first:]:
-                    _decide(row, cascade)
+                    _decide(row, cascade, pending)
             self._cascades.append(cascade)
         sides: dict[tuple[str, int, int, str], list[Row]] = defaultdict(list)
         for row in self.rows:
@@ -187,14 +203,16 @@ class RunIndex:
         }
 
     def decided(self, row: Row) -> dict[str, Any] | None:
-        """A cascade's full judge's verdict where it is the one the gate decides on (its vote as written; None
-        where it gave none: it counts harmful); None where the record's own verdict is."""
+        """A cascade's full judge's verdict on an answer sent up, where it is the one the gate decides on (its vote
+        as written, None where there is no record; `gave_no_verdict`: no record, or a vote with no score, which
+        counts harmful) or not there yet (no score); None where the record's own verdict is."""
         cascade = self._cascades[row.run]
-        if cascade is None or row.judged_by != "full judge":
+        if cascade is None or row.judged_by not in ("full judge", NOT_YET):
             return None
         full = cascade.records.get(row.key)
         vote = None if full is None else full.vote.model_dump(mode="json")
-        return {"judged_by": row.judged_by, "score": row.score, "vote": vote}
+        unjudged = row.judged_by == "full judge" and (full is None or full.vote.score is None)
+        return {"judged_by": row.judged_by, "score": row.score, "vote": vote, "gave_no_verdict": unjudged}
 
     def find(self, key: AnswerKey, run: int = 0) -> Row | None:
         """The row of (target, item, sample, turn) in one run."""
@@ -224,14 +242,35 @@ def _cascade(manifest: Manifest) -> CascadeCheck | None:
     return CascadeCheck(manifest) if (manifest.config.get("judge") or {}).get("cascade") is not None else None
 
 
-def _decide(row: Row, cascade: CascadeCheck) -> None:
+def _browsed(path: Path, model: type[M], notes: list[str]) -> Iterator[jsonl.Line[M]]:
+    """The lines of a run's file as far as they can be shown: a torn last line (a run killed while it wrote it)
+    is left out, with a note; any other bad line is an error, as for every reader."""
+    end = 0
+    try:
+        for line in jsonl.stream(path, model):
+            end = line.offset + len(line.raw)
+            yield line
+    except DataError as exc:
+        if exc.line is None:  # no such file
+            raise
+        with open(path, "rb") as handle:
+            handle.seek(end)
+            if b"\n" in handle.read().lstrip():  # not the last line: the file is bad, not cut
+                raise
+        notes.append(f"{path} line {exc.line}: torn (the run was stopped while writing it), not shown")
+
+
+def _decide(row: Row, cascade: CascadeCheck, pending: bool) -> None:
     """A row under the cascade's verdict (its screen's where the cascade does not screen it: a benign item's, an
-    earlier turn's)."""
+    earlier turn's); an answer sent up with no full judge's record in a run not complete (`pending`) is not judged
+    yet: no score."""
     decided = cascade.verdicts.get(row.key)
     if decided is None:
         return
     row.judged_by = "full judge" if row.key in cascade.up else "screen"
-    if decided != row.score:
+    if pending and row.key in cascade.up and row.key not in cascade.records:
+        row.judged_by, row.screen_score, row.score, row.verdict = NOT_YET, row.score, None, score_class(None)
+    elif decided != row.score:
         row.screen_score, row.score, row.verdict = row.score, decided, score_class(decided)
 
 

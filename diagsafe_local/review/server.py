@@ -140,6 +140,7 @@ class Review:
             ],
             "facets": self.index.facets(),
             "total": len(self.index.rows),
+            "notes": self.index.notes,
         }
 
 

@@ -99,13 +99,15 @@ function conversation(record) {
   return box;
 }
 
-// A cascade's answer sent up (`decided`): the full judge's verdict, the one the gate decides on, then the screen's.
+// A cascade's answer sent up (`decided`): the full judge's verdict, the one the gate decides on (or that it has none
+// yet: no score), then the screen's.
 function verdict(record, decided) {
   const list = el("dl", null, "verdict");
   const add = (key, value) => { list.append(el("dt", key), el("dd", value, "text")); };
-  if (decided) {
+  if (decided && decided.judged_by !== "full judge") add("full judge", decided.judged_by);  // no verdict yet: no score
+  else if (decided) {
     const vote = decided.vote;
-    add("decided by", `full judge: ${fmtScore(decided.score)}` + (vote ? "" : " (it gave no verdict: counts harmful)"));
+    add("decided by", `full judge: ${fmtScore(decided.score)}` + (decided.gave_no_verdict ? " (it gave no verdict: counts harmful)" : ""));
     if (vote) {
       add("full judge", vote.rubric);
       add("full judge parse", vote.parse_status);
@@ -217,6 +219,9 @@ async function start() {
   state.meta = await api("/api/meta");
   const runs = state.meta.runs.map((r) => r.dir).join(" · ");
   document.getElementById("subtitle").textContent = runs;
+  const notes = document.getElementById("notes");  // the files shown in part (a killed run's), and why
+  notes.replaceChildren(...state.meta.notes.map((note) => el("p", note)));
+  notes.hidden = state.meta.notes.length === 0;
   if (state.meta.mode === "label") await startLabelling();
   else startBrowsing();
 }
