@@ -3,9 +3,12 @@ so a name like 'ckpt[/oops]' neither crashes a command (MarkupError, exit 3) nor
 
 from __future__ import annotations
 
+import io
+
 from test_adversarial import cli, config_file, scripted, write_items
 
 from diagsafe_local.commands.common import warn
+from diagsafe_local.core.console import Console
 
 NAME = "ckpt[/oops][black on black]hidden[/]"
 
@@ -28,3 +31,16 @@ def test_a_warning_quoting_markup_is_printed_as_written(capsys):
     line = "answer [link=file:///etc/passwd]click[/link] and [black on black]secret[/] [/oops]"
     warn([line])
     assert line in capsys.readouterr().err
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bars_show_a_stage_and_note_with_markup_as_written():
+    stream = Terminal()
+    console = Console(stream)
+    console.progress(f"{NAME}: answering", 1, 2, note="[/x] note")
+    console.close()
+    assert f"{NAME}: answering" in stream.getvalue() and "[/x] note" in stream.getvalue()

@@ -111,13 +111,13 @@ class Console:
 
         if self._bars is None:
             self._bars = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),  # stages and notes name run data: as written
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[rate]}"),
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
-                TextColumn("{task.fields[note]}"),
+                TextColumn("{task.fields[note]}", markup=False),
                 console=RichConsole(file=self.stream),
             )
             self._bars.start()
