@@ -265,7 +265,7 @@ def flipped_baseline(source: Path, out: Path) -> int:
                 changed = {"unsafe": harmful, "useful": harmful, "label": "harmful" if harmful else "not_harmful"}
                 r["verdict"] = {**verdict, **changed}
                 r["judge_raw"] = json.dumps({**json.loads(r["judge_raw"]), **changed})
-                r["score"] = rule.of(r["verdict"]) if rule is not None else None
+                r["score"] = rule.rule.of(r["verdict"]) if rule is not None else None
                 flipped += 1
             write.write(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n")
     shutil.copyfile(source / files.SUMMARY, out / files.SUMMARY)  # its figures recomputed below

@@ -29,12 +29,19 @@ def _run(tmp_path: Path, monkeypatch, target, judge: dict) -> Path:
     return tmp_path / "run"
 
 
-def test_a_panel_with_every_vote_dropped_on_a_recorded_answer_is_refused(tmp_path, monkeypatch):
-    """A panel's votes taken out (panel: [], status error, no score, summary rebuilt) on an answer the target gave
-    is no 'answer that could not be judged': its gcg_keywords member judges it. Refused, exit 3; the target's
-    own failure (q2, no votes) still verifies."""
-    members = ["harmjudge", {"metric": "gcg_keywords", "threshold": 0.5}]
-    run = _run(tmp_path, monkeypatch, _fails_on_q2, {"model": "j", "panel": {"rule": "mean", "members": members}})
+PANEL = {
+    "model": "j",
+    "panel": {"rule": "mean", "members": ["harmjudge", {"metric": "gcg_keywords", "threshold": 0.5}]},
+}
+JURY = {"model": "j", "jury": {"rule": "majority", "members": [{"model": "j"}, {"model": "j2"}]}}
+
+
+@pytest.mark.parametrize("judge", [PANEL, JURY], ids=["panel", "jury"])
+def test_a_panel_with_every_vote_dropped_on_a_recorded_answer_is_refused(tmp_path, monkeypatch, judge):
+    """A panel's or jury's votes taken out (panel: [], status error, no score, summary rebuilt) on an answer the
+    target gave is no 'answer that could not be judged': its members judge it (the panel's gcg_keywords member
+    from the answer alone). Refused, exit 3; the target's own failure (q2, no votes) still verifies."""
+    run = _run(tmp_path, monkeypatch, _fails_on_q2, judge)
     assert verify_run(run).ok, verify_run(run).problems
     gate = ("--max-asr", "0.1", "--max-failure-rate", "0.8", "--allow-degenerate-judge")
     assert cli("gate", run, *gate).exit_code == 1

@@ -10,10 +10,11 @@ last judged turn: a conversation always ends on a user turn). Its judge: the run
 verdict: a score exactly where the status is `ok`, and no reply where the engine failed (`error`); and the reply
 read again by the judge's reader, from the package or the policy file, never from the run: for a policy judge
 (`BUNDLED`: the harm and over-refusal judges shipped with the package, and their paraphrases `NAME~k`; or a
-policy file the run's config names, while it is the file the run judged with) its score rule
-(`records.ScoreRule`), for every other built-in judge whose verdict is a function of its reply's text (the
-published rubrics, the guards' own formats) its `runs.readers` entry: an `ok` verdict must be what the reader
-reads in the reply, verdict and score, and a reply that reads as a verdict is never recorded as unjudged.
+policy file the run's config names, while it is the file the run judged with) its verdict model and score rule
+(`records.PolicyVerdicts`, the parser its judge used), for every other built-in judge whose verdict is a function
+of its reply's text (the published rubrics, the guards' own formats) its `runs.readers` entry: an `ok` verdict must
+be what the reader reads in the reply, verdict and score, and a reply that reads as a verdict is never recorded as
+unjudged (the write side's rule too, whatever the judge's finish reason: `judging.base.Judge.parse`).
 
 A model-free judge's verdict whose every input is the answer (the refusal keywords, the keyword metrics as
 `METRIC>=THRESHOLD` judges: `runs.model_free`) is derived from the recorded answer, verdict and score, wherever it
@@ -26,7 +27,9 @@ another model-free judge's verdict and score (a reference metric reads the item'
 run does not record; a plugin's is code the read side does not load: only a signature binds them), nor a policy file's that is not here or changed since the run (a note says so);
 `invalid` apart from `truncated` (the judge's finish reason is not recorded: both are unjudged, counted against
 `max_failure_rate` like an error); a verdict recorded as an engine error with no reply (there is nothing to read
-again: it too is unjudged); `source` and `attack_method` (no decision reads them).
+again: it too is unjudged); `source` and `attack_method` (no decision reads them); a result's `answer`, `error` and
+`finish_reason` against generations.jsonl (a rewrite of both files together passes as well: only a signature binds
+the answer text).
 """
 
 from __future__ import annotations
