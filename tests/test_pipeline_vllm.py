@@ -8,12 +8,13 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
-from helpers import IN_PROCESS_VLLM, run_cut_at, tiny_engine
+from helpers import REPO, tiny_engine
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -104,24 +105,62 @@ def test_colocate_and_sequential_give_identical_results(tiny_models, vllm_engine
     assert texts[0] == texts[1] and len(texts[0]) == 21
 
 
+def _survivors(tag: str) -> list[int]:
+    """The processes still alive whose environment carries `tag` (a command's and every process it started)."""
+    alive = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0") if proc.name.isdigit() else []
+        except OSError:  # gone, or another user's
+            continue
+        if tag.encode() in environ:
+            alive.append(int(proc.name))
+    return alive
+
+
+def _no_orphans(tag: str) -> None:
+    """Fails unless every process of the command is gone within a few seconds (an engine core left running
+    holds the model's memory: on a GPU node, the GPU)."""
+    deadline = time.monotonic() + 20
+    while _survivors(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _survivors(tag), f"processes left running after the command ended: {_survivors(tag)}"
+
+
 def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, tmp_path):
+    """On vLLM's default engine core, in processes of its own (the one signal test that keeps it: what users
+    run on GPU nodes; the others run it in the CLI's process, helpers.IN_PROCESS_VLLM): a SIGTERM while it
+    generates stops cleanly, a SIGKILL of the process group midway leaves no engine core running, and the resumed
+    run's files are the clean run's."""
     items = write_items(tmp_path / "items.jsonl", 40)
     data = config_dict(tiny_models, items, tmp_path / "killed", batch_size=6)
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump(data))
-    command = [sys.executable, "-m", "diagsafe_local.cli", "run", str(config_path)]
     results = tmp_path / "killed" / "results.jsonl"
     generations = tmp_path / "killed" / "generations.jsonl"
+    env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "1", "DIAGSAFE_TEST_COMMAND": str(tmp_path)}
+    tag = f"DIAGSAFE_TEST_COMMAND={tmp_path}"  # in the environment of every process the commands start
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: the engine core in a process of its own
+
+    def cut_at(how: str, file_name: str, lines: int) -> subprocess.CompletedProcess[str]:
+        """node_failure.py's run, signalled from inside (as helpers.run_cut_at, on the default engine core)."""
+        command = [sys.executable, str(REPO / "tests" / "node_failure.py"), how, file_name, str(lines), "run"]
+        command.append(str(config_path))
+        return subprocess.run(command, start_new_session=True, capture_output=True, text=True, timeout=600, env=env)
 
     # SIGTERM while the target generates: a clean stop with its first turn's answers saved.
-    proc = run_cut_at("SIGTERM", "generations.jsonl", 1, config_path)
+    proc = cut_at("SIGTERM", "generations.jsonl", 1)
     err = proc.stderr
     assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
+    _no_orphans(tag)
+    cores = re.findall(r"\(EngineCore\S* pid=(\d+)\)", (tmp_path / "killed" / "run.log").read_text(errors="replace"))
+    assert cores, "the engine core ran in the CLI's process, not in one of its own"
     assert not list((tmp_path / "killed").glob(".*.tmp")) and not results.exists()
     assert generations.read_text().count("\n") >= 1  # the answers made before the signal are kept
     # SIGKILL of the whole process group (front end and engine core), like a node failure, at 12 results
-    proc = run_cut_at("SIGKILL", "results.jsonl", 12, config_path)
+    proc = cut_at("SIGKILL", "results.jsonl", 12)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    _no_orphans(tag)
     partial = len(results.read_text().splitlines())
     messages = [i["messages"] for i in synthetic_items(40)]
     total = sum(
@@ -138,17 +177,17 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
 
     # SIGTERM (a SLURM time limit) while resuming, right after the resumed run has rewritten its manifest (before
     # it loads an engine): a clean stop, nothing half-written, then a full resume.
-    proc = run_cut_at("SIGTERM", "manifest.json", 1, config_path)
+    proc = cut_at("SIGTERM", "manifest.json", 1)
     err = proc.stderr
     assert proc.returncode == 3 and "interrupted by SIGTERM" in err and "Traceback" not in err, err[-2000:]
     assert not list((tmp_path / "killed").glob(".*.tmp"))
     assert json.loads((tmp_path / "killed" / "manifest.json").read_text())["status"] == "running"
     assert partial <= len(results.read_text().splitlines()) < total
 
-    resumed = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, env={**os.environ, **IN_PROCESS_VLLM}
-    )
+    command = [sys.executable, "-m", "diagsafe_local.cli", "run", str(config_path)]
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    _no_orphans(tag)
 
     data["output_dir"] = str(tmp_path / "clean")
     Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute()
