@@ -43,11 +43,14 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def run_cut_at(how: str, file_name: str, lines: int, config: Path) -> subprocess.CompletedProcess[str]:
+def run_cut_at(
+    how: str, file_name: str, lines: int, config: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`diagsafe-local run CONFIG` sent signal `how` (SIGKILL or SIGTERM) from inside, right after the append
-    that brings FILE_NAME of the run directory to LINES lines (tests/node_failure.py)."""
+    that brings FILE_NAME of the run directory to LINES lines (tests/node_failure.py); in `env` (by default this
+    process's, with the engine core in the CLI's process: IN_PROCESS_VLLM)."""
     command = [sys.executable, str(REPO / "tests" / "node_failure.py"), how, file_name, str(lines), "run", str(config)]
-    env = {**os.environ, **IN_PROCESS_VLLM}
+    env = env if env is not None else {**os.environ, **IN_PROCESS_VLLM}
     return subprocess.run(command, start_new_session=True, capture_output=True, text=True, timeout=600, env=env)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from helpers import REPO, tiny_engine
+from helpers import REPO, run_cut_at, tiny_engine
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
@@ -143,10 +143,7 @@ def test_sigkill_midway_resumes_to_identical_results(tiny_models, vllm_engines, 
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # vLLM's default: the engine core in a process of its own
 
     def cut_at(how: str, file_name: str, lines: int) -> subprocess.CompletedProcess[str]:
-        """node_failure.py's run, signalled from inside (as helpers.run_cut_at, on the default engine core)."""
-        command = [sys.executable, str(REPO / "tests" / "node_failure.py"), how, file_name, str(lines), "run"]
-        command.append(str(config_path))
-        return subprocess.run(command, start_new_session=True, capture_output=True, text=True, timeout=600, env=env)
+        return run_cut_at(how, file_name, lines, config_path, env)  # on the default engine core
 
     # SIGTERM while the target generates: a clean stop with its first turn's answers saved.
     proc = cut_at("SIGTERM", "generations.jsonl", 1)
@@ -253,8 +250,6 @@ def test_selftest_command_passes_quietly_with_the_engine_logs_in_run_log(tmp_pat
 
 
 def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_gate(tiny_models, vllm_engines, tmp_path):
-    from helpers import REPO
-
     data = config_dict(tiny_models, REPO / "data" / "sample_items.jsonl", tmp_path / "mixed", turns="last")
     summary = Run(RunConfig.model_validate(data), engine_factory=vllm_engines).execute().model_dump(mode="json")
     stats = summary["targets"]["tiny"]
@@ -274,8 +269,6 @@ def test_mixed_harmful_and_benign_sample_gives_asr_and_over_refusal_and_trips_ga
 
 
 def test_fine_tuned_judges_in_a_run_config(tiny_models, vllm_engines, tmp_path):
-    from helpers import REPO
-
     items = REPO / "data" / "sample_items.jsonl"
     data = config_dict(
         tiny_models, items, tmp_path / "guard", turns="last", rubric="llama-guard-3", benign_rubric="wildguard-refusal"
