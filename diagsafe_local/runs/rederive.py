@@ -273,8 +273,10 @@ class Rederived:
         self.count: Counter[str] = Counter()
 
     def see(self, line: Line[ResultRecord]) -> None:
-        other = self._other_judge(line.record)
-        problem = other or self._problem(line.record)
+        record = line.record
+        problem = self._item_problem(record)  # first: an edited `benign` makes the judge look another's too
+        other = None if problem else self._other_judge(record)
+        problem = problem or other or self._problem(record)
         if problem is not None:
             why = MIXED if other and self.merged else EDITED
             self.count[why] += 1
@@ -289,7 +291,7 @@ class Rederived:
             return f"judge_rubric is {record.judge_rubric!r}, the run's judge of these items is {expected!r}"
         return None
 
-    def _problem(self, record: ResultRecord) -> str | None:
+    def _item_problem(self, record: ResultRecord) -> str | None:
         item = self.items.get(record.item_id) if self.of_items else None
         if item is not None:  # an item the dataset does not have: refused by the coverage check
             benign, category, last = item
@@ -298,6 +300,9 @@ class Rederived:
                 for field, value in zip(("benign", "category", "final_turn"), derived):
                     if getattr(record, field) != value:
                         return f"{field} is {getattr(record, field)!r}, the run's dataset says {value!r}"
+        return None
+
+    def _problem(self, record: ResultRecord) -> str | None:
         if is_combined(record.judge_rubric):  # its score is its members' votes combined (runs.jury)
             jury = record.judge_rubric.startswith("jury:")
             for vote in record.panel or []:
