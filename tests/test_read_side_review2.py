@@ -120,3 +120,33 @@ def test_a_policy_reply_is_read_by_one_parser_on_both_sides(tmp_path, monkeypatc
     code, q1 = _judged(tmp_path, monkeypatch, Completion(text=json.dumps(reply), finish_reason="stop"))
     assert code != 3
     assert q1["parse_status"] == status
+
+
+ACME = {"rationale": "r", "violates": True, "severity": "high"}
+REPLIES = {
+    "harmjudge": [VERDICT, {**VERDICT, "x": 1}, {**VERDICT, "unsafe": "yes"}, {**VERDICT, "unsafe": 1}],
+    "refusal": [{"label": "full_refusal", "rationale": "r"}, {"label": "full_refusal"}, {"label": 1, "rationale": "r"}],
+    "acme": [ACME, {**ACME, "rationale": "r" * 201}, {**ACME, "violates": "false"}, {**ACME, "severity": "HIGH"}],
+}
+
+
+@pytest.mark.parametrize("policy", sorted(REPLIES))
+def test_the_read_side_parses_a_policy_reply_as_its_judge_does(tmp_path, policy):
+    """Each reply, of the exact shape or not (extra or missing fields, coercible and wrong types, too long a
+    text, other JSON), reads the same to the judge and to verify: the same verdict and score, or none."""
+    import yaml
+    from helpers import ACME_POLICY
+
+    from diagsafe_local.judging import JUDGES
+    from diagsafe_local.judging.policy import load_policy
+    from diagsafe_local.runs.rederive import _verdicts, score_rule
+
+    if policy == "acme":
+        (tmp_path / "acme.yaml").write_text(ACME_POLICY)
+        judge, reader = load_policy(tmp_path / "acme.yaml"), _verdicts(yaml.safe_load(ACME_POLICY))
+    else:
+        judge, reader = JUDGES.get(policy), score_rule(policy)
+    assert reader is not None
+    for reply in [*map(json.dumps, REPLIES[policy]), "[1]", "null", " {} ", "not json"]:
+        parsed, read = judge.parse_text(reply), reader.read(reply)
+        assert (parsed.verdict, parsed.score) == ((read.verdict, read.score) if read else (None, None)), reply
