@@ -91,6 +91,13 @@ def vllm_engines():
     _FACTORY = None
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked `own_engines` (they load models no other test uses) run last, in their order: before, the 2026
+    guards' three engines evicted the shared target, judge and real-model engines in the middle of the run, and the
+    modules after them loaded those again (DIAGSAFE_TEST_ENGINE_LOG)."""
+    items.sort(key=lambda item: item.get_closest_marker("own_engines") is not None)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item) -> None:
     """Before a test's fixtures are set up: the engines it borrows from now on are the ones it may be using."""

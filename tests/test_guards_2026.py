@@ -250,6 +250,7 @@ def run_judged_by(judge: str, model, out, kind: str, engine_factory=None, target
 
 
 @pytest.mark.slow
+@pytest.mark.own_engines
 def test_each_2026_guard_judges_a_whole_run_on_its_tiny_model(guard_models, tmp_path, vllm_engines):
     """Each guard as a run's judge on a tiny model carrying its family's tokens and template, through the real
     vLLM engine, one engine after another: every harmful item's verdict valid output of its format, and

@@ -98,3 +98,18 @@ def test_in_process_vllm_is_in_the_environment_of_the_block_only(monkeypatch, be
         )
     assert child.stdout.strip() == "0"
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == before
+
+
+def test_tests_loading_engines_of_their_own_run_after_every_other():
+    """A test marked `own_engines` runs after every test without the mark (conftest's pytest_collection_modifyitems),
+    whatever the order it was collected in, so the shared engines are not evicted and loaded again midway."""
+    files = [str(TESTS / "test_guards_2026.py"), str(TESTS / "test_jsonl.py")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *files, "--collect-only", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    order = [line for line in proc.stdout.splitlines() if "::" in line]
+    assert proc.returncode == 0 and len(order) > 20, proc.stdout[-2000:]
+    assert order[-1].endswith("test_each_2026_guard_judges_a_whole_run_on_its_tiny_model"), order[-3:]
