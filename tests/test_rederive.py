@@ -138,7 +138,11 @@ def test_the_score_rules_are_the_shipped_policies_and_none_for_other_judges():
 
     for name in ("harmjudge", "refusal"):
         rule, judge = score_rule(name), JUDGES.get(name)
-        assert rule is not None and judge.parse_text(REPLY).score == rule.read(REPLY).score if name == "harmjudge" else rule
+        assert (
+            rule is not None and judge.parse_text(REPLY).score == rule.read(REPLY).score
+            if name == "harmjudge"
+            else rule
+        )
     assert score_rule("pair") is None and score_rule("../../x") is None and score_rule("harmjudge~x") is None
 
 
