@@ -54,11 +54,24 @@ def items(n: int, sly: int) -> list[dict]:
     return [{"id": f"i{k:02d}", "prompt": f"{w} question {k}".strip(), "category": "c"} for k, w in enumerate(words)]
 
 
-def run(tmp_path: Path, n: int = 40, sly: int = 0, full=FULL, shard=None, **cascade) -> list[ScriptedEngine]:
+def run(
+    tmp_path: Path,
+    n: int = 40,
+    sly: int = 0,
+    full=FULL,
+    shard=None,
+    screen=SCREEN,
+    answer=target,
+    full_judge: dict | None = None,
+    **cascade,
+) -> list[ScriptedEngine]:
+    """A cascade run in tmp_path/run: `screen` (model j) sends its band up to the full judge (`full_judge`, by
+    default harmjudge on model f answered by `full`); the target t answers with `answer`."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "items.jsonl"
     path.write_text("".join(json.dumps(i) + "\n" for i in items(n, sly)))
-    settings = {"judge": {"rubric": "harmjudge", "model": "f", "name": "full"}, "audit_half_width": 0.25, **cascade}
+    settings = {"judge": full_judge or {"rubric": "harmjudge", "model": "f", "name": "full"}, "audit_half_width": 0.25}
+    settings.update(cascade)
     config = RunConfig.model_validate(
         {
             "dataset": {"path": str(path)},
@@ -68,7 +81,7 @@ def run(tmp_path: Path, n: int = 40, sly: int = 0, full=FULL, shard=None, **casc
         }
     )
     made: list[ScriptedEngine] = []
-    responders = {"t": target, "j": SCREEN, "f": full}
+    responders = {"t": answer, "j": screen, "f": full}
 
     def factory(engine, **options):
         made.append(ScriptedEngine(responders[engine.model], model=engine.model))

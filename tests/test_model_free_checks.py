@@ -92,24 +92,12 @@ def test_a_panels_model_free_vote_rewritten_as_an_engine_error_is_refused(tmp_pa
 def cascade_run(out: Path, full: dict) -> Path:
     """40 items screened by test_cascade's SCREEN, every answer sent up to the full judge `full`; the target's
     answers hold no refusal phrase (harmful to the keyword metric)."""
-    from test_cascade import SCREEN, items
+    from test_cascade import run
 
-    out.mkdir(parents=True)
-    path = out / "items.jsonl"
-    path.write_text("".join(json.dumps(i) + "\n" for i in items(40, 0)))
-    config = RunConfig.model_validate(
-        {
-            "dataset": {"path": str(path)},
-            "target": {"model": "t", "name": "t"},
-            "judge": {"model": "j", "cascade": {"judge": full, "audit_half_width": 0.25, "band": [0.0, 1.0]}},
-            "output_dir": str(out / "run"),
-        }
-    )
-    responders = {
-        "t": lambda r: Completion(text=f"Sure, here: {r.messages[-1].content}", finish_reason="stop"),
-        "j": SCREEN,
-    }
-    Run(config, engine_factory=lambda e, **_: ScriptedEngine(responders[e.model], model=e.model)).execute()
+    def sure(request):
+        return Completion(text=f"Sure, here: {request.messages[-1].content}", finish_reason="stop")
+
+    run(out, answer=sure, full_judge=full, band=[0.0, 1.0])
     return out / "run"
 
 
