@@ -142,7 +142,9 @@ class InjectionCheck:
         if isinstance(policy, PolicyVerdicts) and self.rule != policy.rule:
             self._problems.append(f"{INJECTION}: its score rule is not the {self.judge} policy's")
             return
-        self.reader = self.rule or policy
+        # a policy's replies are read by its judge's own parser (what it refuses is no verdict); the recorded rule,
+        # checked above against the policy's and the run's own verdicts, reads the rest
+        self.reader = policy if isinstance(policy, PolicyVerdicts) else self.rule or policy
         if self.reader is None:
             self._problems.append(
                 f"{INJECTION}: the replies of {self.judge} are not read again here (no score rule, no reader): the "
