@@ -81,9 +81,8 @@ def compare(
     from diagsafe_local.core.errors import DiagsafeError
     from diagsafe_local.runs import files
     from diagsafe_local.runs.agreement import agreement as agreement_of
-    from diagsafe_local.runs.agreement import write_document
     from diagsafe_local.runs.baseline import comparable, compare_with_baseline, verified
-    from diagsafe_local.runs.flips import write_comparison
+    from diagsafe_local.runs.flips import write_comparison, write_document
     from diagsafe_local.runs.paired import RunColumns
     from diagsafe_local.runs.passes import decided_columns
 

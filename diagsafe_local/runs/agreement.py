@@ -5,7 +5,7 @@ classes, the mean absolute score difference, the identical answers, and every di
 Each run is one column of its results (`Column`: a key hash, score and answer hash per answer), gathered in the
 pass that verifies the run; answers are matched by (target, item, sample, turn), or by (item, sample, turn) when
 each run has one target under another name. Only the disagreements are read back from the files, for their keys;
-each is kept as a few numbers and made whole only as it is written (`write_document`), so `compare --json` never
+each is kept as a few numbers and made whole only as it is written (`runs.flips.write_document`), so `compare --json` never
 holds the list.
 """
 
@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import math
-import secrets
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -143,7 +141,7 @@ class Disagreements:
 
 @dataclass(frozen=True)
 class Agreement:
-    """The agreement figures and the disagreements (made as they are read: see `write_document`)."""
+    """The agreement figures and the disagreements (made as they are read: see `runs.flips.write_document`)."""
 
     figures: AgreementFigures
     disagreements: Disagreements
@@ -275,44 +273,6 @@ def _ranks(names: list[str]) -> np.ndarray:
     ranks = np.empty(len(names), np.int32)
     ranks[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
     return ranks
-
-
-def write_document(document: dict[str, Any], handle: TextIO) -> None:
-    """`document` as `json.dump(document, handle, indent=2)` and a newline write it, where its `Agreement` values
-    are written as their figures and then their disagreements, one at a time as they are made."""
-    streamed = {key: value for key, value in document.items() if isinstance(value, Agreement)}
-    if not streamed:
-        json.dump(document, handle, indent=2)
-        handle.write("\n")
-        return
-    # each Agreement's list is a placeholder no other value can spell (a fresh random token), cut out and written
-    marks = {key: secrets.token_hex(16) for key in streamed}
-    head = {
-        key: {**value.figures.model_dump(), "disagreements": marks[key]} if key in streamed else value
-        for key, value in document.items()
-    }
-    rest = json.dumps(head, indent=2)
-    for key, value in streamed.items():
-        before, rest = rest.split(json.dumps(marks[key]))
-        handle.write(before)
-        outer = before[before.rfind("\n") + 1 :]
-        outer = outer[: len(outer) - len(outer.lstrip(" "))]
-        _write_list(handle, value.disagreements, outer)
-    handle.write(rest + "\n")
-
-
-def _write_list(handle: TextIO, disagreements: Disagreements, outer: str) -> None:
-    """The disagreements as json.dump writes a list indented by 2 whose closing bracket is indented by `outer`."""
-    if not len(disagreements):
-        handle.write("[]")
-        return
-    inner = "\n" + outer + "  "
-    separator = "[" + inner
-    encode = json.JSONEncoder(indent=2).encode  # what json.dumps(row, indent=2) makes
-    for row in disagreements.rows():
-        handle.write(separator + encode(row).replace("\n", inner))
-        separator = "," + inner
-    handle.write("\n" + outer + "]")
 
 
 @contextmanager

@@ -3,15 +3,17 @@ answers and both verdicts; written as `flips.jsonl` (and a comparison's figures 
 
 from __future__ import annotations
 
+import json
+import secrets
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict
 
 from diagsafe_local.core import atomic, jsonl
 from diagsafe_local.runs import files
-from diagsafe_local.runs.agreement import Agreement, write_document
+from diagsafe_local.runs.agreement import Agreement, Disagreements
 from diagsafe_local.runs.paired import PairedComparison
 from diagsafe_local.runs.records import ResultRecord
 
@@ -81,3 +83,41 @@ def write_comparison(out: Path, comparisons: Sequence[PairedComparison], agreeme
     with atomic.outputs_together():
         atomic.write_with(out / COMPARISON, lambda path: _dump(document, path))
         jsonl.write(out / files.FLIPS, (f for c in comparisons for f in flips(c)))
+
+
+def write_document(document: dict[str, Any], handle: TextIO) -> None:
+    """`document` as `json.dump(document, handle, indent=2)` and a newline write it, where its `Agreement` values
+    are written as their figures and then their disagreements, one at a time as they are made."""
+    streamed = {key: value for key, value in document.items() if isinstance(value, Agreement)}
+    if not streamed:
+        json.dump(document, handle, indent=2)
+        handle.write("\n")
+        return
+    # each Agreement's list is a placeholder no other value can spell (a fresh random token), cut out and written
+    marks = {key: secrets.token_hex(16) for key in streamed}
+    head = {
+        key: {**value.figures.model_dump(), "disagreements": marks[key]} if key in streamed else value
+        for key, value in document.items()
+    }
+    rest = json.dumps(head, indent=2)
+    for key, value in streamed.items():
+        before, rest = rest.split(json.dumps(marks[key]))
+        handle.write(before)
+        outer = before[before.rfind("\n") + 1 :]
+        outer = outer[: len(outer) - len(outer.lstrip(" "))]
+        _write_list(handle, value.disagreements, outer)
+    handle.write(rest + "\n")
+
+
+def _write_list(handle: TextIO, disagreements: Disagreements, outer: str) -> None:
+    """The disagreements as json.dump writes a list indented by 2 whose closing bracket is indented by `outer`."""
+    if not len(disagreements):
+        handle.write("[]")
+        return
+    inner = "\n" + outer + "  "
+    separator = "[" + inner
+    encode = json.JSONEncoder(indent=2).encode  # what json.dumps(row, indent=2) makes
+    for row in disagreements.rows():
+        handle.write(separator + encode(row).replace("\n", inner))
+        separator = "," + inner
+    handle.write("\n" + outer + "]")
