@@ -35,7 +35,7 @@ from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.figures import png_figure
 from diagsafe_local.core.fingerprint import model_fingerprint
 from diagsafe_local.runs import files, passes
-from diagsafe_local.runs.baseline import compare_with_baseline
+from diagsafe_local.runs.baseline import comparable, compare_with_baseline
 from diagsafe_local.runs.manifest import Manifest, read_manifest_file
 from diagsafe_local.runs.paired import PairedComparison, RunColumns
 from diagsafe_local.runs.records import Record
@@ -197,12 +197,7 @@ def _checked(series_dir: Path, state: SeriesState, entry: CheckpointEntry) -> Ch
     if run is None:
         return point, None
     verified, columns = run
-    manifest = verified.manifest
-    dataset = manifest.dataset.model_copy(update={"items": None})
-    light = verified.model_copy(
-        update={"manifest": manifest.model_copy(update={"dataset": dataset}), "tallies": None, "passes": {}}
-    )
-    return point, (light, columns)
+    return point, (comparable(verified), columns)
 
 
 def _checked_in_worker(series_dir: Path, state: SeriesState, entry: CheckpointEntry) -> Checked:
