@@ -94,6 +94,9 @@ def _policies(settings: Any) -> set[str]:
     return found.union(*(_policies(v) for k, v in settings.items() if k != "policies"))
 
 
+_UNREAD: Any = object()  # `Replies.reader` has not looked the judge up yet
+
+
 class Replies:
     """How a run's recorded replies are read again: the shipped policies by name, and each policy file the run's
     config names (bound to the run id) while the file is the one the run judged with (its content hash, as the
@@ -133,10 +136,11 @@ class Replies:
     def reader(self, judge: str, probability: bool | None | Literal["run"] = "run") -> Reader | None:
         """What reads the judge's replies again (None: nothing the read side has). `probability`: the judge's
         `probability` setting (None: the judge's default), by default the run's `judge.probability`."""
-        if (judge, probability) in self._readers:  # a run names a few judges, and every record one of them
-            return self._readers[(judge, probability)]
+        found = self._readers.get((judge, probability), _UNREAD)  # a run names a few judges, every record one
+        if found is not _UNREAD:
+            return found
         base = _base(judge)
-        found: Reader | None = score_rule(judge) or self.rules.get(base)
+        found = score_rule(judge) or self.rules.get(base)
         found = found or reader(base, self.probability if probability == "run" else probability)
         self._readers[(judge, probability)] = found
         return found
@@ -170,7 +174,7 @@ class Replies:
         again from its `reply` (`problem`)."""
         if model_free(judge):
             return _derived_problem(judge, answer, failed, status, score, verdict)
-        return self.problem(judge, reply, status, score, verdict, probability)
+        return _problem(self.reader(judge, probability), judge, reply, status, score, verdict)  # `problem`, inlined
 
     def vote_problem(self, jury: bool, vote: PanelVote, answer: str, failed: bool) -> str | None:
         """A panel's or jury's member's vote, as `check` takes a verdict (the answer the record judged): a panel
@@ -260,11 +264,14 @@ class Rederived:
     named (file, line, field), the others counted."""
 
     def __init__(self, manifest: Manifest, file: str, items: bool = True) -> None:
-        self.file, self.of_items = file, items
-        # each item's (benign, category, last judged turn): what its results' fields are derived from
-        self.items = {
-            item.id: (item.benign, item.category or "", max(item.turns)) for item in manifest.dataset.items or []
-        }
+        self.file = file
+        # each item's (benign, category, last judged turn): what its results' fields are derived from (none for an
+        # attack's steps)
+        self.items = (
+            {item.id: (item.benign, item.category or "", max(item.turns)) for item in manifest.dataset.items or []}
+            if items
+            else {}
+        )
         judge = manifest.judge
         self.judges = {False: judge.rubric, True: judge.benign_rubric} if judge else {}
         self.replies = Replies(manifest)
@@ -292,7 +299,7 @@ class Rederived:
         return None
 
     def _item_problem(self, record: ResultRecord) -> str | None:
-        item = self.items.get(record.item_id) if self.of_items else None
+        item = self.items.get(record.item_id)
         if item is not None:  # an item the dataset does not have: refused by the coverage check
             benign, category, last = item
             derived = (benign, category, record.turn == last)
