@@ -19,7 +19,8 @@ from diagsafe_local.core import jsonl
 from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
 from diagsafe_local.runs.paired import PairedComparison, compare_targets, sides
-from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
+from diagsafe_local.runs.pairing import _pair_hashed
+from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage, _asked_hash
 from diagsafe_local.stats import items_needed, mcnemar_p, min_detectable_increase, newcombe_paired
 
 
@@ -158,6 +159,31 @@ def test_known_discordant_counts_flips_groups_and_holm(tmp_path):
     assert [(r.n_paired, r.b, r.c) for r in rows] == [(5, 3, 1), (3, 1, 0), (1, 0, 0)]  # z: a category of one
     expected = multipletests([r.mcnemar_p for r in rows], method="holm")[1]
     assert [r.p_holm for r in rows] == pytest.approx(list(expected))
+
+
+def test_a_comparison_with_its_hashes_and_labels_held_is_the_one_made_without(tmp_path):
+    """A process keeps the last prompts' and pair keys' hashes (a series' runs ask the same prompts) and a column
+    each combination's labels: the comparison made with them all held is the one made with none, an item whose
+    prompt was edited since its hash was held is in no pair, and a category left empty is labelled (none)."""
+    a = [record("base", "1", 1.0, ""), record("base", "2", 0.0, "(none)"), record("base", "3", 1.0)]
+    b = [record("cand", "1", 0.0, ""), record("cand", "2", 1.0, "(none)"), record("cand", "3", 0.0, prompt="edited")]
+    _asked_hash.cache_clear()
+    _pair_hashed.cache_clear()
+    fresh = compare(tmp_path, a, b)
+    held = compare(tmp_path, a, b)
+    assert _asked_hash.cache_info().hits and _pair_hashed.cache_info().hits
+    assert held.differences == fresh.differences
+    assert (
+        (held.only_in_baseline, held.only_in_candidate) == (fresh.only_in_baseline, fresh.only_in_candidate) == (1, 1)
+    )
+    assert [d.group for d in held.differences] == [
+        "overall",
+        "category=(none)",
+        "source=(none)",
+        "attack_method=(none)",
+    ]
+    assert held.group("category=(none)").n_paired == 2  # type: ignore[union-attr]
+    assert (held.overall.n_paired, held.overall.b, held.overall.c) == (2, 1, 1)
 
 
 def test_fractional_scores_use_a_paired_bootstrap_with_a_fixed_seed(tmp_path):

@@ -23,6 +23,7 @@ corrected ASRs, with a validated judge); `plan --baseline-asr --margin` sizes a 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,8 @@ from diagsafe_local.stats import (
     newcombe_paired,
     paired_bootstrap,
 )
+
+_LABELLED = operator.attrgetter("target", *BREAKDOWNS)  # the column's label order
 
 
 def prompt_key(record: ResultRecord) -> str:
@@ -88,6 +91,7 @@ class RunColumns:
         self._targets = targets
         self.verdicts = verdicts or {}
         self._seen: dict[str, None] = {}  # every target with a row, in the order first seen (one in no pair too)
+        self._labels: dict[tuple[str, ...], tuple[str, ...]] = {}  # a record's (target, *BREAKDOWNS) -> its labels
 
     def add(self, line: Line[ResultRecord]) -> None:
         r = line.record
@@ -97,7 +101,10 @@ class RunColumns:
         pair = (r.item_id, r.sample, prompt_key(r)) if r.final_turn and not r.benign else None
         if pair is None and not self.answers_kept:
             return  # in no pair, and no agreement reads it
-        labels = (r.target, *[getattr(r, name) or "(none)" for name in BREAKDOWNS])  # the column's label order
+        values = _LABELLED(r)  # a run has a few combinations of them: each labelled once
+        labels = self._labels.get(values)
+        if labels is None:
+            labels = self._labels[values] = (values[0], *[value or "(none)" for value in values[1:]])
         self.column.add((r.item_id, r.sample, r.turn), line, labels, pair=pair)
 
     def side(self, target: str) -> Rows:

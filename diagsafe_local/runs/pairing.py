@@ -11,6 +11,7 @@ prints, which nothing decides on (two different answers of one key share it with
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 from array import array
 from collections.abc import Iterator
@@ -84,7 +85,7 @@ class Column:
     ) -> None:
         """One record: its key (a tuple of strings and numbers: its repr is hashed), its line, its label values
         (one for each of `labels`, in their order), the line's `line_digest` where the caller has it, and its pair
-        key (None: none)."""
+        key (None: none; a tuple of strings and integers, a record's validated fields: see `_pair_hashed`)."""
         if self._keys is not None:
             self._keys += _hashed(key)
         if self._digests is not None:
@@ -96,7 +97,7 @@ class Column:
         if self.answers:
             self._answers += answer_digest(line.record.answer)
         if self._pairs is not None:
-            self._pairs += _hashed(pair) if pair is not None else _NONE
+            self._pairs += _pair_hashed(pair) if pair is not None else _NONE
         score = line.record.score
         self.scores.append(float("nan") if score is None else float(score))
         if self.labels:
@@ -164,6 +165,13 @@ _NONE = bytes(16)  # no pair key (a BLAKE2b hash of zero bits is as likely as a 
 def _hashed(key: Any) -> bytes:
     """A key's 128-bit BLAKE2b (faster than SHA-256 on a few dozen bytes)."""
     return hashlib.blake2b(repr(key).encode("utf-8", "surrogatepass"), digest_size=16).digest()  # repr: unambiguous
+
+
+# The runs of a series or a comparison pair the same keys (one dataset's items, samples and prompts): the last
+# 4,096 pair keys' hashes are kept, so each is hashed once a process, not once a run. A kept digest is the key's own:
+# a pair key is a tuple of `str` and `int` (a validated record's item id, sample and prompt hash), and two such
+# tuples are equal only where their reprs, the bytes hashed, are (not so of any key: 1 == 1.0 == True).
+_pair_hashed = functools.lru_cache(maxsize=4096)(_hashed)
 
 
 @dataclass(frozen=True)

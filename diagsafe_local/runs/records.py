@@ -191,9 +191,10 @@ def asked_hash(asked: Sequence[str]) -> str:
 
 
 # verify hashes each result's prompt twice, one call after the other (its coverage of the dataset, its pairing
-# key): the last few are kept (a hit costs the tuple's string hashes). Few: a kept prompt holds on to the memory
-# it was parsed into while a million records stream past it.
-@functools.lru_cache(maxsize=64)
+# key), and the runs of a series or a comparison ask the same prompts (one dataset): a dataset's worth is kept, the
+# last 4,096 prompts, so each is hashed once a process, not twice a record (a hit costs the tuple's string hashes;
+# kept by content, so an edited prompt is hashed anew). A kept prompt holds its text: a few MB for long prompts.
+@functools.lru_cache(maxsize=4096)
 def _asked_hash(asked: tuple[str, ...]) -> str:
     return hashlib.sha256(repr(list(asked)).encode("utf-8", "surrogatepass")).hexdigest()[:16]  # repr: unambiguous
 
@@ -321,6 +322,9 @@ class RobustnessRecord(AnswerVerdict):
         return self.perturbation
 
 
+_ABSENT: Any = object()  # a verdict without the rule's field
+
+
 class ScoreRule(Record):
     """How a policy judge's verdict becomes a score (its policy file's `score:`): the value of one field, mapped
     to [0, 1]; what the read side parses a recorded reply again with."""
@@ -330,9 +334,9 @@ class ScoreRule(Record):
 
     def of(self, verdict: Any) -> float | None:
         """The score of a parsed verdict (None: no object with a value of `field` the rule maps)."""
-        if not isinstance(verdict, dict) or self.field not in verdict:
+        value = verdict.get(self.field, _ABSENT) if isinstance(verdict, dict) else _ABSENT
+        if value is _ABSENT:  # a field set to null is a value (its string "None")
             return None
-        value = verdict[self.field]
         return self.values.get(str(value).lower() if isinstance(value, bool) else str(value))
 
     def read(self, reply: str) -> Read | None:
