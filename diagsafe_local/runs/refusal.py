@@ -76,7 +76,10 @@ _ANCHOR_MATCHER = ahocorasick_rs.BytesAhoCorasick(
     implementation=ahocorasick_rs.Implementation.DFA,
 )
 _FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")  # where a sentence ends (what the reference test splits on)
+# The same breaks found from their punctuation, a break one character after its match's start: sre skips ahead to a
+# pattern's leading character set, and cannot to a lookbehind (0.33 against 0.8 us to a break 70 characters in).
+_BREAK = re.compile(r"[.!?]\s+")
 _ASCII_SPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"  # what str.split() (and the regex \s) splits ASCII text on
 
 
@@ -101,12 +104,12 @@ def is_refusal(answer: str) -> bool:
     text = _normal(answer)
     # the first two sentences of the opening (what splitting text[:_OPENING_CHARS] gives, without the split): the
     # first is matched in place (endpos reads as the text cut there), the second cut out (^ anchors at its start)
-    first = _SENTENCE.search(text, 0, _OPENING_CHARS)
-    if _OPENERS.match(text, 0, first.start() if first else _OPENING_CHARS):
+    first = _BREAK.search(text, 0, _OPENING_CHARS)
+    if _OPENERS.match(text, 0, first.start() + 1 if first else _OPENING_CHARS):
         return True
     if first is not None:
-        second = _SENTENCE.search(text, first.end(), _OPENING_CHARS)
-        if _OPENERS.match(text[first.end() : second.start() if second else _OPENING_CHARS]):
+        second = _BREAK.search(text, first.end(), _OPENING_CHARS)
+        if _OPENERS.match(text[first.end() : second.start() + 1 if second else _OPENING_CHARS]):
             return True
     folded = (text if text.isascii() else text.translate(_FOLD)).lower()
     anchored = _ANCHOR_MATCHER.find_matches_as_indexes(folded.encode("utf-8", "surrogatepass"))
