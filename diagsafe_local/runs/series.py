@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import Field
 
 from diagsafe_local.core import atomic, model_files
+from diagsafe_local.core.collection import fewer_collections
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.figures import png_figure
 from diagsafe_local.core.fingerprint import model_fingerprint
@@ -377,6 +378,7 @@ def _charts(figures: SeriesFigures, directory: Path) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
+@fewer_collections()  # every run's records stream past the figures kept (`core.collection`)
 def write_series_report(
     series_dir: Path, margin: float = 0.02, baseline: Path | None = None, workers: int | None = None
 ) -> SeriesFigures:

@@ -52,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.core.cache import file_sha256
+from diagsafe_local.core.collection import fewer_collections
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.jsonl import Line
 from diagsafe_local.runs import files
@@ -136,6 +137,7 @@ def _reread(path: Path, verified: str | None) -> Iterator[Line[ResultRecord]]:
         yield held
 
 
+@fewer_collections()  # a run's records stream past what it keeps (`core.collection`)
 def verify_run(
     run_dir: Path,
     require_signature: bool = False,
@@ -175,6 +177,7 @@ def verify_run(
     asked = _Asked(manifest)
     rederived = Rederived(manifest, files.RESULTS)
     checks = {row.name: row.check(manifest) for row in table.PASSES}
+    sees = [check.see for check in checks.values()]  # each pass's check sees every result
     foreign: Counter[str] = Counter()
     allowed = manifest.run_ids()
     for line in held.stream(files.RESULTS, ResultRecord):
@@ -184,8 +187,8 @@ def verify_run(
         coverage.see(record.key)
         asked.see(record)
         rederived.see(line)
-        for check in checks.values():
-            check.see(record)
+        for see in sees:
+            see(record)
         summarizer.add(record)
         if observe is not None:
             observe(line)
