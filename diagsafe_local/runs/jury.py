@@ -200,17 +200,18 @@ class VotesCheck(WrongResults):
     def __init__(self, manifest: Manifest) -> None:
         super().__init__()
         self.rubric = manifest.judge.rubric if manifest.judge else None
+        self.combined = self.rubric is not None and is_combined(self.rubric)  # the run's harm judge is a panel or jury
         self.answers: Counter[str] = Counter()  # by target: the jury's answers, and those some member did not judge
         self.unjudged: Counter[str] = Counter()
 
     def see(self, record: ResultRecord) -> None:
+        label = record.judge_rubric
+        combined = is_combined(label)
+        if not combined and (record.benign or not self.combined):
+            return  # one judge's verdict, where one judge's is due: no votes (and no jury's answer: its name is one)
         if _judged_by_jury(record):
             self.answers[record.target] += 1
             self.unjudged[record.target] += any(v.score is None for v in record.panel or [])
-        label = record.judge_rubric
-        combined = is_combined(label)
-        if not combined and not (not record.benign and self.rubric and is_combined(self.rubric)):
-            return
         votes = record.panel or []
         if not combined or (not record.benign and label != self.rubric):
             right = False

@@ -225,14 +225,17 @@ class RobustnessCheck:
         self.records: dict[tuple[AnswerKey4, str], RobustnessRecord] = {}
 
     def see(self, record: ResultRecord) -> None:
-        benign = record.key in self.benign
-        if record.key not in self.sample and not benign:
+        if not self.sample and not self.benign:
+            return  # no sample (no judge.robustness): no answer is perturbed
+        key = record.key
+        benign = key in self.benign
+        if not benign and key not in self.sample:
             return
-        self.original[record.key] = record.score
+        self.original[key] = record.score
         for p in self.chosen:
             perturbed = p.perturbed(record.answer, record.score, benign)
             if perturbed is not None:
-                self.due[record.key, p.name] = perturbed
+                self.due[key, p.name] = perturbed
 
     def read(self, lines: Sequence[Line[RobustnessRecord]] | None) -> None:
         if lines is None:

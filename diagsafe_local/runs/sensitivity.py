@@ -125,17 +125,20 @@ class SampleCheck:
                     for key in sensitivity_sample(items, target.samples, size, benign)
                 }
                 self.arms[arm] = (rubric, keys)
+        # each sampled answer's arm, the first that has it: one look-up a result (verify hands every one to `see`)
+        self._arm_of: dict[tuple[str, str, int, int], str] = {}
+        for arm, (_, keys) in reversed(self.arms.items()):
+            self._arm_of.update(dict.fromkeys(keys, arm))
         self.original: dict[tuple[str, str], list[tuple[str, float | None]]] = defaultdict(list)
         self.variants: dict[tuple[str, str], dict[str, list[tuple[str, float | None]]]] = defaultdict(
             lambda: defaultdict(list)
         )
         self._problems: list[str] = []
 
-    def _arm(self, key: tuple[str, str, int, int]) -> str | None:
-        return next((arm for arm, (_, keys) in self.arms.items() if key in keys), None)
-
     def see(self, record: ResultRecord) -> None:
-        arm = self._arm(record.key)
+        if not self._arm_of:
+            return  # no sample (no judge.sensitivity): no result's verdict is kept
+        arm = self._arm_of.get(record.key)
         if arm is not None:
             self.original[arm, record.target].append((self.category.get(record.item_id, "(none)"), record.score))
 
@@ -156,7 +159,7 @@ class SampleCheck:
             if record.run_id not in self.run_ids:
                 self._problems.append(f"{SENSITIVITY} line {line.number}: a record of run {record.run_id}")
                 return
-            arm = self._arm(record.key[:4])
+            arm = self._arm_of.get(record.key[:4])
             if arm is None or record.variant not in names[arm]:
                 self._problems.append(f"{SENSITIVITY} line {line.number}: {record.key} is not in the run's sample")
                 return
