@@ -198,7 +198,8 @@ class RobustnessCheck:
         self.judge = manifest.judge.rubric if manifest.judge is not None else ""
         self.benign_judge = manifest.judge.benign_rubric if manifest.judge is not None else ""
         items = manifest.dataset.items or []
-        self.category = {item.id: item.category or "(none)" for item in items}
+        # each item's category, read by the figures of a sample (none without judge.robustness: not built)
+        self.category = {item.id: item.category or "(none)" for item in items} if self.settings else {}
         self.sample: set[AnswerKey4] = set()
         self.benign: set[AnswerKey4] = set()  # the benign answers' sample (judged by the over-refusal judge)
         self.chosen: list[Perturbation] = []

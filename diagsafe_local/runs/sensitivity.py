@@ -110,7 +110,8 @@ class SampleCheck:
         items = manifest.dataset.items or []
         self.run_ids = manifest.run_ids()
         self.replies = Replies(manifest)
-        self.category = {item.id: item.category or "(none)" for item in items}
+        # each item's category, read for the sample's verdicts (none without judge.sensitivity: not built)
+        self.category = {item.id: item.category or "(none)" for item in items} if self.settings else {}
         # each arm: the judge whose paraphrases it is judged under, and the sampled answers' keys
         self.arms: dict[str, tuple[str | None, set[tuple[str, str, int, int]]]] = {}
         if self.settings and manifest.judge is not None:
