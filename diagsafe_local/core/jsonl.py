@@ -128,6 +128,11 @@ def read_records(path: Path, model: type[M]) -> tuple[list[M], Lines]:
     return [_validate(path, n, value, model) for n, value in lines.rows], lines
 
 
+# `stream` reads 64 KiB at a time, not the default 8 KiB: a result's line is ~2 KB, so one read call serves ~30 lines,
+# not 4 (a line read and hashed: 1.67 -> 1.30 us; 1 MiB reads no faster). The bytes read are the same.
+_READ_BUFFER = 1 << 16
+
+
 @dataclass(frozen=True, slots=True)
 class Line(Generic[M]):
     """One record of a JSONL file as `stream` reads it: its line number, byte offset and raw bytes."""
@@ -147,7 +152,7 @@ def stream(path: Path, model: type[M], digest: Any = None) -> Generator[Line[M],
         raise DataError(path, None, None, "no such file")
     offset = 0
     validate = model.__pydantic_validator__.validate_json
-    with open(path, "rb") as handle:
+    with open(path, "rb", buffering=_READ_BUFFER) as handle:
         for number, raw in enumerate(handle, start=1):  # binary lines split on \n only
             if digest is not None:
                 digest.update(raw)
