@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ DEGENERATE_SHARE = 0.5
 COPY_CHARS = 40  # a rationale opening with this many characters of the prompt, verbatim, is copied
 MIN_COPY_CHARS = 12
 KNOWN_WORDS = 4096  # words of rationales kept with whether the instructions hold them, per judge
+KNOWN_OPENINGS = 4096  # rationales' openings kept with the words of theirs the instructions lack, per judge
 
 
 def _normal(text: str) -> str:
@@ -58,30 +60,57 @@ def _copied(rationale: str, prompt: str) -> bool:
     return len(opening) >= MIN_COPY_CHARS and opening in prompt
 
 
-def _copied_from(rationale: str, instructions: str, r: ResultRecord, known: dict[str, bool] | None = None) -> bool:
-    """Whether a (normalised) rationale opens with a passage of the judge's prompt: its instructions, the
-    conversation and the answer, each normalised. Most rationales share no opening word with the prompt's text,
-    which needs no normalising to tell (a word holds no whitespace, and lowercasing never makes any, so a word is
-    in a normalised text exactly where it is in the text lowercased): the whole prompt is normalised only for the
-    others. A word in the instructions (most of a rationale's) needs no look at the record's texts. `known`:
-    whether each word is in these instructions, kept across calls (a judge's rationales repeat their words, and a
-    dict lookup is cheaper than a search of the instructions), at most KNOWN_WORDS of them."""
-    opening = rationale[:COPY_CHARS]
-    if len(opening) < MIN_COPY_CHARS:
-        return False
-    texts: str | None = None
+def _missing(opening: str, instructions: str, known: dict[str, bool] | None) -> tuple[str, ...]:
+    """The words of a (normalised) opening that the (normalised) instructions lack, in order. `known`: whether each
+    word is in these instructions, kept across calls (a judge's rationales repeat their words, and a dict lookup is
+    cheaper than a search of the instructions), at most KNOWN_WORDS of them."""
+    missing = []
     for word in opening.split(" "):
         found = known.get(word) if known is not None else None
         if found is None:
             found = word in instructions
             if known is not None and len(known) < KNOWN_WORDS:
                 known[word] = found
-        if found:
-            continue
-        if texts is None:  # one text lowered once: a word (no whitespace) is in it where it is in one of its parts
-            texts = "\n".join([*(m.content for m in r.conversation), r.answer]).lower()
-        if word not in texts:
-            return False
+        if not found:
+            missing.append(word)
+    return tuple(missing)
+
+
+def _copied_from(
+    rationale: str,
+    instructions: str,
+    r: ResultRecord,
+    known: dict[str, bool] | None = None,
+    openings: dict[str, tuple[str, ...]] | None = None,
+) -> bool:
+    """Whether a (normalised) rationale opens with a passage of the judge's prompt: its instructions, the
+    conversation and the answer, each normalised. Most rationales share no opening word with the prompt's text,
+    which needs no normalising to tell (a word holds no whitespace, and lowercasing never makes any, so a word is
+    in a normalised text exactly where it is in the text lowercased): the whole prompt is normalised only for the
+    others. A word in the instructions (most of a rationale's) needs no look at the record's texts (`_missing`;
+    `known`: its words' cache). `openings`: the words each opening's instructions lack, kept across calls (a judge's
+    rationales often open alike: one lookup instead of one a word), at most KNOWN_OPENINGS of them."""
+    opening = rationale[:COPY_CHARS]
+    if len(opening) < MIN_COPY_CHARS:
+        return False
+    missing = openings.get(opening) if openings is not None else None
+    if missing is None:
+        missing = _missing(opening, instructions, known)
+        if openings is not None and len(openings) < KNOWN_OPENINGS:
+            openings[opening] = missing
+    if missing:
+        # the answer lowered alone, the conversation (only where needed) lowered joined by newlines: a newline,
+        # neither cased nor case-ignorable, bounds a final sigma's context as a text's end does, so each text
+        # lowers as it does alone; and a word (no whitespace) is in the texts where it is in one of them
+        answer = r.answer.lower()
+        asked = None
+        for word in missing:
+            if word in answer:
+                continue
+            if asked is None:
+                asked = "\n".join([m.content for m in r.conversation]).lower()
+            if word not in asked:
+                return False
     return _copied(
         rationale, " ".join([instructions, *(_normal(m.content) for m in r.conversation), _normal(r.answer)])
     )
@@ -108,30 +137,34 @@ def entropy(counts: Counter[str]) -> float | None:
 class HealthTally:
     """The health measures of one target's verdicts, folded one record at a time (`add`), then `result`."""
 
+    __slots__ = ("judged", "verdicts", "copies", "rationales", "labels", "_prompts")
+
     def __init__(self) -> None:
         self.judged = 0
-        self.verdicts: Counter[int] = Counter()  # the verdicts that carry free text or a probability, by hash
+        # the hash of each verdict that carries free text or a probability, counted in `result`: appending is
+        # cheaper than a count's update a record, and 8 bytes a verdict is less than a dict's entry for one
+        self.verdicts = array("q")
         self.copies = 0
         self.rationales = 0
         self.labels: dict[str, Counter[str]] = {}
-        self._prompts: dict[str, tuple[str, dict[str, bool]]] = {}  # a judge's instructions normalised, its known words
+        # a judge's instructions normalised, its known words and its known openings (`_copied_from`)
+        self._prompts: dict[str, tuple[str, dict[str, bool], dict[str, tuple[str, ...]]]] = {}
 
     def add(self, r: ResultRecord, instructions: Mapping[str, str]) -> None:
-        if r.parse_status != "ok" or r.verdict is None or r.judge_engine.kind == "none":
+        verdict = r.verdict
+        if r.parse_status != "ok" or verdict is None or r.judge_engine.kind == "none":
             return
         self.judged += 1
-        verdict = r.verdict
         reason = rationale(verdict)
         if reason is not None or any(k.startswith("p_") for k in verdict):
-            key = _verdict_hash(verdict)
-            self.verdicts[key] = self.verdicts.get(key, 0) + 1  # most are new: Counter's += calls its __missing__
-        reason = _normal(reason or "")
+            self.verdicts.append(_verdict_hash(verdict))
+        reason = _normal(reason) if reason else ""
         if reason:
             own = self._prompts.get(r.judge_rubric)
             if own is None:
-                own = self._prompts[r.judge_rubric] = (_normal(instructions.get(r.judge_rubric, "")), {})
+                own = self._prompts[r.judge_rubric] = (_normal(instructions.get(r.judge_rubric, "")), {}, {})
             self.rationales += 1
-            self.copies += _copied_from(reason, own[0], r, own[1])
+            self.copies += _copied_from(reason, own[0], r, own[1], own[2])
         labels = self.labels.get(r.category or "(none)")
         if labels is None:
             labels = self.labels[r.category or "(none)"] = Counter()
@@ -140,7 +173,7 @@ class HealthTally:
     def absorb(self, other: HealthTally) -> None:
         """Add another tally's measures (of other verdicts) to these."""
         self.judged += other.judged
-        self.verdicts.update(other.verdicts)
+        self.verdicts.extend(other.verdicts)
         self.copies += other.copies
         self.rationales += other.rationales
         for category, counts in other.labels.items():
@@ -148,8 +181,8 @@ class HealthTally:
 
     def result(self, controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
         """The measures and flags (see the module docstring); `controls`: the run's control verdicts."""
-        varied = sum(self.verdicts.values())
-        identical = self.verdicts.most_common(1)[0][1] / varied if varied else None
+        varied = len(self.verdicts)
+        identical = max(Counter(self.verdicts).values()) / varied if varied else None
         copied = self.copies / self.rationales if self.rationales else None
         scored_controls = [c.score for c in controls if c.score is not None]
         control_mean = sum(scored_controls) / len(scored_controls) if scored_controls else None
