@@ -253,7 +253,11 @@ class ResultRecord(KeyedRecord):
 
     def asked(self) -> str:
         """What the target was asked, hashed (`asked_hash` of its user turns)."""
-        return _asked_hash(tuple([m.content for m in self.conversation if m.role == "user"]))
+        asked = []  # a loop, not a comprehension (Python 3.11 makes a function of each): verify calls this twice a record
+        for message in self.conversation:
+            if message.role == "user":
+                asked.append(message.content)
+        return _asked_hash(tuple(asked))
 
 
 class AnswerVerdict(KeyedRecord):
