@@ -282,3 +282,27 @@ def test_members_in_a_row_served_the_same_way_share_one_load(tmp_path):
     assert factory.loaded() == ["t", "j", "a", "b"]
     votes = results(tmp_path)["h1"].panel
     assert [v.rubric for v in votes] == ["a-once", "a-twice", "harmjudge@b"]
+
+
+def test_a_harmful_answers_verdict_by_one_judge_in_a_jurys_run_is_refused_and_a_benign_ones_is_not(tmp_path):
+    """VotesCheck passes over a verdict of one judge only where one judge's is due (a benign item's, or any in a
+    run whose judge is one judge): in a jury's run a harmful item's verdict relabelled as one judge's, its votes
+    dropped, is refused, while the benign item's (its judge's model) is not."""
+    Run(config(tmp_path), engine_factory=Factory()).execute()
+    run = tmp_path / "run"
+    assert not _votes_problems(run)
+    lines = []
+    for line in (run / files.RESULTS).read_text().splitlines():
+        record = json.loads(line)
+        if record["item_id"] == "h3":
+            record["judge_rubric"], record["panel"] = "harmjudge", None
+        lines.append(json.dumps(record))
+    (run / files.RESULTS).write_text("\n".join(lines) + "\n")
+    assert _votes_problems(run) == ["1 results"]
+
+
+def _votes_problems(run: Path) -> list[str]:
+    from diagsafe_local.runs.verify import verify_run
+
+    read = verify_run(run).passes["jury"]
+    return [problem.split(" are not what")[0] for problem in read.check.problems()]
