@@ -41,3 +41,22 @@ def test_every_group_is_its_own_records_summarised_alone():
             for value, figures in entry[f"by_{name}"].items():
                 alone = summarize([r for r in own if (getattr(r, name) or "(none)") == value])["targets"][target]
                 assert figures == {k: v for k, v in alone.items() if k in figures}, (target, name, value)
+
+
+def test_a_breakdown_with_one_value_is_the_overall_group_and_one_with_two_is_not():
+    """A breakdown whose records all have one value (here one source, no attack method) has the overall group as
+    its group (the shortcut: the same cells added up in the same order); one with two values (a category of one
+    record, another of the rest) adds up its own, each its own records summarised alone."""
+    scores = [0.1, 0.2, 0.7, 1 / 3, None, 1.0]
+    records = [
+        record("t", f"i{k}", scores[k % 6], category="rare" if k == 3 else "c", source="s0", answer=f"answer {k}")
+        for k in range(30)
+    ]
+    entry = summarize(records)["targets"]["t"]
+    overall = {k: v for k, v in entry.items() if not k.startswith("by_") and k in entry["by_source"]["s0"]}
+    assert list(entry["by_source"]) == ["s0"] and entry["by_source"]["s0"] == overall
+    assert list(entry["by_attack_method"]) == ["(none)"] and entry["by_attack_method"]["(none)"] == overall
+    assert sorted(entry["by_category"]) == ["c", "rare"]
+    for value, figures in entry["by_category"].items():
+        alone = summarize([r for r in records if r.category == value])["targets"]["t"]
+        assert figures == {k: v for k, v in alone.items() if k in figures} != overall

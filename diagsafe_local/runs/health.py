@@ -31,6 +31,8 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from diagsafe_local.runs.records import ControlRecord, ResultRecord
 from diagsafe_local.runs.verdicts import rationale
 
@@ -182,7 +184,10 @@ class HealthTally:
     def result(self, controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
         """The measures and flags (see the module docstring); `controls`: the run's control verdicts."""
         varied = len(self.verdicts)
-        identical = max(Counter(self.verdicts).values()) / varied if varied else None
+        identical = None
+        if varied:  # the count of the most common hash, by numpy (a Counter of a million hashes is ~10 times slower)
+            hashes = np.frombuffer(self.verdicts, dtype=np.int64)
+            identical = int(np.unique(hashes, return_counts=True)[1].max()) / varied
         copied = self.copies / self.rationales if self.rationales else None
         scored_controls = [c.score for c in controls if c.score is not None]
         control_mean = sum(scored_controls) / len(scored_controls) if scored_controls else None

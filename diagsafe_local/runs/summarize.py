@@ -97,8 +97,8 @@ class _Group:
 
     def absorb(self, other: _Group) -> None:
         """Add another group's counts (of other records) to these."""
-        for name in _COUNTS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, mine, theirs in zip(_COUNTS, _counts(self), _counts(other)):
+            setattr(self, name, mine + theirs)
         for partial in other.scores:
             exact_add(self.scores, partial)
 
@@ -132,6 +132,7 @@ class _Group:
 
 
 _COUNTS = tuple(f.name for f in fields(_Group) if f.name != "scores")
+_counts = attrgetter(*_COUNTS)  # a group's counts, as a tuple
 _breakdown_values = attrgetter(*BREAKDOWNS)  # a record's values of the breakdowns, as a tuple
 
 
@@ -169,13 +170,21 @@ class _Target:
         self.judge_cached += other.judge_cached
 
     def groups(self) -> tuple[_Group, dict[str, dict[str, _Group]]]:
-        """The overall group and each breakdown's groups by value, added up from the cells."""
+        """The overall group and each breakdown's groups by value, added up from the cells. A breakdown with one
+        value (often: one source, one attack method) has the overall group as its group: it would add up the same
+        cells in the same order."""
         overall = _Group()
-        breakdowns: dict[str, dict[str, _Group]] = {name: {} for name in BREAKDOWNS}
-        for values, cell in self.cells.items():
+        for cell in self.cells.values():
             overall.absorb(cell)
-            for name, value in zip(BREAKDOWNS, values):
-                breakdowns[name].setdefault(value or "(none)", _Group()).absorb(cell)
+        breakdowns: dict[str, dict[str, _Group]] = {}
+        for place, name in enumerate(BREAKDOWNS):
+            named = {values[place] or "(none)" for values in self.cells}
+            if len(named) == 1:
+                breakdowns[name] = {named.pop(): overall}
+                continue
+            groups = breakdowns[name] = {}
+            for values, cell in self.cells.items():
+                groups.setdefault(values[place] or "(none)", _Group()).absorb(cell)
         return overall, breakdowns
 
 
