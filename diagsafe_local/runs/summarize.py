@@ -67,9 +67,12 @@ class _Group:
     def add(self, r: ResultRecord, refused: bool | None) -> None:
         self.answers += 1
         status = r.parse_status
-        self.judged += status == "ok"
-        self.parse_failures += status in ("truncated", "invalid")
-        self.errors += status == "error"
+        if status == "ok":
+            self.judged += 1
+        elif status == "error":
+            self.errors += 1
+        else:
+            self.parse_failures += status in ("truncated", "invalid")
         if r.finish_reason is not None:
             self.generated += 1
             self.cut_off += r.finish_reason == "length"
