@@ -47,6 +47,18 @@ def test_a_higher_threshold_or_automatic_collection_off_is_kept(thresholds: None
         assert gc.get_threshold() == caller
 
 
+def test_scopes_in_two_threads_that_end_in_either_order_give_the_first_callers_thresholds_back(
+    thresholds: None,
+) -> None:
+    first, second = fewer_collections(), fewer_collections()
+    first.__enter__()
+    second.__enter__()  # another thread's scope, begun inside the first's
+    first.__exit__(None, None, None)  # the first ends before it
+    assert gc.get_threshold() == (700, 9, 11)
+    second.__exit__(None, None, None)
+    assert gc.get_threshold() == (700, 9, 11)
+
+
 def test_a_cycle_made_in_the_scope_is_collected_without_an_explicit_collection(thresholds: None) -> None:
     class Node:
         pass

@@ -24,10 +24,14 @@ YOUNG = 10_000
 @contextmanager
 def fewer_collections(young: int = YOUNG) -> Iterator[None]:
     """Young collections at most every `young` objects for the scope (a caller's threshold that is higher already,
-    or 0, automatic collection off, is kept); the caller's thresholds are restored on the way out."""
+    or 0, automatic collection off, is kept); the caller's thresholds are restored on the way out. A scope that
+    raised nothing restores nothing: scopes in two threads that end in either order leave the thresholds as the
+    first found them (the one that raised them gives them back)."""
     before = gc.get_threshold()
-    if 0 < before[0] < young:
-        gc.set_threshold(young, *before[1:])
+    if not 0 < before[0] < young:
+        yield
+        return
+    gc.set_threshold(young, *before[1:])
     try:
         yield
     finally:
