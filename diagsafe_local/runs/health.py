@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -127,7 +126,7 @@ def _verdict_hash(verdict: dict[str, Any]) -> int:
         return hash(json.dumps(verdict, sort_keys=True))
 
 
-def entropy(counts: Counter[str]) -> float | None:
+def entropy(counts: Mapping[str, int]) -> float | None:
     """Shannon entropy of a label distribution divided by log(number of distinct labels seen, at least 2)."""
     n = sum(counts.values())
     if not n:
@@ -148,7 +147,7 @@ class HealthTally:
         self.verdicts = array("q")
         self.copies = 0
         self.rationales = 0
-        self.labels: dict[str, Counter[str]] = {}
+        self.labels: dict[str, dict[str, int]] = {}  # by category (dicts: a Counter's += costs twice a dict's)
         # a judge's instructions normalised, its known words and its known openings (`_copied_from`)
         self._prompts: dict[str, tuple[str, dict[str, bool], dict[str, tuple[str, ...]]]] = {}
 
@@ -169,8 +168,9 @@ class HealthTally:
             self.copies += _copied_from(reason, own[0], r, own[1], own[2])
         labels = self.labels.get(r.category or "(none)")
         if labels is None:
-            labels = self.labels[r.category or "(none)"] = Counter()
-        labels[_label(r)] += 1
+            labels = self.labels[r.category or "(none)"] = {}
+        label = _label(r)
+        labels[label] = labels.get(label, 0) + 1
 
     def absorb(self, other: HealthTally) -> None:
         """Add another tally's measures (of other verdicts) to these."""
@@ -179,7 +179,9 @@ class HealthTally:
         self.copies += other.copies
         self.rationales += other.rationales
         for category, counts in other.labels.items():
-            self.labels.setdefault(category, Counter()).update(counts)
+            mine = self.labels.setdefault(category, {})
+            for label, n in counts.items():
+                mine[label] = mine.get(label, 0) + n
 
     def result(self, controls: Sequence[ControlRecord] = ()) -> dict[str, Any]:
         """The measures and flags (see the module docstring); `controls`: the run's control verdicts."""
