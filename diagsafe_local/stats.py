@@ -157,24 +157,26 @@ _NORMAL = NormalDist()  # the standard normal of the stdlib: a power search call
 # on the minimum detectable increase of each group
 
 
-def _power(delta: float, n: int, discordance: float, alpha: float) -> float:
-    """Power of the two-sided McNemar test to detect p_B - p_A = delta with n pairs (Connor 1987)."""
+def _power(delta: float, n: int, discordance: float, z: float) -> float:
+    """Power of the two-sided McNemar test to detect p_B - p_A = delta with n pairs (Connor 1987); `z`: the test's
+    critical value, `_NORMAL.inv_cdf(1 - alpha / 2)` (the same float for every delta of a search: found once)."""
     psi = max(discordance, delta)  # at least |delta| of the pairs must be discordant
     if psi <= 0 or n <= 0:
         return 0.0
     spread = math.sqrt(max(psi - delta**2, 1e-12))
-    return _NORMAL.cdf((delta * math.sqrt(n) - _NORMAL.inv_cdf(1 - alpha / 2) * math.sqrt(psi)) / spread)
+    return _NORMAL.cdf((delta * math.sqrt(n) - z * math.sqrt(psi)) / spread)
 
 
 def min_detectable_increase(n: int, discordance: float, alpha: float = ALPHA, power: float = POWER) -> float | None:
     """The smallest increase of the harmful rate detected with `power` at `alpha` (two-sided) with `n` pairs of
     which a share `discordance` disagree; None when no increase up to 1 is (n too small)."""
-    if n == 0 or _power(1.0, n, discordance, alpha) < power:
+    z = _NORMAL.inv_cdf(1 - alpha / 2)
+    if n == 0 or _power(1.0, n, discordance, z) < power:
         return None
     low, high = 0.0, 1.0
     for _ in range(60):  # bisection: power grows with delta
         mid = (low + high) / 2
-        low, high = (mid, high) if _power(mid, n, discordance, alpha) < power else (low, mid)
+        low, high = (mid, high) if _power(mid, n, discordance, z) < power else (low, mid)
     return high
 
 

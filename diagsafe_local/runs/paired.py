@@ -92,6 +92,7 @@ class RunColumns:
         self.verdicts = verdicts or {}
         self._seen: dict[str, None] = {}  # every target with a row, in the order first seen (one in no pair too)
         self._labels: dict[tuple[str, ...], tuple[str, ...]] = {}  # a record's (target, *BREAKDOWNS) -> its labels
+        self._sides: tuple[tuple[int, int], dict[str, Rows]] | None = None  # `sides`, with the counts it was made at
 
     def add(self, line: Line[ResultRecord]) -> None:
         r = line.record
@@ -114,8 +115,13 @@ class RunColumns:
 
     @property
     def sides(self) -> dict[str, Rows]:
-        """Every target's `side`."""
-        return {target: self.side(target) for target in self._seen}
+        """Every target's `side`, made once for the rows gathered so far: a series compares each run two or three
+        times (its reference, with each checkpoint), and a side keeps its key order once made (`Rows.by_key`). The
+        rows and targets only grow, so their counts say whether what was made still holds."""
+        gathered = (len(self.column), len(self._seen))
+        if self._sides is None or self._sides[0] != gathered:
+            self._sides = (gathered, {target: self.side(target) for target in self._seen})
+        return self._sides[1]
 
     @property
     def answers(self) -> Rows:
@@ -185,9 +191,10 @@ def difference(
         if binary:
             low, high = newcombe_paired(both, b_only, a_only, n - both - b_only - a_only)
         else:
-            spread = paired_bootstrap(a, b)
-            low = min(diff, float(np.percentile(spread, 2.5)))
-            high = max(diff, float(np.percentile(spread, 97.5)))
+            # both tails in one call: numpy takes each q's order statistics and interpolates them alike, so the
+            # same floats as a call for each (checked bit for bit on 40,000 quantiles)
+            tails = np.percentile(paired_bootstrap(a, b), (2.5, 97.5)).tolist()
+            low, high = min(diff, tails[0]), max(diff, tails[1])
     corrected = corrected_difference(a, b, rates) if rates is not None and n else (None, None, None)
     return Difference(
         baseline=baseline,
@@ -273,7 +280,7 @@ def compare_targets(
     """Pair the final-turn answers to harmful items of two targets (see `side`) and compare them (see the module
     docstring; `breakdowns=False`: overall only). Memory grows by a few dozen bytes per answer, never by the
     records."""
-    matched = match(side_a.keys(), side_b.keys())  # a later record of a key replaces an earlier one
+    matched = match(side_a.keys(), side_b.keys(), side_a.by_key(), side_b.by_key())  # the last record of a key
     paired_a, paired_b = matched.a, matched.b
     scores_a, scores_b = side_a.scores[paired_a], side_b.scores[paired_b]
     scored = ~np.isnan(scores_a) & ~np.isnan(scores_b)

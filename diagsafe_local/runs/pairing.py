@@ -199,6 +199,18 @@ class Rows:
             raise ValueError("a column of pair keys only has no keys")
         return self._take(np.frombuffer(held if held is not None else b"", dtype=_KEY))
 
+    def by_key(self) -> np.ndarray:
+        """`last_of_keys` of these rows' keys, made once where the rows are fixed (a side, which a series compares
+        with two or more others): a column's rows only grow, so a view of given rows always has the same keys; a
+        view of all of them (`rows` None) may have more each time, and sorts them each time."""
+        if self.rows is None:
+            return last_of_keys(self.keys())
+        made: np.ndarray | None = self.__dict__.get("_by_key")
+        if made is None:
+            made = last_of_keys(self.keys())
+            object.__setattr__(self, "_by_key", made)  # frozen: a cache, no field (not compared, not shown)
+        return made
+
     @property
     def scores(self) -> np.ndarray:
         return self._take(np.frombuffer(self.column.scores, dtype=np.float64))
@@ -240,20 +252,15 @@ class Pairs:
 _BLOCK = 1 << 16  # A's keys looked up this many at a time
 
 
-def match(a: np.ndarray, b: np.ndarray) -> Pairs:
+def match(
+    a: np.ndarray, b: np.ndarray, by_key_a: np.ndarray | None = None, by_key_b: np.ndarray | None = None
+) -> Pairs:
     """Pair the rows of two sides by key. B's rows are sorted by key, and A's looked up in them in row order, a
     block at a time, one half of the key after the other (of a repeated key, each side keeps its last row): no
     copy of both sides' keys is made, and the row numbers kept are `row_numbers`, so the peak is about 25 bytes
-    a row besides the columns."""
-    order_a = _by_key(a)
-    kept_a = np.zeros(len(order_a), dtype=bool)
-    kept_a[order_a[_last_in_runs(a, order_a)]] = True
-    del order_a
-    rows = row_numbers(np.flatnonzero(kept_a), len(a))  # A's rows to look up, in row order
-    del kept_a
-    order_b = _by_key(b)
-    unique_b = row_numbers(order_b[_last_in_runs(b, order_b)], len(b))
-    del order_b
+    a row besides the columns. `by_key_a`, `by_key_b`: each side's `last_of_keys` where the caller has it."""
+    rows = np.sort(last_of_keys(a) if by_key_a is None else by_key_a)  # A's rows to look up, in row order
+    unique_b = last_of_keys(b) if by_key_b is None else by_key_b
     hi_b = b["hi"][unique_b]
     at = np.full(len(rows), -1, dtype=unique_b.dtype)  # each A row's place in unique_b, -1: none
     for start in range(0, len(rows), _BLOCK):
@@ -279,6 +286,13 @@ def match(a: np.ndarray, b: np.ndarray) -> Pairs:
 def row_numbers(rows: np.ndarray, length: int) -> np.ndarray:
     """Row numbers into `length` rows, 4 bytes each where they fit (a million rows' take 4 MB, not 8)."""
     return rows.astype(np.int32) if length < 2**31 else rows
+
+
+def last_of_keys(keys: np.ndarray) -> np.ndarray:
+    """Of each key, its last row (a later record of a key replaces an earlier one), in key order, as
+    `row_numbers`."""
+    order = _by_key(keys)
+    return row_numbers(order[_last_in_runs(keys, order)], len(keys))
 
 
 def _by_key(keys: np.ndarray) -> np.ndarray:
