@@ -1,15 +1,20 @@
 """A run compared several times (a series' reference, each checkpoint with its neighbours) makes its sides and
-their key order once: what is made again is what the rows gathered since would change."""
+their key order once: what is made again is what the rows gathered since would change. A run's columns gathered as
+it verifies take each record's prompt hash from the verification (computed once a record)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+from test_adversarial import finished_run
 from test_paired import record
 
 from diagsafe_local.core import jsonl
 from diagsafe_local.runs.paired import RunColumns, compare_targets
 from diagsafe_local.runs.pairing import _KEY, Column, last_of_keys, match
 from diagsafe_local.runs.records import ResultRecord
+from diagsafe_local.runs.verify import verify_run
 
 
 def _columns(path, lines: list[jsonl.Line[ResultRecord]]) -> RunColumns:
@@ -82,3 +87,24 @@ def test_pairs_matched_from_the_key_orders_given_are_those_matched_from_the_keys
         assert (sorting.keys_a, sorting.keys_b) == (given.keys_a, given.keys_b)
         assert sorting.a.tolist() == given.a.tolist() and sorting.b.tolist() == given.b.tolist()
         assert sorting.a.dtype == given.a.dtype and sorting.b.dtype == given.b.dtype
+
+
+def test_the_prompt_hash_verify_hands_its_observer_is_the_records_own(tmp_path, monkeypatch):
+    """The pair keys of columns gathered by `verify_run`'s observer (the prompt hash handed with each line) are
+    those of columns that hash each record's prompt themselves, a result whose prompt was edited after the run
+    too: it is paired by what it asks now (as the column alone pairs it), not by what its item asks, and the
+    verification still names it."""
+    run_dir = finished_run(tmp_path, monkeypatch)
+    path = run_dir / "results.jsonl"
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["conversation"][-1]["content"] = "something the dataset never asked"
+    path.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    handed, alone = RunColumns(path, answers=False), RunColumns(path, answers=False)
+    run = verify_run(run_dir, observe=handed.add)
+    for line in jsonl.stream(path, ResultRecord):
+        alone.add(line)
+    assert any("1 results answer prompts their items do not ask" in problem for problem in run.problems)
+    assert set(handed.sides) == set(alone.sides) and len(handed.column) == len(alone.column) > 0
+    for target, side in alone.sides.items():
+        assert handed.sides[target].keys().tolist() == side.keys().tolist()

@@ -31,7 +31,7 @@ def verified(
     run_dir: Path,
     what: str,
     require_signature: bool = False,
-    observe: Callable[[Line[ResultRecord]], None] | None = None,
+    observe: Callable[[Line[ResultRecord], str], None] | None = None,
 ) -> VerifiedRun:
     """A run that verifies, or exit 3 naming what does not (`observe`: see `verify_run`), without the tallies its
     summary was folded from (merge's alone: a count of each distinct verdict, a million in a large run)."""

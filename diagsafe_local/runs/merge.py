@@ -79,7 +79,7 @@ def merge_runs(
     by_pass: dict[str, dict[Any, jsonl.KeyedRecord]] = {}  # each pass merged by key: its sources' records
     for index, run_dir in enumerate(run_dirs):
 
-        def place(line: jsonl.Line[ResultRecord], run_dir: Path = run_dir) -> None:
+        def place(line: jsonl.Line[ResultRecord], prompt: str, *, run_dir: Path = run_dir) -> None:  # prompt: unread
             _check_schema(run_dir, line.record)
             results.place(line)
 
@@ -219,7 +219,7 @@ class _Attested:
             raise RunFailed(f"{self.run_dir / name} changed while it was merged (after its run verified); not merged")
 
 
-def _verified_source(run_dir: Path, observe: Callable[[jsonl.Line[ResultRecord]], None]) -> VerifiedRun:
+def _verified_source(run_dir: Path, observe: Callable[[jsonl.Line[ResultRecord], str], None]) -> VerifiedRun:
     """A run to merge, verified as complete for its share of the dataset and, with a signing key set, signed:
     merging signs the result, so nothing unverified may go into it. `observe` sees its results as they verify."""
     source = verify_run(run_dir, require_signature=signing.signing_key() is not None, whole=False, observe=observe)

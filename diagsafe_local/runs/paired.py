@@ -94,12 +94,17 @@ class RunColumns:
         self._labels: dict[tuple[str, ...], tuple[str, ...]] = {}  # a record's (target, *BREAKDOWNS) -> its labels
         self._sides: tuple[tuple[int, int], dict[str, Rows]] | None = None  # `sides`, with the counts it was made at
 
-    def add(self, line: Line[ResultRecord]) -> None:
+    def add(self, line: Line[ResultRecord], prompt: str | None = None) -> None:
+        """A result line, with its `prompt_key` where the caller has it (`verify_run`'s observer)."""
         r = line.record
         if self._targets is not None and r.target not in self._targets:
             return
         self._seen[r.target] = None
-        pair = (r.item_id, r.sample, prompt_key(r)) if r.final_turn and not r.benign else None
+        pair = (
+            (r.item_id, r.sample, prompt_key(r) if prompt is None else prompt)
+            if r.final_turn and not r.benign
+            else None
+        )
         if pair is None and not self.answers_kept:
             return  # in no pair, and no agreement reads it
         values = _LABELLED(r)  # a run has a few combinations of them: each labelled once

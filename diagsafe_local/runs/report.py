@@ -387,7 +387,7 @@ def write_report(run_dir: Path, baseline: str | None = None) -> WrittenReport:
 
 def _write_report(run_dir: Path, baseline: str | None) -> WrittenReport:
     most = MostHarmful()
-    verified = verify_run(run_dir, observe=most.add)  # the gate's checks: what fails them heads the report
+    verified = verify_run(run_dir, observe=lambda line, _: most.add(line))  # the gate's checks head the report
     if passes.decided_verdicts(verified):  # a cascade's full judge decided answers: rank by what the gate decides on
         most = MostHarmful()
         for line in passes.decided_results(verified):

@@ -143,13 +143,14 @@ def verify_run(
     require_signature: bool = False,
     *,
     whole: bool = True,
-    observe: Callable[[Line[ResultRecord]], None] | None = None,
+    observe: Callable[[Line[ResultRecord], str], None] | None = None,
 ) -> VerifiedRun:
     """Check a run directory (see the module docstring). A directory that is not there is a usage error (exit
     2); a run file that does not read is refused (exit 3); everything else that fails is listed in `problems`,
     for the gate to refuse (exit 3) and the report to show. `whole=False` checks a shard as complete for its own
     share of the dataset (what `merge` needs of its sources). `observe` sees every result line in the pass that
-    verifies them (a comparison gathers its columns there); what it gathered counts only if the run verifies."""
+    verifies them (a comparison gathers its columns there), with its record's prompt hash (`ResultRecord.asked`,
+    which the dataset check computed: a pairing key reads it); what it gathered counts only if the run verifies."""
     if not run_dir.is_dir():
         raise DiagsafeError(f"{run_dir}: no such run directory")
     held = files.RunFiles(run_dir)
@@ -185,13 +186,14 @@ def verify_run(
         if record.run_id not in allowed:
             foreign[record.run_id] += 1
         coverage.see(record.key)
-        asked.see(record)
+        prompt = record.asked()  # once a record: the dataset check and an observer's pairing key both read it
+        asked.see(record, prompt)
         rederived.see(line)
         for see in sees:
             see(record)
         summarizer.add(record)
         if observe is not None:
-            observe(line)
+            observe(line, prompt)
     results_sha256 = held.sha256(files.RESULTS)
     if results_sha256 is None:
         problems.append(f"no {files.RESULTS}")
@@ -411,9 +413,10 @@ class _Asked(WrongResults):
             for turn, digest in (item.asked or {}).items()
         }
 
-    def see(self, record: ResultRecord) -> None:
+    def see(self, record: ResultRecord, prompt: str) -> None:
+        """A record, with its prompt hash (`ResultRecord.asked`)."""
         digest = self.expected.get((record.item_id, record.turn))
-        if digest is not None and record.asked() != digest:
+        if digest is not None and prompt != digest:
             self._note(record)
 
 
