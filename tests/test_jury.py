@@ -305,3 +305,21 @@ def test_a_harmful_answers_verdict_by_one_judge_in_a_jurys_run_is_refused_and_a_
 def _votes_problems(run: Path) -> list[str]:
     read = verify_run(run).passes["jury"]
     return [problem.split(" are not what")[0] for problem in read.check.problems()]
+
+
+def test_a_jury_verdict_cut_to_one_vote_is_refused_with_its_reason_not_a_crash(tmp_path):
+    """The jury's figures take its members from the first jury verdict: one cut to a single vote (m = 1, where
+    Fleiss' kappa has no value) is refused for its votes, exit 3, not an arithmetic error."""
+    Run(config(tmp_path), engine_factory=Factory()).execute()
+    run = tmp_path / "run"
+    lines, cut = [], False
+    for line in (run / files.RESULTS).read_text().splitlines():
+        record = json.loads(line)
+        if record["panel"] and not cut:
+            record["panel"], cut = record["panel"][:1], True
+        lines.append(json.dumps(record))
+    (run / files.RESULTS).write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["gate", str(run), "--max-asr", "1", "--allow-degenerate-judge"])
+    assert result.exit_code == 3, result.output
+    assert "not what their panel or jury made of its members' votes" in result.output
+    assert "ZeroDivisionError" not in result.output

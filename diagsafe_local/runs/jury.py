@@ -177,9 +177,10 @@ class JuryTally:
         )
 
     def _fleiss(self) -> float | None:
-        """Fleiss' kappa for two categories and m raters of every answer: (P̄ − Pe) / (1 − Pe)."""
+        """Fleiss' kappa for two categories and m raters of every answer: (P̄ − Pe) / (1 − Pe); None without an
+        answer all decided, or with fewer than two raters (a record whose votes were cut: its check refuses it)."""
         n, m = self.all_decided, len(self.names)
-        if n == 0:
+        if n == 0 or m < 2:
             return None
         p_bar = (self.squares - n * m) / (n * m * (m - 1))
         share = self.harmful_all / (n * m)
