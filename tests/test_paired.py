@@ -20,7 +20,7 @@ from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
 from diagsafe_local.runs.paired import PairedComparison, compare_targets, sides
 from diagsafe_local.runs.pairing import _pair_hashed
-from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage, _asked_hash
+from diagsafe_local.runs.records import _KEPT_CHARS, EngineRef, ResultRecord, Usage, _hash_of, _kept_hash, asked_hash
 from diagsafe_local.stats import items_needed, mcnemar_p, min_detectable_increase, newcombe_paired
 
 
@@ -167,11 +167,11 @@ def test_a_comparison_with_its_hashes_and_labels_held_is_the_one_made_without(tm
     prompt was edited since its hash was held is in no pair, and a category left empty is labelled (none)."""
     a = [record("base", "1", 1.0, ""), record("base", "2", 0.0, "(none)"), record("base", "3", 1.0)]
     b = [record("cand", "1", 0.0, ""), record("cand", "2", 1.0, "(none)"), record("cand", "3", 0.0, prompt="edited")]
-    _asked_hash.cache_clear()
+    _kept_hash.cache_clear()
     _pair_hashed.cache_clear()
     fresh = compare(tmp_path, a, b)
     held = compare(tmp_path, a, b)
-    assert _asked_hash.cache_info().hits and _pair_hashed.cache_info().hits
+    assert _kept_hash.cache_info().hits and _pair_hashed.cache_info().hits
     assert held.differences == fresh.differences
     assert (
         (held.only_in_baseline, held.only_in_candidate) == (fresh.only_in_baseline, fresh.only_in_candidate) == (1, 1)
@@ -184,6 +184,16 @@ def test_a_comparison_with_its_hashes_and_labels_held_is_the_one_made_without(tm
     ]
     assert held.group("category=(none)").n_paired == 2  # type: ignore[union-attr]
     assert (held.overall.n_paired, held.overall.b, held.overall.c) == (2, 1, 1)
+
+
+def test_a_long_prompt_is_hashed_each_time_never_kept():
+    """The prompt hashes a process keeps hold their prompts' text: one longer than _KEPT_CHARS is not kept (a run of
+    long distinct prompts would otherwise keep 4,096 of them alive), and hashes as a kept one would."""
+    _kept_hash.cache_clear()
+    long, short = ("x" * _KEPT_CHARS, "y"), ("x" * _KEPT_CHARS,)
+    assert asked_hash(long) == _hash_of(long) and asked_hash(short) == _hash_of(short)
+    assert asked_hash(list(long)) == asked_hash(long)
+    assert _kept_hash.cache_info().currsize == 1
 
 
 def test_fractional_scores_use_a_paired_bootstrap_with_a_fixed_seed(tmp_path):

@@ -190,13 +190,21 @@ def asked_hash(asked: Sequence[str]) -> str:
     return _asked_hash(tuple(asked))
 
 
-# verify hashes each result's prompt twice, one call after the other (its coverage of the dataset, its pairing
-# key), and the runs of a series or a comparison ask the same prompts (one dataset): a dataset's worth is kept, the
-# last 4,096 prompts, so each is hashed once a process, not twice a record (a hit costs the tuple's string hashes;
-# kept by content, so an edited prompt is hashed anew). A kept prompt holds its text: a few MB for long prompts.
-@functools.lru_cache(maxsize=4096)
-def _asked_hash(asked: tuple[str, ...]) -> str:
+def _hash_of(asked: tuple[str, ...]) -> str:
     return hashlib.sha256(repr(list(asked)).encode("utf-8", "surrogatepass")).hexdigest()[:16]  # repr: unambiguous
+
+
+# The runs of a series or a comparison ask the same prompts (one dataset): a dataset's worth is kept, the last 4,096
+# prompts, so each is hashed once a process, not once a record (a hit costs the tuple's string hashes; kept by
+# content, so an edited prompt is hashed anew). A kept prompt holds its text, so only prompts of at most
+# _KEPT_CHARS characters are kept: the cache stays under ~8 MB of text (32 MB at 4 bytes a character) whatever the
+# run holds; a longer prompt is hashed each time.
+_KEPT_CHARS = 2048
+_kept_hash = functools.lru_cache(maxsize=4096)(_hash_of)
+
+
+def _asked_hash(asked: tuple[str, ...]) -> str:
+    return _kept_hash(asked) if sum(map(len, asked)) <= _KEPT_CHARS else _hash_of(asked)
 
 
 class ResultRecord(KeyedRecord):
