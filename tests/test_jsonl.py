@@ -101,3 +101,14 @@ def test_resuming_store_cuts_and_reports_the_torn_line(tmp_path, caplog):
     results.write_text('{"schema_version": 1', encoding="utf-8")
     with pytest.raises(DataError, match="line 1"):  # a finished run's reader never guesses
         read_results(results)
+
+
+def test_a_streamed_line_cannot_be_changed_and_blank_lines_are_skipped(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"key": 1, "text": "a"}\n \t\r\n\x0b\x0c\n\n{"key": 2, "text": "\xc2\x85"}\n')
+    lines = list(jsonl.stream(path, Row))
+    assert [(line.number, line.offset, line.record.key) for line in lines] == [(1, 0, 1), (5, 32, 2)]
+    with pytest.raises(AttributeError):
+        lines[0].record = Row(key=3, text="b")  # type: ignore[misc]  # what was verified stays what was read
+    changed = lines[0]._replace(record=Row(key=3, text="b"))
+    assert (changed.record.key, lines[0].record.key, changed.raw) == (3, 1, lines[0].raw)

