@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pydantic_core
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -251,7 +252,9 @@ def verify_run(
             },
         }
     )
-    mismatch = cached is not None and _first_difference(stored.model_dump(mode="json"), summary.model_dump(mode="json"))
+    mismatch = cached is not None and _summary_difference(
+        stored.model_dump(mode="json"), summary.model_dump(mode="json")
+    )
     if mismatch:
         problems.append(f"summary.json does not match the run's records: {mismatch}; resume the run to rebuild it")
     notes += _dataset_notes(manifest)
@@ -536,6 +539,17 @@ def _validation(manifest: Manifest) -> tuple[JudgeValidation | None, list[str]]:
         return validated_rates(Path(ref.directory), ref.rubric, identity, judge.scoring), []
     except DiagsafeError as exc:
         return None, [f"judge validation {path} does not verify: {exc}"]
+
+
+def _summary_difference(stored: Any, recomputed: Any) -> str | None:
+    """`_first_difference` of two summaries as JSON, without walking them where they are equal (~5 against ~210 us
+    a summary of the series). Exact: equal values differ nowhere for the walk (it compares numbers by isclose, which
+    holds for equal ones, and the rest by ==), but for a NaN both hold as one object (a throughput copied from the
+    stored summary): == takes an object for equal to itself, isclose never a NaN, so a dump that writes NaN (or a
+    string holding "NaN") is walked."""
+    if stored == recomputed and b"NaN" not in pydantic_core.to_json(stored, inf_nan_mode="constants"):
+        return None
+    return _first_difference(stored, recomputed)
 
 
 def _first_difference(stored: Any, recomputed: Any, path: str = "") -> str | None:
