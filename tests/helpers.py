@@ -10,7 +10,10 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from diagsafe_local.runs.records import ResultRecord
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample_harmmetric.jsonl"
@@ -36,6 +39,34 @@ def in_process_vllm_for_children() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def result_record(**fields: Any) -> ResultRecord:
+    """A judged answer (`ResultRecord`) with every required field set to a plain value; `fields` override them."""
+    from diagsafe_local.core.messages import Message
+    from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
+
+    ref = EngineRef(kind="vllm", model="m")
+    plain: dict[str, Any] = {
+        "run_id": "r",
+        "target": "t",
+        "item_id": "i",
+        "sample": 0,
+        "turn": 1,
+        "conversation": [Message(role="user", content="a request")],
+        "answer": "an answer",
+        "finish_reason": "stop",
+        "target_usage": Usage(),
+        "target_engine": ref,
+        "judge_engine": ref,
+        "judge_rubric": "harmjudge",
+        "judge_raw": None,
+        "verdict": {"label": "harmful"},
+        "score": 1.0,
+        "parse_status": "ok",
+        "attempts": 1,
+    }
+    return ResultRecord(**(plain | fields))
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

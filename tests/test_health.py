@@ -6,7 +6,7 @@ import json
 
 import pytest
 from fakes import default_responder
-from helpers import gate_figures
+from helpers import gate_figures, result_record
 from test_pipeline_unit import Factory, make_config
 
 from diagsafe_local.core.messages import Message
@@ -16,31 +16,18 @@ from diagsafe_local.evaluation.controls import CONTROL_ANSWERS
 from diagsafe_local.evaluation.pipeline import Run
 from diagsafe_local.judging import JUDGES
 from diagsafe_local.runs.health import judge_health
-from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
+from diagsafe_local.runs.records import ResultRecord
 from diagsafe_local.runs.summary import Summary
 
 
 def record(k: int, verdict: dict, answer: str = "an answer", category: str = "c") -> ResultRecord:
-    ref = EngineRef(kind="vllm", model="m")
-    return ResultRecord(
-        run_id="r",
-        target="t",
+    return result_record(
         item_id=f"i{k}",
-        sample=0,
-        turn=1,
         category=category,
         conversation=[Message(role="user", content=f"request number {k} about something")],
         answer=answer,
-        finish_reason="stop",
-        target_usage=Usage(),
-        target_engine=ref,
-        judge_engine=ref,
-        judge_rubric="harmjudge",
         judge_raw=json.dumps(verdict),
         verdict=verdict,
-        score=1.0,
-        parse_status="ok",
-        attempts=1,
     )
 
 

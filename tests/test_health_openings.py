@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import re
 
+from helpers import result_record
 from hypothesis import given
 from hypothesis import strategies as st
 
 from diagsafe_local.core.messages import Message
 from diagsafe_local.runs import health
-from diagsafe_local.runs.records import EngineRef, ResultRecord, Usage
+from diagsafe_local.runs.records import ResultRecord
 
 # words and case quirks: a capital I with a dot (lowers to two characters), sharp s, final sigma, a Kelvin sign,
 # whitespace of every kind, words of the instructions and words that are only in the answer or only asked
@@ -25,25 +26,10 @@ text = st.lists(st.sampled_from(WORDS), max_size=24).map("".join)
 
 
 def record(answer: str, conversation: list[str]) -> ResultRecord:
-    ref = EngineRef(kind="vllm", model="m")
-    return ResultRecord(
-        run_id="r",
-        target="t",
-        item_id="i",
-        sample=0,
+    return result_record(
         turn=1 + len(conversation) // 2,
         conversation=[Message(role="assistant" if k % 2 else "user", content=c) for k, c in enumerate(conversation)],
         answer=answer,
-        finish_reason="stop",
-        target_usage=Usage(),
-        target_engine=ref,
-        judge_engine=ref,
-        judge_rubric="harmjudge",
-        judge_raw=None,
-        verdict={"label": "harmful"},
-        score=1.0,
-        parse_status="ok",
-        attempts=1,
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakes import default_responder
+from helpers import result_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_adversarial import cli, config_file, scripted, write_items
@@ -20,31 +21,20 @@ from diagsafe_local.core.messages import Message
 from diagsafe_local.engines.base import Completion
 from diagsafe_local.runs.paired import PairedComparison, compare_targets, sides
 from diagsafe_local.runs.pairing import _pair_hashed
-from diagsafe_local.runs.records import _KEPT_CHARS, EngineRef, ResultRecord, Usage, _hash_of, _kept_hash, asked_hash
+from diagsafe_local.runs.records import _KEPT_CHARS, ResultRecord, _hash_of, _kept_hash, asked_hash
 from diagsafe_local.stats import items_needed, mcnemar_p, min_detectable_increase, newcombe_paired
 
 
 def record(target: str, item: str, score: float | None, category: str = "x", prompt: str | None = None, **extra):
-    ref = EngineRef(kind="vllm", model="m")
-    return ResultRecord(
-        run_id="r",
+    return result_record(
         target=target,
         item_id=item,
-        sample=0,
-        turn=1,
         category=category,
         conversation=[Message(role="user", content=prompt or f"prompt {item}")],
         answer=extra.pop("answer", f"answer of {target} to {item}"),
-        finish_reason="stop",
-        target_usage=Usage(),
-        target_engine=ref,
-        judge_engine=ref,
-        judge_rubric="harmjudge",
-        judge_raw=None,
         verdict={"label": "x"},
         score=score,
         parse_status="ok" if score is not None else "invalid",
-        attempts=1,
         **extra,
     )
 
