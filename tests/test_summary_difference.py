@@ -39,3 +39,13 @@ def test_unequal_summaries_are_walked():
     assert _summary_difference(*apart) == "targets.t.asr.value is 0.0 in summary.json, 0.5 recomputed"
     named = _summary(2.5, category="NaN"), _summary(2.5, category="NaN")  # "NaN" in a string: walked, equal
     assert _summary_difference(*named) is None
+
+
+def test_a_summary_that_does_not_serialise_is_walked_not_a_crash():
+    # summary.json read by json.loads may hold a lone surrogate (pydantic's parser refuses it, the fallback reader
+    # does not), which JSON serialisation refuses: equal summaries holding one are walked, as before the shortcut
+    stored = _summary(2.5, category="\udc80")
+    assert _summary_difference(stored, copy.deepcopy(stored)) is None
+    assert _summary_difference(_summary(2.5, asr=0.0, category="\ud800"), _summary(2.5, category="\ud800")) == (
+        "targets.t.asr.value is 0.0 in summary.json, 0.5 recomputed"
+    )
