@@ -14,7 +14,7 @@ in the figure). `--work DIR` keeps the series in DIR and reuses one already made
 of an earlier commit) on the same series instead: `report SERIES_DIR` of each, and of this code held to one CPU
 (`taskset`: its runs verified in its own process, no workers), in turn, `--repeat` times, with the bare minimum after
 each round (on a shared machine the load moves: compare the least seconds of each, taken within one run), and
-whether they all wrote the same series.json byte for byte.
+whether they all wrote the same series.json byte for byte; with each round's own CPU ratio and their median.
 """
 
 from __future__ import annotations
@@ -136,6 +136,10 @@ def ab_figures(series: Path, other: Path, repeat: int, log: Path) -> dict[str, A
     for side in commands:
         least[side]["wall_ratio"] = round(least[side]["seconds"] / least["bare"]["seconds"], 2)
         least[side]["cpu_ratio"] = round(least[side]["cpu_seconds"] / least["bare"]["cpu_seconds"], 2)
+        # each round's own CPU ratio (the bare minimum measured in the same round): how far one sample moves
+        rounds = [run["cpu_seconds"] / bare["cpu_seconds"] for run, bare in zip(taken[side], taken["bare"])]
+        least[side]["cpu_ratio_by_round"] = [round(r, 2) for r in rounds]
+        least[side]["cpu_ratio_median"] = round(statistics.median(rounds), 2)
     return {
         **least,
         "repeat": repeat,
