@@ -660,3 +660,19 @@ def test_a_full_disk_is_an_environment_failure_not_a_crash(tmp_path):
         assert not list((disk / "out").glob(".*.tmp"))  # no half-written file
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_summary_whose_reused_counts_lack_one_is_refused_naming_it_not_a_crash(tmp_path, monkeypatch):
+    """summary.json's `reused` holds the answers and the verdicts reused: one without its answers' count is a file
+    that does not read (exit 3, naming the field), not an unexpected KeyError in the report."""
+    scripted(monkeypatch)
+    config = config_file(tmp_path, write_items(tmp_path / "items.jsonl", 2))
+    assert cli("run", config).exit_code == 0
+    assert cli("run", config).exit_code == 0  # resumed: reused counts written
+    path = tmp_path / "run" / "summary.json"
+    summary = json.loads(path.read_text())
+    del summary["reused"]["generations"]
+    path.write_text(json.dumps(summary))
+    result = cli("report", tmp_path / "run")
+    assert result.exit_code == 3, result.text
+    assert "reused.generations" in result.text and "KeyError" not in result.text

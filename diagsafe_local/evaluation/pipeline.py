@@ -59,7 +59,7 @@ from diagsafe_local.runs.manifest import GrammarCanary, ValidationRef, write_man
 from diagsafe_local.runs.passes import signed_files
 from diagsafe_local.runs.records import AnswerKey, ControlRecord
 from diagsafe_local.runs.summarize import Summarizer
-from diagsafe_local.runs.summary import Summary, write_summary
+from diagsafe_local.runs.summary import Reused, Summary, write_summary
 from diagsafe_local.runs.validation import VALIDATION_FILE, JudgeValidation, validated_rates
 
 log = logging.getLogger(__name__)
@@ -456,10 +456,10 @@ class Run:
         answers = Answers(kept, key)
         for judging in self.passes:
             judging.tidy(self, answers)
-        reused = {
-            "generations": len(self.dir.generations) - self.fresh["generations"],
-            "judgments": len(self.dir.results) - self.fresh["judgments"],
-        }
+        reused = Reused(
+            generations=len(self.dir.generations) - self.fresh["generations"],
+            judgments=len(self.dir.results) - self.fresh["judgments"],
+        )
         tokens: dict[str, int] = {}
         for generation in self.dir.generations.values():
             tokens[generation.target] = tokens.get(generation.target, 0) + generation.usage.completion_tokens

@@ -409,7 +409,7 @@ def _write_report(run_dir: Path, baseline: str | None) -> WrittenReport:
     reused = summary.reused
     if reused:
         intro += (
-            f" Resumed: {reused['generations']} answers and {reused['judgments']} verdicts were reused from an "
+            f" Resumed: {reused.generations} answers and {reused.judgments} verdicts were reused from an "
             "earlier run of this directory (same model content, same prompts); the rest were made now."
         )
     title = f"diagsafe-local report: run {summary.run_id}"

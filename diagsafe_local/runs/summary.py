@@ -178,13 +178,20 @@ class TargetSummary(GroupStats):
         return {"category": self.by_category, "source": self.by_source, "attack_method": self.by_attack_method}[field]
 
 
+class Reused(Record):
+    """What a resumed run took from the earlier run of its directory instead of making it again."""
+
+    generations: int = Field(ge=0, description="Answers reused.")
+    judgments: int = Field(ge=0, description="Verdicts reused.")
+
+
 class Summary(Record):
     """summary.json."""
 
     schema_version: int = Field(SCHEMA_VERSION, description="Version of this file's format.")
     targets: dict[str, TargetSummary] = Field(description="Each target's figures, by name.")
     run_id: str | None = Field(None, description="The run's id (manifest.json).")
-    reused: dict[str, int] | None = Field(None, description="Answers and verdicts reused from an earlier run.")
+    reused: Reused | None = Field(None, description="Answers and verdicts reused from an earlier run.")
     results_sha256: str | None = Field(None, description="SHA-256 of the results.jsonl this summary summarises.")
     sensitivity_sha256: str | None = Field(
         None,
