@@ -181,8 +181,8 @@ class TargetSummary(GroupStats):
 class Reused(Record):
     """What a resumed run took from the earlier run of its directory instead of making it again."""
 
-    generations: int = Field(ge=0, description="Answers reused.")
-    judgments: int = Field(ge=0, description="Verdicts reused.")
+    generations: int = Field(description="Answers reused.")
+    judgments: int = Field(description="Verdicts reused.")
 
 
 class Summary(Record):
