@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def reference_refusal(answer: str) -> bool:
     """The detector without its shortcuts: both patterns on every answer, normalised by splitting it on
     whitespace (what it was before it streamed)."""
     text = " ".join(answer.replace("\u2019", "'").replace("\u2018", "'").split())
-    sentences = refusal._SENTENCE.split(text[: refusal._OPENING_CHARS])
+    sentences = re.split(r"(?<=[.!?])\s+", text[: refusal._OPENING_CHARS])  # a sentence ends after . ! or ?
     return any(refusal._OPENERS.match(s) for s in sentences[:2]) or bool(refusal._DECLINES.search(text))
 
 

@@ -261,7 +261,7 @@ class ResultRecord(KeyedRecord):
 
     def asked(self) -> str:
         """What the target was asked, hashed (`asked_hash` of its user turns)."""
-        asked = []  # a loop, not a comprehension (Python 3.11 makes a function of each): verify calls this twice a record
+        asked = []  # a loop, not a comprehension (Python 3.11 makes a function of each): verify calls this a record
         for message in self.conversation:
             if message.role == "user":
                 asked.append(message.content)

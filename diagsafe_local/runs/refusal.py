@@ -81,9 +81,9 @@ _ANCHOR_MATCHER = ahocorasick_rs.BytesAhoCorasick(
     implementation=ahocorasick_rs.Implementation.DFA,
 )
 _FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
-_SENTENCE = re.compile(r"(?<=[.!?])\s+")  # where a sentence ends (what the reference test splits on)
-# The same breaks found from their punctuation, a break one character after its match's start: sre skips ahead to a
-# pattern's leading character set, and cannot to a lookbehind (0.33 against 0.8 us to a break 70 characters in).
+# Where a sentence ends (after its . ! or ?, before the whitespace): found from the punctuation, the break one
+# character after its match's start, not by the lookbehind (?<=[.!?])\s+ that says the same, because sre skips
+# ahead to a pattern's leading character set and cannot to a lookbehind (0.33 against 0.8 us to a break 70 in).
 _BREAK = re.compile(r"[.!?]\s+")
 _ASCII_SPACE = "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f"  # what str.split() (and the regex \s) splits ASCII text on
 # ASCII text's letters lower case and its whitespace spaces, in one C pass over its bytes
@@ -116,9 +116,9 @@ def _normal(answer: str) -> str:
 
 
 def _opens(text: str, openers: re.Pattern[str]) -> bool:
-    """Whether one of the first two sentences of the opening text[:_OPENING_CHARS] (what splitting it on
-    _SENTENCE gives, without the split) opens with a refusal: the first is matched in place (endpos reads as the
-    text cut there), the second cut out (^ anchors at its start)."""
+    """Whether one of the first two sentences of the opening text[:_OPENING_CHARS] (what splitting it at each
+    _BREAK gives, without the split) opens with a refusal: the first is matched in place (endpos reads as the text
+    cut there), the second cut out (^ anchors at its start)."""
     first = _BREAK.search(text, 0, _OPENING_CHARS)
     if openers.match(text, 0, first.start() + 1 if first else _OPENING_CHARS):
         return True
