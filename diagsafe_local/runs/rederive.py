@@ -174,7 +174,7 @@ class Replies:
         again from its `reply` (`problem`)."""
         if model_free(judge):
             return _derived_problem(judge, answer, failed, status, score, verdict)
-        return _problem(self.reader(judge, probability), judge, reply, status, score, verdict)  # `problem`, inlined
+        return self.problem(judge, reply, status, score, verdict, probability)
 
     def vote_problem(self, jury: bool, vote: PanelVote, answer: str, failed: bool) -> str | None:
         """A panel's or jury's member's vote, as `check` takes a verdict (the answer the record judged): a panel
