@@ -34,7 +34,14 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_scale import ENDPOINT, bench_engine_kind, child, me, report_peak_at_exit  # noqa: E402
+from bench_scale import (  # noqa: E402
+    ENDPOINT,
+    bench_engine_kind,
+    child,
+    compiled,
+    me,
+    report_peak_at_exit,
+)
 
 from diagsafe_local.runs.series_state import SERIES_JSON  # noqa: E402
 
@@ -189,6 +196,7 @@ def main() -> None:
         work.mkdir(parents=True, exist_ok=True)
         train, series, config = make_series(work, args.checkpoints, args.items)
     made_seconds = time.perf_counter() - start
+    compiled(*([args.ab] if args.ab is not None else []))
     if args.ab is not None:
         print(
             json.dumps(ab_figures(series, args.ab, args.repeat, work / "commands.log"), indent=None if args.json else 2)
