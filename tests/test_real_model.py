@@ -180,6 +180,9 @@ def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engi
     base = real_selftest_config(tmp_path, real_model)
     base["dataset"] = {"path": str(items)}
     base["judge"]["turns"] = "last"
+    # 64 answer tokens, not the self-test's 128: what is compared is that both paths give the same greedy answers
+    # and verdicts on the same prompts, which any budget shows; half the budget halves both runs' decoding.
+    base["target"]["sampling"]["max_tokens"] = 64
     offline = {**base, "output_dir": str(tmp_path / "offline")}
     Run(RunConfig.model_validate(offline), engine_factory=vllm_engines).execute()
 
@@ -197,7 +200,11 @@ def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engi
                 online[side].pop(key)
         Run(RunConfig.model_validate(online)).execute()
         # An attack whose attacker sits behind the server; target and judge offline on this node.
-        attack = real_attack(tmp_path, real_model, "attack-api", strategy="pair", depth=2)
+        # One chain of one step a goal: what is asserted is that the attacker behind the server wrote a parsed
+        # prompt for each of the three goals; refinement over depth 2 and two streams is
+        # test_the_real_model_attacks_itself_and_every_attacker_reply_parses's (offline).
+        attack = real_attack(tmp_path, real_model, "attack-api", strategy="pair", depth=1)
+        attack["attack"]["streams"] = 1
         attack["attack"]["attacker"] = {**api, "timeout": 300}
         attack["attack"]["memory"] = 0.05
         Run(RunConfig.model_validate(attack), engine_factory=offline_or_api(vllm_engines)).execute()
