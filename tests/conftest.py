@@ -91,11 +91,29 @@ def vllm_engines():
     _FACTORY = None
 
 
+# Session-scoped model fixtures whose tests run together (pytest_collection_modifyitems).
+_GROUPED_MODELS = ("real_model",)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked `own_engines` (they load models no other test uses) run last, in their order: before, the 2026
-    guards' three engines evicted the shared target, judge and real-model engines in the middle of the run, and the
-    modules after them loaded those again (DIAGSAFE_TEST_ENGINE_LOG)."""
-    items.sort(key=lambda item: item.get_closest_marker("own_engines") is not None)
+    """Order the tests so that each engine of the shared factory (helpers.SharedVLLMFactory: 4 kept, the least
+    recently used idle one evicted at a load) is loaded once. A stable sort, so tests keep their order inside
+    each group:
+
+    1. every other test, first: those of the tiny target and judge (and their adapters), which many modules share;
+    2. then the tests that use a model fixture of `_GROUPED_MODELS` (the real model, ~45-100 s a load), together,
+       whichever module they are in: spread over the run, the tiny models' engines evicted it between them and it
+       was loaded three times (test_cascade, test_real_model, test_robustness);
+    3. last, tests marked `own_engines` (they load models no other test uses), in their order: before, the 2026 and
+       the reasoning guards' engines evicted the shared target, judge and real-model engines in the middle of the
+       run, and the modules after them loaded those again (DIAGSAFE_TEST_ENGINE_LOG)."""
+
+    def group(item: pytest.Item) -> int:
+        if item.get_closest_marker("own_engines") is not None:
+            return 2
+        return int(any(name in _GROUPED_MODELS for name in getattr(item, "fixturenames", ())))
+
+    items.sort(key=group)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -107,6 +107,8 @@ def test_answers_cannot_forge_the_guards_markers():
         assert counts(name, hostile) == counts(name, "Done."), name
 
 
+# Tiny models of the guards' own architectures, which no other module uses: every test of them is marked
+# `own_engines` (run last, together: conftest), so their engines do not evict the shared ones midway.
 @pytest.fixture(scope="module")
 def guard_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("guards")
@@ -116,6 +118,7 @@ def guard_models(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.own_engines
 @pytest.mark.parametrize(
     ("judge", "architecture"),
     [
@@ -139,6 +142,7 @@ def test_every_reasoning_judge_gives_valid_verdicts_on_vllm(judge, architecture,
 
 @pytest.mark.vllm
 @pytest.mark.slow
+@pytest.mark.own_engines
 def test_the_pipeline_records_reasoning_and_counts_closed_phases(guard_models, vllm_engines, tmp_path):
     items = write_jsonl(tmp_path / "items.jsonl", synthetic_items(4))
     judge = {**tiny_engine(guard_models["qwen3"]), "reasoning": True, "reasoning_max_tokens": 10}
@@ -181,6 +185,7 @@ def test_the_api_path_continues_the_answer_on_a_vllm_style_server():
 
 
 @pytest.mark.slow
+@pytest.mark.own_engines
 def test_the_transformers_engine_stops_at_the_marker_and_continues(guard_models):
     from diagsafe_local.engines.transformers_engine import TransformersEngine
 
@@ -192,6 +197,7 @@ def test_the_transformers_engine_stops_at_the_marker_and_continues(guard_models)
 
 
 @pytest.mark.slow
+@pytest.mark.own_engines
 def test_bench_and_validate_run_reasoning_guards(guard_models, vllm_engines, tmp_path):
     """`bench --judge granite-guardian` from the command line, and `validate` with GuardReasoner: every
     verdict valid, every reasoning phase stored with its count."""
@@ -222,6 +228,7 @@ def test_bench_and_validate_run_reasoning_guards(guard_models, vllm_engines, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.own_engines
 @pytest.mark.parametrize(
     ("judge", "architecture"),
     [
