@@ -152,56 +152,55 @@ def test_merge_of_disjoint_runs_and_a_mismatched_dataset(tiny_models, vllm_engin
     assert mismatch.exit_code == 2 and "different datasets" in mismatch.output
 
 
-def test_server_killed_mid_run_then_rerun_completes(tiny_models, tmp_path):
+def test_server_killed_mid_run_then_rerun_completes(tiny_models, server, tmp_path):
+    # The module's server (the judge's model, as this test needs), killed mid-run and started again on its port,
+    # as it was (a start of its own here cost ~30 s): the module's later tests find it serving.
     model = tiny_models["judge"]
-    srv = VLLMServer(model).start()
-    try:
-        items = items_file(tmp_path, 12)
-        engine = api_engine(model, srv.base_url, max_retries=1, backoff_base=0.05, backoff_max=0.1, timeout=20)
-        config = run_config(items, tmp_path / "run", engine, engine, "tiny")
-        verdicts = {"in": 0}
+    srv = server
+    items = items_file(tmp_path, 12)
+    engine = api_engine(model, srv.base_url, max_retries=1, backoff_base=0.05, backoff_max=0.1, timeout=20)
+    config = run_config(items, tmp_path / "run", engine, engine, "tiny")
+    verdicts = {"in": 0}
 
-        def factory(cfg, **options):
-            made = create_engine(cfg, **options)
-            if options.get("structured_backend"):  # the judge: kill the server once 8 verdicts are in
-                opener = made.open_stream
+    def factory(cfg, **options):
+        made = create_engine(cfg, **options)
+        if options.get("structured_backend"):  # the judge: kill the server once 8 verdicts are in
+            opener = made.open_stream
 
-                def open_stream():
-                    stream = opener()
-                    poll = stream.poll
+            def open_stream():
+                stream = opener()
+                poll = stream.poll
 
-                    def counted():
-                        finished = poll()
-                        # the run's verdicts (keyed (task, member)), not the judge's controls beside them (int keys)
-                        verdicts["in"] += sum(isinstance(key, tuple) for key, _ in finished)
-                        if verdicts["in"] >= 8 and not verdicts.get("killed"):
-                            verdicts["killed"] = True
-                            srv.stop()
-                        return finished
+                def counted():
+                    finished = poll()
+                    # the run's verdicts (keyed (task, member)), not the judge's controls beside them (int keys)
+                    verdicts["in"] += sum(isinstance(key, tuple) for key, _ in finished)
+                    if verdicts["in"] >= 8 and not verdicts.get("killed"):
+                        verdicts["killed"] = True
+                        srv.stop()
+                    return finished
 
-                    stream.poll = counted
-                    return stream
+                stream.poll = counted
+                return stream
 
-                made.open_stream = open_stream
-            return made
+            made.open_stream = open_stream
+        return made
 
-        summary = (
-            Run(config, engine_factory=factory).execute().model_dump(mode="json")
-        )  # records the errors, does not crash
-        first = {(r.item_id, r.turn): r for r in read_results(tmp_path / "run" / "results.jsonl")}
-        ok_before = {k: r for k, r in first.items() if r.parse_status == "ok"}
-        assert summary["targets"]["tiny"]["n_errors"] > 0 and len(ok_before) >= 8  # those in before the kill
-        assert all("gave up" in r.error for r in first.values() if r.parse_status == "error")
+    summary = (
+        Run(config, engine_factory=factory).execute().model_dump(mode="json")
+    )  # records the errors, does not crash
+    first = {(r.item_id, r.turn): r for r in read_results(tmp_path / "run" / "results.jsonl")}
+    ok_before = {k: r for k, r in first.items() if r.parse_status == "ok"}
+    assert summary["targets"]["tiny"]["n_errors"] > 0 and len(ok_before) >= 8  # those in before the kill
+    assert all("gave up" in r.error for r in first.values() if r.parse_status == "error")
 
-        srv = VLLMServer(model, port=srv.port).start()
-        summary = Run(config).execute().model_dump(mode="json")
-        final = read_results(tmp_path / "run" / "results.jsonl")
-        keys = [(r.item_id, r.turn) for r in final]
-        assert len(keys) == len(set(keys)) == len(first)
-        assert all(r.parse_status == "ok" for r in final) and summary["targets"]["tiny"]["n_errors"] == 0
-        assert all(r == ok_before[(r.item_id, r.turn)] for r in final if (r.item_id, r.turn) in ok_before)
-    finally:
-        srv.stop()
+    srv.start()  # again, on its port: the server the fixture stops at the module's end
+    summary = Run(config).execute().model_dump(mode="json")
+    final = read_results(tmp_path / "run" / "results.jsonl")
+    keys = [(r.item_id, r.turn) for r in final]
+    assert len(keys) == len(set(keys)) == len(first)
+    assert all(r.parse_status == "ok" for r in final) and summary["targets"]["tiny"]["n_errors"] == 0
+    assert all(r == ok_before[(r.item_id, r.turn)] for r in final if (r.item_id, r.turn) in ok_before)
 
 
 def test_transformers_engine_writes_valid_records(tiny_models, tmp_path):
