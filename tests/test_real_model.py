@@ -146,8 +146,14 @@ def test_real_judges_validated_against_gold_labels(real_model, vllm_engines, tmp
     from diagsafe_local.validation.validate import run_validate
 
     engine = {"kind": "vllm", "model": str(real_model), "dtype": "float32", "max_model_len": 2048}
-    for fmt, judge in (("jbb", "harmjudge"), ("xstest", "refusal")):
-        gold = load_gold(str(REPO / "data" / f"gold_{fmt}_sample.csv"), fmt)
+    # Half of each bundled gold sample (10 of 20, 18 of 36; both classes in each): what is asserted (every verdict
+    # parsed or counted missing, figures in range, disagreements kept) holds whatever their number, at half the
+    # requests.
+    for fmt, judge, rows in (("jbb", "harmjudge", 10), ("xstest", "refusal", 18)):
+        sample = tmp_path / f"gold_{fmt}.csv"
+        pd.read_csv(REPO / "data" / f"gold_{fmt}_sample.csv").head(rows).to_csv(sample, index=False)
+        gold = load_gold(str(sample), fmt)
+        assert {item.label for item in gold.items} == {0, 1}, fmt  # both classes, so agreement and kappa mean something
         out = tmp_path / fmt
         specs = [judge_spec(judge, **engine)] + ([judge_spec("refusal-keywords")] if fmt == "xstest" else [])
         run_validate(gold, out, specs, bootstrap=200, engine_factory=vllm_engines)
@@ -292,6 +298,12 @@ def test_a_jury_of_the_real_model_and_a_random_model_judges_and_the_gate_verifie
     from diagsafe_local.runs.summary import read_summary
 
     settings = real_selftest_config(tmp_path, real_model)
+    # The first 8 of the 24 bundled prompts (6 harmful, 2 of them multi-turn, and 2 benign): what is asserted holds
+    # for every harmful answer whatever their number, and a third of the answers is a third of the decoding.
+    items = tmp_path / "items.jsonl"
+    rows = (REPO / "data" / "sample_items.jsonl").read_text().splitlines()[:8]
+    items.write_text("".join(row + "\n" for row in rows))
+    settings["dataset"] = {"path": str(items)}
     judge = settings["judge"]
     settings["judge"] = {**judge, "turns": "last"}
     engine = {k: judge[k] for k in ("model", "dtype", "max_model_len")}
