@@ -233,6 +233,9 @@ def real_cascade(real_model, vllm_engines, tmp_path_factory) -> tuple[Path, str]
     engine = {k: settings["judge"][k] for k in ("model", "dtype", "max_model_len")}
     full = {**engine, "rubric": "harmjudge", "name": "harmjudge", "sampling": settings["judge"]["sampling"]}
     settings["dataset"] = {"path": str(items)}
+    # 64 answer tokens, not the self-test's 128 (the model writes until cut off): what is asserted is the screen's
+    # decisions, the audit and the gate's figures, computed from whatever the answers are.
+    settings["target"]["sampling"]["max_tokens"] = 64
     settings["judge"] = {
         "metric": "gcg_keywords",
         "threshold": 0.5,
