@@ -258,10 +258,11 @@ def real_attack(tmp_path: Path, real_model: Path, out: str, **attack) -> dict:
 
 
 def test_the_real_model_attacks_itself_and_every_attacker_reply_parses(real_model, vllm_engines, tmp_path):
-    pair = Run(
-        RunConfig.model_validate(real_attack(tmp_path, real_model, "pair", strategy="pair", depth=2)),
-        engine_factory=vllm_engines,
-    )
+    # PAIR's target answers are 48 tokens, not real_attack's 96 (it writes until cut off): what is asserted of them
+    # is that they are English and judged; the attacker's replies and the chains are the same machinery.
+    settings = real_attack(tmp_path, real_model, "pair", strategy="pair", depth=2)
+    settings["target"]["sampling"]["max_tokens"] = 48
+    pair = Run(RunConfig.model_validate(settings), engine_factory=vllm_engines)
     summary = pair.execute()
     records = read_records(tmp_path / "pair" / "attacks.jsonl", ResultRecord)[0]
     assert len({r.item_id for r in records}) == 3
@@ -279,7 +280,7 @@ def test_the_real_model_attacks_itself_and_every_attacker_reply_parses(real_mode
             f"ANSWER: {r.answer[:300]}"
         )
     crescendo = real_attack(tmp_path, real_model, "crescendo", strategy="crescendo", max_turns=2, max_backtracks=1)
-    crescendo["attack"]["streams"] = 1
+    crescendo["attack"]["streams"] = 1  # real_attack's 96 answer tokens: with 48 no goal reached a second turn
     summary = Run(RunConfig.model_validate(crescendo), engine_factory=vllm_engines).execute()
     records = read_records(tmp_path / "crescendo" / "attacks.jsonl", ResultRecord)[0]
     assert not [r.error for r in records if r.error]
