@@ -188,6 +188,8 @@ def main() -> None:
     parser.add_argument("--ab", type=Path, help="compare with this checkout's code on the series (see the docstring)")
     parser.add_argument("--repeat", type=int, default=3, help="--ab: reports of each side")
     args = parser.parse_args()
+    if args.ab is not None and not (args.ab / "diagsafe_local" / "__init__.py").is_file():
+        parser.error(f"--ab {args.ab}: no diagsafe_local package there (the other side would run this code)")
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_series_"))
     start = time.perf_counter()
     if (work / "series").is_dir():

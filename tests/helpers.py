@@ -376,10 +376,14 @@ class SharedVLLMFactory:
     def close(self) -> None:
         """Shut every kept engine down, all at once: each shutdown waits up to 5 s for its engine core to exit
         (vLLM's v1/utils.py, `shutdown`: SIGTERM, then a kill after `timeout`, 5 s by default, which the CPU build's
-        engine core often reaches), so one after another the session's last four took ~27 s of its last test's
-        teardown."""
+        engine core often reaches), so one after another the session's last four took ~27 s of the last test's
+        teardown. Every engine is shut down even where one fails; what failed is raised together."""
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=max(1, len(self.engines))) as pool:
-            list(pool.map(lambda engine: engine.close(), self.engines.values()))  # list(): raises what one raised
+        engines = list(self.engines.values())
         self.engines.clear()
+        with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
+            futures = [pool.submit(engine.close) for engine in engines]
+        failed = [error for future in futures if (error := future.exception()) is not None]
+        if failed:
+            raise ExceptionGroup("engines that did not shut down", failed)

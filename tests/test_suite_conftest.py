@@ -100,10 +100,11 @@ def test_in_process_vllm_is_in_the_environment_of_the_block_only(monkeypatch, be
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == before
 
 
-def test_tests_loading_engines_of_their_own_run_after_every_other():
-    """A test marked `own_engines` runs after every test without the mark (conftest's pytest_collection_modifyitems),
-    whatever the order it was collected in, so the shared engines are not evicted and loaded again midway."""
-    files = [str(TESTS / "test_guards_2026.py"), str(TESTS / "test_jsonl.py")]
+def test_tests_of_the_real_model_run_together_and_those_loading_engines_of_their_own_last():
+    """Whatever the order they were collected in (conftest's pytest_collection_modifyitems): the tests using the
+    real model run after every other test, so the tiny models' engines do not evict it between them; a test marked
+    `own_engines` runs after all of them, so the shared engines are not evicted and loaded again midway."""
+    files = [str(TESTS / name) for name in ("test_guards_2026.py", "test_cascade.py", "test_jsonl.py")]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", *files, "--collect-only", "-q", "-p", "no:cacheprovider"],
         capture_output=True,
@@ -113,3 +114,37 @@ def test_tests_loading_engines_of_their_own_run_after_every_other():
     order = [line for line in proc.stdout.splitlines() if "::" in line]
     assert proc.returncode == 0 and len(order) > 20, proc.stdout[-2000:]
     assert order[-1].endswith("test_each_2026_guard_judges_a_whole_run_on_its_tiny_model"), order[-3:]
+    real = order.index(
+        "tests/test_cascade.py::test_the_real_model_screened_by_a_keyword_metric_saves_requests_and_the_gate_weighs_the_audit"
+    )
+    assert all(line.startswith("tests/test_cascade.py") for line in order[real:-1]), order[real:]
+    assert max(k for k, line in enumerate(order) if line.startswith("tests/test_jsonl.py")) < real
+
+
+def test_the_factory_shuts_every_engine_down_and_raises_what_failed(monkeypatch):
+    import diagsafe_local.engines.vllm_engine as vllm_engine
+
+    closed: list[str] = []
+
+    class Closing(FakeEngine):
+        def __init__(self, config: EngineConfig, **options: object) -> None:
+            super().__init__(config)
+            self.model = config.model
+
+        def close(self) -> None:
+            closed.append(self.model)
+            if self.model in ("b", "c"):
+                raise RuntimeError(f"{self.model} did not stop")
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", Closing)
+    monkeypatch.delenv("DIAGSAFE_TEST_ENGINE_LOG", raising=False)
+    monkeypatch.setenv("DIAGSAFE_TEST_ENGINES", "4")
+    monkeypatch.setenv("DIAGSAFE_TEST_FREE_GB", "0")
+    factory = SharedVLLMFactory()
+    for model in "abcd":
+        factory.new_test(model)
+        factory(EngineConfig(model=model))
+    with pytest.raises(ExceptionGroup) as raised:
+        factory.close()
+    assert sorted(closed) == ["a", "b", "c", "d"] and not factory.engines
+    assert sorted(str(e) for e in raised.value.exceptions) == ["b did not stop", "c did not stop"]
