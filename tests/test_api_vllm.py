@@ -154,7 +154,7 @@ def test_merge_of_disjoint_runs_and_a_mismatched_dataset(tiny_models, vllm_engin
 
 def test_server_killed_mid_run_then_rerun_completes(tiny_models, server, tmp_path):
     # The module's server (the judge's model, as this test needs), killed mid-run and started again on its port,
-    # as it was (a start of its own here cost ~30 s): the module's later tests find it serving.
+    # as it was, for the rerun (a server of its own here cost ~30 s to start); the fixture stops it at the end.
     model = tiny_models["judge"]
     srv = server
     items = items_file(tmp_path, 12)

@@ -206,11 +206,10 @@ def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engi
                 online[side].pop(key)
         Run(RunConfig.model_validate(online)).execute()
         # An attack whose attacker sits behind the server; target and judge offline on this node.
-        # One chain of one step a goal: what is asserted is that the attacker behind the server wrote a parsed
-        # prompt for each of the three goals; refinement over depth 2 and two streams is
-        # test_the_real_model_attacks_itself_and_every_attacker_reply_parses's (offline).
+        # Two chains of one step a goal (the real model's answers break every goal at its first step, so a second
+        # step was never reached here): what is asserted is a parsed prompt from the attacker behind the server for
+        # each of the three goals, two chains asking at once.
         attack = real_attack(tmp_path, real_model, "attack-api", strategy="pair", depth=1)
-        attack["attack"]["streams"] = 1
         attack["attack"]["attacker"] = {**api, "timeout": 300}
         attack["attack"]["memory"] = 0.05
         Run(RunConfig.model_validate(attack), engine_factory=offline_or_api(vllm_engines)).execute()
@@ -285,6 +284,7 @@ def test_the_real_model_attacks_itself_and_every_attacker_reply_parses(real_mode
     records = read_records(tmp_path / "crescendo" / "attacks.jsonl", ResultRecord)[0]
     assert not [r.error for r in records if r.error]
     later = [r for r in records if r.attack.turn == 2]
+    assert later, [(r.item_id, r.attack.turn, r.attack.end) for r in records]  # a goal reached its second turn
     for r in later:  # a second turn carries the first, accepted, in its conversation
         assert [m.role for m in r.conversation if m.role != "system"] == ["user", "assistant", "user"]
     print("crescendo:", summary.targets[pair.config.targets[0].label].attack.model_dump_json(exclude={"by_category"}))
