@@ -166,6 +166,14 @@ def test_real_judges_validated_against_gold_labels(real_model, vllm_engines, tmp
         print(f"{fmt}: {table[['n', 'n_missing', 'accuracy', 'cohen_kappa', 'fpr', 'fnr']].to_string()}")
 
 
+def first_bundled_items(tmp_path: Path, n: int) -> Path:
+    """A dataset file of the first `n` bundled sample items, as they are written there."""
+    items = tmp_path / "items.jsonl"
+    rows = (REPO / "data" / "sample_items.jsonl").read_text().splitlines()[:n]
+    items.write_text("".join(row + "\n" for row in rows))
+    return items
+
+
 def offline_or_api(vllm_engines):
     """An engine factory: offline engines shared across the tests, API clients made fresh."""
     from diagsafe_local.engines import create_engine
@@ -180,11 +188,8 @@ def test_api_path_through_vllms_server_agrees_with_offline(real_model, vllm_engi
 
     from diagsafe_local.runs.agreement import compare_runs
 
-    items = tmp_path / "items.jsonl"
-    rows = [json.loads(line) for line in (REPO / "data" / "sample_items.jsonl").read_text().splitlines()][:8]
-    items.write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = real_selftest_config(tmp_path, real_model)
-    base["dataset"] = {"path": str(items)}
+    base["dataset"] = {"path": str(first_bundled_items(tmp_path, 8))}
     base["judge"]["turns"] = "last"
     # 64 answer tokens, not the self-test's 128: what is compared is that both paths give the same greedy answers
     # and verdicts on the same prompts, which any budget shows; half the budget halves both runs' decoding.
@@ -301,10 +306,7 @@ def test_a_jury_of_the_real_model_and_a_random_model_judges_and_the_gate_verifie
     settings = real_selftest_config(tmp_path, real_model)
     # The first 8 of the 24 bundled prompts (6 harmful, 2 of them multi-turn, and 2 benign): what is asserted holds
     # for every harmful answer whatever their number, and a third of the answers is a third of the decoding.
-    items = tmp_path / "items.jsonl"
-    rows = (REPO / "data" / "sample_items.jsonl").read_text().splitlines()[:8]
-    items.write_text("".join(row + "\n" for row in rows))
-    settings["dataset"] = {"path": str(items)}
+    settings["dataset"] = {"path": str(first_bundled_items(tmp_path, 8))}
     judge = settings["judge"]
     settings["judge"] = {**judge, "turns": "last"}
     engine = {k: judge[k] for k in ("model", "dtype", "max_model_len")}
