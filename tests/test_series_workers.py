@@ -4,6 +4,9 @@ what does not verify, or cannot be read, said as in one."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,6 +163,42 @@ def test_series_report_forks_from_a_process_with_native_threads(damaged, monkeyp
     monkeypatch.setattr("threading.active_count", lambda: 1)  # none of Python's: only the native ones count
     write_series_report(damaged, workers=3)
     assert json.loads((damaged / "series.json").read_text())["points"]
+
+
+def _report_in_a_fresh_process(series_dir: Path, *options: str, **env: str) -> str:
+    """`diagsafe-local report SERIES_DIR` as a user runs it: a process of its own, importing what the command does."""
+    environment = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"} | env
+    done = subprocess.run(
+        [sys.executable, "-m", "diagsafe_local.cli", "report", str(series_dir), *options],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_the_command_verifies_a_series_in_its_workers(damaged):
+    """The command's own process runs no other thread when it verifies, so its workers are forked: numpy's
+    OpenBLAS starts a thread pool as it loads (one thread a CPU), which kept every report in one process."""
+    assert "5 checkpoints evaluated (verified in 2 processes)" in _report_in_a_fresh_process(damaged, "--workers", "2")
+
+
+@pytest.mark.parametrize(
+    ("workers", "runs", "threads", "processes"), [(4, 1, 1, 1), (4, 3, 1, 3), (2, 5, 1, 2), (4, 5, 2, 1)]
+)
+def test_the_processes_are_the_workers_a_run_each_and_none_beside_other_threads(
+    monkeypatch, workers, runs, threads, processes
+):
+    monkeypatch.setattr(series, "threads_running", lambda: threads)
+    assert series.verifying_processes(workers, runs) == processes
+
+
+def test_a_blas_pool_the_user_asked_for_keeps_the_report_in_one_process(damaged):
+    """A user's own OPENBLAS_NUM_THREADS is kept: its pool's threads run, so the process is not forked."""
+    output = _report_in_a_fresh_process(damaged, "--workers", "2", OPENBLAS_NUM_THREADS="2")
+    assert "(verified in 1 process)" in output
 
 
 @pytest.mark.parametrize(

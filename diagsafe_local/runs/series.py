@@ -8,7 +8,8 @@ checkpoint and with the production baseline run (`runs.paired`: the difference w
 test, the flips). A regression beyond the margin appears at the first checkpoint whose ASR exceeds the
 reference's (the baseline, else the series' first checkpoint) by more than `margin`, with the paired interval
 above zero. Runs are verified in up to `WORKERS` processes at once (one per CPU this process may use that the load
-leaves idle; with one, here), a few ahead of the one compared: the figures are the same whatever their number.
+leaves idle; with one, here; never forked from a process running other threads), a few ahead of the one compared:
+the figures are the same whatever their number.
 Only the previous checkpoint's and the baseline's columns are held.
 Writes `series.json` (every figure, for programs), `report.md`, `report.html` and `figures/` into the series
 directory.
@@ -106,6 +107,9 @@ class SeriesFigures(Record):
     points: list[SeriesPoint]
     first_regression: SeriesPoint | None = Field(
         None, description="The first checkpoint where a regression beyond the margin appears."
+    )
+    verified_in: int = Field(
+        1, exclude=True, description="The processes that verified the runs (not written: no figure depends on it)."
     )
 
 
@@ -230,13 +234,18 @@ def threads_running() -> int:
         return threading.active_count()
 
 
+def verifying_processes(workers: int, runs: int) -> int:
+    """The processes that verify `runs` runs given `workers`: this one alone where it runs other threads (a
+    training loop's: CUDA's, data loaders'), as a child forked from it may wait forever on a lock one of them held;
+    else `workers`, at most one a run."""
+    return 1 if threads_running() > 1 else max(1, min(workers, runs))
+
+
 def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry], workers: int) -> Iterator[Checked]:
-    """`_checked` of each entry, in their order: here with one worker (or with other threads running), else in
-    `workers` processes, at most two a worker ahead of the one handed over (memory holds a few runs' columns, not
-    the series')."""
-    # a process with other threads (api.series_report from a training loop: CUDA's, data loaders') is never
-    # forked: its child may wait forever on a lock one of them held
-    if workers <= 1 or len(entries) <= 1 or threads_running() > 1:
+    """`_checked` of each entry, in their order: here with one worker, else in `workers` forked processes (see
+    `verifying_processes`), at most two a worker ahead of the one handed over (memory holds a few runs' columns,
+    not the series')."""
+    if workers <= 1:
         for entry in entries:
             yield _checked(series_dir, state, entry)
         return
@@ -267,8 +276,8 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
 def series_figures(
     series_dir: Path, margin: float = 0.02, baseline: Path | None = None, workers: int | None = None
 ) -> SeriesFigures:
-    """Every figure of a series (see the module docstring); `baseline` replaces the series' own; `workers`: the
-    processes verifying its runs (default `default_workers()`). A state that does not verify is refused (exit 3),
+    """Every figure of a series (see the module docstring); `baseline` replaces the series' own; `workers`: at
+    most this many processes verify its runs (default `default_workers()`; `verifying_processes`). A state that does not verify is refused (exit 3),
     as the gate refuses it."""
     if not is_series(series_dir):
         raise _state_missing(series_dir)
@@ -284,7 +293,8 @@ def series_figures(
     reference = ("baseline", base) if base is not None else None
     first = None
     entries = state.ordered()
-    for entry, (point, run) in zip(entries, _points(series_dir, state, entries, workers or default_workers())):
+    processes = verifying_processes(workers or default_workers(), len(entries))
+    for entry, (point, run) in zip(entries, _points(series_dir, state, entries, processes)):
         if run is not None:
             update: dict[str, object] = {}
             if previous is not None:
@@ -311,6 +321,7 @@ def series_figures(
         baseline_asr=next(iter(passes.decided(base[0]).targets.values())).asr if base else None,
         points=points,
         first_regression=first,
+        verified_in=processes,
     )
 
 
