@@ -277,8 +277,8 @@ def series_figures(
     series_dir: Path, margin: float = 0.02, baseline: Path | None = None, workers: int | None = None
 ) -> SeriesFigures:
     """Every figure of a series (see the module docstring); `baseline` replaces the series' own; `workers`: at
-    most this many processes verify its runs (default `default_workers()`; `verifying_processes`). A state that does not verify is refused (exit 3),
-    as the gate refuses it."""
+    most this many processes verify its runs (default `default_workers()`; `verifying_processes`). A state that
+    does not verify is refused (exit 3), as the gate refuses it."""
     if not is_series(series_dir):
         raise _state_missing(series_dir)
     state, signature = _unverifiable(series_dir, lambda: signed_series(series_dir, require_signature=False))
