@@ -181,4 +181,4 @@ def series_report(series_dir: str | Path, *, margin: float = 0.02, baseline: str
     series.json, report.md, report.html and figures/ into the series directory), returned typed."""
     from diagsafe_local.runs.series import write_series_report
 
-    return write_series_report(Path(series_dir), margin, Path(baseline) if baseline else None)
+    return write_series_report(Path(series_dir), margin, Path(baseline) if baseline else None).figures

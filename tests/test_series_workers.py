@@ -3,10 +3,14 @@ what does not verify, or cannot be read, said as in one."""
 
 from __future__ import annotations
 
+import errno
 import json
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+from multiprocessing.context import ForkProcess
 from pathlib import Path
 
 import pytest
@@ -15,7 +19,7 @@ from test_series import by_step, checkpoint, recorded_series, watch
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
-from diagsafe_local.core.errors import DataError
+from diagsafe_local.core.errors import DataError, RunFailed
 from diagsafe_local.runs import series
 from diagsafe_local.runs.series import write_series_report
 
@@ -179,6 +183,12 @@ def _report_in_a_fresh_process(series_dir: Path, *options: str, **env: str) -> s
     return done.stdout
 
 
+two_cpus = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="one worker a CPU, and OpenBLAS starts no pool on one CPU"
+)
+
+
+@two_cpus
 def test_the_command_verifies_a_series_in_its_workers(damaged):
     """The command's own process runs no other thread when it verifies, so its workers are forked: numpy's
     OpenBLAS starts a thread pool as it loads (one thread a CPU), which kept every report in one process."""
@@ -186,15 +196,67 @@ def test_the_command_verifies_a_series_in_its_workers(damaged):
 
 
 @pytest.mark.parametrize(
-    ("workers", "runs", "threads", "processes"), [(4, 1, 1, 1), (4, 3, 1, 3), (2, 5, 1, 2), (4, 5, 2, 1)]
+    ("workers", "runs", "cpus", "threads", "processes"),
+    [(4, 1, 8, 1, 1), (4, 3, 8, 1, 3), (2, 5, 8, 1, 2), (30, 50, 2, 1, 2), (4, 5, 8, 2, 1)],
 )
-def test_the_processes_are_the_workers_a_run_each_and_none_beside_other_threads(
-    monkeypatch, workers, runs, threads, processes
+def test_the_processes_are_the_workers_a_run_and_a_cpu_each_and_none_beside_other_threads(
+    monkeypatch, workers, runs, cpus, threads, processes
 ):
     monkeypatch.setattr(series, "threads_running", lambda: threads)
+    monkeypatch.setattr(series, "_cpus", lambda: cpus)
     assert series.verifying_processes(workers, runs) == processes
 
 
+def test_a_worker_that_cannot_be_started_stops_the_report_and_leaves_no_process(damaged, monkeypatch):
+    """The first submit forks every worker; where one fork is refused (processes or open files at a limit), the
+    report stops with one line (exit 3) and the workers already forked are stopped: they have no manager, and
+    this process would wait for them at its exit forever."""
+    started = []
+    real_start = ForkProcess.start
+
+    def start(process):
+        if started:
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        started.append(process)
+        real_start(process)
+
+    monkeypatch.setattr(ForkProcess, "start", start)
+    monkeypatch.setattr(series, "threads_running", lambda: 1)
+    monkeypatch.setattr(series, "_cpus", lambda: 3)
+    (damaged / "series.json").unlink(missing_ok=True)
+    try:
+        with pytest.raises(RunFailed, match="could not start 3 .*Resource temporarily unavailable.*--workers 1"):
+            write_series_report(damaged, workers=3)
+        left = multiprocessing.active_children()
+    finally:
+        for child in multiprocessing.active_children():  # else a worker left over would hang pytest's exit
+            child.kill()
+            child.join()
+    assert started and not left
+    assert not (damaged / "series.json").exists()
+
+
+def _interrupted_at_checkpoint_30(series_dir, state, entry, manifest):
+    if entry.name == "checkpoint-30":
+        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C (or SLURM's SIGTERM) reaches the whole process group
+        os.kill(os.getpid(), signal.SIGTERM)
+    return []
+
+
+def test_workers_leave_ctrl_c_and_sigterm_to_the_command(damaged, monkeypatch):
+    """A worker ignores SIGINT and SIGTERM: the command's process handles them and shuts its workers down (a
+    worker that raised printed its traceback to the user, or could leave half a result in the pipe)."""
+    monkeypatch.setattr(series, "run_problems", _interrupted_at_checkpoint_30)
+    monkeypatch.setattr(series, "threads_running", lambda: 1)
+    monkeypatch.setattr(series, "_cpus", lambda: 2)
+    try:
+        report = write_series_report(damaged, workers=2)
+    except KeyboardInterrupt:
+        pytest.fail("a worker's Ctrl-C reached the command as its KeyboardInterrupt")
+    assert report.processes == 2 and len(report.figures.points) == 5
+
+
+@two_cpus
 def test_a_blas_pool_the_user_asked_for_keeps_the_report_in_one_process(damaged):
     """A user's own OPENBLAS_NUM_THREADS is kept: its pool's threads run, so the process is not forked."""
     output = _report_in_a_fresh_process(damaged, "--workers", "2", OPENBLAS_NUM_THREADS="2")

@@ -28,8 +28,8 @@ def report(
     workers: Annotated[
         int | None,
         typer.Option(
-            help="A series: at most this many processes verify its runs (default: one per CPU the load leaves idle, "
-            "at most 4).",
+            help="A series: at most this many processes verify its runs, at most one a CPU (default: one per CPU "
+            "the load leaves idle, at most 4).",
             min=1,
         ),
     ] = None,
@@ -48,12 +48,12 @@ def report(
     if written_series(run_dir):
         from diagsafe_local.runs.series import SERIES_FILES, write_series_report
 
-        figures = write_series_report(run_dir, margin, Path(baseline) if baseline else None, workers)
+        figures, processes = write_series_report(run_dir, margin, Path(baseline) if baseline else None, workers)
         first = figures.first_regression
         typer.echo(f"series state: {figures.signature}")
         typer.echo(
             f"{sum(p.asr is not None for p in figures.points)} of {len(figures.points)} checkpoints evaluated "
-            f"(verified in {figures.verified_in} process{'es' if figures.verified_in > 1 else ''})"
+            f"(verified in {processes} process{'es' if processes > 1 else ''})"
         )
         typer.echo(
             f"first regression beyond {margin:.1%}: " + (f"step {first.step} ({first.name})" if first else "none")

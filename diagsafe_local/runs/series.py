@@ -7,9 +7,9 @@ from the recomputed summary. Each checkpoint is compared, paired over the same i
 checkpoint and with the production baseline run (`runs.paired`: the difference with its interval, McNemar's
 test, the flips). A regression beyond the margin appears at the first checkpoint whose ASR exceeds the
 reference's (the baseline, else the series' first checkpoint) by more than `margin`, with the paired interval
-above zero. Runs are verified in up to `WORKERS` processes at once (one per CPU this process may use that the load
-leaves idle; with one, here; never forked from a process running other threads), a few ahead of the one compared:
-the figures are the same whatever their number.
+above zero. Runs are verified in forked processes (by default one per CPU this process may use that the load
+leaves idle, at most `WORKERS`; with one, here; never forked from a process running other threads), a few ahead of
+the one compared: the figures are the same whatever their number.
 Only the previous checkpoint's and the baseline's columns are held.
 Writes `series.json` (every figure, for programs), `report.md`, `report.html` and `figures/` into the series
 directory.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import html
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 from collections import deque
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from pydantic import Field
 
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 T = TypeVar("T")
-WORKERS = 4  # at most this many processes verify a series' runs at once (each holds one run's verification)
+WORKERS = 4  # by default at most this many processes verify a series' runs at once (each holds a few runs')
 SERIES_FILES = (SERIES_JSON, "report.md", "report.html", "figures/series_asr.png", "figures/series_refusal.png")
 
 
@@ -108,9 +109,13 @@ class SeriesFigures(Record):
     first_regression: SeriesPoint | None = Field(
         None, description="The first checkpoint where a regression beyond the margin appears."
     )
-    verified_in: int = Field(
-        1, exclude=True, description="The processes that verified the runs (not written: no figure depends on it)."
-    )
+
+
+class SeriesReport(NamedTuple):
+    """A series' figures, and how many processes verified its runs (not a figure: they are the same whatever it)."""
+
+    figures: SeriesFigures
+    processes: int
 
 
 def _paired(comparison: PairedComparison, against: str) -> Paired:
@@ -220,9 +225,13 @@ def default_workers() -> int:
     """One process per CPU this process may run on that the load average leaves idle, at most `WORKERS`, at least
     one (this process). As `make -l` holds back jobs: on a busy machine more processes only share the same CPUs, and
     each spends more CPU on the same work (a series of 100 runs, 2 CPUs at load 3.5: 12 % more, no sooner done)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     busy = int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
-    return max(1, min(cpus - busy, WORKERS))
+    return max(1, min(_cpus() - busy, WORKERS))
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def threads_running() -> int:
@@ -237,8 +246,17 @@ def threads_running() -> int:
 def verifying_processes(workers: int, runs: int) -> int:
     """The processes that verify `runs` runs given `workers`: this one alone where it runs other threads (a
     training loop's: CUDA's, data loaders'), as a child forked from it may wait forever on a lock one of them held;
-    else `workers`, at most one a run."""
-    return 1 if threads_running() > 1 else max(1, min(workers, runs))
+    else `workers`, at most one a run and one a CPU this process may use (more only share the same CPUs, each
+    holding a few runs' columns)."""
+    return 1 if threads_running() > 1 else max(1, min(workers, runs, _cpus()))
+
+
+def _ignore_stop_signals() -> None:
+    """In a worker: Ctrl-C and SLURM's SIGTERM reach the whole process group; the command's process handles them
+    and shuts its workers down (a worker that raised would print its traceback, or leave half a result in the
+    pipe)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry], workers: int) -> Iterator[Checked]:
@@ -251,11 +269,18 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
         return
     # fork where it is the safe default (Linux): the workers start with what is imported here, no import again
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
-    pool = ProcessPoolExecutor(workers, mp_context=context)
+    earlier = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_stop_signals)
     try:
         ahead: deque[Future[Checked]] = deque()
         for entry in entries:
-            ahead.append(pool.submit(_checked_in_worker, series_dir, state, entry))
+            try:
+                ahead.append(pool.submit(_checked_in_worker, series_dir, state, entry))
+            except OSError as exc:  # the first submit forks every worker: one refused (processes or files at a limit)
+                raise RunFailed(
+                    f"{series_dir}: could not start {workers} processes to verify the series' runs "
+                    f"({exc.strerror or exc}); --workers 1 verifies them in this one: nothing was written"
+                ) from None
             if len(ahead) == 2 * workers:
                 yield ahead.popleft().result()
         while ahead:
@@ -271,11 +296,16 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
         raise RunFailed(f"{series_dir}: a process verifying the series' runs {what}: nothing was written") from None
     finally:
         pool.shutdown(cancel_futures=True)
+        # workers forked before one failed have no manager to stop them: each would wait for work, and this
+        # process for them at its exit, forever
+        for child in set(multiprocessing.active_children()) - earlier:
+            child.kill()
+            child.join()
 
 
 def series_figures(
     series_dir: Path, margin: float = 0.02, baseline: Path | None = None, workers: int | None = None
-) -> SeriesFigures:
+) -> SeriesReport:
     """Every figure of a series (see the module docstring); `baseline` replaces the series' own; `workers`: at
     most this many processes verify its runs (default `default_workers()`; `verifying_processes`). A state that
     does not verify is refused (exit 3), as the gate refuses it."""
@@ -293,7 +323,8 @@ def series_figures(
     reference = ("baseline", base) if base is not None else None
     first = None
     entries = state.ordered()
-    processes = verifying_processes(workers or default_workers(), len(entries))
+    evaluated = sum((Path(entry.run_dir) / files.MANIFEST).exists() for entry in entries)
+    processes = verifying_processes(workers or default_workers(), evaluated)
     for entry, (point, run) in zip(entries, _points(series_dir, state, entries, processes)):
         if run is not None:
             update: dict[str, object] = {}
@@ -313,7 +344,7 @@ def series_figures(
         if point.regression and first is None:
             first = point
         points.append(point)
-    return SeriesFigures(
+    figures = SeriesFigures(
         series_dir=str(series_dir),
         signature=signature,
         margin=margin,
@@ -321,8 +352,8 @@ def series_figures(
         baseline_asr=next(iter(passes.decided(base[0]).targets.values())).asr if base else None,
         points=points,
         first_regression=first,
-        verified_in=processes,
     )
+    return SeriesReport(figures, processes)
 
 
 def _pct(value: float | None) -> str:
@@ -392,10 +423,10 @@ def _charts(figures: SeriesFigures, directory: Path) -> None:
 @fewer_collections()  # every run's records stream past the figures kept (`core.collection`)
 def write_series_report(
     series_dir: Path, margin: float = 0.02, baseline: Path | None = None, workers: int | None = None
-) -> SeriesFigures:
+) -> SeriesReport:
     """series.json, report.md, report.html and figures/ of a series directory; returns the figures (`workers`: as
     `series_figures`)."""
-    figures = series_figures(series_dir, margin, baseline, workers)
+    figures, processes = series_figures(series_dir, margin, baseline, workers)
     header = ["step", "checkpoint", "status", "ASR [95% CI]", "over-refusal", "attack success", "vs previous",
               "vs baseline" if figures.baseline else "vs first checkpoint"]  # fmt: skip
     rows = [
@@ -449,7 +480,7 @@ def write_series_report(
         atomic.write_text(series_dir / SERIES_JSON, figures.model_dump_json(indent=2) + "\n")
         atomic.write_text(series_dir / "report.md", "\n".join(md) + "\n")
         atomic.write_text(series_dir / "report.html", "\n".join(page) + "\n")
-    return figures
+    return SeriesReport(figures, processes)
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
