@@ -236,6 +236,18 @@ def test_a_worker_that_cannot_be_started_stops_the_report_and_leaves_no_process(
     assert not (damaged / "series.json").exists()
 
 
+def test_a_pool_whose_pipes_cannot_be_made_stops_the_report_with_one_line(damaged, monkeypatch):
+    def no_pipes(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(series, "ProcessPoolExecutor", no_pipes)
+    monkeypatch.setattr(series, "threads_running", lambda: 1)
+    monkeypatch.setattr(series, "_cpus", lambda: 2)
+    result = CliRunner().invoke(app, ["report", str(damaged), "--workers", "2"])
+    assert result.exit_code == 3 and "Traceback" not in result.output, result.output
+    assert "could not start 2 processes" in result.output and "Too many open files" in result.output
+
+
 def _interrupted_at_checkpoint_30(series_dir, state, entry, manifest):
     if entry.name == "checkpoint-30":
         os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C (or SLURM's SIGTERM) reaches the whole process group

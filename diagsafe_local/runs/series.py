@@ -270,17 +270,24 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
     # fork where it is the safe default (Linux): the workers start with what is imported here, no import again
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
     earlier = set(multiprocessing.active_children())
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_stop_signals)
+
+    def refused(exc: OSError) -> RunFailed:  # processes or open files at a limit
+        return RunFailed(
+            f"{series_dir}: could not start {workers} processes to verify the series' runs ({exc.strerror or exc}); "
+            "--workers 1 verifies them in this one: nothing was written"
+        )
+
+    try:
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_stop_signals)  # its pipes
+    except OSError as exc:
+        raise refused(exc) from None
     try:
         ahead: deque[Future[Checked]] = deque()
         for entry in entries:
             try:
                 ahead.append(pool.submit(_checked_in_worker, series_dir, state, entry))
-            except OSError as exc:  # the first submit forks every worker: one refused (processes or files at a limit)
-                raise RunFailed(
-                    f"{series_dir}: could not start {workers} processes to verify the series' runs "
-                    f"({exc.strerror or exc}); --workers 1 verifies them in this one: nothing was written"
-                ) from None
+            except OSError as exc:  # the first submit forks every worker: one was refused
+                raise refused(exc) from None
             if len(ahead) == 2 * workers:
                 yield ahead.popleft().result()
         while ahead:
