@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from multiprocessing.context import ForkProcess
 from pathlib import Path
 
@@ -248,17 +249,20 @@ def test_a_pool_whose_pipes_cannot_be_made_stops_the_report_with_one_line(damage
     assert "could not start 2 processes" in result.output and "Too many open files" in result.output
 
 
-def _interrupted_at_checkpoint_30(series_dir, state, entry, manifest):
-    if entry.name == "checkpoint-30":
-        os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C (or SLURM's SIGTERM) reaches the whole process group
-        os.kill(os.getpid(), signal.SIGTERM)
-    return []
+def _signalled_at_checkpoint_30(signal_number):
+    def problems(series_dir, state, entry, manifest):
+        if entry.name == "checkpoint-30":
+            os.kill(os.getpid(), signal_number)  # as Ctrl-C, or SLURM's SIGTERM, reaches the whole process group
+            time.sleep(0.5)
+        return []
+
+    return problems
 
 
-def test_workers_leave_ctrl_c_and_sigterm_to_the_command(damaged, monkeypatch):
-    """A worker ignores SIGINT and SIGTERM: the command's process handles them and shuts its workers down (a
-    worker that raised printed its traceback to the user, or could leave half a result in the pipe)."""
-    monkeypatch.setattr(series, "run_problems", _interrupted_at_checkpoint_30)
+def test_a_worker_ignores_ctrl_c_and_leaves_it_to_the_command(damaged, monkeypatch):
+    """Ctrl-C reaches the workers too: they ignore it (the command's process handles it and shuts them down; a
+    worker that raised printed its traceback to the user)."""
+    monkeypatch.setattr(series, "run_problems", _signalled_at_checkpoint_30(signal.SIGINT))
     monkeypatch.setattr(series, "threads_running", lambda: 1)
     monkeypatch.setattr(series, "_cpus", lambda: 2)
     try:
@@ -266,6 +270,17 @@ def test_workers_leave_ctrl_c_and_sigterm_to_the_command(damaged, monkeypatch):
     except KeyboardInterrupt:
         pytest.fail("a worker's Ctrl-C reached the command as its KeyboardInterrupt")
     assert report.processes == 2 and len(report.figures.points) == 5
+
+
+def test_a_worker_ended_by_sigterm_stops_the_report_with_one_line(damaged, monkeypatch):
+    """SIGTERM ends a worker at once (the pool's own way of stopping its workers when one died: a worker that
+    ignored it kept the pool, and the command, waiting forever); the report stops with one line."""
+    monkeypatch.setattr(series, "run_problems", _signalled_at_checkpoint_30(signal.SIGTERM))
+    monkeypatch.setattr(series, "threads_running", lambda: 1)
+    monkeypatch.setattr(series, "_cpus", lambda: 2)
+    with pytest.raises(RunFailed, match="ended before it was done"):
+        write_series_report(damaged, workers=2)
+    assert not multiprocessing.active_children()
 
 
 @two_cpus

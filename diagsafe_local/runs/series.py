@@ -17,6 +17,7 @@ directory.
 
 from __future__ import annotations
 
+import errno
 import html
 import multiprocessing
 import os
@@ -215,6 +216,13 @@ def _checked_in_worker(series_dir: Path, state: SeriesState, entry: CheckpointEn
     `DataError` and others cannot be rebuilt from their message)."""
     try:
         return _checked(series_dir, state, entry)
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        # the workers' pipes count against the limit: one process may still do
+        raise RunFailed(
+            f"{entry.run_dir}: {exc.strerror} (open files at their limit; --workers 1 needs fewer)"
+        ) from None
     except RunFailed as exc:
         raise RunFailed(str(exc)) from None
     except DiagsafeError as exc:
@@ -251,12 +259,17 @@ def verifying_processes(workers: int, runs: int) -> int:
     return 1 if threads_running() > 1 else max(1, min(workers, runs, _cpus()))
 
 
-def _ignore_stop_signals() -> None:
-    """In a worker: Ctrl-C and SLURM's SIGTERM reach the whole process group; the command's process handles them
-    and shuts its workers down (a worker that raised would print its traceback, or leave half a result in the
-    pipe)."""
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _worker_signals() -> None:
+    """In a worker (forked with the stop signals blocked, `_points`): Ctrl-C, which reaches the whole process
+    group, is ignored (the command's process handles it and shuts its workers down; a worker that raised printed
+    its traceback); SIGTERM ends it at once, without a traceback (SLURM's, or the pool's own when a worker died:
+    one ignoring it kept the pool, and the command, waiting forever). Then the signals are unblocked."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry], workers: int) -> Iterator[Checked]:
@@ -278,16 +291,23 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
         )
 
     try:
-        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_stop_signals)  # its pipes
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_signals)  # its pipes
     except OSError as exc:
         raise refused(exc) from None
     try:
         ahead: deque[Future[Checked]] = deque()
         for entry in entries:
+            # the first submit forks every worker, with Ctrl-C and SIGTERM held: one met while forking ran the
+            # command's handler in the middle of the fork's own hooks, which swallowed it (the command went on to
+            # exit 0) or left a worker half started; held, it is delivered here after the forks
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if not ahead else None
             try:
                 ahead.append(pool.submit(_checked_in_worker, series_dir, state, entry))
-            except OSError as exc:  # the first submit forks every worker: one was refused
+            except OSError as exc:  # a fork refused
                 raise refused(exc) from None
+            finally:
+                if held is not None:
+                    signal.pthread_sigmask(signal.SIG_SETMASK, held)
             if len(ahead) == 2 * workers:
                 yield ahead.popleft().result()
         while ahead:
