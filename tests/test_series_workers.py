@@ -301,3 +301,17 @@ def test_workers_are_the_cpus_the_load_leaves_idle(monkeypatch, cpus, load, work
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
     monkeypatch.setattr("os.getloadavg", lambda: (load, load, load))
     assert series.default_workers() == workers
+
+
+def test_open_files_at_their_limit_in_a_worker_is_one_line_naming_fewer_workers(damaged, monkeypatch):
+    """The workers' pipes count against the open-files limit, so a worker may meet it where one process would
+    not: said as the run and the way out, not as an unexpected error."""
+
+    def at_the_limit(*args):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(series, "_checked", at_the_limit)
+    state = series.signed_series(damaged, require_signature=False)[0]
+    entry = state.ordered()[0]
+    with pytest.raises(RunFailed, match=r"Too many open files \(open files at their limit; --workers 1 needs fewer"):
+        series._checked_in_worker(damaged, state, entry)
