@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
@@ -283,6 +284,7 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
     # fork where it is the safe default (Linux): the workers start with what is imported here, no import again
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
     earlier = set(multiprocessing.active_children())
+    ours: set[BaseProcess] = set()  # this pool's workers, once forked
 
     def refused(exc: OSError) -> RunFailed:  # processes or open files at a limit
         return RunFailed(
@@ -307,6 +309,7 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
                 raise refused(exc) from None
             finally:
                 if held is not None:
+                    ours = set(multiprocessing.active_children()) - earlier
                     signal.pthread_sigmask(signal.SIG_SETMASK, held)
             if len(ahead) == 2 * workers:
                 yield ahead.popleft().result()
@@ -325,8 +328,9 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
         pool.shutdown(cancel_futures=True)
         # workers forked before one failed have no manager to stop them: each would wait for work, and this
         # process for them at its exit, forever
-        for child in set(multiprocessing.active_children()) - earlier:
-            child.kill()
+        for child in ours:
+            if child.is_alive():
+                child.kill()
             child.join()
 
 
