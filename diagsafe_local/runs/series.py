@@ -285,34 +285,27 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
     earlier = set(multiprocessing.active_children())
     ours: set[BaseProcess] = set()  # this pool's workers, once forked
-
-    def refused(exc: OSError) -> RunFailed:  # processes or open files at a limit
-        return RunFailed(
-            f"{series_dir}: could not start {workers} processes to verify the series' runs ({exc.strerror or exc}); "
-            "--workers 1 verifies them in this one: nothing was written"
-        )
-
+    pool: ProcessPoolExecutor | None = None
     try:
-        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_signals)  # its pipes
-    except OSError as exc:
-        raise refused(exc) from None
-    try:
-        ahead: deque[Future[Checked]] = deque()
-        for entry in entries:
-            # the first submit forks every worker, with Ctrl-C and SIGTERM held: one met while forking ran the
-            # command's handler in the middle of the fork's own hooks, which swallowed it (the command went on to
-            # exit 0) or left a worker half started; held, it is delivered here after the forks
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if not ahead else None
-            try:
-                ahead.append(pool.submit(_checked_in_worker, series_dir, state, entry))
-            except OSError as exc:  # a fork refused
-                raise refused(exc) from None
-            finally:
-                if held is not None:
-                    ours = set(multiprocessing.active_children()) - earlier
-                    signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        # the pool's first submit forks every worker (none later), with Ctrl-C and SIGTERM held: one met while
+        # forking ran the command's handler in the middle of the fork's own hooks, which swallowed it (the command
+        # went on to exit 0) or left a worker half started; held, it is delivered here after the forks
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_signals)
+            ahead: deque[Future[Checked]] = deque([pool.submit(_checked_in_worker, series_dir, state, entries[0])])
+        except OSError as exc:  # its pipes, or a fork, refused: processes or open files at a limit
+            raise RunFailed(
+                f"{series_dir}: could not start {workers} processes to verify the series' runs "
+                f"({exc.strerror or exc}); --workers 1 verifies them in this one: nothing was written"
+            ) from None
+        finally:
+            ours = set(multiprocessing.active_children()) - earlier
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for entry in entries[1:]:
             if len(ahead) == 2 * workers:
                 yield ahead.popleft().result()
+            ahead.append(pool.submit(_checked_in_worker, series_dir, state, entry))
         while ahead:
             yield ahead.popleft().result()
     except BrokenProcessPool as exc:
@@ -325,7 +318,8 @@ def _points(series_dir: Path, state: SeriesState, entries: list[CheckpointEntry]
         )
         raise RunFailed(f"{series_dir}: a process verifying the series' runs {what}: nothing was written") from None
     finally:
-        pool.shutdown(cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         # workers forked before one failed have no manager to stop them: each would wait for work, and this
         # process for them at its exit, forever
         for child in ours:
