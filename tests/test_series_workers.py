@@ -204,7 +204,7 @@ def test_the_processes_are_the_workers_a_run_and_a_cpu_each_and_none_beside_othe
     monkeypatch, workers, runs, cpus, threads, processes
 ):
     monkeypatch.setattr(series, "threads_running", lambda: threads)
-    monkeypatch.setattr(series, "_cpus", lambda: cpus)
+    monkeypatch.setattr(series, "usable_cpus", lambda: cpus)
     assert series.verifying_processes(workers, runs) == processes
 
 
@@ -226,7 +226,7 @@ def test_a_worker_that_cannot_be_started_stops_the_report_and_leaves_no_process(
 
     monkeypatch.setattr(ForkProcess, "start", start)
     monkeypatch.setattr(series, "threads_running", lambda: 1)
-    monkeypatch.setattr(series, "_cpus", lambda: 3)
+    monkeypatch.setattr(series, "usable_cpus", lambda: 3)
     (damaged / "series.json").unlink(missing_ok=True)
     try:
         with pytest.raises(RunFailed, match="could not start 3 .*Resource temporarily unavailable.*--workers 1"):
@@ -246,7 +246,7 @@ def test_a_pool_whose_pipes_cannot_be_made_stops_the_report_with_one_line(damage
 
     monkeypatch.setattr(series, "ProcessPoolExecutor", no_pipes)
     monkeypatch.setattr(series, "threads_running", lambda: 1)
-    monkeypatch.setattr(series, "_cpus", lambda: 2)
+    monkeypatch.setattr(series, "usable_cpus", lambda: 2)
     result = CliRunner().invoke(app, ["report", str(damaged), "--workers", "2"])
     assert result.exit_code == 3 and "Traceback" not in result.output, result.output
     assert "could not start 2 processes" in result.output and "Too many open files" in result.output
@@ -267,7 +267,7 @@ def test_a_worker_ignores_ctrl_c_and_leaves_it_to_the_command(damaged, monkeypat
     worker that raised printed its traceback to the user)."""
     monkeypatch.setattr(series, "run_problems", _signalled_at_checkpoint_30(signal.SIGINT))
     monkeypatch.setattr(series, "threads_running", lambda: 1)
-    monkeypatch.setattr(series, "_cpus", lambda: 2)
+    monkeypatch.setattr(series, "usable_cpus", lambda: 2)
     try:
         report = write_series_report(damaged, workers=2)
     except KeyboardInterrupt:
@@ -280,7 +280,7 @@ def test_a_worker_ended_by_sigterm_stops_the_report_with_one_line(damaged, monke
     ignored it kept the pool, and the command, waiting forever); the report stops with one line."""
     monkeypatch.setattr(series, "run_problems", _signalled_at_checkpoint_30(signal.SIGTERM))
     monkeypatch.setattr(series, "threads_running", lambda: 1)
-    monkeypatch.setattr(series, "_cpus", lambda: 2)
+    monkeypatch.setattr(series, "usable_cpus", lambda: 2)
     with pytest.raises(RunFailed, match="ended before it was done"):
         write_series_report(damaged, workers=2)
     assert not multiprocessing.active_children()

@@ -3,9 +3,9 @@ GPUs left (see `engines.gpu_plan`), for this process or for another node (`diags
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
+from diagsafe_local.core.cpus import usable_cpus
 from diagsafe_local.core.errors import DiagsafeError
 from diagsafe_local.engines.config import EngineConfig
 from diagsafe_local.engines.gpu_plan import plan_gpus, visible_gpu_memory
@@ -61,7 +61,7 @@ def client_processes(config: RunConfig, n_items: int | None) -> int:
     requests a second; a fast server answers more."""
     in_flight = min((m.concurrency for m in _models(config) if capabilities(m.kind).remote), default=1)
     wanted = api_requests(config, n_items) // REQUESTS_PER_CLIENT
-    return max(1, min(len(os.sched_getaffinity(0)), in_flight, wanted))
+    return max(1, min(usable_cpus(), in_flight, wanted))
 
 
 def pass_costs(config: RunConfig) -> list[str]:

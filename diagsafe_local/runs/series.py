@@ -36,6 +36,7 @@ from pydantic import Field
 
 from diagsafe_local.core import atomic, model_files
 from diagsafe_local.core.collection import fewer_collections
+from diagsafe_local.core.cpus import usable_cpus
 from diagsafe_local.core.errors import DiagsafeError, RunFailed
 from diagsafe_local.core.figures import png_figure
 from diagsafe_local.core.fingerprint import model_fingerprint
@@ -235,12 +236,7 @@ def default_workers() -> int:
     one (this process). As `make -l` holds back jobs: on a busy machine more processes only share the same CPUs, and
     each spends more CPU on the same work (a series of 100 runs, 2 CPUs at load 3.5: 12 % more, no sooner done)."""
     busy = int(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
-    return max(1, min(_cpus() - busy, WORKERS))
-
-
-def _cpus() -> int:
-    """The CPUs this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(usable_cpus() - busy, WORKERS))
 
 
 def threads_running() -> int:
@@ -257,7 +253,7 @@ def verifying_processes(workers: int, runs: int) -> int:
     training loop's: CUDA's, data loaders'), as a child forked from it may wait forever on a lock one of them held;
     else `workers`, at most one a run and one a CPU this process may use (more only share the same CPUs, each
     holding a few runs' columns)."""
-    return 1 if threads_running() > 1 else max(1, min(workers, runs, _cpus()))
+    return 1 if threads_running() > 1 else max(1, min(workers, runs, usable_cpus()))
 
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
