@@ -121,3 +121,12 @@ def pytest_runtest_setup(item) -> None:
     """Before a test's fixtures are set up: the engines it borrows from now on are the ones it may be using."""
     if _FACTORY is not None:
         _FACTORY.new_test(item.nodeid)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item) -> None:
+    """A shared engine whose process ended during a test fails that test, by name, and is loaded again by the next
+    test that needs it: one test that killed the engine cores (a child-process cleanup that took every child of
+    the test's process) made four later tests fail with EngineDeadError instead."""
+    if _FACTORY is not None and (dead := _FACTORY.drop_dead()):
+        pytest.fail(f"a shared engine's process ended during this test: {'; '.join(dead)}", pytrace=False)

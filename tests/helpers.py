@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -337,6 +338,7 @@ class SharedVLLMFactory:
         self.free_bytes = float(os.environ.get("DIAGSAFE_TEST_FREE_GB", "6")) * 2**30
         self.log = os.environ.get("DIAGSAFE_TEST_ENGINE_LOG") or None
         self.test = ""
+        self._processes: dict[tuple, set[Any]] = {}  # the child processes each engine's load started
 
     def new_test(self, test: str = "") -> None:
         """Mark the start of a test's setup: what it borrows from here on is in use until the next test starts."""
@@ -358,7 +360,9 @@ class SharedVLLMFactory:
             self._make_room()
             self._note("load", key)
             self.loads += 1
+            earlier = set(multiprocessing.active_children())
             self.engines[key] = VLLMEngine(config, structured_backend="xgrammar")
+            self._processes[key] = set(multiprocessing.active_children()) - earlier
         self.engines[key] = self.engines.pop(key)  # most recently used last
         self._last_borrowed[key] = self._clock
         return BorrowedEngine(self.engines[key])
@@ -372,6 +376,22 @@ class SharedVLLMFactory:
             self._note("evict", key)
             self.engines.pop(key).close()
             del self._last_borrowed[key]
+            self._processes.pop(key, None)
+
+    def drop_dead(self) -> list[str]:
+        """Forget the kept engines whose engine-core process has ended (killed by a test, or by the kernel when
+        memory ran out), so that a later test loads them again instead of meeting EngineDeadError; returns what
+        each was and how its process ended."""
+        dead = []
+        for key, processes in list(self._processes.items()):
+            ended = [process for process in processes if not process.is_alive()]
+            if ended:
+                self.engines.pop(key, None)
+                self._last_borrowed.pop(key, None)
+                del self._processes[key]
+                codes = ", ".join(f"{process.name} pid {process.pid} exit code {process.exitcode}" for process in ended)
+                dead.append(f"{' '.join(str(part) for part in key if part)} ({codes})")
+        return dead
 
     def close(self) -> None:
         """Shut every kept engine down, all at once: each shutdown waits up to 5 s for its engine core to exit
@@ -382,6 +402,7 @@ class SharedVLLMFactory:
 
         engines = list(self.engines.values())
         self.engines.clear()
+        self._processes.clear()
         with ThreadPoolExecutor(max_workers=max(1, len(engines))) as pool:
             futures = [pool.submit(engine.close) for engine in engines]
         failed = [error for future in futures if (error := future.exception()) is not None]
