@@ -120,13 +120,22 @@ def pytest_collection_modifyitems(config, items) -> None:
 def pytest_runtest_setup(item) -> None:
     """Before a test's fixtures are set up: the engines it borrows from now on are the ones it may be using."""
     if _FACTORY is not None:
+        _FACTORY.drop_dead()  # one that died after the last test's teardown: this test loads it again
         _FACTORY.new_test(item.nodeid)
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item) -> None:
-    """A shared engine whose process ended during a test fails that test, by name, and is loaded again by the next
-    test that needs it: one test that killed the engine cores (a child-process cleanup that took every child of
-    the test's process) made four later tests fail with EngineDeadError instead."""
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    """A shared engine that died during a test fails that test, by name, and is loaded again by the next test that
+    needs it: one test that killed the engine cores (a child-process cleanup that took every child of the test's
+    process) made four later tests fail with EngineDeadError instead. Where the test's own teardown failed, that
+    failure is the one reported; the dead engine still goes."""
+    try:
+        result = yield
+    except BaseException:
+        if _FACTORY is not None:
+            _FACTORY.drop_dead()
+        raise
     if _FACTORY is not None and (dead := _FACTORY.drop_dead()):
-        pytest.fail(f"a shared engine's process ended during this test: {'; '.join(dead)}", pytrace=False)
+        pytest.fail(f"a shared engine died during this test: {'; '.join(dead)}", pytrace=False)
+    return result

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -316,6 +317,12 @@ def gate_figures(summary, validation=None, **command_line):
     return check_figures(summary, resolve(command_line, None), validation=validation)
 
 
+def _marked_dead(engine: Any) -> bool:
+    """Whether vLLM's client of this engine's core has marked it dead (the in-process client has no such mark)."""
+    client = getattr(getattr(getattr(engine, "_llm", None), "llm_engine", None), "engine_core", None)
+    return bool(getattr(getattr(client, "resources", None), "engine_dead", False))
+
+
 class SharedVLLMFactory:
     """An engine factory that loads each (model, adapter) once and keeps it for later tests, with the judge's
     structured-output backend (requests without a schema are unaffected by it).
@@ -362,7 +369,10 @@ class SharedVLLMFactory:
             self.loads += 1
             earlier = set(multiprocessing.active_children())
             self.engines[key] = VLLMEngine(config, structured_backend="xgrammar")
-            self._processes[key] = set(multiprocessing.active_children()) - earlier
+            started = set(multiprocessing.active_children()) - earlier
+            # vllm/v1/engine/utils.py names the process it starts for the engine core "EngineCore" (or
+            # "EngineCore_DP<i>"); a process another thread started meanwhile is not this engine's
+            self._processes[key] = {process for process in started if process.name.startswith("EngineCore")}
         self.engines[key] = self.engines.pop(key)  # most recently used last
         self._last_borrowed[key] = self._clock
         return BorrowedEngine(self.engines[key])
@@ -374,23 +384,27 @@ class SharedVLLMFactory:
         while idle and (len(self.engines) >= self.keep or psutil.virtual_memory().available < self.free_bytes):
             key = idle.pop(0)
             self._note("evict", key)
-            self.engines.pop(key).close()
-            del self._last_borrowed[key]
-            self._processes.pop(key, None)
+            self._forget(key).close()
+
+    def _forget(self, key: tuple) -> Any:
+        del self._last_borrowed[key]
+        self._processes.pop(key, None)
+        return self.engines.pop(key)
 
     def drop_dead(self) -> list[str]:
-        """Forget the kept engines whose engine-core process has ended (killed by a test, or by the kernel when
-        memory ran out), so that a later test loads them again instead of meeting EngineDeadError; returns what
-        each was and how its process ended."""
+        """Shut down and forget the kept engines that are dead: their engine-core process ended (killed by a test,
+        or by the kernel when memory ran out), or vLLM's client marked the engine dead (its monitor thread does
+        when the engine core's process ends, vllm/v1/engine/core_client.py). A later test loads them again
+        instead of meeting EngineDeadError. Returns what each was and how it ended."""
         dead = []
-        for key, processes in list(self._processes.items()):
-            ended = [process for process in processes if not process.is_alive()]
-            if ended:
-                self.engines.pop(key, None)
-                self._last_borrowed.pop(key, None)
-                del self._processes[key]
-                codes = ", ".join(f"{process.name} pid {process.pid} exit code {process.exitcode}" for process in ended)
-                dead.append(f"{' '.join(str(part) for part in key if part)} ({codes})")
+        for key in list(self.engines):
+            ended = [process for process in self._processes.get(key, ()) if not process.is_alive()]
+            if ended or _marked_dead(self.engines[key]):
+                self._note("dead", key)
+                with contextlib.suppress(Exception):  # a dead engine's shutdown has little left to do
+                    self._forget(key).close()
+                how = ", ".join(f"{process.name} pid {process.pid} exit code {process.exitcode}" for process in ended)
+                dead.append(f"{' '.join(str(part) for part in key if part)} ({how or 'marked dead by vLLM'})")
         return dead
 
     def close(self) -> None:

@@ -3,10 +3,13 @@ loads and evictions, told in a log when DIAGSAFE_TEST_ENGINE_LOG names one."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import SharedVLLMFactory, in_process_vllm_for_children
@@ -148,3 +151,78 @@ def test_the_factory_shuts_every_engine_down_and_raises_what_failed(monkeypatch)
         factory.close()
     assert sorted(closed) == ["a", "b", "c", "d"] and not factory.engines
     assert sorted(str(e) for e in raised.value.exceptions) == ["b did not stop", "c did not stop"]
+
+
+class WithCore(FakeEngine):
+    """A fake engine whose load starts a process named as vLLM names its engine core, and another process (one a
+    second thread might start meanwhile) that ends at once."""
+
+    started: list = []  # noqa: RUF012  every process the fakes started, for the test to stop
+    closed: list[str] = []  # noqa: RUF012
+
+    def __init__(self, config: EngineConfig, **options: object) -> None:
+        super().__init__(config)
+        self.model = config.model
+        fork = multiprocessing.get_context("fork")
+        for name, seconds in [("EngineCore", 60.0), ("Unrelated", 0.0)]:
+            process = fork.Process(target=time.sleep, args=(seconds,), name=name)
+            process.start()
+            self.started.append(process)
+
+    def close(self) -> None:
+        self.closed.append(self.model)
+
+
+@pytest.fixture
+def with_core(monkeypatch):
+    import diagsafe_local.engines.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", WithCore)
+    monkeypatch.delenv("DIAGSAFE_TEST_ENGINE_LOG", raising=False)
+    monkeypatch.setenv("DIAGSAFE_TEST_ENGINES", "4")
+    monkeypatch.setenv("DIAGSAFE_TEST_FREE_GB", "0")
+    WithCore.started, WithCore.closed = [], []
+    yield SharedVLLMFactory()
+    for process in WithCore.started:
+        process.kill()
+        process.join()
+
+
+def test_an_engine_whose_core_was_killed_is_shut_down_named_and_loaded_again(with_core):
+    """conftest's teardown check: a test that killed an engine's core fails by name, and the next test that needs
+    the engine loads it again instead of meeting EngineDeadError. A process that was not the engine core's ending
+    (the "Unrelated" one each load starts) marks nothing dead."""
+    factory = with_core
+    for model in "ab":
+        factory.new_test(model)
+        factory(EngineConfig(model=model))
+    for process in WithCore.started:
+        if process.name == "Unrelated":
+            process.join()
+    assert factory.drop_dead() == [] and WithCore.closed == []
+    core_of_b = WithCore.started[2]
+    core_of_b.kill()
+    core_of_b.join()
+    dead = factory.drop_dead()
+    assert len(dead) == 1 and dead[0].startswith("b (EngineCore pid ") and dead[0].endswith("exit code -9)")
+    assert WithCore.closed == ["b"] and list(factory.engines) == [("a", None)]
+    factory.new_test("next")
+    factory(EngineConfig(model="b"))
+    assert factory.loads == 3 and factory.drop_dead() == []
+
+
+def test_an_engine_vllm_marked_dead_is_dropped_and_an_evicted_one_is_not_watched(with_core, monkeypatch):
+    monkeypatch.setenv("DIAGSAFE_TEST_ENGINES", "1")
+    factory = SharedVLLMFactory()
+    factory.new_test("t1")
+    factory(EngineConfig(model="a"))
+    factory.new_test("t2")
+    factory(EngineConfig(model="b"))  # evicts a
+    WithCore.started[0].kill()  # a's core, after its eviction: nothing of the factory's
+    WithCore.started[0].join()
+    assert factory.drop_dead() == [] and WithCore.closed == ["a"]
+    kept = factory.engines[("b", None)]
+    kept._llm = SimpleNamespace(
+        llm_engine=SimpleNamespace(engine_core=SimpleNamespace(resources=SimpleNamespace(engine_dead=True)))
+    )
+    assert factory.drop_dead() == ["b (marked dead by vLLM)"] and not factory.engines and WithCore.closed == ["a", "b"]
