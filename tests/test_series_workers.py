@@ -20,6 +20,7 @@ from test_series import by_step, checkpoint, recorded_series, watch
 from typer.testing import CliRunner
 
 from diagsafe_local.cli import app
+from diagsafe_local.core.cpus import usable_cpus
 from diagsafe_local.core.errors import DataError, RunFailed
 from diagsafe_local.runs import series
 from diagsafe_local.runs.series import write_series_report
@@ -184,9 +185,7 @@ def _report_in_a_fresh_process(series_dir: Path, *options: str, **env: str) -> s
     return done.stdout
 
 
-two_cpus = pytest.mark.skipif(
-    len(os.sched_getaffinity(0)) < 2, reason="one worker a CPU, and OpenBLAS starts no pool on one CPU"
-)
+two_cpus = pytest.mark.skipif(usable_cpus() < 2, reason="one worker a CPU, and OpenBLAS starts no pool on one CPU")
 
 
 @two_cpus

@@ -167,13 +167,18 @@ def _complete(run_dir: Path) -> bool:
         return True
 
 
+def _evaluated(entry: CheckpointEntry) -> bool:
+    """Whether a checkpoint's run has started (it wrote its manifest): the runs there are to verify."""
+    return (Path(entry.run_dir) / files.MANIFEST).exists()
+
+
 def _point(
     series_dir: Path, state: SeriesState, entry: CheckpointEntry
 ) -> tuple[SeriesPoint, tuple[VerifiedRun, RunColumns] | None]:
     point = SeriesPoint(name=entry.name, step=entry.step, status=entry.status, run_dir=entry.run_dir)
-    run_dir = Path(entry.run_dir)
-    if not (run_dir / files.MANIFEST).exists():
+    if not _evaluated(entry):
         return point, None  # not evaluated yet: its status says so
+    run_dir = Path(entry.run_dir)
     try:
         run = _verified(run_dir)  # its manifest read once, by the verification
     except DiagsafeError as exc:
@@ -344,8 +349,7 @@ def series_figures(
     reference = ("baseline", base) if base is not None else None
     first = None
     entries = state.ordered()
-    evaluated = sum((Path(entry.run_dir) / files.MANIFEST).exists() for entry in entries)
-    processes = verifying_processes(workers or default_workers(), evaluated)
+    processes = verifying_processes(workers or default_workers(), sum(map(_evaluated, entries)))
     for entry, (point, run) in zip(entries, _points(series_dir, state, entries, processes)):
         if run is not None:
             update: dict[str, object] = {}
@@ -445,8 +449,8 @@ def _charts(figures: SeriesFigures, directory: Path) -> None:
 def write_series_report(
     series_dir: Path, margin: float = 0.02, baseline: Path | None = None, workers: int | None = None
 ) -> SeriesReport:
-    """series.json, report.md, report.html and figures/ of a series directory; returns the figures (`workers`: as
-    `series_figures`)."""
+    """series.json, report.md, report.html and figures/ of a series directory; returns the figures and the
+    processes that verified its runs (`workers`: as `series_figures`)."""
     figures, processes = series_figures(series_dir, margin, baseline, workers)
     header = ["step", "checkpoint", "status", "ASR [95% CI]", "over-refusal", "attack success", "vs previous",
               "vs baseline" if figures.baseline else "vs first checkpoint"]  # fmt: skip
